@@ -1,0 +1,5 @@
+import sys
+
+from tunecl.cli import main
+
+sys.exit(main())

@@ -1,0 +1,84 @@
+"""One explicit configuration object, built from ``TUNECL_*`` environment variables when asked for.
+
+Nothing reads the environment at import time: call :func:`get` where a setting is needed, and tests use
+:func:`override` to change settings for a block of code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import platformdirs
+
+_APP = "tunecl"
+# tuning_db/ sits next to the package in a source checkout: <repo>/tunecl/config.py -> <repo>/tuning_db
+_DEFAULT_SHIPPED_DB = Path(__file__).resolve().parent.parent / "tuning_db"
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Settings of one tunecl process.
+
+    Attributes:
+        device: default device selector (``TUNECL_DEVICE``): an index, ``platform:device`` or a name part.
+        db_url: SQLAlchemy URL of the user tuning DB (``TUNECL_DB``; a plain path means SQLite).
+        storage_url: Optuna storage URL for studies (``TUNECL_STORAGE``).
+        cache_dir: folder of the disposable compile cache (``TUNECL_CACHE_DIR``).
+        fallback: what an op without a device kernel does (``TUNECL_FALLBACK``): ``warn``, ``silent``
+            or ``error``.
+        shipped_db: folder of the shipped read-only tuning results (``TUNECL_SHIPPED_DB``); defaults
+            to the repository's ``tuning_db/``; an empty string disables the shipped results.
+    """
+
+    device: str = "0"
+    db_url: str = ""
+    storage_url: str = ""
+    cache_dir: str = ""
+    fallback: str = "warn"
+    shipped_db: str = ""
+
+    @staticmethod
+    def from_env(env: dict[str, str] | None = None) -> Config:
+        env = os.environ if env is None else env
+        data_dir = Path(platformdirs.user_data_dir(_APP))
+        cache_dir = env.get("TUNECL_CACHE_DIR") or platformdirs.user_cache_dir(_APP)
+        return Config(
+            device=env.get("TUNECL_DEVICE", "0") or "0",
+            db_url=normalize_db_url(env.get("TUNECL_DB") or str(data_dir / "tuning.sqlite")),
+            storage_url=normalize_db_url(env.get("TUNECL_STORAGE") or str(data_dir / "studies.sqlite")),
+            cache_dir=cache_dir,
+            fallback=(env.get("TUNECL_FALLBACK") or "warn").lower(),
+            # unset means the default folder, set-but-empty means "no shipped results"
+            shipped_db=env.get("TUNECL_SHIPPED_DB", str(_DEFAULT_SHIPPED_DB)),
+        )
+
+
+def normalize_db_url(value: str) -> str:
+    """Turn a plain file path into a SQLite URL; leave real URLs (``scheme://...``) alone."""
+    if "://" in value:
+        return value
+    return "sqlite:///" + str(Path(value).expanduser().absolute())
+
+
+_override: Config | None = None
+
+
+def get() -> Config:
+    """The current configuration: an active :func:`override`, else the environment."""
+    return _override if _override is not None else Config.from_env()
+
+
+@contextlib.contextmanager
+def override(**changes: str) -> Iterator[Config]:
+    """Use a configuration with ``changes`` applied inside the ``with`` block (for tests and tools)."""
+    global _override
+    previous = _override
+    _override = dataclasses.replace(get(), **changes)
+    try:
+        yield _override
+    finally:
+        _override = previous

@@ -1,0 +1,25 @@
+"""Exceptions tunecl raises on purpose. Each message is meant to be shown to a user as is."""
+
+
+class TuneclError(Exception):
+    """Base class of every error tunecl raises deliberately."""
+
+
+class DeviceNotFoundError(TuneclError, LookupError):
+    """A device selector matched no OpenCL device (the message lists those available)."""
+
+
+class BuildError(TuneclError):
+    """An OpenCL program failed to compile; the message carries the build log."""
+
+
+class DatabaseError(TuneclError):
+    """The tuning database could not be read or written."""
+
+
+class SchemaVersionError(DatabaseError):
+    """The tuning database's schema does not match this version of tunecl."""
+
+
+class ImportFormatError(TuneclError, ValueError):
+    """An exported tuning document is malformed, truncated, of another format or of a newer version."""

@@ -1,0 +1,34 @@
+"""Kernel families: parameterized OpenCL sources with their spaces, defaults and plans.
+
+:func:`algorithms` returns every registered :class:`~tunecl.kernels.base.Algorithm` for a problem
+kind; families register themselves in ``_REGISTRY`` below.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from tunecl.kernels.base import Algorithm
+
+# problem kind -> modules whose ALGORITHMS lists are the families of that kind
+_REGISTRY: dict[str, tuple[str, ...]] = {
+    "gemm": (),
+    "conv": (),
+}
+
+
+def algorithms(kind: str) -> list[Algorithm]:
+    """All algorithms that compute problems of ``kind`` (``"gemm"`` or ``"conv"``)."""
+    found: list[Algorithm] = []
+    for module_name in _REGISTRY.get(kind, ()):
+        found.extend(importlib.import_module(module_name).ALGORITHMS)
+    return found
+
+
+def algorithm(name: str) -> Algorithm:
+    """The algorithm called ``name``; KeyError lists the known names."""
+    known = {a.name: a for kind in _REGISTRY for a in algorithms(kind)}
+    try:
+        return known[name]
+    except KeyError:
+        raise KeyError(f"unknown algorithm {name!r}; known: {', '.join(sorted(known))}") from None

@@ -1,0 +1,118 @@
+"""What every kernel family provides: an :class:`Algorithm` with a parameter :class:`Space`, a heuristic
+default and a ``build`` that returns a :class:`Plan`.
+
+The search layer sees only this vocabulary, so a new family plugs into the tuner by implementing it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from importlib import resources
+from typing import Any, Protocol
+
+from tunecl.problems import Problem
+from tunecl.runtime import Device
+
+Config = dict[str, int]
+
+
+def read_source(package: str, filename: str) -> str:
+    """The text of a ``.cl`` file that lives next to a family's module (``read_source(__package__, ...)``)."""
+    return resources.files(package).joinpath(filename).read_text()
+
+
+def build_options(config: Mapping[str, int | bool], extra: Iterable[str] = ()) -> list[str]:
+    """``-DNAME=VALUE`` options for a config, in a stable order so equal configs hit the same cache entry."""
+    return [f"-D{name}={int(value)}" for name, value in sorted(config.items())] + list(extra)
+
+
+@dataclasses.dataclass(frozen=True)
+class Constraint:
+    """A named rule a config must satisfy (``name`` appears in error messages and tests)."""
+
+    name: str
+    check: Callable[[Mapping[str, int]], bool]
+
+
+@dataclasses.dataclass
+class Space:
+    """The valid configurations of one algorithm for one problem on one device, built once.
+
+    ``params`` maps each tunable to its candidate values; ``constraints`` (named) remove invalid
+    combinations *before* anything is compiled, device limits (local memory, work-group size) included.
+    Families with huge raw products may pass ``generate`` to enumerate valid configs with early pruning.
+    """
+
+    params: dict[str, tuple[int, ...]]
+    constraints: list[Constraint] = dataclasses.field(default_factory=list)
+    generate: Callable[[], Iterable[Config]] | None = None
+    _configs: list[Config] | None = dataclasses.field(default=None, repr=False)
+
+    def violations(self, config: Mapping[str, int]) -> list[str]:
+        """Names of the constraints ``config`` breaks, plus unknown/missing/out-of-range parameters."""
+        problems = [f"unknown parameter {k}" for k in config if k not in self.params]
+        for name, values in self.params.items():
+            if name not in config:
+                problems.append(f"missing parameter {name}")
+            elif config[name] not in values:
+                problems.append(f"{name}={config[name]} not in {values}")
+        if problems:
+            return problems
+        return [c.name for c in self.constraints if not c.check(config)]
+
+    def is_valid(self, config: Mapping[str, int]) -> bool:
+        return not self.violations(config)
+
+    def configs(self) -> list[Config]:
+        """All valid configs (computed on first use, then kept)."""
+        if self._configs is None:
+            if self.generate is not None:
+                found = [dict(c) for c in self.generate()]
+                self._configs = [c for c in found if self.is_valid(c)]
+            else:
+                names = list(self.params)
+                self._configs = [c for c in (dict(zip(names, values)) for values in
+                                             itertools.product(*self.params.values()))
+                                 if all(rule.check(c) for rule in self.constraints)]
+        return self._configs
+
+    def __len__(self) -> int:
+        return len(self.configs())
+
+    def __iter__(self) -> Iterator[Config]:
+        return iter(self.configs())
+
+
+class Plan(Protocol):
+    """A compiled, ready-to-enqueue implementation of one problem with one config.
+
+    ``run`` enqueues without waiting and returns the events it enqueued (first and last are used for
+    timing). Its arguments depend on the problem kind (see each family's module).
+    """
+
+    algorithm: str
+    config: Config
+    workspace_bytes: int
+
+    def run(self, *args: Any, **kwargs: Any) -> list[Any]: ...
+
+
+class Algorithm(Protocol):
+    """One kernel family variant. ``name`` is the same in the module, the ``.cl`` file, the DB and tests.
+
+    ``version`` must be bumped whenever a change would make stored results wrong or stale.
+    """
+
+    name: str
+    version: int
+    kind: str  # the problem kind it computes: "gemm" or "conv"
+
+    def applies(self, problem: Problem, device: Device) -> bool: ...
+
+    def space(self, problem: Problem, device: Device) -> Space: ...
+
+    def default(self, problem: Problem, device: Device) -> Config: ...
+
+    def build(self, problem: Problem, device: Device, config: Config) -> Plan: ...

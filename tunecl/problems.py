@@ -1,0 +1,269 @@
+"""Problems: frozen values naming one GEMM or convolution to compute, with canonical keys.
+
+A problem's ``key`` is what the tuning database stores; ``problem_from_key(p.key) == p`` always holds.
+Nothing here touches OpenCL, torch or SQL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar, Union
+
+DTYPES = {"float32": 4, "float16": 2}
+DIRECTIONS = ("fwd", "bwd_data", "bwd_weight")
+
+
+def _pair(value: int | tuple[int, int] | list[int]) -> tuple[int, int]:
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise ValueError(f"expected one integer or a pair, got {value!r}")
+        return int(value[0]), int(value[1])
+    return int(value), int(value)
+
+
+def _check_dtype(dtype: str) -> None:
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
+
+
+def _parse_fields(body: str) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    for part in body.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        name, sep, value = part.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise ValueError(f"expected name=value, got {part!r}")
+        name = name.strip().lower()
+        if name in fields:
+            raise ValueError(f"{name!r} is given twice")
+        fields[name] = value.strip()
+    return fields
+
+
+def _int(fields: dict[str, str], name: str, default: int | None = None) -> int:
+    if name not in fields:
+        if default is None:
+            raise ValueError(f"missing {name}=")
+        return default
+    try:
+        return int(fields.pop(name))
+    except ValueError:
+        raise ValueError(f"{name} must be an integer") from None
+
+
+def _ints(fields: dict[str, str], name: str, default: int) -> tuple[int, int]:
+    raw = fields.pop(name, None)
+    if raw is None:
+        return default, default
+    try:
+        parts = [int(x) for x in raw.lower().split("x")]
+    except ValueError:
+        raise ValueError(f"{name} must be an integer or AxB, got {raw!r}") from None
+    if len(parts) == 1:
+        return parts[0], parts[0]
+    if len(parts) == 2:
+        return parts[0], parts[1]
+    raise ValueError(f"{name} must be an integer or AxB, got {raw!r}")
+
+
+def _flag(fields: dict[str, str], name: str) -> bool:
+    raw = fields.pop(name, "0").lower()
+    if raw in ("0", "n", "false", "no"):
+        return False
+    if raw in ("1", "t", "true", "yes"):
+        return True
+    raise ValueError(f"{name} must be 0 or 1, got {raw!r}")
+
+
+def _reject_unknown(fields: dict[str, str], kind: str) -> None:
+    if fields:
+        raise ValueError(f"unknown {kind} field(s): {', '.join(sorted(fields))}")
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmProblem:
+    """``C[b] = op(A[b]) @ op(B[b])`` with op(A) M×K, op(B) K×N, C M×N, row-major, ``batch`` matrices."""
+
+    m: int
+    n: int
+    k: int
+    trans_a: bool = False
+    trans_b: bool = False
+    batch: int = 1
+    dtype: str = "float32"
+
+    kind: ClassVar[str] = "gemm"
+
+    def __post_init__(self) -> None:
+        for name in ("m", "n", "k", "batch"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"GEMM {name} must be a positive integer, got {value!r}")
+        _check_dtype(self.dtype)
+
+    @property
+    def key(self) -> str:
+        return (f"gemm:m={self.m},n={self.n},k={self.k},ta={int(self.trans_a)},tb={int(self.trans_b)},"
+                f"batch={self.batch},dtype={self.dtype}")
+
+    @classmethod
+    def parse(cls, body: str) -> GemmProblem:
+        """Parse the body of a key (``m=..,n=..,k=..[,ta=0,tb=0,batch=1,dtype=float32]``)."""
+        fields = _parse_fields(body)
+        problem = cls(_int(fields, "m"), _int(fields, "n"), _int(fields, "k"), _flag(fields, "ta"),
+                      _flag(fields, "tb"), _int(fields, "batch", 1), fields.pop("dtype", "float32"))
+        _reject_unknown(fields, "GEMM")
+        return problem
+
+    @classmethod
+    def from_spec(cls, spec: str) -> GemmProblem:
+        """Parse the CLI form ``M,N,K[,ta,tb[,batch]]``, e.g. ``1024,1024,1024`` or ``64,1000,2048,0,1``."""
+        parts = [p.strip() for p in spec.split(",")]
+        if len(parts) not in (3, 5, 6):
+            raise ValueError(f"expected M,N,K[,ta,tb[,batch]], got {spec!r}")
+        try:
+            nums = [int(p) for p in parts]
+        except ValueError:
+            raise ValueError(f"GEMM sizes must be integers, got {spec!r}") from None
+        for name, value in zip(("ta", "tb"), nums[3:5]):
+            if value not in (0, 1):
+                raise ValueError(f"{name} must be 0 or 1, got {value}")
+        return cls(nums[0], nums[1], nums[2], *(bool(v) for v in nums[3:5]), *nums[5:6])
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k * self.batch
+
+    @property
+    def bytes(self) -> int:
+        return (self.m * self.k + self.k * self.n + self.m * self.n) * self.batch * DTYPES[self.dtype]
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvProblem:
+    """A 2-D convolution in NCHW: input N×C×H×W, weight K×(C/groups)×R×S, output N×K×P×Q.
+
+    ``direction`` says which of the three computations is meant: ``fwd`` (input, weight → output),
+    ``bwd_data`` (output grad, weight → input grad) or ``bwd_weight`` (input, output grad → weight grad).
+    """
+
+    n: int
+    c: int
+    h: int
+    w: int
+    k: int
+    r: int
+    s: int
+    stride: tuple[int, int] = (1, 1)
+    padding: tuple[int, int] = (0, 0)
+    dilation: tuple[int, int] = (1, 1)
+    groups: int = 1
+    direction: str = "fwd"
+    dtype: str = "float32"
+
+    kind: ClassVar[str] = "conv"
+
+    def __post_init__(self) -> None:
+        for name in ("stride", "padding", "dilation"):
+            object.__setattr__(self, name, _pair(getattr(self, name)))
+        for name in ("n", "c", "h", "w", "k", "r", "s", "groups"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"convolution {name} must be a positive integer, got {value!r}")
+        if min(self.stride) < 1 or min(self.dilation) < 1:
+            raise ValueError(f"stride and dilation must be ≥ 1, got {self.stride} and {self.dilation}")
+        if min(self.padding) < 0:
+            raise ValueError(f"padding must be ≥ 0, got {self.padding}")
+        if self.c % self.groups or self.k % self.groups:
+            raise ValueError(f"groups={self.groups} must divide both c={self.c} and k={self.k}")
+        if self.direction not in DIRECTIONS:
+            raise ValueError(f"direction must be one of {', '.join(DIRECTIONS)}, got {self.direction!r}")
+        _check_dtype(self.dtype)
+        if self.p < 1 or self.q < 1:
+            raise ValueError(
+                f"output would be {self.p}x{self.q}: a {self.r}x{self.s} kernel with dilation "
+                f"{self.dilation} does not fit a {self.h}x{self.w} input padded by {self.padding}")
+
+    @property
+    def p(self) -> int:
+        """Output height."""
+        return (self.h + 2 * self.padding[0] - self.dilation[0] * (self.r - 1) - 1) // self.stride[0] + 1
+
+    @property
+    def q(self) -> int:
+        """Output width."""
+        return (self.w + 2 * self.padding[1] - self.dilation[1] * (self.s - 1) - 1) // self.stride[1] + 1
+
+    @property
+    def input_shape(self) -> tuple[int, int, int, int]:
+        return (self.n, self.c, self.h, self.w)
+
+    @property
+    def weight_shape(self) -> tuple[int, int, int, int]:
+        return (self.k, self.c // self.groups, self.r, self.s)
+
+    @property
+    def output_shape(self) -> tuple[int, int, int, int]:
+        return (self.n, self.k, self.p, self.q)
+
+    @property
+    def key(self) -> str:
+        def xy(v: tuple[int, int]) -> str:
+            return f"{v[0]}x{v[1]}"
+        return (f"conv:n={self.n},c={self.c},h={self.h},w={self.w},k={self.k},r={self.r},s={self.s},"
+                f"stride={xy(self.stride)},pad={xy(self.padding)},dil={xy(self.dilation)},"
+                f"groups={self.groups},dir={self.direction},dtype={self.dtype}")
+
+    @classmethod
+    def parse(cls, body: str) -> ConvProblem:
+        """Parse ``n=16,c=64,h=56,w=56,k=64,r=3,s=3[,stride=1,pad=1,dilation=1,groups=1,dir=fwd]``.
+
+        ``stride``/``pad``/``dil`` take one integer or ``AxB``; ``padding``/``dilation`` are accepted
+        spellings; ``r`` defaults to ``s`` and vice versa when only one is given.
+        """
+        fields = _parse_fields(body)
+        for long, short in (("padding", "pad"), ("dilation", "dil"), ("direction", "dir")):
+            if long in fields:
+                if short in fields:
+                    raise ValueError(f"{long!r} and {short!r} are the same field")
+                fields[short] = fields.pop(long)
+        if "r" not in fields and "s" in fields:
+            fields["r"] = fields["s"]
+        if "s" not in fields and "r" in fields:
+            fields["s"] = fields["r"]
+        problem = cls(
+            n=_int(fields, "n"), c=_int(fields, "c"), h=_int(fields, "h"), w=_int(fields, "w"),
+            k=_int(fields, "k"), r=_int(fields, "r"), s=_int(fields, "s"),
+            stride=_ints(fields, "stride", 1), padding=_ints(fields, "pad", 0),
+            dilation=_ints(fields, "dil", 1), groups=_int(fields, "groups", 1),
+            direction=fields.pop("dir", "fwd"), dtype=fields.pop("dtype", "float32"))
+        _reject_unknown(fields, "convolution")
+        return problem
+
+    @property
+    def flops(self) -> int:
+        """Multiply-adds ×2, the same for all three directions."""
+        return 2 * self.n * self.k * self.p * self.q * (self.c // self.groups) * self.r * self.s
+
+    @property
+    def bytes(self) -> int:
+        elements = (self.n * self.c * self.h * self.w + self.k * (self.c // self.groups) * self.r * self.s
+                    + self.n * self.k * self.p * self.q)
+        return elements * DTYPES[self.dtype]
+
+    def with_direction(self, direction: str) -> ConvProblem:
+        return dataclasses.replace(self, direction=direction)
+
+
+Problem = Union[GemmProblem, ConvProblem]
+PROBLEM_KINDS: dict[str, type] = {"gemm": GemmProblem, "conv": ConvProblem}
+
+
+def problem_from_key(key: str) -> Problem:
+    """Inverse of ``Problem.key``: ``problem_from_key(p.key) == p``. Raises ValueError with the reason."""
+    kind, sep, body = key.partition(":")
+    if not sep or kind not in PROBLEM_KINDS:
+        raise ValueError(f"not a problem key: {key!r} (expected 'gemm:...' or 'conv:...')")
+    return PROBLEM_KINDS[kind].parse(body)

@@ -1,0 +1,306 @@
+"""The OpenCL runtime: device enumeration and selection, program builds, kernel launches, timing.
+
+One small vocabulary over pyopencl: :func:`list_devices` gives every OpenCL device in a stable
+numbered order (GPUs, then accelerators, then CPUs; within a type by platform name and position), and
+:func:`select_device` returns the :class:`Device` a selector names. A ``Device`` owns a context and an
+in-order profiling queue, builds programs through a cache keyed by (source hash, options, device,
+driver) on top of pyopencl's on-disk binary cache, fetches each kernel once with its scalar argument
+types set, and times launches with device events.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+
+from tunecl import config
+from tunecl.errors import BuildError, DeviceNotFoundError
+from tunecl.fingerprint import Fingerprint
+
+_TYPE_RANK = {"gpu": 0, "accelerator": 1, "cpu": 2, "other": 3}
+
+
+def _device_type(device: cl.Device) -> str:
+    if device.type & cl.device_type.GPU:
+        return "gpu"
+    if device.type & cl.device_type.ACCELERATOR:
+        return "accelerator"
+    if device.type & cl.device_type.CPU:
+        return "cpu"
+    return "other"
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceEntry:
+    """One row of the device list: its number, where pyopencl finds it, and what it is."""
+
+    index: int
+    platform_index: int
+    device_index: int
+    platform: str
+    name: str
+    device_type: str
+    cl_device: cl.Device = dataclasses.field(repr=False, compare=False)
+    search_text: str = dataclasses.field(default="", repr=False, compare=False)
+    compiler_error: str = ""  # why a probe build failed ("" = the device compiles OpenCL C)
+
+    @property
+    def usable(self) -> bool:
+        return not self.compiler_error
+
+    def describe(self) -> dict[str, Any]:
+        d = self.cl_device
+        return {
+            "index": self.index, "selector": f"{self.platform_index}:{self.device_index}",
+            "platform": self.platform, "name": self.name, "type": self.device_type,
+            "compute_units": d.max_compute_units, "global_mem_bytes": d.global_mem_size,
+            "local_mem_bytes": d.local_mem_size, "driver": d.driver_version,
+            "opencl_c": d.opencl_c_version, "usable": self.usable, "compiler_error": self.compiler_error,
+        }
+
+
+_entries: list[DeviceEntry] | None = None
+_devices: dict[int, Device] = {}
+_lock = threading.RLock()
+
+
+def list_devices() -> list[DeviceEntry]:
+    """All OpenCL devices of all platforms, numbered in a stable order (cached per process)."""
+    global _entries
+    with _lock:
+        if _entries is None:
+            try:
+                platforms = cl.get_platforms()
+            except cl.Error:  # no ICD loader or no platform at all
+                platforms = []
+            found = []
+            for p_index, platform in enumerate(platforms):
+                try:
+                    devices = platform.get_devices()
+                except cl.Error:  # a platform with no usable device
+                    continue
+                for d_index, device in enumerate(devices):
+                    found.append((platform, p_index, d_index, device))
+            errors = {id(f[3]): _probe_compiler(f[3]) for f in found}
+            # devices whose compiler works first, then GPUs, accelerators, CPUs, then platform name
+            found.sort(key=lambda f: (bool(errors[id(f[3])]), _TYPE_RANK[_device_type(f[3])], f[0].name,
+                                      f[1], f[2]))
+            _entries = [
+                DeviceEntry(i, p, d, plat.name.strip(), dev.name.strip(), _device_type(dev), dev,
+                            " ".join((dev.name, dev.vendor, plat.name, plat.vendor)).lower(),
+                            errors[id(dev)])
+                for i, (plat, p, d, dev) in enumerate(found)]
+        return list(_entries)
+
+
+_PROBE_SOURCE = "__kernel void tunecl_probe(__global float *x) { x[get_global_id(0)] = 1.0f; }"
+
+
+def _probe_compiler(device: cl.Device) -> str:
+    """Build a trivial kernel once per device and driver; return the first line of the error, or "".
+
+    Why: some OpenCL runtimes enumerate a device they cannot compile for (PyPI's PoCL 3.0, built on
+    LLVM 14, fails with "unknown target CPU 'generic'" on CPUs newer than LLVM 14 knows, such as AMD
+    Zen 5). Such a device must not become the default. The verdict is cached on disk per fingerprint.
+    """
+    fingerprint = fingerprint_of(device)
+    cache = Path(config.get().cache_dir) / "probe" / f"{fingerprint.key}.json"
+    try:
+        return json.loads(cache.read_text())["compiler_error"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    error = ""
+    try:
+        context = cl.Context([device])
+        cl.Program(context, _PROBE_SOURCE).build()
+    except cl.Error as exc:
+        lines = [ln.strip() for ln in str(exc).splitlines() if "error" in ln.lower() and ln.strip()]
+        error = (lines[-1] if lines else str(exc).splitlines()[0])[:200] or "build failed"
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps({"device": fingerprint.label, "compiler_error": error}))
+    except OSError:  # a read-only cache only costs a re-probe next time
+        pass
+    return error
+
+
+def _available(entries: Sequence[DeviceEntry]) -> str:
+    if not entries:
+        return ("no OpenCL device is available (on Linux, `pip install pocl-binary-distribution` "
+                "provides a CPU device)")
+    rows = "; ".join(f"{e.index}: {e.name} [{e.platform}, {e.platform_index}:{e.device_index}]"
+                     + ("" if e.usable else " (cannot compile)") for e in entries)
+    return f"available devices: {rows}"
+
+
+def resolve(selector: str | int | None = None) -> DeviceEntry:
+    """The device entry a selector names.
+
+    Args:
+        selector: an index into :func:`list_devices` (``0``), ``platform:device`` pyopencl indices
+            (``1:0``), or a case-insensitive part of the device's or platform's name or vendor
+            (``h200``, ``nvidia``, ``pocl``);
+            the first match in list order wins. ``None`` uses ``TUNECL_DEVICE`` (default ``0``).
+
+    Raises:
+        DeviceNotFoundError: nothing matches; the message lists the available devices.
+    """
+    entries = list_devices()
+    text = str(config.get().device if selector is None else selector).strip()
+    if text.isdigit():
+        index = int(text)
+        if index < len(entries):
+            return entries[index]
+        raise DeviceNotFoundError(f"no OpenCL device number {index}; {_available(entries)}")
+    plat, sep, dev = text.partition(":")
+    if sep and plat.strip().isdigit() and dev.strip().isdigit():
+        for entry in entries:
+            if (entry.platform_index, entry.device_index) == (int(plat), int(dev)):
+                return entry
+        raise DeviceNotFoundError(f"no OpenCL device at platform:device {text}; {_available(entries)}")
+    needle = text.lower()
+    for entry in entries:
+        if needle and needle in entry.search_text:
+            return entry
+    raise DeviceNotFoundError(f"no OpenCL device matches {text!r}; {_available(entries)}")
+
+
+def select_device(selector: str | int | None = None) -> Device:
+    """The :class:`Device` a selector names (one object per device per process)."""
+    entry = resolve(selector)
+    with _lock:
+        device = _devices.get(entry.index)
+        if device is None:
+            device = _devices[entry.index] = Device(entry)
+        return device
+
+
+def fingerprint_of(device: cl.Device, platform_name: str = "") -> Fingerprint:
+    return Fingerprint(
+        vendor=device.vendor.strip(), name=device.name.strip(), driver_version=device.driver_version.strip(),
+        opencl_c_version=device.opencl_c_version.strip(), device_type=_device_type(device),
+        compute_units=int(device.max_compute_units), max_work_group_size=int(device.max_work_group_size),
+        local_mem_size=int(device.local_mem_size), global_mem_size=int(device.global_mem_size),
+        platform=platform_name or device.platform.name.strip(), device_version=device.version.strip())
+
+
+class Device:
+    """One OpenCL device: context, in-order profiling queue, program/kernel caches, buffers, timing."""
+
+    def __init__(self, entry: DeviceEntry):
+        self.entry = entry
+        self.index = entry.index
+        self.cl_device = entry.cl_device
+        self.name = entry.name
+        self.fingerprint = fingerprint_of(entry.cl_device, entry.platform)
+        self.context = cl.Context([entry.cl_device])
+        self.queue = cl.CommandQueue(self.context, entry.cl_device,
+                                     properties=cl.command_queue_properties.PROFILING_ENABLE)
+        self.local_mem_size = int(entry.cl_device.local_mem_size)
+        self.max_work_group_size = int(entry.cl_device.max_work_group_size)
+        self.max_alloc_size = int(entry.cl_device.max_mem_alloc_size)
+        self._programs: dict[tuple[str, tuple[str, ...]], cl.Program] = {}
+        self._kernels: dict[tuple[int, str], cl.Kernel] = {}
+        self._lock = threading.RLock()
+
+    def __repr__(self) -> str:
+        return f"<tunecl.Device {self.index}: {self.name} [{self.entry.platform}]>"
+
+    # -- programs and kernels ---------------------------------------------------------------------
+    def build(self, source: str, options: Sequence[str] = ()) -> cl.Program:
+        """Compile ``source`` with ``options`` (``-DNAME=VALUE`` ...), once per process.
+
+        The in-process cache is keyed by (source hash, options); the device and driver are fixed per
+        ``Device``. pyopencl's on-disk binary cache (in ``TUNECL_CACHE_DIR``) spares recompiles across
+        processes; it is disposable and kept apart from tuning data.
+
+        Raises:
+            BuildError: the compiler rejected the program; the message carries the build log.
+        """
+        options = tuple(options)
+        key = (hashlib.sha256(source.encode()).hexdigest(), options)
+        with self._lock:
+            program = self._programs.get(key)
+            if program is not None:
+                return program
+        cache_dir = Path(config.get().cache_dir) / "pyopencl"
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            program = cl.Program(self.context, source).build(options=list(options), cache_dir=str(cache_dir))
+        except cl.Error as error:
+            raise BuildError(f"OpenCL build failed on {self.name} with options {' '.join(options)}:\n"
+                             f"{error}") from None
+        with self._lock:
+            return self._programs.setdefault(key, program)
+
+    def kernel(self, program: cl.Program, name: str, scalar_dtypes: Sequence[Any] | None = None) -> cl.Kernel:
+        """Fetch kernel ``name`` of ``program`` once, with scalar argument dtypes set for fast launches.
+
+        Args:
+            scalar_dtypes: one entry per kernel argument: a numpy dtype for scalars, ``None`` for
+                buffers and local memory. Without it pyopencl spends ~6 µs per scalar per launch.
+        """
+        key = (id(program), name)
+        with self._lock:
+            kernel = self._kernels.get(key)
+            if kernel is None:
+                kernel = cl.Kernel(program, name)
+                if scalar_dtypes is not None:
+                    kernel.set_scalar_arg_dtypes(list(scalar_dtypes))
+                self._kernels[key] = kernel
+                # keep the program alive as long as its kernels are cached (id() must stay unique)
+                kernel._tunecl_program = program
+            return kernel
+
+    def launch(self, kernel: cl.Kernel, global_size: Sequence[int], local_size: Sequence[int] | None,
+               *args: Any, wait_for: Sequence[cl.Event] | None = None) -> cl.Event:
+        """Enqueue ``kernel`` over ``global_size`` (rounded by the caller) without waiting."""
+        return kernel(self.queue, tuple(global_size), None if local_size is None else tuple(local_size),
+                      *args, wait_for=wait_for)
+
+    # -- memory -------------------------------------------------------------------------------------
+    def alloc(self, nbytes: int) -> cl.Buffer:
+        """A device buffer of ``nbytes`` (at least 1 byte: OpenCL forbids empty buffers)."""
+        return cl.Buffer(self.context, cl.mem_flags.READ_WRITE, size=max(int(nbytes), 1))
+
+    def upload(self, array: np.ndarray) -> cl.Buffer:
+        """A new device buffer holding a copy of ``array`` (copied synchronously)."""
+        array = np.ascontiguousarray(array)
+        buffer = self.alloc(array.nbytes)
+        if array.nbytes:
+            cl.enqueue_copy(self.queue, buffer, array, is_blocking=True)
+        return buffer
+
+    def copyin(self, buffer: cl.Buffer, array: np.ndarray, offset: int = 0, wait: bool = True) -> cl.Event:
+        """Copy host ``array`` into ``buffer`` at byte ``offset``."""
+        array = np.ascontiguousarray(array)
+        return cl.enqueue_copy(self.queue, buffer, array, dst_offset=offset, is_blocking=wait)
+
+    def copyout(self, array: np.ndarray, buffer: cl.Buffer, offset: int = 0) -> np.ndarray:
+        """Copy ``array.nbytes`` bytes of ``buffer`` from byte ``offset`` into contiguous ``array``."""
+        if array.nbytes:
+            cl.enqueue_copy(self.queue, array, buffer, src_offset=offset, is_blocking=True)
+        return array
+
+    def download(self, buffer: cl.Buffer, shape: Sequence[int], dtype: Any = np.float32,
+                 offset: int = 0) -> np.ndarray:
+        return self.copyout(np.empty(tuple(shape), dtype=dtype), buffer, offset)
+
+    def synchronize(self) -> None:
+        self.queue.finish()
+
+    # -- timing -------------------------------------------------------------------------------------
+    @staticmethod
+    def elapsed(first: cl.Event, last: cl.Event | None = None) -> float:
+        """Seconds of device time from the start of ``first`` to the end of ``last`` (or ``first``)."""
+        last = first if last is None else last
+        last.wait()
+        return (last.profile.end - first.profile.start) * 1e-9
