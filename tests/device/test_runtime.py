@@ -1,0 +1,64 @@
+"""The runtime on the real OpenCL device of this machine (PoCL in CI)."""
+
+import numpy as np
+import pytest
+
+from tunecl import runtime
+from tunecl.cli import main
+from tunecl.errors import BuildError
+
+SOURCE = """
+__kernel void axpy(__global float *y, __global const float *x, const float alpha, const int n) {
+    const int i = get_global_id(0);
+    if (i < n) { y[i] += alpha * x[i]; }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def device():
+    return runtime.select_device()
+
+
+def test_default_device_is_a_usable_device(device):
+    entries = runtime.list_devices()
+    assert entries[0].usable, "index 0 must be a device that compiles"
+    assert device.index == 0
+    fp = device.fingerprint
+    assert fp.compute_units >= 1 and fp.local_mem_size > 0 and fp.max_work_group_size >= 1
+    assert fp.device_type in ("gpu", "cpu", "accelerator", "other")
+    assert fp.key != fp.model_key
+
+
+def test_build_cache_kernel_launch_and_timing(device):
+    program = device.build(SOURCE, ["-DUNUSED=1"])
+    assert device.build(SOURCE, ["-DUNUSED=1"]) is program  # cached per (source hash, options)
+    assert device.build(SOURCE, ["-DUNUSED=2"]) is not program
+    kernel = device.kernel(program, "axpy", [None, None, np.float32, np.int32])
+    assert device.kernel(program, "axpy") is kernel  # fetched once
+    n = 1000
+    x, y = np.arange(n, dtype=np.float32), np.ones(n, dtype=np.float32)
+    xb, yb = device.upload(x), device.upload(y)
+    event = device.launch(kernel, (1024,), None, yb, xb, 2.0, n)
+    seconds = device.elapsed(event)
+    assert 0 < seconds < 10
+    np.testing.assert_array_equal(device.download(yb, (n,)), y + 2 * x)
+
+
+def test_offsets_in_copies(device):
+    buf = device.alloc(64)
+    device.copyin(buf, np.arange(8, dtype=np.float32), offset=32)
+    out = device.download(buf, (8,), offset=32)
+    np.testing.assert_array_equal(out, np.arange(8, dtype=np.float32))
+
+
+def test_build_error_carries_the_log(device):
+    with pytest.raises(BuildError, match="build failed") as info:
+        device.build("__kernel void broken(__global float *x) { x[0] = undefined_name; }")
+    assert "undefined_name" in str(info.value)
+
+
+def test_cli_devices_marks_default(capsys):
+    assert main(["devices"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[1].startswith("*0")

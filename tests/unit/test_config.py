@@ -1,0 +1,16 @@
+from tunecl import config
+
+
+def test_from_env_defaults_and_overrides(tmp_path):
+    cfg = config.Config.from_env({"TUNECL_DB": str(tmp_path / "x.sqlite"), "TUNECL_DEVICE": "pocl"})
+    assert cfg.db_url == "sqlite:///" + str(tmp_path / "x.sqlite")
+    assert cfg.device == "pocl"
+    assert config.Config.from_env({"TUNECL_DB": "postgresql://u@h/db"}).db_url == "postgresql://u@h/db"
+    assert config.Config.from_env({}).device == "0"
+
+
+def test_override_is_scoped():
+    before = config.get()
+    with config.override(device="7") as cfg:
+        assert cfg.device == "7" and config.get().device == "7"
+    assert config.get() == before
