@@ -1,0 +1,202 @@
+"""``tunecl db ...`` through ``tunecl.cli.main``: output, exit codes, and bad imports changing nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import tunecl
+from tunecl.cli import main
+from tunecl.db import TuningDB
+from tunecl.db.records import Record
+from tunecl.problems import GemmProblem
+
+GEMM = GemmProblem(512, 512, 512)
+SMALL = GemmProblem(8, 8, 8)
+
+
+@pytest.fixture
+def db_path(tmp_path, fingerprint) -> Path:
+    """A closed DB file with a few results (closing checkpoints the WAL into the file)."""
+    path = tmp_path / "cli.sqlite"
+    with TuningDB(str(path)) as db:
+        db.record(fingerprint("1.0"), GEMM, "gemm", 2, {"MWG": 64}, 1e-3, default_time_s=2.5e-3, trials=30)
+        db.record(fingerprint("2.0"), GEMM, "gemm", 2, {"MWG": 32}, 2e-3)
+        db.record(fingerprint("1.0"), SMALL, "gemm_small", 1, {}, None, status="failed:wrong result")
+        db.record(fingerprint(name="Other"), SMALL, "gemm_small", 1, {"X": 1}, 1e-5)
+    return path
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_path_defaults_to_tunecl_db(capsys, tmp_path):
+    assert _run(capsys, "db", "path") == (0, f"{tmp_path / 'tuning.sqlite'}\n", "")
+    assert not (tmp_path / "tuning.sqlite").exists()  # printing the path creates nothing
+    server = _run(capsys, "db", "path", "--db", "postgresql://me:secret@host/tune")
+    assert server == (0, "postgresql://me:***@host/tune\n", "")
+
+
+def test_stats(capsys, db_path):
+    code, out, _ = _run(capsys, "db", "stats", "--db", str(db_path))
+    assert code == 0 and "3 devices, 2 problems, 4 results (3 ok, 1 failed)" in out
+    assert "Acme GPU 9000 (driver 1.0)" in out and "shipped results: 0 in 0 files" in out
+    stats = json.loads(_run(capsys, "db", "stats", "--db", str(db_path), "--json")[1])
+    assert stats["results"] == 4 and len(stats["per_device"]) == 3
+
+
+def test_list(capsys, db_path):
+    code, out, _ = _run(capsys, "db", "list", "--db", str(db_path))
+    lines = out.splitlines()
+    assert code == 0 and lines[0].split()[:3] == ["device", "problem", "algorithm"]
+    assert len(lines) == 4 and "2.5" in lines[1] and "failed" not in out  # ok results only
+    assert "speedup" in lines[0] and "2.5" in out
+    code, out, _ = _run(capsys, "db", "list", "--db", str(db_path), "--all", "--problem", "m=8,")
+    assert code == 0 and len(out.splitlines()) == 3 and "failed:wrong result" in out
+    rows = json.loads(_run(capsys, "db", "list", "--db", str(db_path), "--json")[1])
+    assert [r["time_s"] for r in rows] == [1e-3, 2e-3, 1e-5]
+    assert rows[0]["speedup"] == 2.5 and rows[0]["device_label"] == "Acme GPU 9000 (driver 1.0)"
+
+
+def test_show(capsys, db_path):
+    code, out, _ = _run(capsys, "db", "show", "gemm:m=8,n=8,k=8", "--db", str(db_path))
+    assert code == 0 and out.startswith(SMALL.key + "\n")  # the key is shown canonical
+    assert "Acme GPU 9000 (driver 1.0)" in out and "Other (driver 1.0)" in out
+    assert "failed:wrong result" in out
+    shown = json.loads(_run(capsys, "db", "show", SMALL.key, "--db", str(db_path), "--json")[1])
+    assert shown["problem"] == SMALL.key and len(shown["results"]) == 2
+    code, _, err = _run(capsys, "db", "show", "gemm:m=8", "--db", str(db_path))
+    assert code == 1 and err.startswith("tunecl: error: bad problem key") and err.count("\n") == 1
+
+
+def test_export_import_round_trip(capsys, db_path, tmp_path):
+    code, out, _ = _run(capsys, "db", "export", "--db", str(db_path))
+    document = json.loads(out)
+    assert code == 0 and document["format"] == "tunecl-db" and len(document["records"]) == 3
+    exported = tmp_path / "out.json"
+    code, _, err = _run(capsys, "db", "export", "--db", str(db_path), "-o", str(exported))
+    assert code == 0 and "exported 3 results" in err
+    target = tmp_path / "target.sqlite"
+    assert _run(capsys, "db", "import", str(exported), "--db", str(target), "--dry-run") == (
+        0, "added 3, updated 0, skipped 0 (dry run: nothing written)\n", "")
+    assert _run(capsys, "db", "import", str(exported), "--db", str(target)) == (
+        0, "added 3, updated 0, skipped 0\n", "")
+    again = json.loads(_run(capsys, "db", "export", "--db", str(target))[1])
+    assert again["records"] == document["records"]
+
+
+def _good_document(fingerprint) -> dict:
+    record = Record(fingerprint(), GEMM.key, "gemm", 3, {"MWG": 128}, 5e-4, origin="tuned on elsewhere")
+    from tunecl.db.exchange import record_to_dict
+
+    return {"format": "tunecl-db", "version": 1, "records": [record_to_dict(record)]}
+
+
+BAD_FILES = {
+    "malformed": lambda d: '{"format": "tunecl-db", version: 1}',
+    "truncated": lambda d: json.dumps(d)[:-25],
+    "wrong format": lambda d: json.dumps(d | {"format": "something-else"}),
+    "newer version": lambda d: json.dumps(d | {"version": 99}),
+    "bad record": lambda d: json.dumps(d | {"records": [*d["records"], d["records"][0] | {"time_s": -1}]}),
+    "bad problem": lambda d: json.dumps(d | {"records": [*d["records"], d["records"][0] | {"problem": "x"}]}),
+    "binary": lambda d: b"\x89PNG\r\n\x1a\n\xff\xfe",
+}
+
+
+@pytest.mark.parametrize("kind", BAD_FILES)
+def test_a_bad_import_exits_1_with_one_line_and_leaves_the_db_byte_identical(kind, capsys, db_path, tmp_path,
+                                                                             fingerprint):
+    bad = tmp_path / "bad.json"
+    content = BAD_FILES[kind](_good_document(fingerprint))
+    bad.write_bytes(content if isinstance(content, bytes) else content.encode())
+    before = _sha256(db_path)
+    code, out, err = _run(capsys, "db", "import", str(bad), "--db", str(db_path))
+    assert code == 1 and out == ""
+    assert err.startswith(f"tunecl: error: {bad}: ") and err.count("\n") == 1
+    assert _sha256(db_path) == before
+    assert not Path(f"{db_path}-wal").exists()
+
+
+def test_a_good_import_merges(capsys, db_path, tmp_path, fingerprint):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(_good_document(fingerprint)))
+    code, out, _ = _run(capsys, "db", "import", str(good), "--db", str(db_path))
+    assert (code, out) == (0, "added 1, updated 0, skipped 0\n")
+
+
+def test_import_of_a_missing_file(capsys, db_path, tmp_path):
+    code, _, err = _run(capsys, "db", "import", str(tmp_path / "nope.json"), "--db", str(db_path))
+    assert code == 1 and "cannot read" in err
+
+
+def test_prune_reports_until_yes(capsys, db_path):
+    before = _sha256(db_path)
+    code, _, err = _run(capsys, "db", "prune", "--db", str(db_path))
+    assert code == 1 and "--older-than" in err
+    prune = ("db", "prune", "--db", str(db_path))
+    assert _run(capsys, *prune, "--failed")[1].startswith("would remove 1 results")
+    assert _run(capsys, *prune, "--older-than", "1h")[1].startswith("would remove 0")
+    assert _run(capsys, *prune, "--older-than", "2999-01-01")[1].startswith("would remove 4")
+    with TuningDB(str(db_path)):
+        pass  # (close the engines the commands used; the file must not have changed)
+    assert _sha256(db_path) == before
+    assert _run(capsys, "db", "prune", "--db", str(db_path), "--failed", "--yes")[1] == "removed 1 results\n"
+    with TuningDB(str(db_path)) as db:
+        assert db.stats()["failed"] == 0
+
+
+def test_prune_rejects_a_bad_age(capsys, db_path):
+    with pytest.raises(SystemExit) as exit_:
+        main(["db", "prune", "--db", str(db_path), "--older-than", "soon"])
+    assert exit_.value.code == 2 and "expected an age" in capsys.readouterr().err
+
+
+def test_parse_cutoff():
+    import datetime as dt
+
+    from tunecl.cli.db import parse_cutoff
+
+    now = dt.datetime(2025, 6, 1, 12, tzinfo=dt.UTC)
+    assert parse_cutoff("30d", now) == dt.datetime(2025, 5, 2, 12, tzinfo=dt.UTC)
+    assert parse_cutoff("12h", now) == dt.datetime(2025, 6, 1, 0, tzinfo=dt.UTC)
+    assert parse_cutoff("2w", now) == now - dt.timedelta(weeks=2)
+    assert parse_cutoff("2025-01-31", now) == dt.datetime(2025, 1, 31, tzinfo=dt.UTC)
+
+
+def test_upgrade_of_a_current_db(capsys, db_path):
+    code, out, _ = _run(capsys, "db", "upgrade", "--db", str(db_path))
+    assert code == 0 and "already at schema revision 0001" in out
+
+
+@pytest.fixture
+def fake_runtime(monkeypatch, fingerprint):
+    """``--device`` goes through tunecl.runtime (OpenCL); unit tests use a stand-in for it."""
+    devices = {"0": fingerprint("1.0"), "other": fingerprint(name="Other")}
+
+    def select_device(selector):
+        return types.SimpleNamespace(fingerprint=devices[selector])
+
+    fake = types.ModuleType("tunecl.runtime")
+    fake.select_device = select_device
+    monkeypatch.setitem(sys.modules, "tunecl.runtime", fake)
+    monkeypatch.setattr(tunecl, "runtime", fake, raising=False)
+    return devices
+
+
+def test_device_selects_the_device_model(capsys, db_path, fake_runtime):
+    rows = json.loads(_run(capsys, "db", "list", "--db", str(db_path), "--device", "0", "--json")[1])
+    assert {r["device"]["driver_version"] for r in rows} == {"1.0", "2.0"}  # every driver of the model
+    document = json.loads(_run(capsys, "db", "export", "--db", str(db_path), "--device", "other")[1])
+    assert [r["device"]["name"] for r in document["records"]] == ["Other"]

@@ -1,0 +1,240 @@
+"""``tunecl db``: inspect, export, import and maintain the tuning database.
+
+Every subcommand takes ``--db URL`` (default: ``TUNECL_DB``, else the user data folder) and calls the
+library in ``tunecl.db``; ``--device SEL`` is resolved by the runtime (OpenCL), imported only then.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import re
+import sys
+from typing import Any
+
+from tunecl import config
+from tunecl.cli.output import print_json, print_table
+from tunecl.errors import TuneclError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``db`` command and its subcommands."""
+    parser = subparsers.add_parser(
+        "db", help="inspect, export, import and maintain the tuning database",
+        description="Inspect, export, import and maintain the tuning database.")
+    sub = parser.add_subparsers(dest="db_command", metavar="SUBCOMMAND", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--db", metavar="URL",
+                        help="SQLAlchemy URL or SQLite file of the tuning DB (default: TUNECL_DB or the "
+                             "user data folder)")
+    device = argparse.ArgumentParser(add_help=False)
+    device.add_argument("--device", metavar="SEL",
+                        help="only this device's model (any driver): an index, name part or platform:device "
+                             "as listed by `tunecl devices`")
+    as_json = argparse.ArgumentParser(add_help=False)
+    as_json.add_argument("--json", action="store_true", help="print JSON")
+
+    def add(name: str, func: Any, help: str,
+            parents: list[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+        command = sub.add_parser(name, parents=[common, *parents], help=help,
+                                 description=help[0].upper() + help[1:] + ".")
+        command.set_defaults(func=func)
+        return command
+
+    add("path", cmd_path, "print the tuning DB in use (file path or URL)", [])
+    add("stats", cmd_stats, "count devices, problems and results", [as_json])
+    command = add("list", cmd_list, "list stored results", [device, as_json])
+    command.add_argument("--problem", metavar="SUBSTR", help="only problems whose key contains SUBSTR")
+    command.add_argument("--all", action="store_true", help="include failed results")
+    command = add("show", cmd_show, "show every result for one problem key, per device", [as_json])
+    command.add_argument("key", metavar="KEY", help="problem key, e.g. gemm:m=1024,n=1024,k=1024")
+    command = add("export", cmd_export, "export ok results as a JSON document", [device])
+    command.add_argument("-o", "--output", metavar="FILE", help="write to FILE (default: standard output)")
+    command = add("import", cmd_import, "merge an exported JSON document (the faster result wins)", [])
+    command.add_argument("file", metavar="FILE", help="export document ('-' for standard input)")
+    command.add_argument("--dry-run", action="store_true", help="report what would change, write nothing")
+    command = add("prune", cmd_prune, "remove old and/or failed results", [])
+    command.add_argument("--older-than", metavar="AGE", type=parse_cutoff,
+                         help="results created before this: 30d, 12h, 90m, 2w or a date (2025-01-31)")
+    command.add_argument("--failed", action="store_true", help="failed results")
+    command.add_argument("--yes", action="store_true", help="really remove (default: only report)")
+    add("upgrade", cmd_upgrade, "migrate the tuning DB's schema to this tunecl's revision", [])
+
+
+def parse_cutoff(text: str, now: dt.datetime | None = None) -> dt.datetime:
+    """``30d``/``12h``/``90m``/``45s``/``2w`` before now, or an ISO date/time (UTC unless it says)."""
+    now = now or dt.datetime.now(dt.UTC)
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhdw])", text.strip().lower())
+    if match:
+        unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}[match[2]]
+        return now - dt.timedelta(**{unit: float(match[1])})
+    try:
+        cutoff = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an age like 30d, 12h, 90m or a date like 2025-01-31, got {text!r}") from None
+    return cutoff if cutoff.tzinfo else cutoff.replace(tzinfo=dt.UTC)
+
+
+def _open(args: argparse.Namespace, **kwargs: Any) -> Any:
+    from tunecl.db import TuningDB
+
+    return TuningDB(args.db, **kwargs)
+
+
+def _fingerprint(selector: str | None) -> Any:
+    if selector is None:
+        return None
+    # the runtime loads pyopencl; only commands given --device pay for it
+    from tunecl import runtime
+
+    return runtime.select_device(selector).fingerprint
+
+
+def cmd_path(args: argparse.Namespace) -> int:
+    from sqlalchemy.engine import make_url
+
+    from tunecl.db.store import sqlite_path
+
+    url = make_url(config.normalize_db_url(args.db) if args.db else config.get().db_url)
+    path = sqlite_path(url)
+    print(path if path is not None else url.render_as_string(hide_password=True))
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from tunecl.db import shipped
+
+    with _open(args) as db:
+        stats = db.stats()
+    index = shipped.index()
+    stats["shipped"] = {"folder": str(shipped.folder() or ""), "files": [str(f) for f in index.files],
+                        "results": sum(len(rs) for rs in index.by_device.values())}
+    if args.json:
+        print_json(stats)
+        return 0
+    print(f"tuning DB: {stats['url']} (schema revision {stats['schema_revision']})")
+    print(f"{stats['devices']} devices, {stats['problems']} problems, {stats['results']} results "
+          f"({stats['ok']} ok, {stats['failed']} failed)")
+    if stats["per_device"]:
+        print()
+        print_table(["device", "key", "problems", "results", "ok", "failed"],
+                    [[d["device"], d["key"], d["problems"], d["results"], d["ok"], d["failed"]]
+                     for d in stats["per_device"]])
+    ship = stats["shipped"]
+    where = ship["folder"] or "disabled"
+    print(f"\nshipped results: {ship['results']} in {len(ship['files'])} files ({where})")
+    return 0
+
+
+def _rows(records: list, with_status: bool, with_device: bool = True) -> tuple[list[str], list[list[Any]]]:
+    headers = ["device"] * with_device + ["problem", "algorithm", "version", "precision", "time ms",
+                                          "default ms", "speedup", "trials", "created"]
+    rows = []
+    for r in records:
+        row = [r.device.label] * with_device + [
+            r.problem, r.algorithm, r.algorithm_version, r.precision, _ms(r.time_s), _ms(r.default_time_s),
+            None if r.speedup is None else round(r.speedup, 2), r.trials,
+            r.created_at.strftime("%Y-%m-%d %H:%M") if r.created_at else None]
+        rows.append(row + [r.status] * with_status)
+    return headers + ["status"] * with_status, rows
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1e3, 4)
+
+
+def _as_json(records: list) -> list[dict[str, Any]]:
+    from tunecl.db.exchange import record_to_dict
+
+    return [{"device_label": r.device.label, "device_key": r.device.key, **record_to_dict(r),
+             "speedup": r.speedup} for r in records]
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    fingerprint = _fingerprint(args.device)
+    with _open(args) as db:
+        records = db.results(fingerprint, same_model=True, problem_contains=args.problem,
+                             ok_only=not args.all)
+    if args.json:
+        print_json(_as_json(records))
+    elif records:
+        print_table(*_rows(records, with_status=args.all))
+    else:
+        print("no results", file=sys.stderr)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from tunecl.db.store import problem_key
+
+    try:
+        key = problem_key(args.key)
+    except ValueError as error:
+        raise TuneclError(f"bad problem key {args.key!r}: {error}") from None
+    with _open(args) as db:
+        records = db.results(problem=key)
+    if args.json:
+        print_json({"problem": key, "results": _as_json(records)})
+        return 0
+    print(key)
+    if not records:
+        print("no results for this problem", file=sys.stderr)
+    labels: dict[str, list] = {}
+    for record in records:
+        labels.setdefault(f"{record.device.label} [{record.device.key}]", []).append(record)
+    for label, group in labels.items():
+        print(f"\n{label}")
+        headers, rows = _rows(group, with_status=True, with_device=False)
+        print_table(headers[1:], [row[1:] for row in rows])  # the problem column is the heading
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from tunecl.db import exchange
+
+    fingerprint = _fingerprint(args.device)
+    with _open(args) as db:
+        document = db.export(fingerprint)
+    if args.output:
+        exchange.write_document(document, args.output)
+        print(f"exported {len(document['records'])} results to {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(exchange.dumps(document))
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from tunecl.db import exchange
+
+    # the whole document is validated before the DB is even opened: a bad file changes nothing
+    records = exchange.read_document(args.file)
+    with _open(args) as db:
+        report = exchange.import_document(db, records, dry_run=args.dry_run)
+    print(report)
+    return 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    if args.older_than is None and not args.failed:
+        raise TuneclError("say what to prune: --older-than AGE and/or --failed")
+    with _open(args) as db:
+        count = db.prune(args.older_than, failed_only=args.failed, dry_run=not args.yes)
+    if args.yes:
+        print(f"removed {count} results")
+    else:
+        print(f"would remove {count} results (run again with --yes to remove them)")
+    return 0
+
+
+def cmd_upgrade(args: argparse.Namespace) -> int:
+    from tunecl.db.schema import head_revision
+
+    with _open(args, auto_upgrade=True) as db:
+        before, head = db.opened_at_revision, head_revision()
+        where = db.display_url
+    if before == head:
+        print(f"{where}: already at schema revision {head}")
+    else:
+        print(f"{where}: schema revision {before or '(new)'} -> {head}")
+    return 0

@@ -1,0 +1,102 @@
+"""The shipped read-only tuning results: export documents in the repository's ``tuning_db/`` folder.
+
+The folder (``config.get().shipped_db``, env ``TUNECL_SHIPPED_DB``; empty disables it) is read once
+per process, lazily, into an in-memory index; it is never written. It is the lookup chain's last step
+before the heuristic defaults, so a broken file there is skipped with a warning rather than breaking
+every lookup.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+
+from tunecl import config
+from tunecl.db.records import Hit, Record, keep_new, servable, to_hit
+from tunecl.errors import TuneclError
+from tunecl.fingerprint import Fingerprint
+
+
+@dataclasses.dataclass
+class ShippedIndex:
+    """Shipped records by (problem key, device key) and by (problem key, device model key)."""
+
+    files: list[Path] = dataclasses.field(default_factory=list)
+    by_device: dict[tuple[str, str], list[Record]] = dataclasses.field(default_factory=dict)
+    by_model: dict[tuple[str, str], list[Record]] = dataclasses.field(default_factory=dict)
+
+    @staticmethod
+    def build(files: list[Path], records: list[Record]) -> ShippedIndex:
+        """Index records; under one natural key the better one is kept (the rule of TuningDB.record)."""
+        kept: dict[tuple[str, str, str, int, str], Record] = {}
+        for record in records:
+            if keep_new(kept.get(record.natural_key), record):
+                kept[record.natural_key] = record
+        index = ShippedIndex(files)
+        for record in kept.values():
+            index.by_device.setdefault((record.problem, record.device.key), []).append(record)
+            index.by_model.setdefault((record.problem, record.device.model_key), []).append(record)
+        return index
+
+    def lookup(self, fingerprint: Fingerprint, problem_key: str, versions: Mapping[str, int] | None,
+               precisions: frozenset[str]) -> Hit | None:
+        """The fastest servable record for this exact device, else for its device model."""
+        for table, device in ((self.by_device, fingerprint.key), (self.by_model, fingerprint.model_key)):
+            candidates = [r for r in table.get((problem_key, device), ())
+                          if servable(r, versions, precisions)]
+            if candidates:
+                fastest = min(candidates, key=lambda r: (r.time_s, r.algorithm, r.algorithm_version,
+                                                         r.precision, r.device.key))
+                return to_hit(fastest, "shipped")
+        return None
+
+
+_indexes: dict[Path, ShippedIndex] = {}
+_lock = threading.Lock()
+
+
+def folder() -> Path | None:
+    """The configured shipped folder, or None when disabled."""
+    value = config.get().shipped_db
+    return Path(value).expanduser().resolve() if value else None
+
+
+def load(path: Path) -> ShippedIndex:
+    """Read every ``*.json`` export document in ``path`` (a missing folder is an empty index)."""
+    from tunecl.db.exchange import read_document
+
+    files, records = [], []
+    for file in sorted(path.glob("*.json")) if path.is_dir() else []:
+        try:
+            records.extend(read_document(file))
+        except TuneclError as error:
+            warnings.warn(f"tunecl: ignoring shipped tuning file {file}: {error}", stacklevel=2)
+            continue
+        files.append(file)
+    return ShippedIndex.build(files, records)
+
+
+def index() -> ShippedIndex:
+    """The index of the configured folder, loaded on first use and kept for the process."""
+    path = folder()
+    if path is None:
+        return ShippedIndex()
+    with _lock:  # backend threads may look up concurrently; load once
+        if path not in _indexes:
+            _indexes[path] = load(path)
+        return _indexes[path]
+
+
+def lookup(fingerprint: Fingerprint, problem_key: str, versions: Mapping[str, int] | None,
+           precisions: frozenset[str]) -> Hit | None:
+    """The lookup chain's shipped step (see :meth:`ShippedIndex.lookup`)."""
+    return index().lookup(fingerprint, problem_key, versions, precisions)
+
+
+def clear_cache() -> None:
+    """Forget loaded indexes (tests that rewrite a shipped folder)."""
+    with _lock:
+        _indexes.clear()
