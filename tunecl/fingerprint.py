@@ -30,9 +30,12 @@ class Fingerprint:
 
     @property
     def model_key(self) -> str:
-        """Hash of the hardware identity (vendor, name, type, compute units, memories), driver excluded."""
-        model = (self.vendor, self.name, self.device_type, self.compute_units, self.local_mem_size,
-                 self.global_mem_size)
+        """Hash of the hardware identity (vendor, name, type, compute units, local memory), driver excluded.
+
+        Global memory is left out on purpose: CPU runtimes such as PoCL report the host's currently
+        free memory there, which changes from process to process and would make every lookup miss.
+        """
+        model = (self.vendor, self.name, self.device_type, self.compute_units, self.local_mem_size)
         return _digest(model)
 
     @property

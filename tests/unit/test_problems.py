@@ -86,3 +86,15 @@ def test_gemm_spec_and_validation():
 def test_bad_keys_raise_value_error(key):
     with pytest.raises(ValueError):
         problem_from_key(key)
+
+
+def test_fingerprint_keys_ignore_global_memory():
+    from tunecl.fingerprint import Fingerprint
+
+    base = dict(vendor="v", name="n", driver_version="1", opencl_c_version="OpenCL C 1.2", device_type="cpu",
+                compute_units=2, max_work_group_size=4096, local_mem_size=1 << 20, global_mem_size=10 << 30)
+    a, b = Fingerprint(**base), Fingerprint(**{**base, "global_mem_size": 7 << 30})
+    assert a.key == b.key and a.model_key == b.model_key
+    c = Fingerprint(**{**base, "driver_version": "2"})
+    assert c.model_key == a.model_key and c.key != a.key
+    assert Fingerprint.from_dict(a.to_dict()) == a
