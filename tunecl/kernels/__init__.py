@@ -12,7 +12,7 @@ from tunecl.kernels.base import Algorithm
 
 # problem kind -> modules whose ALGORITHMS lists are the families of that kind
 _REGISTRY: dict[str, tuple[str, ...]] = {
-    "gemm": (),
+    "gemm": ("tunecl.kernels.gemm", "tunecl.kernels.gemm_direct"),
     "conv": (),
 }
 

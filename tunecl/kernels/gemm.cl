@@ -1,0 +1,585 @@
+// gemm.cl — gemm_tiled: C = alpha * op(A) * op(B) + beta * C, fp32, row-major (like torch).
+//
+// Layout. A is M x K (lda >= K) or, with TRANS_A, K x M (lda >= M); B is K x N (ldb >= N) or, with
+// TRANS_B, N x K (ldb >= K); C is M x N (ldc >= N). Leading dimensions are row strides in elements.
+// Matrix b of a batch starts at buffer + offset + b * stride (elements; a stride of 0 broadcasts).
+// Any M, N, K >= 1: loads outside the matrices read zeros and stores outside are skipped, so the
+// caller never pads. beta == 0 never reads C (it may hold NaN garbage).
+//
+// Decomposition (CLBlast's Xgemm, written for row-major data and transposes in the kernel).
+// A work-group of NDIMC x MDIMC threads (dimension 0 runs along N so that neighbouring threads store
+// neighbouring C elements) computes one MWG x NWG tile of C; each thread owns MWI x NWI = (MWG/MDIMC)
+// x (NWG/NDIMC) outputs in registers (cpm). K is walked in KWG-deep tiles: the A tile (MWG x KWG) and
+// the B tile (KWG x NWG) are copied to local memory by all threads with VWA/VWB-wide vector loads,
+// re-shaped as MDIMA x KDIMA (NDIMB x KDIMB) threads so that neighbouring threads read neighbouring
+// addresses whatever the transposition; both tiles are stored K-major (alm[k][m], blm[k][n]) so the
+// inner loop reads VWM/VWN-wide vectors along M and N and does an outer-product update.
+// Grid: dimension 0 = N tiles, 1 = M tiles, 2 = batch; GM re-orders the work-groups in bands.
+//
+// Variants (named #if branches; the host passes -DNAME=VALUE):
+//   SA / SB      1: stage the A / B tile in local memory; 0: each thread reads its values from global
+//                memory (caches do the sharing).
+//   DB           1: double-buffered local memory; the next tile is fetched into registers while the
+//                current one is multiplied, one barrier per tile. 0: load, barrier, multiply, barrier.
+//   STRM / STRN  0: a thread's outputs are contiguous along M / N; 1: its vectors are strided by
+//                MDIMC*VWM / NDIMC*VWN (neighbouring threads read neighbouring local memory).
+//   PAD          1: local rows are padded by one vector (against bank conflicts of the transposed
+//                stores).
+//   RWGS         1: declare reqd_work_group_size (NVIDIA then ignores -cl-nv-maxrregcount).
+//   TRANS_A/B    problem layout, set by the host from the problem (not tuned).
+//   CSCALAR      host-internal: 1 = scalar C accesses, for C offsets/ldc that are not VWN-aligned.
+// Global vector loads dereference floatN pointers (what makes the compiler emit 128-bit loads), so
+// they need aligned addresses: the host compiles VWA=1 / VWB=1 / CSCALAR=1 variants for calls whose
+// offset, leading dimension or batch stride is not a multiple of the vector width.
+
+// ---- problem layout (from the problem, not tuned) -----------------------------------------------
+#ifndef TRANS_A
+  #define TRANS_A 0   // 1 = A is stored K x M (op(A) = A^T)
+#endif
+#ifndef TRANS_B
+  #define TRANS_B 0   // 1 = B is stored N x K (op(B) = B^T)
+#endif
+
+// ---- tunables ------------------------------------------------------------------------------------
+#ifndef MWG
+  #define MWG 64      // tile size in M per work-group: 16 .. 256
+#endif
+#ifndef NWG
+  #define NWG 64      // tile size in N per work-group: 16 .. 256
+#endif
+#ifndef KWG
+  #define KWG 16      // depth in K of one tile step (local-memory tile): 8, 16, 32
+#endif
+#ifndef MDIMC
+  #define MDIMC 16    // threads per work-group along M (compute layout)
+#endif
+#ifndef NDIMC
+  #define NDIMC 16    // threads per work-group along N (compute layout)
+#endif
+#ifndef MDIMA
+  #define MDIMA 64    // threads along M when loading the A tile (KDIMA = MDIMC*NDIMC/MDIMA along K)
+#endif
+#ifndef NDIMB
+  #define NDIMB 16    // threads along N when loading the B tile (KDIMB = MDIMC*NDIMC/NDIMB along K)
+#endif
+#ifndef KWI
+  #define KWI 2       // unroll factor of the k loop inside a tile (divides KWG)
+#endif
+#ifndef VWM
+  #define VWM 4       // vector width along M of local-to-private reads of A: 1, 2, 4 (8)
+#endif
+#ifndef VWN
+  #define VWN 4       // vector width along N of local-to-private reads of B and of C accesses
+#endif
+#ifndef VWA
+  #define VWA 4       // vector width of global loads of A along its contiguous dim (K; M if TRANS_A)
+#endif
+#ifndef VWB
+  #define VWB 4       // vector width of global loads of B along its contiguous dim (N; K if TRANS_B)
+#endif
+#ifndef STRM
+  #define STRM 0      // 0 = a thread's M vectors are contiguous, 1 = strided by MDIMC*VWM
+#endif
+#ifndef STRN
+  #define STRN 0      // 0 = a thread's N vectors are contiguous, 1 = strided by NDIMC*VWN
+#endif
+#ifndef SA
+  #define SA 1        // 1 = stage A tiles in local memory, 0 = read A from global memory directly
+#endif
+#ifndef SB
+  #define SB 1        // 1 = stage B tiles in local memory, 0 = read B from global memory directly
+#endif
+#ifndef DB
+  #define DB 0        // 1 = double-buffered local memory with register prefetch of the next tile
+#endif
+#ifndef PAD
+  #define PAD 0       // 1 = pad each local-memory row by one vector against bank conflicts
+#endif
+#ifndef GM
+  #define GM 1        // work-group order: bands of GM tile rows along M (1 = plain row-by-row)
+#endif
+#ifndef RWGS
+  #define RWGS 0      // 1 = declare reqd_work_group_size(NDIMC, MDIMC, 1)
+#endif
+#ifndef CSCALAR
+  #define CSCALAR 0   // host-internal: 1 = scalar C accesses (unaligned C offset / ldc / stride)
+#endif
+
+// ---- derived (never passed from the host) --------------------------------------------------------
+#define WGS (MDIMC * NDIMC)       // threads per work-group
+#define MWI (MWG / MDIMC)         // outputs per thread along M
+#define NWI (NWG / NDIMC)         // outputs per thread along N
+#define KDIMA (WGS / MDIMA)       // threads along K when loading the A tile
+#define KDIMB (WGS / NDIMB)       // threads along K when loading the B tile
+#define MAX2(a, b) ((a) > (b) ? (a) : (b))
+
+#if TRANS_A                        // A tile: vectors along M
+  #define A_LOAD_M (MWG / (MDIMA * VWA))   // vectors per thread along M
+  #define A_LOAD_K (KWG / KDIMA)           // vectors per thread along K
+  #define ALD (MWG + PAD * MAX2(VWM, VWA)) // local row length of the A tile (alm[k][m])
+#else                              // A tile: vectors along K, stored transposed
+  #define A_LOAD_M (MWG / MDIMA)
+  #define A_LOAD_K (KWG / (KDIMA * VWA))
+  #define ALD (MWG + PAD * VWM)
+#endif
+#if TRANS_B                        // B tile: vectors along K, stored transposed
+  #define B_LOAD_N (NWG / NDIMB)
+  #define B_LOAD_K (KWG / (KDIMB * VWB))
+  #define BLD (NWG + PAD * VWN)
+#else                              // B tile: vectors along N
+  #define B_LOAD_N (NWG / (NDIMB * VWB))
+  #define B_LOAD_K (KWG / KDIMB)
+  #define BLD (NWG + PAD * MAX2(VWN, VWB))
+#endif
+#define A_LOADS (A_LOAD_M * A_LOAD_K)     // vectors of the A tile per thread
+#define B_LOADS (B_LOAD_N * B_LOAD_K)     // vectors of the B tile per thread
+
+// Vector types by width; a union with a float array reads and writes lanes with constant indices.
+#define VTYPE_1 float
+#define VTYPE_2 float2
+#define VTYPE_4 float4
+#define VTYPE_8 float8
+#define VTYPE_(w) VTYPE_##w
+#define VTYPE(w) VTYPE_(w)
+typedef VTYPE(VWA) floatA;
+typedef VTYPE(VWB) floatB;
+typedef VTYPE(VWM) floatM;
+typedef VTYPE(VWN) floatN;
+typedef union { floatA v; float s[VWA]; } vecA;
+typedef union { floatB v; float s[VWB]; } vecB;
+typedef union { floatM v; float s[VWM]; } vecM;
+typedef union { floatN v; float s[VWN]; } vecN;
+
+// Element (row, col) of a row-major matrix; the caller checks the bounds.
+#define AT(p, row, col, ld) (p)[(row) * (ld) + (col)]
+
+// ---- global memory -> registers -> local memory (staged tiles) ---------------------------------
+
+// VWA consecutive floats of row `row` from column `col`; zeros outside rows x cols. The aligned
+// vector load is taken whenever the whole vector lies inside the matrix.
+floatA GlobalToPrivateVecA(const __global float* restrict agm, const int row, const int col,
+                           const int ld, const int rows, const int cols) {
+  vecA r;
+  if (row < rows && col + VWA <= cols) {
+    r.v = *((const __global floatA*)(agm + row * ld + col));
+  } else {
+    #pragma unroll
+    for (int e = 0; e < VWA; ++e) {
+      r.s[e] = (row < rows && col + e < cols) ? AT(agm, row, col + e, ld) : 0.0f;
+    }
+  }
+  return r.v;
+}
+
+floatB GlobalToPrivateVecB(const __global float* restrict bgm, const int row, const int col,
+                           const int ld, const int rows, const int cols) {
+  vecB r;
+  if (row < rows && col + VWB <= cols) {
+    r.v = *((const __global floatB*)(bgm + row * ld + col));
+  } else {
+    #pragma unroll
+    for (int e = 0; e < VWB; ++e) {
+      r.s[e] = (row < rows && col + e < cols) ? AT(bgm, row, col + e, ld) : 0.0f;
+    }
+  }
+  return r.v;
+}
+
+#if SA
+// The A tile at (m0, k0) into this thread's registers (its A_LOADS vectors of the tile).
+void GlobalToPrivateA(const __global float* restrict agm, floatA areg[A_LOADS], const int tid,
+                      const int m0, const int k0, const int M, const int K, const int lda) {
+  #if TRANS_A
+    const int ma = tid % MDIMA, ka = tid / MDIMA;   // neighbours along M: A rows are along M
+  #else
+    const int ka = tid % KDIMA, ma = tid / KDIMA;   // neighbours along K: A rows are along K
+  #endif
+  #pragma unroll
+  for (int i = 0; i < A_LOAD_M; ++i) {
+    #pragma unroll
+    for (int j = 0; j < A_LOAD_K; ++j) {
+      #if TRANS_A
+        const int m = m0 + (ma + i * MDIMA) * VWA;
+        const int k = k0 + ka + j * KDIMA;
+        areg[i * A_LOAD_K + j] = GlobalToPrivateVecA(agm, k, m, lda, K, M);
+      #else
+        const int m = m0 + ma + i * MDIMA;
+        const int k = k0 + (ka + j * KDIMA) * VWA;
+        areg[i * A_LOAD_K + j] = GlobalToPrivateVecA(agm, m, k, lda, M, K);
+      #endif
+    }
+  }
+}
+
+// This thread's vectors of the A tile into local memory, K-major (alm[k * ALD + m]).
+void PrivateToLocalA(const floatA areg[A_LOADS], __local float* alm, const int tid) {
+  #if TRANS_A
+    const int ma = tid % MDIMA, ka = tid / MDIMA;
+  #else
+    const int ka = tid % KDIMA, ma = tid / KDIMA;
+  #endif
+  #pragma unroll
+  for (int i = 0; i < A_LOAD_M; ++i) {
+    #pragma unroll
+    for (int j = 0; j < A_LOAD_K; ++j) {
+      #if TRANS_A
+        const int m = (ma + i * MDIMA) * VWA;
+        const int k = ka + j * KDIMA;
+        *((__local floatA*)(alm + k * ALD + m)) = areg[i * A_LOAD_K + j];
+      #else
+        const int m = ma + i * MDIMA;
+        const int k = (ka + j * KDIMA) * VWA;
+        vecA u;
+        u.v = areg[i * A_LOAD_K + j];
+        #pragma unroll
+        for (int e = 0; e < VWA; ++e) { alm[(k + e) * ALD + m] = u.s[e]; }
+      #endif
+    }
+  }
+}
+#endif  // SA
+
+#if SB
+// The B tile at (k0, n0) into this thread's registers.
+void GlobalToPrivateB(const __global float* restrict bgm, floatB breg[B_LOADS], const int tid,
+                      const int n0, const int k0, const int N, const int K, const int ldb) {
+  #if TRANS_B
+    const int kb = tid % KDIMB, nb = tid / KDIMB;   // B rows are along K
+  #else
+    const int nb = tid % NDIMB, kb = tid / NDIMB;   // B rows are along N
+  #endif
+  #pragma unroll
+  for (int i = 0; i < B_LOAD_N; ++i) {
+    #pragma unroll
+    for (int j = 0; j < B_LOAD_K; ++j) {
+      #if TRANS_B
+        const int n = n0 + nb + i * NDIMB;
+        const int k = k0 + (kb + j * KDIMB) * VWB;
+        breg[i * B_LOAD_K + j] = GlobalToPrivateVecB(bgm, n, k, ldb, N, K);
+      #else
+        const int n = n0 + (nb + i * NDIMB) * VWB;
+        const int k = k0 + kb + j * KDIMB;
+        breg[i * B_LOAD_K + j] = GlobalToPrivateVecB(bgm, k, n, ldb, K, N);
+      #endif
+    }
+  }
+}
+
+// This thread's vectors of the B tile into local memory, K-major (blm[k * BLD + n]).
+void PrivateToLocalB(const floatB breg[B_LOADS], __local float* blm, const int tid) {
+  #if TRANS_B
+    const int kb = tid % KDIMB, nb = tid / KDIMB;
+  #else
+    const int nb = tid % NDIMB, kb = tid / NDIMB;
+  #endif
+  #pragma unroll
+  for (int i = 0; i < B_LOAD_N; ++i) {
+    #pragma unroll
+    for (int j = 0; j < B_LOAD_K; ++j) {
+      #if TRANS_B
+        const int n = nb + i * NDIMB;
+        const int k = (kb + j * KDIMB) * VWB;
+        vecB u;
+        u.v = breg[i * B_LOAD_K + j];
+        #pragma unroll
+        for (int e = 0; e < VWB; ++e) { blm[(k + e) * BLD + n] = u.s[e]; }
+      #else
+        const int n = (nb + i * NDIMB) * VWB;
+        const int k = kb + j * KDIMB;
+        *((__local floatB*)(blm + k * BLD + n)) = breg[i * B_LOAD_K + j];
+      #endif
+    }
+  }
+}
+#endif  // SB
+
+// ---- per-thread output coordinates --------------------------------------------------------------
+
+// Offset inside the tile of this thread's v-th VWM-vector along M (STRM) / VWN-vector along N (STRN).
+#if STRM == 0
+  #define M_OF(tm, v) (((tm) * (MWI / VWM) + (v)) * VWM)
+#else
+  #define M_OF(tm, v) (((tm) + (v) * MDIMC) * VWM)
+#endif
+#if STRN == 0
+  #define N_OF(tn, v) (((tn) * (NWI / VWN) + (v)) * VWN)
+#else
+  #define N_OF(tn, v) (((tn) + (v) * NDIMC) * VWN)
+#endif
+
+// ---- operands of one k step into registers -------------------------------------------------------
+
+#if SA
+// Row k of the local A tile, this thread's MWI values.
+void LocalToPrivateA(const __local float* alm, float apm[MWI], const int tm, const int k) {
+  #pragma unroll
+  for (int v = 0; v < MWI / VWM; ++v) {
+    vecM u;
+    u.v = *((const __local floatM*)(alm + k * ALD + M_OF(tm, v)));
+    #pragma unroll
+    for (int e = 0; e < VWM; ++e) { apm[v * VWM + e] = u.s[e]; }
+  }
+}
+#else
+// Column k of A straight from global memory (zeros outside the matrix).
+void GlobalToPrivateDirectA(const __global float* restrict agm, float apm[MWI], const int tm,
+                            const int m0, const int k, const int M, const int K, const int lda) {
+  #pragma unroll
+  for (int v = 0; v < MWI / VWM; ++v) {
+    #pragma unroll
+    for (int e = 0; e < VWM; ++e) {
+      const int m = m0 + M_OF(tm, v) + e;
+      #if TRANS_A
+        apm[v * VWM + e] = (m < M && k < K) ? AT(agm, k, m, lda) : 0.0f;
+      #else
+        apm[v * VWM + e] = (m < M && k < K) ? AT(agm, m, k, lda) : 0.0f;
+      #endif
+    }
+  }
+}
+#endif
+
+#if SB
+void LocalToPrivateB(const __local float* blm, float bpm[NWI], const int tn, const int k) {
+  #pragma unroll
+  for (int v = 0; v < NWI / VWN; ++v) {
+    vecN u;
+    u.v = *((const __local floatN*)(blm + k * BLD + N_OF(tn, v)));
+    #pragma unroll
+    for (int e = 0; e < VWN; ++e) { bpm[v * VWN + e] = u.s[e]; }
+  }
+}
+#else
+void GlobalToPrivateDirectB(const __global float* restrict bgm, float bpm[NWI], const int tn,
+                            const int n0, const int k, const int N, const int K, const int ldb) {
+  #pragma unroll
+  for (int v = 0; v < NWI / VWN; ++v) {
+    #pragma unroll
+    for (int e = 0; e < VWN; ++e) {
+      const int n = n0 + N_OF(tn, v) + e;
+      #if TRANS_B
+        bpm[v * VWN + e] = (n < N && k < K) ? AT(bgm, n, k, ldb) : 0.0f;
+      #else
+        bpm[v * VWN + e] = (n < N && k < K) ? AT(bgm, k, n, ldb) : 0.0f;
+      #endif
+    }
+  }
+}
+#endif
+
+// ---- the multiply ---------------------------------------------------------------------------------
+
+// One KWG-deep tile: cpm += A_tile^T-slices x B_tile-slices, k unrolled by KWI.
+void MultiplyTile(float cpm[MWI][NWI],
+#if SA
+                  const __local float* alm,
+#else
+                  const __global float* restrict agm, const int m0, const int M, const int lda,
+#endif
+#if SB
+                  const __local float* blm,
+#else
+                  const __global float* restrict bgm, const int n0, const int N, const int ldb,
+#endif
+                  const int k0, const int K, const int tm, const int tn) {
+  for (int kw = 0; kw < KWG; kw += KWI) {
+    #pragma unroll
+    for (int ki = 0; ki < KWI; ++ki) {
+      const int k = kw + ki;
+      float apm[MWI];
+      float bpm[NWI];
+      #if SA
+        LocalToPrivateA(alm, apm, tm, k);
+      #else
+        GlobalToPrivateDirectA(agm, apm, tm, m0, k0 + k, M, K, lda);
+      #endif
+      #if SB
+        LocalToPrivateB(blm, bpm, tn, k);
+      #else
+        GlobalToPrivateDirectB(bgm, bpm, tn, n0, k0 + k, N, K, ldb);
+      #endif
+      #pragma unroll
+      for (int mi = 0; mi < MWI; ++mi) {
+        #pragma unroll
+        for (int ni = 0; ni < NWI; ++ni) {
+          cpm[mi][ni] = fma(apm[mi], bpm[ni], cpm[mi][ni]);
+        }
+      }
+    }
+  }
+}
+
+// ---- registers -> global memory (C) ----------------------------------------------------------------
+
+// C = alpha * cpm + beta * C for this thread's outputs inside the matrix; beta == 0 never reads C.
+void PrivateToGlobalC(float cpm[MWI][NWI], __global float* restrict cgm, const int m0,
+                      const int n0, const int tm, const int tn, const int M, const int N,
+                      const int ldc, const float alpha, const float beta) {
+  #pragma unroll
+  for (int v = 0; v < MWI / VWM; ++v) {
+    #pragma unroll
+    for (int e = 0; e < VWM; ++e) {
+      const int m = m0 + M_OF(tm, v) + e;
+      const int mi = v * VWM + e;
+      if (m < M) {
+        #pragma unroll
+        for (int w = 0; w < NWI / VWN; ++w) {
+          const int n = n0 + N_OF(tn, w);
+          __global float* crow = cgm + m * ldc;
+          #if CSCALAR == 0
+          if (n + VWN <= N) {
+            vecN r;
+            #pragma unroll
+            for (int f = 0; f < VWN; ++f) { r.s[f] = alpha * cpm[mi][w * VWN + f]; }
+            if (beta != 0.0f) {
+              vecN old;
+              old.v = *((__global floatN*)(crow + n));
+              #pragma unroll
+              for (int f = 0; f < VWN; ++f) { r.s[f] = fma(beta, old.s[f], r.s[f]); }
+            }
+            *((__global floatN*)(crow + n)) = r.v;
+          } else
+          #endif
+          {
+            #pragma unroll
+            for (int f = 0; f < VWN; ++f) {
+              if (n + f < N) {
+                float r = alpha * cpm[mi][w * VWN + f];
+                if (beta != 0.0f) { r = fma(beta, crow[n + f], r); }
+                crow[n + f] = r;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---- the kernel -------------------------------------------------------------------------------------
+
+#if RWGS
+  #define WORK_GROUP_SIZE __attribute__((reqd_work_group_size(NDIMC, MDIMC, 1)))
+#else
+  #define WORK_GROUP_SIZE
+#endif
+__kernel WORK_GROUP_SIZE void gemm_tiled(const int M, const int N, const int K, const float alpha, const float beta,
+                         const __global float* restrict agm, const long a_offset, const int lda,
+                         const long stride_a,
+                         const __global float* restrict bgm, const long b_offset, const int ldb,
+                         const long stride_b,
+                         __global float* restrict cgm, const long c_offset, const int ldc,
+                         const long stride_c) {
+  const long batch = get_group_id(2);
+  agm += a_offset + batch * stride_a;
+  bgm += b_offset + batch * stride_b;
+  cgm += c_offset + batch * stride_c;
+
+  // Which tile: plain order (N tiles fastest), or bands of GM tile rows so that work-groups running
+  // at the same time share A rows and B columns in the L2 cache.
+  #if GM == 1
+    const int gn = get_group_id(0);
+    const int gm = get_group_id(1);
+  #else
+    const int ngn = get_num_groups(0);
+    const int ngm = get_num_groups(1);
+    const int linear = get_group_id(1) * ngn + get_group_id(0);
+    const int band = linear / (GM * ngn);
+    const int band_rows = min(ngm - band * GM, GM);
+    const int in_band = linear - band * GM * ngn;
+    const int gm = band * GM + in_band % band_rows;
+    const int gn = in_band / band_rows;
+  #endif
+  const int m0 = gm * MWG;
+  const int n0 = gn * NWG;
+  const int tn = get_local_id(0);
+  const int tm = get_local_id(1);
+  const int tid = tm * NDIMC + tn;
+
+  #if SA
+    __local float alm[(DB + 1) * KWG * ALD] __attribute__((aligned(32)));
+    floatA areg[A_LOADS];
+  #endif
+  #if SB
+    __local float blm[(DB + 1) * KWG * BLD] __attribute__((aligned(32)));
+    floatB breg[B_LOADS];
+  #endif
+
+  float cpm[MWI][NWI];
+  #pragma unroll
+  for (int mi = 0; mi < MWI; ++mi) {
+    #pragma unroll
+    for (int ni = 0; ni < NWI; ++ni) { cpm[mi][ni] = 0.0f; }
+  }
+
+  // Arguments of MultiplyTile for the staged / direct operands.
+  #if SA
+    #define A_ARGS(buf) alm + (buf) * (KWG * ALD)
+  #else
+    #define A_ARGS(buf) agm, m0, M, lda
+  #endif
+  #if SB
+    #define B_ARGS(buf) blm + (buf) * (KWG * BLD)
+  #else
+    #define B_ARGS(buf) bgm, n0, N, ldb
+  #endif
+
+  const int tiles = (K + KWG - 1) / KWG;
+  #if DB && (SA || SB)
+    // Prologue: tile 0 into buffer 0. Then per step: fetch tile t+1 into registers, multiply tile t,
+    // store tile t+1 into the other buffer, one barrier (it also protects the buffer read at t-1).
+    #if SA
+      GlobalToPrivateA(agm, areg, tid, m0, 0, M, K, lda);
+      PrivateToLocalA(areg, alm, tid);
+    #endif
+    #if SB
+      GlobalToPrivateB(bgm, breg, tid, n0, 0, N, K, ldb);
+      PrivateToLocalB(breg, blm, tid);
+    #endif
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int t = 0; t < tiles; ++t) {
+      const int cur = t & 1;
+      const int k0 = t * KWG;
+      const bool next = t + 1 < tiles;
+      if (next) {
+        #if SA
+          GlobalToPrivateA(agm, areg, tid, m0, k0 + KWG, M, K, lda);
+        #endif
+        #if SB
+          GlobalToPrivateB(bgm, breg, tid, n0, k0 + KWG, N, K, ldb);
+        #endif
+      }
+      MultiplyTile(cpm, A_ARGS(cur), B_ARGS(cur), k0, K, tm, tn);
+      if (next) {
+        #if SA
+          PrivateToLocalA(areg, alm + (cur ^ 1) * (KWG * ALD), tid);
+        #endif
+        #if SB
+          PrivateToLocalB(breg, blm + (cur ^ 1) * (KWG * BLD), tid);
+        #endif
+      }
+      barrier(CLK_LOCAL_MEM_FENCE);
+    }
+  #else
+    for (int t = 0; t < tiles; ++t) {
+      const int k0 = t * KWG;
+      #if SA
+        GlobalToPrivateA(agm, areg, tid, m0, k0, M, K, lda);
+        PrivateToLocalA(areg, alm, tid);
+      #endif
+      #if SB
+        GlobalToPrivateB(bgm, breg, tid, n0, k0, N, K, ldb);
+        PrivateToLocalB(breg, blm, tid);
+      #endif
+      #if SA || SB
+        barrier(CLK_LOCAL_MEM_FENCE);
+      #endif
+      MultiplyTile(cpm, A_ARGS(0), B_ARGS(0), k0, K, tm, tn);
+      #if SA || SB
+        barrier(CLK_LOCAL_MEM_FENCE);
+      #endif
+    }
+  #endif
+
+  PrivateToGlobalC(cpm, cgm, m0, n0, tm, tn, M, N, ldc, alpha, beta);
+}

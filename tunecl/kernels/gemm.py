@@ -1,0 +1,513 @@
+"""gemm_tiled: the tiled, local-memory GEMM family (CLBlast's Xgemm for row-major data), and the plan
+machinery both GEMM families share.
+
+``C = alpha * op(A) @ op(B) + beta * C`` in fp32 for any ``GemmProblem``; the OpenCL C is ``gemm.cl``
+(its banner explains the decomposition and the variants). Tunables, with the values searched:
+
+=========  ==================  =================================================================
+MWG/NWG    16 32 64 128 256    C tile per work-group along M / N
+KWG        8 16 32             depth of one K step (the local-memory tiles)
+MDIMC      8 16 32             threads along M (NDIMC: along N); MWI = MWG/MDIMC outputs per thread
+MDIMA      8 .. 256            threads along M when loading the A tile (NDIMB: along N for B)
+KWI        2 8                 unroll of the k loop inside a tile
+VWM/VWN    1 2 4               vector width of local reads along M / N (VWN also for C accesses)
+VWA/VWB    1 2 4               vector width of global loads of A / B along their contiguous dim
+STRM/STRN  0 1                 0: a thread's outputs are contiguous; 1: strided by MDIMC*VWM
+SA/SB      0 1                 stage A / B tiles in local memory (0: read global memory directly)
+DB         0 1                 double-buffered local memory with register prefetch
+PAD        0 1                 pad local rows by one vector (bank conflicts of transposed stores)
+GM         1 8                 work-group order: bands of GM tile rows (L2 locality)
+RWGS       0 1                 declare reqd_work_group_size
+MAXRREG    0 (128 168)         -cl-nv-maxrregcount (NVIDIA only; 0: not passed)
+=========  ==================  =================================================================
+
+Constraints (named; ``Space.violations`` reports them, ``build`` refuses before compiling) cover
+divisibility, tile-load layouts, device limits and duplicate configs. Pruning rules then keep the
+searched space to tens of thousands (see :func:`_pruning`); pruned configs remain valid.
+
+Alignment: global vector loads need offsets, leading dimensions and batch strides that are multiples of
+the vector width. :class:`GemmPlan` checks that per call and runs a variant compiled with scalar
+accesses for the operand that is not aligned (compiled on first need, then kept), so any offset and any
+leading dimension is correct; the tuned, packed layout gets the vector variant.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+
+from tunecl.kernels.base import Config, Constraint, Space, build_options, read_source
+from tunecl.problems import GemmProblem
+from tunecl.runtime import Device
+
+NAME = "gemm_tiled"
+VERSION = 1
+_INT32_MAX = 2**31 - 1
+
+# ---- helpers shared by the GEMM families ---------------------------------------------------------
+
+Rule = tuple[str, tuple[str, ...], Callable[[Mapping[str, int]], bool]]
+"""(name, parameters it reads, predicate): one named constraint, checked as soon as its parameters
+are set when the space is enumerated."""
+
+
+def device_type(device: Any) -> str:
+    """``gpu``, ``cpu``, ... (works for a :class:`Device` and for test doubles with a fingerprint)."""
+    fingerprint = getattr(device, "fingerprint", None)
+    return getattr(fingerprint, "device_type", None) or getattr(device, "device_type", "gpu")
+
+
+def compute_units(device: Any) -> int:
+    """Compute units of a :class:`Device` or test double (1 if unknown)."""
+    fingerprint = getattr(device, "fingerprint", None)
+    return int(getattr(fingerprint, "compute_units", 0) or getattr(device, "compute_units", 0) or 1)
+
+
+def is_nvidia(device: Any) -> bool:
+    """Whether the device takes NVIDIA's build options (``-cl-nv-maxrregcount``)."""
+    fingerprint = getattr(device, "fingerprint", None)
+    vendor = getattr(fingerprint, "vendor", None) or getattr(device, "vendor", "")
+    return "nvidia" in str(vendor).lower()
+
+
+def pow2_ceil(value: int) -> int:
+    """The smallest power of two >= ``value``."""
+    return 1 << max(0, math.ceil(math.log2(value)))
+
+
+def enumerate_space(params: Mapping[str, Sequence[int]], rules: Sequence[Rule]) -> Iterator[Config]:
+    """Every combination of ``params`` (in their order) that passes ``rules``, pruning a branch as soon
+    as a rule whose parameters are all set fails, so huge raw products enumerate quickly."""
+    order = list(params)
+    checks: list[list[Callable[[Mapping[str, int]], bool]]] = [[] for _ in order]
+    for _name, needs, check in rules:
+        checks[max(order.index(p) for p in needs)].append(check)
+    config: dict[str, int] = {}
+
+    def walk(depth: int) -> Iterator[Config]:
+        if depth == len(order):
+            yield dict(config)
+            return
+        name = order[depth]
+        for value in params[name]:
+            config[name] = value
+            if all(check(config) for check in checks[depth]):
+                yield from walk(depth + 1)
+        del config[name]
+
+    return walk(0)
+
+
+def make_space(params: dict[str, tuple[int, ...]], constraints: Sequence[Rule],
+               pruning: Sequence[Rule]) -> Space:
+    """A :class:`Space` whose ``violations`` name the ``constraints`` and whose configs additionally
+    pass ``pruning`` (rules that drop valid but pointless configs for this problem, e.g. tiles far
+    larger than the matrix; a pruned config still builds and runs correctly)."""
+    return Space(params=params, constraints=[Constraint(name, check) for name, _, check in constraints],
+                 generate=lambda: enumerate_space(params, list(constraints) + list(pruning)))
+
+
+def check_config(space: Space, config: Mapping[str, int], name: str) -> None:
+    """Raise ValueError naming every violated constraint, before anything is compiled."""
+    broken = space.violations(config)
+    if broken:
+        raise ValueError(f"invalid {name} config {dict(config)}: violates {', '.join(broken)}")
+
+
+# Kernel arguments of both families: M, N, K, alpha, beta, then (buffer, offset, ld, stride) x 3.
+SCALAR_DTYPES = [np.int32, np.int32, np.int32, np.float32, np.float32,
+                 None, np.int64, np.int32, np.int64,
+                 None, np.int64, np.int32, np.int64,
+                 None, np.int64, np.int32, np.int64]
+
+Variant = tuple[bool, bool, bool]  # (A, B, C) addresses aligned for the vector accesses
+
+
+def _operand(name: str, buffer: cl.Buffer, offset: int, ld: int | None, stride: int | None,
+             rows: int, cols: int, batch: int) -> tuple[int, int]:
+    """Check one operand's layout against its buffer; return (ld, stride) with defaults filled in."""
+    if ld is None:
+        ld = cols
+    elif ld < cols:
+        raise ValueError(f"ld{name}={ld} is smaller than the row length {cols} of {name}")
+    if stride is None:
+        stride = rows * ld
+    elif stride < 0:
+        raise ValueError(f"stride_{name}={stride} is negative")
+    if offset < 0:
+        raise ValueError(f"{name}_offset={offset} is negative")
+    extent = (rows - 1) * ld + cols
+    if extent > _INT32_MAX:
+        raise ValueError(f"{name} spans {extent} elements; the kernels index matrices with 32 bits")
+    needed = offset + (batch - 1) * stride + extent
+    if needed * 4 > buffer.size:
+        raise ValueError(f"buffer {name} holds {buffer.size // 4} floats, the layout needs {needed}")
+    return ld, stride
+
+
+class GemmPlan:
+    """A GEMM problem compiled with one config of one family, ready to enqueue.
+
+    Attributes:
+        algorithm: the family's name (``gemm_tiled``, ``gemm_direct``).
+        config: the tunables it was built with.
+        problem: the :class:`GemmProblem` it computes.
+        workspace_bytes: device memory it needs besides A, B and C (0 for both GEMM families).
+    """
+
+    def __init__(self, *, algorithm: str, problem: GemmProblem, device: Device, config: Config,
+                 source: str, options: Callable[[Variant], list[str]], widths: tuple[int, int, int],
+                 global_size: tuple[int, int, int], local_size: tuple[int, int, int]):
+        self.algorithm = algorithm
+        self.problem = problem
+        self.config = dict(config)
+        self.workspace_bytes = 0
+        self.device = device
+        self._source = source
+        self._options = options
+        self._widths = widths  # vector widths that A, B, C addresses must be multiples of (1 = none)
+        self._global_size = global_size
+        self._local_size = local_size
+        self._kernels: dict[Variant, cl.Kernel] = {}
+        p = problem
+        # Compile now the variant the packed layout needs, so build errors surface in build().
+        self.kernel_for(self._variant(0, p.k if not p.trans_a else p.m, p.m * p.k,
+                                      0, p.n if not p.trans_b else p.k, p.k * p.n,
+                                      0, p.n, p.m * p.n))
+
+    def kernel_for(self, variant: Variant) -> cl.Kernel:
+        """The kernel of ``variant``, compiled on first use (the aligned one is the tuned one)."""
+        kernel = self._kernels.get(variant)
+        if kernel is None:
+            program = self.device.build(self._source, self._options(variant))
+            kernel = self._kernels[variant] = self.device.kernel(program, self.algorithm, SCALAR_DTYPES)
+        return kernel
+
+    def _variant(self, a_offset: int, lda: int, stride_a: int, b_offset: int, ldb: int, stride_b: int,
+                 c_offset: int, ldc: int, stride_c: int) -> Variant:
+        # Widths are powers of two, so OR-ing the values keeps any low bit that any of them has.
+        wa, wb, wc = self._widths
+        many = self.problem.batch > 1
+        return ((a_offset | lda | (stride_a if many else 0)) % wa == 0,
+                (b_offset | ldb | (stride_b if many else 0)) % wb == 0,
+                (c_offset | ldc | (stride_c if many else 0)) % wc == 0)
+
+    def run(self, a: cl.Buffer, b: cl.Buffer, c: cl.Buffer, *, alpha: float = 1.0, beta: float = 0.0,
+            a_offset: int = 0, b_offset: int = 0, c_offset: int = 0,
+            lda: int | None = None, ldb: int | None = None, ldc: int | None = None,
+            stride_a: int | None = None, stride_b: int | None = None, stride_c: int | None = None,
+            wait_for: list | None = None) -> list[cl.Event]:
+        """Enqueue ``C = alpha * op(A) @ op(B) + beta * C`` without waiting.
+
+        Args:
+            a, b, c: buffers of fp32 elements.
+            alpha, beta: scalars; ``beta == 0`` never reads C.
+            a_offset, b_offset, c_offset: where matrix 0 starts in each buffer, in elements.
+            lda, ldb, ldc: row strides in elements (≥ the row length); None = packed rows.
+            stride_a, stride_b, stride_c: elements between the matrices of a batch; None = rows × ld.
+                0 broadcasts A or B over the batch; C's matrices must not overlap.
+            wait_for: events to wait for before the kernel starts.
+
+        Returns:
+            The enqueued events (one kernel).
+
+        Raises:
+            ValueError: a layout that does not fit its buffer or is malformed.
+        """
+        p = self.problem
+        lda, stride_a = _operand("a", a, a_offset, lda, stride_a, p.k if p.trans_a else p.m,
+                                 p.m if p.trans_a else p.k, p.batch)
+        ldb, stride_b = _operand("b", b, b_offset, ldb, stride_b, p.n if p.trans_b else p.k,
+                                 p.k if p.trans_b else p.n, p.batch)
+        ldc, stride_c = _operand("c", c, c_offset, ldc, stride_c, p.m, p.n, p.batch)
+        if p.batch > 1 and stride_c < (p.m - 1) * ldc + p.n:
+            raise ValueError(f"stride_c={stride_c} makes the {p.batch} C matrices overlap")
+        variant = self._variant(a_offset, lda, stride_a, b_offset, ldb, stride_b, c_offset, ldc, stride_c)
+        kernel = self._kernels.get(variant) or self.kernel_for(variant)
+        event = kernel(self.device.queue, self._global_size, self._local_size,
+                       p.m, p.n, p.k, alpha, beta,
+                       a, a_offset, lda, stride_a, b, b_offset, ldb, stride_b, c, c_offset, ldc, stride_c,
+                       wait_for=wait_for)
+        return [event]
+
+
+# ---- gemm_tiled ------------------------------------------------------------------------------------
+
+_TILES = (16, 32, 64, 128, 256)
+_THREADS = (8, 16, 32)
+_LOADERS = (8, 16, 32, 64, 128, 256)
+
+
+def _params(device: Any) -> dict[str, tuple[int, ...]]:
+    return {
+        "MWG": _TILES, "NWG": _TILES, "KWG": (8, 16, 32), "MDIMC": _THREADS, "NDIMC": _THREADS,
+        "VWM": (1, 2, 4), "VWN": (1, 2, 4), "STRM": (0, 1), "STRN": (0, 1), "KWI": (2, 8),
+        "SA": (0, 1), "SB": (0, 1), "MDIMA": _LOADERS, "NDIMB": _LOADERS, "VWA": (1, 2, 4),
+        "VWB": (1, 2, 4), "DB": (0, 1), "PAD": (0, 1), "GM": (1, 8), "RWGS": (0, 1),
+        "MAXRREG": (0, 128, 168) if is_nvidia(device) else (0,),
+    }
+
+
+def local_memory_bytes(config: Mapping[str, int], problem: GemmProblem) -> int:
+    """Bytes of local memory ``gemm.cl`` declares for ``config`` (mirrors ALD / BLD there)."""
+    c = config
+    pad_a = max(c["VWM"], c["VWA"] if problem.trans_a else 1)
+    pad_b = max(c["VWN"], 1 if problem.trans_b else c["VWB"])
+    a = c["SA"] * c["KWG"] * (c["MWG"] + c["PAD"] * pad_a)
+    b = c["SB"] * c["KWG"] * (c["NWG"] + c["PAD"] * pad_b)
+    return 4 * (c["DB"] + 1) * (a + b)
+
+
+def _tile_load_fits(along: int, across: int, threads_along: int, threads: int, width: int,
+                    vectors_along: bool) -> bool:
+    """Whether a tile of ``along`` x ``across`` elements splits evenly over ``threads`` threads laid
+    out ``threads_along`` x (threads / threads_along), loading ``width``-wide vectors either along the
+    first dimension (``vectors_along``) or across it."""
+    if threads % threads_along:
+        return False
+    threads_across = threads // threads_along
+    if vectors_along:
+        return along % (threads_along * width) == 0 and across % threads_across == 0
+    return along % threads_along == 0 and across % (threads_across * width) == 0
+
+
+def _constraints(problem: GemmProblem, device: Any) -> list[Rule]:
+    ta, tb = problem.trans_a, problem.trans_b
+    return [
+        ("MWG_multiple_of_MDIMC", ("MWG", "MDIMC"), lambda c: c["MWG"] % c["MDIMC"] == 0),
+        ("NWG_multiple_of_NDIMC", ("NWG", "NDIMC"), lambda c: c["NWG"] % c["NDIMC"] == 0),
+        ("register_tile_at_most_16x8",  # MWI, NWI ≤ 16 and MWI*NWI ≤ 128 accumulators per thread
+         ("MWG", "NWG", "MDIMC", "NDIMC"),
+         lambda c: (c["MWG"] // c["MDIMC"] <= 16 and c["NWG"] // c["NDIMC"] <= 16
+                    and (c["MWG"] // c["MDIMC"]) * (c["NWG"] // c["NDIMC"]) <= 128)),
+        ("work_group_size_within_device", ("MDIMC", "NDIMC"),
+         lambda c: c["MDIMC"] * c["NDIMC"] <= device.max_work_group_size),
+        ("MWI_multiple_of_VWM", ("MWG", "MDIMC", "VWM"), lambda c: (c["MWG"] // c["MDIMC"]) % c["VWM"] == 0),
+        ("NWI_multiple_of_VWN", ("NWG", "NDIMC", "VWN"), lambda c: (c["NWG"] // c["NDIMC"]) % c["VWN"] == 0),
+        # Equivalent configs are kept once: the stride order only matters with several vectors.
+        ("STRM_only_with_several_vectors", ("MWG", "MDIMC", "VWM", "STRM"),
+         lambda c: c["STRM"] == 0 or c["MWG"] // c["MDIMC"] > c["VWM"]),
+        ("STRN_only_with_several_vectors", ("NWG", "NDIMC", "VWN", "STRN"),
+         lambda c: c["STRN"] == 0 or c["NWG"] // c["NDIMC"] > c["VWN"]),
+        ("KWI_divides_KWG", ("KWG", "KWI"), lambda c: c["KWG"] % c["KWI"] == 0),
+        ("A_tile_load_layout",  # MDIMA x KDIMA threads cover the A tile with VWA-wide vectors
+         ("MWG", "KWG", "MDIMC", "NDIMC", "SA", "MDIMA", "VWA"),
+         lambda c: c["SA"] == 0 or _tile_load_fits(c["MWG"], c["KWG"], c["MDIMA"], c["MDIMC"] * c["NDIMC"],
+                                                   c["VWA"], vectors_along=ta)),
+        ("MDIMA_VWA_unused_without_SA", ("MDIMC", "SA", "MDIMA", "VWA"),
+         lambda c: c["SA"] == 1 or (c["MDIMA"] == c["MDIMC"] and c["VWA"] == 1)),
+        ("B_tile_load_layout",
+         ("NWG", "KWG", "MDIMC", "NDIMC", "SB", "NDIMB", "VWB"),
+         lambda c: c["SB"] == 0 or _tile_load_fits(c["NWG"], c["KWG"], c["NDIMB"], c["MDIMC"] * c["NDIMC"],
+                                                   c["VWB"], vectors_along=not tb)),
+        ("NDIMB_VWB_unused_without_SB", ("NDIMC", "SB", "NDIMB", "VWB"),
+         lambda c: c["SB"] == 1 or (c["NDIMB"] == c["NDIMC"] and c["VWB"] == 1)),
+        ("DB_PAD_need_local_memory", ("SA", "SB", "DB", "PAD"),
+         lambda c: (c["SA"] or c["SB"]) or (c["DB"] == 0 and c["PAD"] == 0)),
+        ("local_memory_within_device",
+         ("MWG", "NWG", "KWG", "VWM", "VWN", "SA", "SB", "VWA", "VWB", "DB", "PAD"),
+         lambda c: local_memory_bytes(c, problem) <= device.local_mem_size),
+        ("MAXRREG_ignored_with_RWGS", ("RWGS", "MAXRREG"), lambda c: not (c["RWGS"] and c["MAXRREG"])),
+    ]
+
+
+def _widest(ld: int) -> int:
+    """The widest global vector (4, 2, 1) that a leading dimension of ``ld`` keeps aligned."""
+    return next(w for w in (4, 2, 1) if ld % w == 0)
+
+
+def _coalesced(extent: int, threads: int, threads_along: int, width: int) -> bool:
+    """Threads along a tile's contiguous dimension: as many as the tile and work-group allow (whole
+    rows per sweep), or exactly one 128-byte line's worth."""
+    return threads_along == min(extent // width, threads) or threads_along * width == 32
+
+
+def _best_width(along: int, across: int, threads: int, widest: int, vectors_along: bool) -> int:
+    """The widest vector (<= ``widest``) for which some coalesced thread layout covers the tile."""
+    extent = along if vectors_along else across
+    for width in (4, 2, 1):
+        if width <= widest:
+            for threads_along in _LOADERS:
+                contiguous = threads_along if vectors_along else threads // max(1, threads_along)
+                if (_tile_load_fits(along, across, threads_along, threads, width, vectors_along)
+                        and _coalesced(extent, threads, contiguous, width)):
+                    return width
+    return 1
+
+
+def _pruning(problem: GemmProblem, device: Any) -> list[Rule]:
+    """Rules that drop valid configs which cannot pay off, to keep the space in the tens of thousands.
+
+    A pruned config is still valid: it builds and computes correctly, it is just not searched.
+    """
+    ta, tb = problem.trans_a, problem.trans_b
+    m_cap, n_cap, k_cap = (max(16, pow2_ceil(problem.m)), max(16, pow2_ceil(problem.n)),
+                           max(8, pow2_ceil(problem.k)))
+    # Vector loads that the packed layout cannot use would only re-measure the scalar variant; on a
+    # GPU scalar loads are not searched where vectors work (float4 loads gave +10-14% on the H200).
+    wide_a = _widest(problem.m if ta else problem.k)
+    wide_b = _widest(problem.k if tb else problem.n)
+    gpu = device_type(device) == "gpu"
+    units = compute_units(device)
+
+    def threads(c: Mapping[str, int]) -> int:
+        return c["MDIMC"] * c["NDIMC"]
+
+    def groups(c: Mapping[str, int]) -> int:
+        return -(-problem.m // c["MWG"]) * -(-problem.n // c["NWG"]) * problem.batch
+
+    def widths_a(c: Mapping[str, int]) -> tuple[int, ...]:
+        best = _best_width(c["MWG"], c["KWG"], threads(c), wide_a, ta)
+        return (best,) if gpu else (1, best)
+
+    def widths_b(c: Mapping[str, int]) -> tuple[int, ...]:
+        best = _best_width(c["NWG"], c["KWG"], threads(c), wide_b, not tb)
+        return (best,) if gpu else (1, best)
+
+    return [
+        ("tile_within_problem", ("MWG", "NWG", "KWG"),
+         lambda c: c["MWG"] <= m_cap and c["NWG"] <= n_cap and c["KWG"] <= k_cap),
+        ("tile_aspect_at_most_2", ("MWG", "NWG"),
+         lambda c: max(c["MWG"], c["NWG"]) <= 2 * min(c["MWG"], c["NWG"])),
+        ("register_tile_balanced",  # MWI/NWI in {1/2, 1, 2}, at least 4 outputs per thread
+         ("MWG", "NWG", "MDIMC", "NDIMC"),
+         lambda c: _balanced(c["MWG"] // c["MDIMC"], c["NWG"] // c["NDIMC"])),
+        ("stage_both_or_neither", ("SA", "SB"), lambda c: c["SA"] == c["SB"]),
+        ("VWA_widest_for_tile_and_packed_A", ("MWG", "KWG", "MDIMC", "NDIMC", "SA", "VWA"),
+         lambda c: c["SA"] == 0 or c["VWA"] in widths_a(c)),
+        ("VWB_widest_for_tile_and_packed_B", ("NWG", "KWG", "MDIMC", "NDIMC", "SB", "VWB"),
+         lambda c: c["SB"] == 0 or c["VWB"] in widths_b(c)),
+        ("A_tile_load_coalesced", ("MWG", "KWG", "MDIMC", "NDIMC", "SA", "MDIMA", "VWA"),
+         lambda c: c["SA"] == 0 or (_coalesced(c["MWG"], threads(c), c["MDIMA"], c["VWA"]) if ta else
+                                    _coalesced(c["KWG"], threads(c), threads(c) // c["MDIMA"], c["VWA"]))),
+        ("B_tile_load_coalesced", ("NWG", "KWG", "MDIMC", "NDIMC", "SB", "NDIMB", "VWB"),
+         lambda c: c["SB"] == 0 or (_coalesced(c["KWG"], threads(c), threads(c) // c["NDIMB"], c["VWB"]) if tb
+                                    else _coalesced(c["NWG"], threads(c), c["NDIMB"], c["VWB"]))),
+        ("PAD_only_with_transposed_stores", ("SA", "SB", "PAD"),
+         lambda c: c["PAD"] == 0 or (c["SA"] and not ta) or (c["SB"] and tb)),
+        ("GM_only_with_several_bands", ("MWG", "NWG", "GM"),
+         lambda c: c["GM"] == 1 or (-(-problem.m // c["MWG"]) > c["GM"] and problem.n > c["NWG"])),
+        ("MAXRREG_only_for_big_register_tiles", ("MWG", "NWG", "MDIMC", "NDIMC", "MAXRREG"),
+         lambda c: c["MAXRREG"] == 0 or (c["MWG"] // c["MDIMC"]) * (c["NWG"] // c["NDIMC"]) >= 64),
+        # NVIDIA SMs have 64K registers: a cap pays only if it lets more work-groups reside.
+        ("MAXRREG_raises_occupancy", ("MDIMC", "NDIMC", "MAXRREG"),
+         lambda c: c["MAXRREG"] == 0 or 65536 // (threads(c) * c["MAXRREG"]) > 65536 // (threads(c) * 256)),
+        ("local_reads_vectorized", ("MWG", "NWG", "MDIMC", "NDIMC", "VWM", "VWN"),
+         lambda c: (c["VWM"] > 1 or c["MWG"] == c["MDIMC"]) and (c["VWN"] > 1 or c["NWG"] == c["NDIMC"])),
+        ("tile_not_tiny_for_big_problems", ("MWG", "NWG"),  # > 32 work-groups per compute unit
+         lambda c: c["MWG"] * c["NWG"] >= 64 * 64 or groups(c) <= 32 * units),
+    ]
+
+
+def _balanced(mwi: int, nwi: int) -> bool:
+    return mwi * nwi >= 4 and max(mwi, nwi) <= 2 * min(mwi, nwi)
+
+
+def _grid(config: Mapping[str, int], problem: GemmProblem) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    c = config
+    local = (c["NDIMC"], c["MDIMC"], 1)
+    glob = (-(-problem.n // c["NWG"]) * c["NDIMC"], -(-problem.m // c["MWG"]) * c["MDIMC"], problem.batch)
+    return glob, local
+
+
+# Default tile shapes, best first: (MWG, NWG, KWG, MDIMC, NDIMC, VWM, VWN). The GPU ones follow the
+# H200 notes (128x128 tiles, 8x8 outputs per thread, float4 everywhere, double buffering).
+_GPU_PRESETS = [
+    (128, 128, 16, 16, 16, 4, 4),
+    (64, 64, 16, 16, 16, 4, 4),
+    (32, 32, 16, 8, 8, 4, 4),
+    (16, 16, 8, 8, 8, 2, 2),
+]
+# PoCL: large per-thread tiles, contiguous outputs (measured at 512^3 on a 2-core EPYC: 16x8 per
+# thread in 128x128 tiles ran ~3x faster than 8x8 in 64x64 tiles).
+_CPU_PRESETS = [
+    (128, 128, 16, 8, 16, 4, 4),
+    (64, 64, 16, 8, 8, 4, 4),
+    (32, 32, 16, 8, 8, 4, 4),
+    (16, 16, 8, 8, 8, 2, 2),
+]
+
+
+class GemmTiled:
+    """The ``gemm_tiled`` algorithm (see the module docstring for its tunables)."""
+
+    name = NAME
+    version = VERSION
+    kind = "gemm"
+
+    def applies(self, problem: GemmProblem, device: Device) -> bool:
+        return isinstance(problem, GemmProblem) and problem.dtype == "float32"
+
+    def space(self, problem: GemmProblem, device: Device) -> Space:
+        return make_space(_params(device), _constraints(problem, device), _pruning(problem, device))
+
+    def default(self, problem: GemmProblem, device: Device) -> Config:
+        """A heuristic config: the largest preset tile that still gives every compute unit a
+        work-group (GPU), with vector widths the packed layout can use; always valid and searched."""
+        space = self.space(problem, device)
+        gpu = device_type(device) == "gpu"
+        presets = _GPU_PRESETS if gpu else _CPU_PRESETS
+        rules = _constraints(problem, device) + _pruning(problem, device)
+        for index, (mwg, nwg, kwg, mdimc, ndimc, vwm, vwn) in enumerate(presets):
+            groups = -(-problem.m // mwg) * -(-problem.n // nwg) * problem.batch
+            if gpu and index + 1 < len(presets) and groups < compute_units(device):
+                continue
+            base = {"MWG": mwg, "NWG": nwg, "KWG": kwg, "MDIMC": mdimc, "NDIMC": ndimc, "VWM": vwm,
+                    "VWN": vwn, "STRM": int(gpu), "STRN": int(gpu), "KWI": 2 if gpu else 8, "SA": 1, "SB": 1,
+                    "DB": 1 if gpu else 0, "PAD": 0, "GM": 8 if gpu else 1, "RWGS": 0, "MAXRREG": 0}
+            for config in self._complete(base, problem):
+                # If the preset breaks a rule for this problem, give up its refinements one by one.
+                for relax in ({}, {"GM": 1}, {"GM": 1, "KWG": 8, "KWI": 2}, {"GM": 1, "STRM": 0, "STRN": 0}):
+                    candidate = {**config, **relax}
+                    candidate["STRM"] &= int(candidate["MWG"] // candidate["MDIMC"] > candidate["VWM"])
+                    candidate["STRN"] &= int(candidate["NWG"] // candidate["NDIMC"] > candidate["VWN"])
+                    if space.is_valid(candidate) and all(check(candidate) for _, _, check in rules):
+                        return candidate
+        return space.configs()[0]
+
+    @staticmethod
+    def _complete(base: dict[str, int], problem: GemmProblem) -> Iterator[dict[str, int]]:
+        """Loader settings for ``base``, widest vectors first, then most threads along the contiguous
+        dimension (coalescing)."""
+        threads = base["MDIMC"] * base["NDIMC"]
+        ta, tb = problem.trans_a, problem.trans_b
+        along_a = sorted(_LOADERS, reverse=ta)  # A's rows run along M if transposed: many along M
+        along_b = sorted(_LOADERS, reverse=not tb)  # B's rows run along N unless transposed
+        for width in (4, 2, 1):
+            mdima = next((t for t in along_a
+                          if _tile_load_fits(base["MWG"], base["KWG"], t, threads, width, ta)), None)
+            ndimb = next((t for t in along_b
+                          if _tile_load_fits(base["NWG"], base["KWG"], t, threads, width, not tb)), None)
+            if mdima and ndimb:
+                yield {**base, "MDIMA": mdima, "NDIMB": ndimb, "VWA": width, "VWB": width}
+        for wa in (4, 2, 1):
+            for wb in (4, 2, 1):
+                for mdima in _LOADERS:
+                    for ndimb in _LOADERS:
+                        yield {**base, "MDIMA": mdima, "NDIMB": ndimb, "VWA": wa, "VWB": wb}
+
+    def build(self, problem: GemmProblem, device: Device, config: Config) -> GemmPlan:
+        """Compile ``config`` for ``problem``; ValueError (before compiling) if the config is invalid."""
+        check_config(self.space(problem, device), config, NAME)
+        source = read_source(__package__, "gemm.cl")
+        layout = [f"-DTRANS_A={int(problem.trans_a)}", f"-DTRANS_B={int(problem.trans_b)}"]
+        if config["MAXRREG"]:
+            layout.append(f"-cl-nv-maxrregcount={config['MAXRREG']}")
+
+        def options(variant: Variant) -> list[str]:
+            aligned_a, aligned_b, aligned_c = variant
+            specialized = {**config, "VWA": config["VWA"] if aligned_a else 1,
+                           "VWB": config["VWB"] if aligned_b else 1, "CSCALAR": int(not aligned_c)}
+            return build_options(specialized, layout)
+
+        glob, local = _grid(config, problem)
+        return GemmPlan(algorithm=NAME, problem=problem, device=device, config=config, source=source,
+                        options=options, widths=(config["VWA"], config["VWB"], config["VWN"]),
+                        global_size=glob, local_size=local)
+
+
+ALGORITHMS = [GemmTiled()]
