@@ -18,6 +18,7 @@ from tunecl.errors import TuneclError
 COMMANDS = {
     "devices": "tunecl.cli.devices",
     "db": "tunecl.cli.db",
+    "tune": "tunecl.cli.tune",
 }
 
 

@@ -1,0 +1,101 @@
+"""``tunecl tune`` argument handling and output, without OpenCL (the device and tuner are faked)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import tunecl.search.tuner as tuner_module
+from tunecl import runtime
+from tunecl.cli import build_parser, main
+from tunecl.cli.tune import print_outcome
+from tunecl.problems import ConvProblem, GemmProblem
+from tunecl.search.result import Result, Status
+from tunecl.search.tuner import TuneOutcome
+
+
+def usage_error(capsys, *argv: str) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["tune", *argv])
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--gemm", "0,4,4"], "GEMM m must be a positive integer"),
+    (["--gemm", "4,-1,4"], "GEMM n must be a positive integer"),
+    (["--gemm", "4,4"], "expected M,N,K[,ta,tb[,batch]]"),
+    (["--gemm", "4,4,x"], "GEMM sizes must be integers"),
+    (["--gemm", "4,4,4,2,0"], "ta must be 0 or 1"),
+    (["--gemm", "4,4,4,0,0,0"], "GEMM batch must be a positive integer"),
+    (["--conv", "n=1,c=3"], "bad convolution spec: missing h="),
+    (["--conv", "n=1,c=3,h=4,w=4,k=2,r=3,groups=2"], "groups=2 must divide"),
+    (["--gemm", "4,4,4", "--trials", "0"], "expected a positive integer"),
+    (["--gemm", "4,4,4", "--trials", "many"], "expected a positive integer"),
+    (["--gemm", "4,4,4", "--time-limit", "-3"], "expected a positive number of seconds"),
+    (["--gemm", "4,4,4", "--time-limit", "soon"], "expected seconds"),
+    (["--gemm", "4,4,4", "--sampler", "annealing"], "invalid choice: 'annealing'"),
+    (["--gemm", "4,4,4", "--patience", "-1"], "expected an integer ≥ 0"),
+    (["--gemm", "4,4,4", "--conv", "n=1,c=1,h=1,w=1,k=1,r=1"], "not allowed with argument"),
+    ([], "one of the arguments --gemm --conv is required"),
+])
+def test_bad_arguments_are_usage_errors_that_name_the_problem(capsys, argv, message):
+    err = usage_error(capsys, *argv)
+    assert message in err, err
+    assert "usage: tunecl tune" in err
+
+
+def test_good_arguments_parse_into_problems():
+    args = build_parser().parse_args(["tune", "--gemm", "64,1000,2048,0,1", "--trials", "20",
+                                      "--time-limit", "1.5", "--sampler", "random", "--json"])
+    assert args.gemm == GemmProblem(64, 1000, 2048, False, True)
+    assert (args.trials, args.time_limit, args.sampler, args.json) == (20, 1.5, "random", True)
+    args = build_parser().parse_args(["tune", "--conv", "conv:n=2,c=8,h=9,w=9,k=4,r=3,pad=1"])
+    assert args.conv == ConvProblem(2, 8, 9, 9, 4, 3, 3, padding=1)
+
+
+class _FakeDevice:
+    name = "Fake device"
+
+
+def test_no_algorithms_is_a_clean_error(monkeypatch, capsys):
+    monkeypatch.setattr(runtime, "select_device", lambda selector=None: _FakeDevice())
+    monkeypatch.setattr(tuner_module, "registered_algorithms", lambda kind: [])
+    code = main(["tune", "--conv", "n=1,c=3,h=8,w=8,k=4,r=3", "--no-progress"])
+    assert code == 1
+    assert capsys.readouterr().err.strip() == "tunecl: error: no convolution algorithms are available yet"
+
+
+def _outcome() -> TuneOutcome:
+    problem = GemmProblem(256, 256, 256)
+    default = Result("gemm_tiled", {"MWG": 64, "NWG": 64}, Status.OK, (2e-3, 2.1e-3, 1.9e-3))
+    best = Result("gemm_tiled", {"MWG": 128, "NWG": 64}, Status.OK, (1e-3, 1.1e-3, 0.9e-3))
+    direct = Result("gemm_direct", {"WGS": 8}, Status.OK, (1.5e-3,))
+    return TuneOutcome(
+        problem=problem, device="Fake device (driver 1)", winner=best, default=default,
+        defaults={"gemm_tiled": default, "gemm_direct": direct},
+        per_algorithm={"gemm_tiled": best, "gemm_direct": direct},
+        versions={"gemm_tiled": 2, "gemm_direct": 1}, trials=20, resumed=5, invalid=7,
+        trials_per_algorithm={"gemm_tiled": 15, "gemm_direct": 5}, statuses={"ok": 19, "compile_error": 1},
+        study_name="tunecl:abc:gemm:...:tpe", storage_url="sqlite:////tmp/studies.sqlite", strategy="tpe",
+        space_size=None, stop_reason="trials", elapsed=12.5, results=(default, best, direct))
+
+
+def test_the_summary_names_times_speedup_choice_and_storage(capsys):
+    print_outcome(_outcome(), "/tmp/tuning.sqlite")
+    out = capsys.readouterr().out
+    assert "2 ms  16.78 GFLOP/s  (gemm_tiled default)" in out
+    assert "1 ms  33.55 GFLOP/s  (2.00x the default)" in out
+    assert "gemm_tiled v2  MWG=128 NWG=64" in out
+    assert "20 trials (5 resumed, 7 invalid proposals skipped)" in out
+    assert "1 compile error" in out
+    assert "gemm_direct" in out and "/tmp/tuning.sqlite" in out
+
+
+def test_the_outcome_serializes_to_json():
+    data = json.loads(json.dumps(_outcome().to_dict()))
+    assert data["winner"]["config"] == {"MWG": 128, "NWG": 64}
+    assert data["speedup"] == pytest.approx(2.0)
+    assert data["per_algorithm"]["gemm_direct"]["time_s"] == pytest.approx(1.5e-3)
+    assert data["new_trials"] == 15

@@ -1,0 +1,274 @@
+"""Strategies against a replay evaluator: a synthetic space with known timings, no OpenCL.
+
+Every strategy must: evaluate each algorithm's default first, never hand an invalid config to the
+evaluator, respect trial/time/patience budgets, re-measure the top configs before naming a winner,
+never let a failed candidate win, and resume a study without evaluating finished trials again.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import optuna
+import pytest
+
+from tunecl.kernels.base import Constraint, Space
+from tunecl.search.result import Result, Status, config_key
+from tunecl.search.space import SearchSpace
+from tunecl.search.strategies import STRATEGIES, TPE, Budget, Exhaustive, Grid, RandomSearch
+
+SAMPLED = [TPE, RandomSearch, Grid]
+ALL = [TPE, RandomSearch, Grid, Exhaustive]
+
+
+def make_space() -> SearchSpace:
+    """'tiled': 6×6 raw grid, valid when X*Y <= 64 (26 of 36 valid); 'direct': 8 configs, all valid."""
+    tiled = Space({"X": (1, 2, 4, 8, 16, 32), "Y": (1, 2, 4, 8, 16, 32)},
+                  [Constraint("area<=64", lambda c: c["X"] * c["Y"] <= 64)])
+    direct = Space({"W": (1, 2, 3, 4, 5, 6, 7, 8)})
+    return SearchSpace({"tiled": tiled, "direct": direct}, {"tiled": {"X": 1, "Y": 1}, "direct": {"W": 1}})
+
+
+def base_time(algorithm: str, config: dict[str, int]) -> float:
+    """Known timings: 'tiled' is fastest at X=8, Y=8 (1.0 ms); 'direct' is best at W=5 (2.0 ms)."""
+    if algorithm == "tiled":
+        return 1e-3 * (1.0 + abs(math.log2(config["X"]) - 3) + abs(math.log2(config["Y"]) - 3))
+    return 1e-3 * (2.0 + abs(config["W"] - 5))
+
+
+class Replay:
+    """Returns known results, records every call, and fails the test on an invalid config.
+
+    ``overrides`` maps (algorithm, config) keys to a list of results served in turn (then the last
+    one again), e.g. a lucky first measurement followed by honest ones.
+    """
+
+    def __init__(self, space: SearchSpace, overrides: dict | None = None, clock: FakeClock | None = None):
+        self.space = space
+        self.calls: list[tuple[str, dict[str, int]]] = []
+        self.overrides = overrides or {}
+        self.clock = clock
+
+    def __call__(self, algorithm: str, config: dict[str, int]) -> Result:
+        assert self.space.is_valid(algorithm, config), f"invalid config compiled: {algorithm} {config}"
+        self.calls.append((algorithm, dict(config)))
+        if self.clock is not None:
+            self.clock.now += 1.0
+        key = config_key(algorithm, config)
+        if key in self.overrides:
+            served = self.overrides[key]
+            seen = sum(1 for a, c in self.calls if config_key(a, c) == key)
+            return served[min(seen, len(served)) - 1]
+        t = base_time(algorithm, config)
+        return Result(algorithm, dict(config), Status.OK, (t, t * 1.01, t * 0.99))
+
+    def count(self, algorithm: str, config: dict[str, int]) -> int:
+        return sum(1 for a, c in self.calls if a == algorithm and c == config)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def valid_configs(space: SearchSpace) -> list[tuple[str, dict[str, int]]]:
+    return list(space.candidates())
+
+
+def test_space_counts_and_nearest():
+    space = make_space()
+    assert space.size() == 26 + 8
+    # (32, 32) is invalid; its nearest valid configs are two steps away: (32, 2) or (2, 32)... or (8, 8)
+    nearest = space.nearest("tiled", {"X": 32, "Y": 32})
+    assert space.is_valid("tiled", nearest)
+    assert nearest["X"] * nearest["Y"] == 64
+    # excluding every valid config leaves nothing
+    every = {config_key("tiled", c) for c in space.spaces["tiled"].configs()}
+    assert space.nearest("tiled", {"X": 1, "Y": 1}, every) is None
+
+
+def test_exhaustive_finds_the_optimum_and_evaluates_each_config_once():
+    space = make_space()
+    replay = Replay(space)
+    log = Exhaustive().search(space, replay, Budget())
+    search_calls = replay.calls[:len(log.results)]
+    assert len(search_calls) == space.size()
+    assert len({config_key(a, c) for a, c in search_calls}) == space.size()
+    assert log.stop_reason == "exhausted"
+    assert log.winner.algorithm == "tiled" and log.winner.config == {"X": 8, "Y": 8}
+    best = min(valid_configs(space), key=lambda ac: base_time(*ac))
+    assert (log.winner.algorithm, log.winner.config) == best
+
+
+@pytest.mark.parametrize("strategy", ALL, ids=lambda s: s.name)
+def test_defaults_are_evaluated_first(strategy):
+    space = make_space()
+    replay = Replay(space)
+    strategy(seed=1).search(space, replay, Budget(trials=6))
+    assert replay.calls[:2] == [("tiled", {"X": 1, "Y": 1}), ("direct", {"W": 1})]
+
+
+@pytest.mark.parametrize("strategy", SAMPLED, ids=lambda s: s.name)
+def test_trial_budget_is_respected_and_invalid_configs_are_never_compiled(strategy):
+    space = make_space()
+    replay = Replay(space)  # asserts validity of everything it is given
+    log = strategy(seed=3).search(space, replay, Budget(trials=12, top_k=3))
+    assert len(log.results) == 12 and log.evaluated == 12 and log.stop_reason == "trials"
+    search_calls = replay.calls[:12]
+    assert len({config_key(a, c) for a, c in search_calls}) == 12  # no config measured twice
+    remeasured = replay.calls[12:]
+    # top 3 plus each algorithm's best and default, deduplicated
+    assert 3 <= len(remeasured) <= 3 + 2 * 2
+    assert len(log.final) == len(remeasured)
+
+
+def test_random_sampler_proposals_outside_the_constraints_are_skipped_not_compiled():
+    space = make_space()
+    replay = Replay(space)
+    log = RandomSearch(seed=0).search(space, replay, Budget(trials=25, top_k=0))
+    assert log.invalid > 0  # 10 of 36 raw 'tiled' combinations are invalid
+    assert len(replay.calls) == 25
+
+
+@pytest.mark.parametrize("strategy", SAMPLED, ids=lambda s: s.name)
+def test_time_limit_stops_the_search(strategy):
+    space = make_space()
+    clock = FakeClock()
+    replay = Replay(space, clock=clock)  # every evaluation takes one fake second
+    log = strategy(seed=0, clock=clock).search(space, replay, Budget(time_limit=5.0, top_k=0))
+    assert log.stop_reason == "time_limit"
+    assert len(log.results) == 5
+
+
+def test_patience_stops_a_search_without_improvement():
+    space = make_space()
+    flat = {config_key(a, c): [Result(a, c, Status.OK, (1e-3,))] for a, c in valid_configs(space)}
+    replay = Replay(space, overrides=flat)
+    log = TPE(seed=0).search(space, replay, Budget(trials=30, patience=5, top_k=0))
+    assert log.stop_reason == "patience"
+    assert len(log.results) == 6  # the first sets the best, five more bring nothing
+
+
+def test_top_k_remeasure_decides_the_winner():
+    space = make_space()
+    lucky = ("tiled", {"X": 4, "Y": 8})  # measured 0.5 ms once by luck, 1.5 ms when measured again
+    overrides = {config_key(*lucky): [Result("tiled", lucky[1], Status.OK, (0.5e-3,)),
+                                      Result("tiled", lucky[1], Status.OK, (1.5e-3,))]}
+    replay = Replay(space, overrides=overrides)
+    log = Exhaustive().search(space, replay, Budget(top_k=3))
+    assert min(log.results, key=lambda r: r.time).config == lucky[1]  # the search was fooled ...
+    assert replay.count(*lucky) == 2  # ... so the lucky one was re-measured ...
+    assert log.winner.config == {"X": 8, "Y": 8}  # ... and lost to the true optimum
+    assert {r.key for r in log.final} >= {config_key("tiled", {"X": 8, "Y": 8}), config_key(*lucky)}
+
+
+@pytest.mark.parametrize("strategy", ALL, ids=lambda s: s.name)
+def test_a_wrong_result_never_wins_even_if_fastest(strategy):
+    space = make_space()
+    wrong = ("direct", {"W": 1})  # the default of 'direct': measured first, whatever the strategy
+    overrides = {config_key(*wrong): [Result("direct", wrong[1], Status.WRONG_RESULT, (1e-6,),
+                                             "12 of 100 elements wrong")]}
+    replay = Replay(space, overrides=overrides)
+    log = strategy(seed=0).search(space, replay, Budget(trials=10))
+    assert log.winner is not None and log.winner.ok
+    assert log.winner.key != config_key(*wrong)
+    assert all(r.ok for r in log.best_per_algorithm().values())
+    assert log.defaults["direct"].status is Status.WRONG_RESULT
+    assert math.isinf(log.defaults["direct"].time)
+
+
+def test_failures_of_every_kind_are_kept_but_never_win():
+    space = make_space()
+    statuses = itertools.cycle([Status.COMPILE_ERROR, Status.LAUNCH_ERROR, Status.TIMEOUT,
+                                Status.WRONG_RESULT])
+    overrides = {config_key(a, c): [Result(a, c, next(statuses), (1e-9,))]
+                 for a, c in valid_configs(space) if a == "tiled" and c["X"] <= 2}
+    replay = Replay(space, overrides=overrides)
+    log = Exhaustive().search(space, replay, Budget())
+    assert sum(not r.ok for r in log.results) == len(overrides)
+    assert log.winner.ok and log.winner.config == {"X": 8, "Y": 8}
+
+
+@pytest.mark.parametrize("strategy", ALL, ids=lambda s: s.name)
+def test_a_resumed_study_does_not_evaluate_finished_trials_again(strategy):
+    space = make_space()
+    storage = optuna.storages.InMemoryStorage()
+    first = Replay(space)
+    log1 = strategy(storage, "resume-me", seed=0).search(space, first, Budget(trials=8))
+    measured = {config_key(a, c) for a, c in first.calls[:8]}
+    second = Replay(space)
+    log2 = strategy(storage, "resume-me", seed=0).search(space, second, Budget(trials=14))
+    assert log2.resumed == 8 and log2.evaluated == 6 and len(log2.results) == 14
+    assert not measured & {config_key(a, c) for a, c in second.calls[:6]}
+    # a third run with the same budget measures nothing at all: the final round is stored too
+    third = Replay(space)
+    log3 = strategy(storage, "resume-me", seed=0).search(space, third, Budget(trials=14))
+    assert third.calls == [] and log3.winner == log2.winner
+    assert log1.study_name == log2.study_name == "resume-me"
+
+
+def test_an_interrupted_search_resumes_without_losing_or_repeating_trials():
+    space = make_space()
+    storage = optuna.storages.InMemoryStorage()
+    replay = Replay(space)
+
+    def interrupt_after_four(progress):
+        if progress.phase == "search" and progress.done == 4:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        TPE(storage, "stop", progress=interrupt_after_four).search(space, replay, Budget(trials=10))
+    study = optuna.load_study(study_name="stop", storage=storage)
+    assert not study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
+    again = Replay(space)
+    log = TPE(storage, "stop").search(space, again, Budget(trials=10))
+    assert log.resumed == 4 and log.evaluated == 6
+    before = {config_key(a, c) for a, c in replay.calls}
+    assert not before & {config_key(a, c) for a, c in again.calls[:6]}
+
+
+def test_an_interrupted_evaluation_leaves_no_running_trial():
+    space = make_space()
+    storage = optuna.storages.InMemoryStorage()
+
+    def explode(algorithm, config):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        Exhaustive(storage, "boom").search(space, explode, Budget())
+    trials = optuna.load_study(study_name="boom", storage=storage).get_trials()
+    assert [t.state for t in trials if t.state != optuna.trial.TrialState.WAITING] == \
+        [optuna.trial.TrialState.FAIL]
+    replay = Replay(space)
+    log = Exhaustive(storage, "boom").search(space, replay, Budget(trials=3))
+    # the interrupted default is measured again, next to the other one still waiting in the study
+    assert sorted(a for a, _ in replay.calls[:2]) == ["direct", "tiled"]
+    assert log.resumed == 0
+
+
+def test_exhaustive_respects_a_trial_budget():
+    space = make_space()
+    replay = Replay(space)
+    log = Exhaustive().search(space, replay, Budget(trials=5, top_k=0))
+    assert len(log.results) == 5 and len(replay.calls) == 5
+
+
+def test_grid_visits_every_config_once_in_a_seeded_order():
+    space = make_space()
+    a, b = Replay(space), Replay(space)
+    Grid(seed=7).search(space, a, Budget(top_k=0))
+    Grid(seed=7).search(space, b, Budget(top_k=0))
+    assert a.calls == b.calls and len(a.calls) == space.size()
+    assert len({config_key(x, c) for x, c in a.calls}) == space.size()
+
+
+def test_registry_and_budget_validation():
+    assert set(STRATEGIES) == {"tpe", "random", "grid", "exhaustive"}
+    with pytest.raises(ValueError):
+        Budget(trials=0)
+    with pytest.raises(ValueError):
+        Budget(time_limit=-1)

@@ -1,0 +1,219 @@
+"""``tunecl tune``: tune one GEMM or convolution on a device and store the winner in the tuning DB.
+
+The work is :func:`tunecl.tune.tune_problem`; this module parses arguments, draws a progress line on
+stderr and prints the outcome (a summary, or one JSON object with ``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any, TextIO
+
+from tunecl.cli.output import print_json, print_table
+from tunecl.problems import ConvProblem, GemmProblem
+
+SAMPLERS = ("tpe", "random", "grid")  # the search layer's names (kept here so --help imports nothing)
+
+
+def gemm_spec(text: str) -> GemmProblem:
+    """argparse type of ``--gemm M,N,K[,ta,tb[,batch]]``."""
+    try:
+        return GemmProblem.from_spec(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def conv_spec(text: str) -> ConvProblem:
+    """argparse type of ``--conv n=..,c=..,h=..,w=..,k=..,r=..[,stride=..,pad=..,dil=..,groups=..,dir=..]``."""
+    body = text.removeprefix("conv:")
+    try:
+        return ConvProblem.parse(body)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"bad convolution spec: {error}") from None
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer ≥ 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer ≥ 0, got {value}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "tune", help="tune a GEMM or convolution on a device and store the winner",
+        description="Search the algorithms and parameters of one problem on one device with Optuna, "
+                    "verify every candidate against a CPU reference, re-measure the best few and store "
+                    "each algorithm's best in the tuning DB. Interrupted runs resume from the Optuna "
+                    "study (same device, problem, algorithm versions and sampler).")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--gemm", metavar="M,N,K[,ta,tb[,batch]]", type=gemm_spec,
+                      help="C = op(A) @ op(B), row-major; ta/tb are 0 or 1 (e.g. 1024,1024,1024)")
+    what.add_argument("--conv", metavar="SPEC", type=conv_spec,
+                      help="n=16,c=64,h=56,w=56,k=64,r=3[,stride=1,pad=1,dil=1,groups=1,dir=fwd]")
+    parser.add_argument("--device", metavar="SEL",
+                        help="device index, name part or platform:device (default: TUNECL_DEVICE or 0)")
+    parser.add_argument("--trials", type=positive_int, metavar="N",
+                        help="evaluations in the study, resumed ones included (default: the whole space "
+                             "when it has ≤ 200 valid configs, else 100 unless --time-limit is given)")
+    parser.add_argument("--time-limit", type=positive_seconds, metavar="S", help="seconds of searching")
+    parser.add_argument("--sampler", choices=SAMPLERS, default="tpe", help="search strategy (default: tpe)")
+    parser.add_argument("--patience", type=non_negative_int, metavar="N", default=None,
+                        help="stop after N evaluations without a 1%% gain (default 40; 0: never)")
+    parser.add_argument("--min-time", type=positive_seconds, metavar="S", default=None,
+                        help="measure each candidate until its samples add up to S seconds (default 0.1)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the inputs and the sampler")
+    parser.add_argument("--db", metavar="URL", help="tuning DB URL or SQLite file (default: TUNECL_DB)")
+    parser.add_argument("--storage", metavar="URL",
+                        help="Optuna storage URL or SQLite file (default: TUNECL_STORAGE, next to the DB)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
+    parser.add_argument("--no-progress", action="store_true", help="do not draw the progress line")
+    parser.set_defaults(func=run)
+
+
+class ProgressLine:
+    """A one-line progress display on a stream, redrawn with ``\\r`` at most 10 times a second."""
+
+    def __init__(self, out: TextIO, flops: int):
+        self.out = out
+        self.flops = flops
+        self.start = time.monotonic()
+        self.last_draw = 0.0
+        self.width = 0
+
+    def __call__(self, progress: Any) -> None:
+        now = time.monotonic()
+        final = progress.total is not None and progress.done >= progress.total
+        if now - self.last_draw < 0.1 and not final:
+            return
+        self.last_draw = now
+        total = "?" if progress.total is None else str(progress.total)
+        label = "trials" if progress.phase == "search" else "re-measured"
+        best = progress.best
+        best_text = (f"best {best.time * 1e3:.4g} ms {self.flops / best.time * 1e-9:.1f} GFLOP/s "
+                     f"({best.algorithm})" if best is not None else "best -")
+        line = f"tuning: {progress.done}/{total} {label}  {best_text}  {now - self.start:.1f} s"
+        self.out.write("\r" + line.ljust(self.width))
+        self.width = len(line)
+        self.out.flush()
+
+    def close(self) -> None:
+        if self.width:
+            self.out.write("\n")
+            self.out.flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    from tunecl import runtime
+    from tunecl.db import TuningDB
+    from tunecl.search.measure import TimingPolicy
+    from tunecl.search.tuner import DEFAULT_PATIENCE
+    from tunecl.tune import tune_problem
+
+    problem = args.gemm if args.gemm is not None else args.conv
+    device = runtime.select_device(args.device)
+    options: dict[str, Any] = {"seed": args.seed}
+    if args.patience is not None:
+        options["patience"] = args.patience or None
+    else:
+        options["patience"] = DEFAULT_PATIENCE
+    if args.min_time is not None:
+        options["policy"] = TimingPolicy(min_time=args.min_time)
+    progress = None if args.no_progress else ProgressLine(sys.stderr, problem.flops)
+    with TuningDB(args.db) as db:
+        try:
+            outcome = tune_problem(problem, device, db, trials=args.trials, time_limit=args.time_limit,
+                                   sampler=args.sampler, storage_url=args.storage, progress=progress,
+                                   **options)
+        finally:
+            if progress is not None:
+                progress.close()
+        stored_in = db.display_url
+    if args.json:
+        data = outcome.to_dict()
+        data["db"] = stored_in
+        print_json(data)
+    else:
+        print_outcome(outcome, stored_in)
+    return 0 if outcome.winner is not None else 1
+
+
+def _round(value: float | None) -> float | None:
+    """Four significant digits, as a number."""
+    return None if value is None else float(f"{value:.4g}")
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.4g}"
+
+
+def print_outcome(outcome: Any, stored_in: str, out: TextIO | None = None) -> None:
+    """The human summary of a :class:`~tunecl.search.tuner.TuneOutcome`."""
+    out = out or sys.stdout
+    w, d = outcome.winner, outcome.default
+
+    def line(label: str, text: str) -> None:
+        print(f"{label:<10}{text}", file=out)
+
+    space = outcome.space_size if outcome.space_size is not None else "many"
+    line("problem", f"{outcome.problem.key}  ({outcome.problem.flops / 1e9:.4g} GFLOP)")
+    line("device", outcome.device)
+    line("search", f"{outcome.strategy}: {outcome.trials} trials ({outcome.resumed} resumed, "
+                   f"{outcome.invalid} invalid proposals skipped) of {space} valid configs; "
+                   f"stopped by {outcome.stop_reason.replace('_', ' ')} after {outcome.elapsed:.1f} s")
+    failures = {k: v for k, v in outcome.statuses.items() if k != "ok"}
+    if failures:
+        line("failures", ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in sorted(failures.items())))
+    if d is not None:
+        text = (f"{_ms(d.time)} ms  {outcome.gflops(d):.2f} GFLOP/s  ({d.algorithm} default)" if d.ok
+                else f"{d.algorithm} default failed: {d.status.value} {d.message}")
+        line("default", text)
+    if w is None:
+        line("best", "no candidate passed verification; nothing was stored")
+        return
+    speedup = outcome.speedup
+    line("best", f"{_ms(w.time)} ms  {outcome.gflops(w):.2f} GFLOP/s"
+                 + (f"  ({speedup:.2f}x the default)" if speedup is not None else ""))
+    line("chosen", f"{w.algorithm} v{outcome.versions[w.algorithm]}  "
+                   + " ".join(f"{k}={v}" for k, v in w.config.items()))
+    rows = []
+    for name in outcome.versions:
+        best = outcome.per_algorithm.get(name)
+        default = outcome.defaults.get(name)
+        default_ok = default is not None and default.ok
+        # numbers stay numbers (print_table right-aligns a column that is all numbers)
+        rows.append([name, outcome.trials_per_algorithm.get(name, 0),
+                     _round(best.time * 1e3) if best else "-",
+                     _round(outcome.gflops(best)) if best else "-",
+                     _round(default.time * 1e3) if default_ok else "-",
+                     f"{default.time / best.time:.2f}x" if best and default_ok else "-"])
+    print(file=out)
+    print_table(["algorithm", "trials", "best ms", "GFLOP/s", "default ms", "speedup"], rows, out=out)
+    print(file=out)
+    line("stored", stored_in)
+    line("study", f"{outcome.study_name}  in {outcome.storage_url}")

@@ -1,0 +1,243 @@
+"""Verification harnesses: fresh inputs, an independent reference, guarded buffers, a tolerant compare.
+
+One :class:`Harness` per problem kind. It knows how to make seeded random inputs, compute the reference
+on the CPU (numpy float64 for GEMM), and :meth:`~Harness.bind` a plan to *fresh* device buffers. The
+returned :class:`Binding` launches the plan the way it is timed and checks it the way it is verified.
+Evaluation (``evaluate.py``) only talks to these two protocols, so a new problem kind (convolution:
+torch CPU reference, its own ``run`` signature) plugs in by adding one class to :data:`HARNESSES`.
+
+Guard regions: every buffer holds its matrices at an element offset, between two guard regions filled
+with a NaN bit pattern. After a run the output's guards must be bit-for-bit unchanged (an out-of-bounds
+*write*) and the inputs must be unchanged (a write into an input); a kernel that *reads* outside its
+matrices and lets the value reach the result turns it into NaN, which fails the compare.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+
+from tunecl.kernels.base import Plan
+from tunecl.problems import GemmProblem, Problem
+from tunecl.runtime import Device
+
+# A quiet NaN with a recognizable payload: any write over it shows up in a bitwise compare.
+GUARD_BITS = np.uint32(0x7FC0BAD5)
+GUARD_ELEMENTS = 64  # 256 bytes: keeps the matrices aligned for float4 loads and 128-byte transactions
+EPS32 = 2.0**-24  # unit roundoff of float32
+
+
+class Binding(Protocol):
+    """A plan bound to its own fresh device buffers."""
+
+    def launch(self) -> list[Any]:
+        """Enqueue the timed computation once (no wait); return its events (first and last are timed)."""
+        ...
+
+    def check(self) -> str | None:
+        """Run the verification launches; ``None`` when correct, else what is wrong, in one line.
+
+        Raises:
+            pyopencl.Error: enqueueing or running the plan failed.
+        """
+        ...
+
+    def release(self) -> None:
+        """Free the device buffers now instead of waiting for the garbage collector."""
+        ...
+
+
+class Harness(Protocol):
+    """Inputs, reference and buffers for one problem on one device (the reference is computed once)."""
+
+    kind: ClassVar[str]
+
+    def bind(self, plan: Plan) -> Binding: ...
+
+
+def reduction_tolerance(k: int) -> float:
+    """Relative tolerance of an fp32 sum of ``k`` products (a GEMM with inner dimension ``k``, a
+    convolution with reduction length ``k``): ``u * (8 * sqrt(k) + 8)``.
+
+    It multiplies the magnitude of the terms, ``|alpha| * sum_k |a_ik| |b_kj| + |beta| * |c_ij|`` for
+    GEMM (see :class:`GemmHarness`). Why this formula: the worst-case bound for a sum of ``k`` products in any
+    order is ``gamma_k = k*u / (1 - k*u)`` (Higham, *Accuracy and Stability of Numerical Algorithms*,
+    §3.1), but it is attained only when every rounding error has the same sign; rounding errors of
+    independent data behave like random variables with zero mean, so the error grows like
+    ``sqrt(k) * u`` (Higham §3.6). Tiled kernels sum in blocks, which only shortens the chains. The
+    factor 8 covers the tail of the maximum over millions of output elements and FMA/``mad``
+    contraction; the ``+ 8`` covers the few roundings of the products and of ``alpha*acc + beta*c``
+    when ``k`` is small. A real bug (a missing, repeated or misplaced term) moves an element by about
+    ``|a b| ~ 0.25`` with inputs uniform in [-1, 1], far above ``8 * sqrt(4096) * u * 1400 ~ 0.04``.
+    """
+    return EPS32 * (8.0 * math.sqrt(k) + 8.0)
+
+
+def compare_guarded(out: np.ndarray, guard: int, expected: np.ndarray, tolerance: np.ndarray,
+                    case: str) -> str | None:
+    """Check a downloaded guarded output buffer: guards untouched, every element within tolerance.
+
+    Args:
+        out: the whole buffer (guard, values, guard) as float32.
+        guard: guard elements on each side.
+        expected: the float64 reference, shaped as the output.
+        tolerance: per-element absolute tolerance, same shape.
+        case: what was run, for the message (``alpha=1, beta=0``).
+
+    Returns:
+        None when correct, else one line saying what is wrong and where.
+    """
+    bits = out.view(np.uint32)
+    for name, region in (("before", bits[:guard]), ("after", bits[out.size - guard:])):
+        touched = int(np.count_nonzero(region != GUARD_BITS))
+        if touched:
+            return f"wrote {touched} element(s) into the guard region {name} the output ({case})"
+    got = out[guard:out.size - guard].reshape(expected.shape).astype(np.float64)
+    error = np.abs(got - expected)
+    bad = ~(error <= tolerance)  # NaN compares false, so NaN/Inf outputs count as wrong
+    count = int(np.count_nonzero(bad))
+    if not count:
+        return None
+    worst = np.unravel_index(int(np.argmax(np.where(bad, np.nan_to_num(error, nan=np.inf), -1.0))),
+                             bad.shape)
+    return (f"{count} of {bad.size} elements wrong ({case}); worst at index {tuple(int(i) for i in worst)}: "
+            f"got {got[worst]:.6g}, expected {expected[worst]:.6g}, tolerance {tolerance[worst]:.2g}")
+
+
+def guarded(values: np.ndarray, guard: int) -> np.ndarray:
+    """``values`` flattened between two guard regions of ``guard`` NaN elements."""
+    out = np.empty(values.size + 2 * guard, dtype=np.float32)
+    out.view(np.uint32)[:guard] = GUARD_BITS
+    out.view(np.uint32)[guard + values.size:] = GUARD_BITS
+    out[guard:guard + values.size] = values.ravel()
+    return out
+
+
+class GemmHarness:
+    """Verification of GEMM plans (``C = alpha * op(A) @ op(B) + beta * C``) against numpy float64.
+
+    Inputs are uniform in [-1, 1] from ``numpy.random.default_rng(seed)``; the reference is computed in
+    float64 from the very float32 inputs the device sees, so the only differences are the device's
+    rounding errors. Two cases are checked on fresh output contents: ``alpha=1, beta=0`` (the timed case;
+    C holds NaN, which must not be read) and ``alpha=-0.75, beta=0.5`` (the epilogue).
+
+    The per-element tolerance is ``reduction_tolerance(k) * (|alpha| * bound_ij + |beta| * |c_ij|)`` where
+    ``bound_ij = ||row i of op(A)||_2 * ||column j of op(B)||_2`` is the Cauchy-Schwarz upper bound of
+    ``sum_k |a_ik| |b_kj|``: rigorous, within ~4/3 of the exact sum for such inputs, and computed in
+    O(MK + KN + MN) instead of a second float64 matrix product.
+    """
+
+    kind: ClassVar[str] = "gemm"
+    CASES: ClassVar[tuple[tuple[float, float], ...]] = ((1.0, 0.0), (-0.75, 0.5))
+
+    def __init__(self, problem: GemmProblem, device: Device, seed: int = 0, guard: int = GUARD_ELEMENTS):
+        self.problem = problem
+        self.device = device
+        self.seed = seed
+        self.guard = guard
+        self._data: dict[str, np.ndarray] | None = None
+
+    def _prepare(self) -> dict[str, np.ndarray]:
+        """Inputs (guarded, float32) and the float64 reference, made on first use and then kept."""
+        if self._data is None:
+            p = self.problem
+            rng = np.random.default_rng(self.seed)
+            a_shape = (p.batch, p.k, p.m) if p.trans_a else (p.batch, p.m, p.k)
+            b_shape = (p.batch, p.n, p.k) if p.trans_b else (p.batch, p.k, p.n)
+            a = rng.uniform(-1.0, 1.0, a_shape).astype(np.float32)
+            b = rng.uniform(-1.0, 1.0, b_shape).astype(np.float32)
+            c = rng.uniform(-1.0, 1.0, (p.batch, p.m, p.n)).astype(np.float32)
+            op_a = a.astype(np.float64)
+            op_b = b.astype(np.float64)
+            if p.trans_a:
+                op_a = op_a.transpose(0, 2, 1)
+            if p.trans_b:
+                op_b = op_b.transpose(0, 2, 1)
+            product = np.matmul(op_a, op_b)
+            bound = (np.linalg.norm(op_a, axis=2)[:, :, None] * np.linalg.norm(op_b, axis=1)[:, None, :])
+            self._data = {"a": guarded(a, self.guard), "b": guarded(b, self.guard),
+                          "c": guarded(c, self.guard), "c_nan": guarded(np.full_like(c, np.nan), self.guard),
+                          "c0": c.astype(np.float64), "product": product, "bound": bound}
+        return self._data
+
+    def bind(self, plan: Plan) -> GemmBinding:
+        data = self._prepare()
+        device = self.device
+        return GemmBinding(self, plan, device.upload(data["a"]), device.upload(data["b"]),
+                           device.upload(data["c"]))
+
+    def compare(self, out: np.ndarray, alpha: float, beta: float) -> str | None:
+        """Check a downloaded guarded C buffer for one (alpha, beta) case; ``None`` when correct."""
+        data = self._prepare()
+        p = self.problem
+        expected = alpha * data["product"] + beta * data["c0"]
+        tol = reduction_tolerance(p.k) * (abs(alpha) * data["bound"] + abs(beta) * np.abs(data["c0"]))
+        return compare_guarded(out, self.guard, expected, tol, f"alpha={alpha:g}, beta={beta:g}")
+
+
+class GemmBinding:
+    """A GEMM plan on its own guarded buffers (see :class:`GemmHarness`)."""
+
+    def __init__(self, harness: GemmHarness, plan: Plan, a: Any, b: Any, c: Any):
+        self.harness = harness
+        self.plan = plan
+        self.a, self.b, self.c = a, b, c
+
+    def _run(self, alpha: float, beta: float) -> list[Any]:
+        g = self.harness.guard
+        return self.plan.run(self.a, self.b, self.c, alpha=alpha, beta=beta,
+                             a_offset=g, b_offset=g, c_offset=g)
+
+    def launch(self) -> list[Any]:
+        return self._run(1.0, 0.0)
+
+    def check(self) -> str | None:
+        h = self.harness
+        data = h._prepare()
+        device = h.device
+        for alpha, beta in h.CASES:
+            # fresh C (and guards) for every case; NaN when beta == 0: C must then not be read at all
+            # (the backend hands in uninitialized memory, and 0 * NaN is NaN)
+            device.copyin(self.c, data["c"] if beta else data["c_nan"])
+            events = self._run(alpha, beta)
+            if events:
+                events[-1].wait()
+            device.synchronize()
+            message = h.compare(device.download(self.c, data["c"].shape), alpha, beta)
+            if message:
+                return message
+        for name, buffer in (("A", self.a), ("B", self.b)):
+            after = device.download(buffer, data[name.lower()].shape)
+            if not np.array_equal(after.view(np.uint32), data[name.lower()].view(np.uint32)):
+                return f"the plan modified its input {name} (or the guards around it)"
+        return None
+
+    def release(self) -> None:
+        for buffer in (self.a, self.b, self.c):
+            buffer.release()
+
+
+def _conv_harness(problem: Problem, device: Device, seed: int = 0) -> Harness:
+    from tunecl.search.harness_conv import ConvHarness  # imports torch: only when convs are tuned
+
+    return ConvHarness(problem, device, seed)
+
+
+# problem kind -> harness factory (problem, device, seed)
+HARNESSES: dict[str, Callable[..., Harness]] = {"gemm": GemmHarness, "conv": _conv_harness}
+
+
+def harness_for(problem: Problem, device: Device, seed: int = 0) -> Harness:
+    """The verification harness for ``problem``'s kind.
+
+    Raises:
+        LookupError: no harness exists for that kind yet.
+    """
+    try:
+        factory = HARNESSES[problem.kind]
+    except KeyError:
+        raise LookupError(f"no verification harness for {problem.kind} problems yet") from None
+    return factory(problem, device, seed)

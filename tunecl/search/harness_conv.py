@@ -1,0 +1,162 @@
+"""The convolution harness: torch on the CPU in float64 as the independent reference.
+
+The plan contract is the one of ``tunecl/kernels/conv_common.py``::
+
+    plan.run(a, b, out, *, a_offset=0, b_offset=0, out_offset=0, bias=None, bias_offset=0, beta=0.0)
+
+    fwd: a = x, b = w, out = y;  bwd_data: a = dy, b = w, out = dx;  bwd_weight: a = x, b = dy, out = dw
+
+Two cases are checked: ``beta=0`` without bias (the timed case; ``out`` starts as NaN and must not be
+read) and ``beta=0.5`` with a bias for the forward direction. The tolerance is
+:func:`~tunecl.search.harness.reduction_tolerance` of the reduction length times the exact magnitude
+of the terms (the same convolution of ``|a|`` and ``|b|``), plus ``|beta * out0|`` and ``|bias|``;
+families whose transforms amplify rounding (Winograd) get a constant factor from
+:data:`ERROR_FACTOR`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from tunecl.kernels.base import Plan
+from tunecl.problems import ConvProblem
+from tunecl.runtime import Device
+from tunecl.search.harness import GUARD_ELEMENTS, compare_guarded, guarded, reduction_tolerance
+
+# algorithm name -> how much more rounding error than a plain sum it may have
+ERROR_FACTOR = {"conv_winograd": 16.0}
+
+
+def reduction_length(problem: ConvProblem) -> int:
+    """Products summed into one output element."""
+    cg, kg = problem.c // problem.groups, problem.k // problem.groups
+    if problem.direction == "fwd":
+        return cg * problem.r * problem.s
+    if problem.direction == "bwd_data":
+        return kg * problem.r * problem.s
+    return problem.n * problem.p * problem.q
+
+
+def operand_shapes(p: ConvProblem) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """Shapes of (a, b, out) in the plan contract."""
+    return {"fwd": (p.input_shape, p.weight_shape, p.output_shape),
+            "bwd_data": (p.output_shape, p.weight_shape, p.input_shape),
+            "bwd_weight": (p.input_shape, p.output_shape, p.weight_shape)}[p.direction]
+
+
+def reference(p: ConvProblem, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """The direction's result in float64: torch ``conv2d``, and its autograd for the backward ones."""
+    import torch
+
+    kw = {"stride": p.stride, "padding": p.padding, "dilation": p.dilation, "groups": p.groups}
+    ta, tb = torch.from_numpy(a).double(), torch.from_numpy(b).double()
+    if p.direction == "fwd":
+        tbias = None if bias is None else torch.from_numpy(bias).double()
+        return torch.nn.functional.conv2d(ta, tb, tbias, **kw).numpy()
+    if p.direction == "bwd_data":
+        x = torch.zeros(p.input_shape, dtype=torch.float64, requires_grad=True)
+        torch.nn.functional.conv2d(x, tb, **kw).backward(ta)
+        return x.grad.numpy()
+    w = torch.zeros(p.weight_shape, dtype=torch.float64, requires_grad=True)
+    torch.nn.functional.conv2d(ta, w, **kw).backward(tb)
+    return w.grad.numpy()
+
+
+class ConvHarness:
+    """Inputs, torch reference and guarded buffers for one convolution problem."""
+
+    kind: ClassVar[str] = "conv"
+    BETA: ClassVar[float] = 0.5
+
+    def __init__(self, problem: ConvProblem, device: Device, seed: int = 0, guard: int = GUARD_ELEMENTS):
+        self.problem = problem
+        self.device = device
+        self.seed = seed
+        self.guard = guard
+        self._data: dict[str, Any] | None = None
+
+    def _prepare(self) -> dict[str, Any]:
+        if self._data is None:
+            p = self.problem
+            rng = np.random.default_rng(self.seed)
+            a_shape, b_shape, out_shape = operand_shapes(p)
+            a = rng.uniform(-1, 1, a_shape).astype(np.float32)
+            b = rng.uniform(-1, 1, b_shape).astype(np.float32)
+            out0 = rng.uniform(-1, 1, out_shape).astype(np.float32)
+            bias = rng.uniform(-1, 1, p.k).astype(np.float32) if p.direction == "fwd" else None
+            plain = reference(p, a, b, None)
+            magnitude = reference(p, np.abs(a), np.abs(b), None)
+            self._data = {
+                "a": guarded(a, self.guard), "b": guarded(b, self.guard), "out0": guarded(out0, self.guard),
+                "out_nan": guarded(np.full_like(out0, np.nan), self.guard),
+                "bias": None if bias is None else guarded(bias, self.guard), "plain": plain,
+                "magnitude": magnitude, "out0_f64": out0.astype(np.float64),
+                "bias_f64": None if bias is None else bias.astype(np.float64)}
+        return self._data
+
+    def bind(self, plan: Plan) -> ConvBinding:
+        data = self._prepare()
+        up = self.device.upload
+        bias = None if data["bias"] is None else up(data["bias"])
+        return ConvBinding(self, plan, up(data["a"]), up(data["b"]), up(data["out_nan"]), bias)
+
+    def compare(self, out: np.ndarray, beta: float, with_bias: bool, algorithm: str) -> str | None:
+        """Check a downloaded guarded output buffer for one case; ``None`` when correct."""
+        data = self._prepare()
+        expected, magnitude = data["plain"], data["magnitude"]
+        if beta:
+            expected = expected + beta * data["out0_f64"]
+            magnitude = magnitude + abs(beta) * np.abs(data["out0_f64"])
+        if with_bias:
+            shape = (1, -1, 1, 1)
+            expected = expected + data["bias_f64"].reshape(shape)
+            magnitude = magnitude + np.abs(data["bias_f64"]).reshape(shape)
+        factor = ERROR_FACTOR.get(algorithm, 1.0)
+        tolerance = factor * reduction_tolerance(reduction_length(self.problem)) * magnitude
+        return compare_guarded(out, self.guard, expected, tolerance,
+                               f"beta={beta:g}" + (", bias" if with_bias else ""))
+
+
+class ConvBinding:
+    """A convolution plan on its own guarded buffers."""
+
+    def __init__(self, harness: ConvHarness, plan: Plan, a: Any, b: Any, out: Any, bias: Any | None):
+        self.harness = harness
+        self.plan = plan
+        self.a, self.b, self.out, self.bias = a, b, out, bias
+
+    def _run(self, beta: float, with_bias: bool) -> list[Any]:
+        g = self.harness.guard
+        bias = self.bias if with_bias else None
+        return self.plan.run(self.a, self.b, self.out, a_offset=g, b_offset=g, out_offset=g,
+                             bias=bias, bias_offset=g if bias is not None else 0, beta=beta)
+
+    def launch(self) -> list[Any]:
+        return self._run(0.0, False)
+
+    def check(self) -> str | None:
+        h = self.harness
+        data = h._prepare()
+        device = h.device
+        for beta, with_bias in ((0.0, False), (h.BETA, self.bias is not None)):
+            device.copyin(self.out, data["out0"] if beta else data["out_nan"])
+            self._run(beta, with_bias)
+            device.synchronize()
+            out = device.download(self.out, data["out0"].shape)
+            message = h.compare(out, beta, with_bias, getattr(self.plan, "algorithm", ""))
+            if message:
+                return message
+        for name, key, buffer in (("a", "a", self.a), ("b", "b", self.b), ("bias", "bias", self.bias)):
+            if buffer is None:
+                continue
+            after = device.download(buffer, data[key].shape)
+            if not np.array_equal(after.view(np.uint32), data[key].view(np.uint32)):
+                return f"the plan modified its input {name} (or the guards around it)"
+        return None
+
+    def release(self) -> None:
+        for buffer in (self.a, self.b, self.out, self.bias):
+            if buffer is not None:
+                buffer.release()

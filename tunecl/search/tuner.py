@@ -1,0 +1,313 @@
+"""The tuner: one problem on one device → an Optuna study over the applicable algorithms → an outcome.
+
+Studies live in Optuna storage (the search's working memory; the tuning DB holds the curated outcome).
+A study's name is ``tunecl:<device key>:<problem key>:<algorithm@version+...#space digest>:<strategy>``,
+so running the same tuning again — after a crash, a Ctrl-C or on purpose — resumes that study:
+finished trials are read back, not measured again (see :mod:`tunecl.search.strategies`). A new
+driver, a bumped algorithm version, changed parameter value lists or another strategy start a new
+study.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from tunecl import __version__, config
+from tunecl.errors import TuneclError
+from tunecl.kernels import algorithms as registered_algorithms
+from tunecl.kernels.base import Algorithm
+from tunecl.problems import Problem
+from tunecl.runtime import Device
+from tunecl.search.evaluate import evaluate
+from tunecl.search.harness import Harness, harness_for
+from tunecl.search.measure import TimingPolicy
+from tunecl.search.result import Config, Result, Status
+from tunecl.search.space import SearchSpace
+from tunecl.search.strategies import STRATEGIES, Budget, ProgressCallback, SearchLog, quiet_optuna
+
+SAMPLERS = ("tpe", "random", "grid")
+DEFAULT_TRIALS = 100  # when neither a trial count nor a time limit is given
+DEFAULT_PATIENCE = 40  # evaluations without a 1% gain before a sampled search stops
+EXHAUSTIVE_LIMIT = 200  # valid spaces up to this size are searched exhaustively
+KIND_NAMES = {"gemm": "GEMM", "conv": "convolution"}
+
+
+class NoAlgorithmError(TuneclError, LookupError):
+    """No algorithm exists for, or applies to, the problem on the device."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneOutcome:
+    """What tuning one problem produced.
+
+    Attributes:
+        problem: the problem tuned.
+        device: the device's label.
+        winner: the fastest verified result after re-measurement (None if nothing verified).
+        default: the untuned baseline: the default config of the first applicable algorithm (the one
+            a lookup miss falls back to).
+        defaults: each algorithm's default-config result.
+        per_algorithm: each algorithm's best verified result.
+        versions: algorithm name -> version tuned.
+        trials: evaluations in the study (resumed ones included, invalid proposals excluded).
+        resumed: evaluations read back from the study instead of measured.
+        invalid: invalid proposals skipped (never compiled) in this call.
+        trials_per_algorithm: evaluations per algorithm.
+        statuses: how many evaluations ended in each status.
+        study_name: the Optuna study.
+        storage_url: the Optuna storage (password hidden).
+        strategy: the strategy used (``exhaustive`` when the valid space was small).
+        space_size: valid configs over all applicable algorithms; None when more than the
+            exhaustive limit (large spaces are not counted to the end).
+        stop_reason: why the search stopped.
+        elapsed: seconds this call took.
+        results: every evaluation of the search, in order.
+        final: the re-measurement round.
+    """
+
+    problem: Problem
+    device: str
+    winner: Result | None
+    default: Result | None
+    defaults: dict[str, Result]
+    per_algorithm: dict[str, Result]
+    versions: dict[str, int]
+    trials: int
+    resumed: int
+    invalid: int
+    trials_per_algorithm: dict[str, int]
+    statuses: dict[str, int]
+    study_name: str
+    storage_url: str
+    strategy: str
+    space_size: int | None
+    stop_reason: str
+    elapsed: float
+    results: tuple[Result, ...] = ()
+    final: tuple[Result, ...] = ()
+
+    @property
+    def new_trials(self) -> int:
+        return self.trials - self.resumed
+
+    @property
+    def speedup(self) -> float | None:
+        """Default time over winner time (None when either is unknown)."""
+        if self.winner is None or self.default is None or not self.default.ok:
+            return None
+        return self.default.time / self.winner.time
+
+    def gflops(self, result: Result | None) -> float | None:
+        """GFLOP/s of ``result`` on this problem (None when it has no time)."""
+        if result is None or not result.ok:
+            return None
+        return self.problem.flops / result.time * 1e-9
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serializable summary (raw samples of the winner and defaults included)."""
+        def one(r: Result | None) -> dict[str, Any] | None:
+            if r is None:
+                return None
+            return {"algorithm": r.algorithm, "version": self.versions.get(r.algorithm),
+                    "config": dict(r.config), "status": r.status.value,
+                    "time_s": r.time if r.ok else None, "gflops": self.gflops(r), "samples": list(r.times),
+                    "message": r.message}
+        return {
+            "problem": self.problem.key, "device": self.device, "winner": one(self.winner),
+            "default": one(self.default), "speedup": self.speedup,
+            "per_algorithm": {k: one(v) for k, v in self.per_algorithm.items()},
+            "defaults": {k: one(v) for k, v in self.defaults.items()},
+            "trials": self.trials, "resumed": self.resumed, "new_trials": self.new_trials,
+            "invalid_skipped": self.invalid, "trials_per_algorithm": self.trials_per_algorithm,
+            "statuses": self.statuses, "study": self.study_name, "storage": self.storage_url,
+            "strategy": self.strategy, "space_size": self.space_size, "stop_reason": self.stop_reason,
+            "elapsed_s": self.elapsed}
+
+
+def study_device_key(device: Device) -> str:
+    """The device part of a study name: the fingerprint key with the global memory size left out.
+
+    Why: PoCL reports the *currently available* host memory as the CPU device's global memory, so that
+    one field changes from process to process; a study keyed on it could never be resumed.
+    """
+    return dataclasses.replace(device.fingerprint, global_mem_size=0).key
+
+
+def space_digest(space: SearchSpace) -> str:
+    """A short hash of every algorithm's parameter names and value lists.
+
+    Why: Optuna requires a parameter to keep its choices within a study; a family that changes its value
+    lists without bumping its version (it happens during development) must get a new study rather than
+    a crash in ``suggest_categorical``.
+    """
+    lists = [[name, [[p, list(v)] for p, v in s.params.items()]] for name, s in space.spaces.items()]
+    return hashlib.sha256(json.dumps(lists).encode()).hexdigest()[:8]
+
+
+def study_name(device: Device, problem: Problem, algorithms: Sequence[Algorithm], strategy: str,
+               digest: str = "") -> str:
+    """The Optuna study of (device, problem, algorithm versions [and space digest], strategy)."""
+    versions = "+".join(f"{a.name}@{a.version}" for a in algorithms) + (f"#{digest}" if digest else "")
+    return f"tunecl:{study_device_key(device)}:{problem.key}:{versions}:{strategy}"
+
+
+def open_storage(url: str) -> optuna.storages.RDBStorage:
+    """An Optuna RDB storage at ``url`` (a plain path means SQLite; its folder is created)."""
+    url = config.normalize_db_url(url)
+    kwargs: dict[str, Any] = {}
+    if url.startswith("sqlite:///"):
+        path = url[len("sqlite:///"):]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        # wait for a concurrent writer (another worker, the dashboard) instead of failing at once
+        kwargs["engine_kwargs"] = {"connect_args": {"timeout": 30}}
+    return optuna.storages.RDBStorage(url, **kwargs)
+
+
+def _hide_password(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ValueError, TypeError):
+        return url
+
+
+class Tuner:
+    """Tunes problems on one device.
+
+    Args:
+        device: the device to tune on.
+        storage_url: Optuna storage URL (or path); default ``config.get().storage_url``.
+        sampler: ``tpe`` (default), ``random`` or ``grid``; small valid spaces are searched
+            exhaustively whatever the sampler (see :meth:`choose_strategy`).
+        seed: seeds the inputs of verification and the sampler.
+        policy: how to time each candidate.
+        patience: evaluations without a 1% improvement before a sampled search stops (None: never).
+        top_k: how many of the fastest configs are re-measured before the winner is declared.
+        exhaustive_limit: valid spaces up to this size are searched exhaustively.
+        algorithms: the algorithms to consider (default: those registered for the problem's kind).
+    """
+
+    def __init__(self, device: Device, storage_url: str | None = None, sampler: str = "tpe", *,
+                 seed: int = 0, policy: TimingPolicy | None = None, patience: int | None = DEFAULT_PATIENCE,
+                 top_k: int = 3, exhaustive_limit: int = EXHAUSTIVE_LIMIT,
+                 algorithms: Sequence[Algorithm] | None = None):
+        if sampler not in SAMPLERS:
+            raise ValueError(f"unknown sampler {sampler!r}; use one of {', '.join(SAMPLERS)}")
+        self.device = device
+        self.storage_url = config.normalize_db_url(storage_url or config.get().storage_url)
+        self.sampler = sampler
+        self.seed = seed
+        self.policy = policy or TimingPolicy()
+        self.patience = patience
+        self.top_k = top_k
+        self.exhaustive_limit = exhaustive_limit
+        self.algorithms = list(algorithms) if algorithms is not None else None
+        self._storage: optuna.storages.RDBStorage | None = None
+
+    @property
+    def storage(self) -> optuna.storages.RDBStorage:
+        if self._storage is None:
+            self._storage = open_storage(self.storage_url)
+        return self._storage
+
+    def applicable(self, problem: Problem) -> list[Algorithm]:
+        """The algorithms that apply to ``problem`` on this device, in preference order.
+
+        Raises:
+            NoAlgorithmError: none is registered for the problem's kind, or none applies.
+        """
+        known = self.algorithms if self.algorithms is not None else registered_algorithms(problem.kind)
+        kind = KIND_NAMES.get(problem.kind, problem.kind)
+        if not known:
+            raise NoAlgorithmError(f"no {kind} algorithms are available yet")
+        usable = [a for a in known if a.kind == problem.kind and a.applies(problem, self.device)]
+        if not usable:
+            raise NoAlgorithmError(f"no {kind} algorithm applies to {problem.key} on {self.device.name} "
+                                   f"(known: {', '.join(a.name for a in known)})")
+        return usable
+
+    def choose_strategy(self, space_size: int, trials: int | None) -> str:
+        """``exhaustive`` when the valid space has at most ``exhaustive_limit`` configs and the trial
+        budget (if any) covers it — sampling would only revisit configs — else the sampler asked for."""
+        if space_size <= self.exhaustive_limit and (trials is None or space_size <= trials):
+            return "exhaustive"
+        return self.sampler
+
+    def tune(self, problem: Problem, trials: int | None = None, time_limit: float | None = None,
+             progress: ProgressCallback | None = None) -> TuneOutcome:
+        """Search the algorithms and parameters of ``problem`` and return the outcome.
+
+        Args:
+            problem: what to tune.
+            trials: evaluations in the study (resumed ones count); default: the whole space when it is
+                searched exhaustively, else 100 unless a time limit is given.
+            time_limit: seconds of searching in this call.
+            progress: called after every evaluation.
+
+        Raises:
+            NoAlgorithmError: nothing to tune.
+        """
+        started = time.monotonic()
+        chosen = self.applicable(problem)
+        by_name = {a.name: a for a in chosen}
+        spaces = {a.name: a.space(problem, self.device) for a in chosen}
+        space = SearchSpace(spaces, {a.name: dict(a.default(problem, self.device)) for a in chosen})
+        counted = space.count(self.exhaustive_limit)  # stops counting past the limit: spaces can be huge
+        size = counted if counted <= self.exhaustive_limit else None
+        strategy_name = self.choose_strategy(counted, trials)
+        if trials is None and time_limit is None and strategy_name != "exhaustive":
+            trials = DEFAULT_TRIALS
+        name = study_name(self.device, problem, chosen, strategy_name, space_digest(space))
+        self._describe_study(name, problem, chosen)
+        harness: Harness = harness_for(problem, self.device, self.seed)
+
+        def run_one(algorithm: str, config: Config) -> Result:
+            return evaluate(by_name[algorithm], problem, self.device, config, harness=harness,
+                            space=spaces[algorithm], policy=self.policy)
+
+        budget = Budget(trials=trials, time_limit=time_limit,
+                        patience=None if strategy_name == "exhaustive" else self.patience, top_k=self.top_k)
+        strategy = STRATEGIES[strategy_name](self.storage, name, seed=self.seed, progress=progress)
+        log = strategy.search(space, run_one, budget)
+        return self._outcome(problem, chosen, space, log, strategy_name, size, time.monotonic() - started)
+
+    def _describe_study(self, name: str, problem: Problem, chosen: Sequence[Algorithm]) -> None:
+        """Create the study if needed and label it for humans (optuna-dashboard shows user attrs)."""
+        with quiet_optuna():
+            study = optuna.create_study(storage=self.storage, study_name=name, direction="minimize",
+                                        load_if_exists=True)
+        if "problem" not in study.user_attrs:
+            for key, value in (("problem", problem.key), ("device", self.device.fingerprint.label),
+                               ("device_key", self.device.fingerprint.key),
+                               ("versions", {a.name: a.version for a in chosen}),
+                               ("tunecl", __version__), ("pid", os.getpid())):
+                study.set_user_attr(key, value)
+
+    def _outcome(self, problem: Problem, chosen: Sequence[Algorithm], space: SearchSpace, log: SearchLog,
+                 strategy: str, size: int | None, elapsed: float) -> TuneOutcome:
+        first = chosen[0].name
+        return TuneOutcome(
+            problem=problem, device=self.device.fingerprint.label, winner=log.winner,
+            default=log.defaults.get(first), defaults=dict(log.defaults),
+            per_algorithm=log.best_per_algorithm(), versions={a.name: a.version for a in chosen},
+            trials=len(log.results), resumed=log.resumed, invalid=log.invalid,
+            trials_per_algorithm=dict(Counter(r.algorithm for r in log.results)),
+            statuses=dict(Counter(r.status.value for r in log.results)),
+            study_name=log.study_name, storage_url=_hide_password(self.storage_url), strategy=strategy,
+            space_size=size, stop_reason=log.stop_reason, elapsed=elapsed, results=tuple(log.results),
+            final=tuple(log.final))
+
+
+__all__ = ["SAMPLERS", "NoAlgorithmError", "Status", "TuneOutcome", "Tuner", "open_storage", "study_name"]

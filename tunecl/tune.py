@@ -1,0 +1,96 @@
+"""Orchestration: tune a problem with the search layer and keep the outcome in the tuning DB.
+
+The one place where ``tunecl.search`` and ``tunecl.db`` meet. The search's working memory (every
+trial) stays in Optuna storage; the DB receives the curated outcome: for each algorithm its best
+verified result (the overall winner is simply the fastest of them, which is what a lookup serves),
+with the time of that algorithm's default config and the number of trials behind it.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from tunecl.fingerprint import Fingerprint
+from tunecl.problems import Problem
+from tunecl.runtime import Device
+from tunecl.search.result import Result, Status
+from tunecl.search.strategies import ProgressCallback
+from tunecl.search.tuner import TuneOutcome, Tuner
+
+
+class ResultSink(Protocol):
+    """What :func:`record_outcome` needs of a tuning DB (``tunecl.db.TuningDB`` provides it)."""
+
+    def record(self, fingerprint: Fingerprint, problem: Problem | str, algorithm: str, algorithm_version: int,
+               params: Mapping[str, Any], time_s: float | None, default_time_s: float | None = None,
+               trials: int = 0, status: str = "ok", precision: str = "fp32",
+               origin: str | None = None) -> None: ...
+
+
+def origin_here() -> str:
+    return f"tuned on {socket.gethostname()}"
+
+
+def tune_problem(problem: Problem, device: Device, db: ResultSink | None = None, trials: int | None = None,
+                 time_limit: float | None = None, sampler: str = "tpe", storage_url: str | None = None,
+                 progress: ProgressCallback | None = None, **tuner_options: Any) -> TuneOutcome:
+    """Tune ``problem`` on ``device`` and record the outcome in ``db``.
+
+    Args:
+        problem: what to tune.
+        device: where.
+        db: the tuning DB to record into (None: tune only).
+        trials: evaluations in the study (see :meth:`Tuner.tune`).
+        time_limit: seconds of searching.
+        sampler: ``tpe``, ``random`` or ``grid``.
+        storage_url: Optuna storage (default: ``config.get().storage_url``).
+        progress: called after every evaluation.
+        **tuner_options: passed to :class:`Tuner` (``seed``, ``policy``, ``patience``, ``top_k``,
+            ``algorithms`` ...).
+
+    Returns:
+        The tuner's outcome.
+
+    Raises:
+        NoAlgorithmError: nothing to tune for this problem.
+        DatabaseError: recording failed (the study keeps every trial; re-running records without
+            measuring again).
+    """
+    tuner = Tuner(device, storage_url=storage_url, sampler=sampler, **tuner_options)
+    outcome = tuner.tune(problem, trials=trials, time_limit=time_limit, progress=progress)
+    if db is not None:
+        record_outcome(db, device.fingerprint, outcome)
+    return outcome
+
+
+def record_outcome(db: ResultSink, fingerprint: Fingerprint, outcome: TuneOutcome,
+                   origin: str | None = None) -> list[str]:
+    """Record each algorithm's best verified result of ``outcome``; return the algorithms recorded.
+
+    An algorithm without any verified result is recorded as ``failed:wrong_result`` only when its own
+    default config failed verification: that is worth keeping (the untuned fallback of that algorithm
+    is wrong on this device and problem — a driver bug to report), and the DB never serves failed rows.
+    Compile errors, timeouts and invalid configs are not recorded: they are properties of configs, not
+    of the problem, and the study keeps them.
+    """
+    origin = origin or origin_here()
+    recorded = []
+    for algorithm, version in outcome.versions.items():
+        best = outcome.per_algorithm.get(algorithm)
+        default = outcome.defaults.get(algorithm)
+        trials = outcome.trials_per_algorithm.get(algorithm, 0)
+        if best is not None and best.ok:
+            db.record(fingerprint, outcome.problem, algorithm, version, dict(best.config), best.time,
+                      default_time_s=_time_or_none(default), trials=trials, status="ok", origin=origin)
+            recorded.append(algorithm)
+        elif default is not None and default.status is Status.WRONG_RESULT:
+            db.record(fingerprint, outcome.problem, algorithm, version, dict(default.config), None,
+                      trials=trials, status=f"failed:{Status.WRONG_RESULT.value}", origin=origin)
+            recorded.append(algorithm)
+    return recorded
+
+
+def _time_or_none(result: Result | None) -> float | None:
+    return result.time if result is not None and result.ok else None
