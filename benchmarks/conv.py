@@ -1,0 +1,185 @@
+"""Convolution benchmark: every conv layer of a net, tunecl default and tuned next to a peer.
+
+For each unique convolution of the net (forward; ``--train`` adds backward-data and backward-weight)
+the tuned plan (the tuning DB's entry for this device, else a fresh ``tune`` stored in the DB), the
+untuned default (the first applicable algorithm's heuristic default) and a peer are timed in the same
+run: torch's CPU convolution for a CPU device, cuDNN through torch CUDA with TF32 off for an NVIDIA
+device. Per layer and summed over the net (times × occurrences), with the ratios.
+
+    python benchmarks/conv.py --device 0 --net resnet18 --batch 1 --image-size 64 --trials 6
+    python benchmarks/conv.py --device nvidia --net resnet50 --batch 16 --trials 12 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run from a checkout without installing
+    sys.path.insert(0, str(ROOT))
+
+from tunecl import runtime
+from tunecl.db import TuningDB
+from tunecl.kernels import algorithms
+from tunecl.problems import ConvProblem
+from tunecl.search.evaluate import evaluate
+from tunecl.search.harness import harness_for
+from tunecl.search.measure import TimingPolicy
+from tunecl.search.workload import net_problems
+from tunecl.tune import tune_problem
+
+
+def torch_peer(problem: ConvProblem, device_kind: str, min_time: float) -> tuple[str, float] | None:
+    """Seconds of torch's own convolution for ``problem`` on ``device_kind`` ("cpu" or "cuda")."""
+    import torch
+    import torch.nn.functional as F
+
+    if device_kind == "cuda":
+        if not torch.cuda.is_available():
+            return None
+        torch.backends.cudnn.allow_tf32 = False  # strict fp32, like tunecl's kernels
+        torch.backends.cudnn.benchmark = True  # cuDNN's own algorithm search, as a fair peer
+    dev = torch.device(device_kind)
+    x = torch.randn(problem.input_shape, device=dev)
+    w = torch.randn(problem.weight_shape, device=dev)
+    dy = torch.randn(problem.output_shape, device=dev)
+    kw = dict(stride=problem.stride, padding=problem.padding, dilation=problem.dilation, groups=problem.groups)
+    if problem.direction == "fwd":
+        def op() -> Any:
+            return F.conv2d(x, w, **kw)
+    elif problem.direction == "bwd_data":
+        def op() -> Any:
+            return torch.nn.grad.conv2d_input(problem.input_shape, w, dy, **kw)
+    else:
+        def op() -> Any:
+            return torch.nn.grad.conv2d_weight(x, problem.weight_shape, dy, **kw)
+
+    def once() -> float:
+        if device_kind == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            op()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) * 1e-3
+        t0 = time.perf_counter()
+        op()
+        return time.perf_counter() - t0
+
+    for _ in range(3):  # warm-up (and cuDNN's benchmark search)
+        once()
+    samples = [once() for _ in range(3)]
+    while sum(samples) < min_time and len(samples) < 200:
+        samples.append(once())
+    name = "cuDNN (torch CUDA, TF32 off)" if device_kind == "cuda" else "torch CPU"
+    return name, statistics.median(samples)
+
+
+def peer_kind(device: runtime.Device) -> str | None:
+    fp = device.fingerprint
+    if fp.device_type == "cpu":
+        return "cpu"
+    if "nvidia" in fp.vendor.lower():
+        return "cuda"
+    return None
+
+
+def bench_problem(device: runtime.Device, db: TuningDB, problem: ConvProblem, args: argparse.Namespace,
+                  policy: TimingPolicy) -> dict[str, Any]:
+    candidates = [a for a in algorithms("conv") if a.applies(problem, device)]
+    by_name = {a.name: a for a in candidates}
+    harness = harness_for(problem, device)
+    versions = {a.name: a.version for a in candidates}
+    hit = None if args.retune else db.lookup(device.fingerprint, problem, versions=versions)
+    source = f"db ({hit.source})" if hit else "tuned now"
+    if hit is None:
+        outcome = tune_problem(problem, device, db, trials=args.trials, time_limit=args.time_limit,
+                               storage_url=args.storage, policy=policy)
+        if outcome.winner is None:
+            return {"problem": problem.key, "error": "no verified candidate"}
+        name, config = outcome.winner.algorithm, dict(outcome.winner.config)
+    else:
+        name, config = hit.algorithm, dict(hit.params)
+    default = evaluate(candidates[0], problem, device, candidates[0].default(problem, device),
+                       harness=harness, policy=policy)
+    tuned = evaluate(by_name[name], problem, device, config, harness=harness, policy=policy)
+    kind = peer_kind(device)
+    found = torch_peer(problem, kind, policy.min_time) if kind else None
+    return {"problem": problem.key, "direction": problem.direction,
+            "default_s": default.time if default.ok else None, "default_algorithm": candidates[0].name,
+            "tuned_s": tuned.time if tuned.ok else None, "tuned_algorithm": name, "tuned_config": config,
+            "tuned_from": source, "peer": found[0] if found else None, "peer_s": found[1] if found else None}
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value * 1e3:.3f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", metavar="SEL")
+    parser.add_argument("--net", default="resnet50")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--train", action="store_true", help="add backward-data and backward-weight")
+    parser.add_argument("--trials", type=int, default=12, help="trials per problem when tuning")
+    parser.add_argument("--time-limit", type=float, default=None, help="seconds of tuning per problem")
+    parser.add_argument("--min-time", type=float, default=0.05, help="seconds of samples per measurement")
+    parser.add_argument("--retune", action="store_true")
+    parser.add_argument("--db", metavar="URL")
+    parser.add_argument("--storage", metavar="URL")
+    parser.add_argument("--json", metavar="FILE")
+    args = parser.parse_args(argv)
+
+    device = runtime.select_device(args.device)
+    counts = net_problems(args.net, args.batch, args.image_size, train=args.train)
+    problems = [(p, n) for p, n in counts.items() if isinstance(p, ConvProblem)]
+    policy = TimingPolicy(min_time=args.min_time)
+    print(f"device: {device.fingerprint.label}; {args.net} batch {args.batch} image {args.image_size}: "
+          f"{len(problems)} unique convolutions ({sum(n for _, n in problems)} calls)", flush=True)
+    print(f"{'#':>3} {'dir':>10} {'shape':<44} {'default':>9} {'tuned':>9} {'peer':>9} {'tuned/peer':>10}  "
+          f"algorithm")
+    rows = []
+    with TuningDB(args.db) as db:
+        for i, (problem, count) in enumerate(problems):
+            row = bench_problem(device, db, problem, args, policy)
+            row["count"] = count
+            rows.append(row)
+            shape = (f"n{problem.n} c{problem.c} {problem.h}x{problem.w} k{problem.k} {problem.r}x{problem.s}"
+                     f" s{problem.stride[0]} p{problem.padding[0]} g{problem.groups}")
+            ratio = (f"{row['tuned_s'] / row['peer_s']:.2f}" if row.get("tuned_s") and row.get("peer_s")
+                     else "-")
+            print(f"{i:>3} {problem.direction:>10} {shape:<44} {_ms(row.get('default_s')):>9} "
+                  f"{_ms(row.get('tuned_s')):>9} {_ms(row.get('peer_s')):>9} {ratio:>10}  "
+                  f"{row.get('tuned_algorithm', row.get('error'))} x{count}", flush=True)
+    summary = {}
+    for direction in ("fwd", "bwd_data", "bwd_weight"):
+        sel = [r for r in rows if r.get("direction") == direction and r.get("tuned_s") and r.get("default_s")]
+        if not sel:
+            continue
+        total = {key: sum(r[key] * r["count"] for r in sel) for key in ("default_s", "tuned_s")}
+        with_peer = [r for r in sel if r.get("peer_s")]
+        total["peer_s"] = sum(r["peer_s"] * r["count"] for r in with_peer) if with_peer else None
+        speedups = [r["default_s"] / r["tuned_s"] for r in sel]
+        total["geomean_tuned_vs_default"] = math.exp(sum(map(math.log, speedups)) / len(speedups))
+        summary[direction] = total
+        peer_text = (f"peer {_ms(total['peer_s'])} ms, tuned/peer {total['tuned_s'] / total['peer_s']:.2f}x"
+                     if total["peer_s"] and len(with_peer) == len(sel) else "no peer")
+        print(f"sum {direction:>10}: default {_ms(total['default_s'])} ms, tuned {_ms(total['tuned_s'])} ms, "
+              f"{peer_text}; default/tuned geomean {total['geomean_tuned_vs_default']:.2f}x")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": device.fingerprint.to_dict(), "net": args.net,
+                                               "batch": args.batch, "image_size": args.image_size,
+                                               "rows": rows, "summary": summary}, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

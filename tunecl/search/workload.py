@@ -1,0 +1,85 @@
+"""Workload extraction: the unique conv and GEMM problems a torchvision model asks for.
+
+The model runs once on the ``meta`` device (no memory, no arithmetic) with forward hooks on every
+``nn.Conv2d`` and ``nn.Linear``; each call becomes a :class:`ConvProblem` (forward, and with
+``train=True`` also backward-data and backward-weight) or a :class:`GemmProblem`, counted by how often
+it occurs. ``nn.Linear(x) = x @ W.T + b`` is the GEMM M=batch, N=out_features, K=in_features with B
+transposed; its backward adds dX = dY @ W (M=batch, N=in, K=out) and dW = dY.T @ X (M=out, N=in,
+K=batch, A transposed).
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib
+from typing import Any
+
+from tunecl.problems import ConvProblem, GemmProblem, Problem
+
+
+def build_model(name: str) -> Any:
+    """A model by torchvision name (``resnet50``) or ``package.module:factory``, with random weights."""
+    if ":" in name:
+        module_name, _, factory = name.partition(":")
+        return getattr(importlib.import_module(module_name), factory)()
+    import torchvision
+
+    try:
+        factory = torchvision.models.get_model_builder(name)
+    except ValueError:
+        known = ", ".join(sorted(torchvision.models.list_models(module=torchvision.models)))
+        raise ValueError(f"unknown model {name!r}; torchvision classification models: {known}") from None
+    kwargs = {"aux_logits": False, "init_weights": False} if name in ("inception_v3", "googlenet") else {}
+    return factory(weights=None, **kwargs)
+
+
+def extract(model: Any, batch: int, image_size: int, train: bool = False) -> collections.Counter[Problem]:
+    """Count the conv and GEMM problems one forward (and, with ``train``, backward) pass asks for."""
+    import torch
+
+    found: collections.Counter[Problem] = collections.Counter()
+
+    def on_conv(module: torch.nn.Conv2d, inputs: tuple, output: torch.Tensor) -> None:
+        x = inputs[0]
+        if isinstance(module.padding, str):  # "same"/"valid": torch has resolved it for this call
+            raise ValueError("string padding is not supported by workload extraction")
+        problem = ConvProblem(
+            n=x.shape[0], c=x.shape[1], h=x.shape[2], w=x.shape[3], k=module.out_channels,
+            r=module.kernel_size[0], s=module.kernel_size[1], stride=module.stride, padding=module.padding,
+            dilation=module.dilation, groups=module.groups)
+        found[problem] += 1
+        if train:
+            found[problem.with_direction("bwd_weight")] += 1
+            if x.requires_grad:  # the first layer's input needs no gradient
+                found[problem.with_direction("bwd_data")] += 1
+
+    def on_linear(module: torch.nn.Linear, inputs: tuple, output: torch.Tensor) -> None:
+        x = inputs[0]
+        rows = x.numel() // x.shape[-1]
+        found[GemmProblem(rows, module.out_features, module.in_features, trans_b=True)] += 1
+        if train:
+            found[GemmProblem(module.out_features, module.in_features, rows, trans_a=True)] += 1
+            if x.requires_grad:
+                found[GemmProblem(rows, module.in_features, module.out_features)] += 1
+
+    hooks = []
+    for module in model.modules():
+        if isinstance(module, torch.nn.Conv2d):
+            hooks.append(module.register_forward_hook(on_conv))
+        elif isinstance(module, torch.nn.Linear):
+            hooks.append(module.register_forward_hook(on_linear))
+    try:
+        model = model.to("meta").train(train)
+        x = torch.empty(batch, 3, image_size, image_size, device="meta")
+        with torch.set_grad_enabled(train):
+            model(x)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return found
+
+
+def net_problems(name: str, batch: int = 16, image_size: int = 224,
+                 train: bool = False) -> collections.Counter[Problem]:
+    """:func:`extract` for a model given by name (see :func:`build_model`)."""
+    return extract(build_model(name), batch, image_size, train)
