@@ -8,11 +8,14 @@ with the time of that algorithm's default config and the number of trials behind
 
 from __future__ import annotations
 
+import dataclasses
 import socket
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from tunecl.fingerprint import Fingerprint
+from tunecl.kernels import algorithms
 from tunecl.problems import Problem
 from tunecl.runtime import Device
 from tunecl.search.result import Result, Status
@@ -94,3 +97,66 @@ def record_outcome(db: ResultSink, fingerprint: Fingerprint, outcome: TuneOutcom
 
 def _time_or_none(result: Result | None) -> float | None:
     return result.time if result is not None and result.ok else None
+
+
+@dataclasses.dataclass
+class NetRow:
+    """One problem of a net's workload after :func:`tune_workload`.
+
+    ``default_s`` and ``tuned_s`` are per call; ``status`` is ``tuned``, ``skipped`` (already in the DB
+    at the current algorithm versions), ``failed`` (no verified candidate) or ``not run`` (the total
+    time limit or an interrupt came first).
+    """
+
+    problem: Problem
+    count: int
+    status: str
+    algorithm: str | None = None
+    default_s: float | None = None
+    tuned_s: float | None = None
+
+    @property
+    def speedup(self) -> float | None:
+        return self.default_s / self.tuned_s if self.default_s and self.tuned_s else None
+
+
+def algorithm_versions(problem: Problem, device: Device) -> dict[str, int]:
+    """Name → version of every algorithm that applies to ``problem`` on ``device``."""
+    return {a.name: a.version for a in algorithms(problem.kind) if a.applies(problem, device)}
+
+
+def tune_workload(workload: Mapping[Problem, int], device: Device, db: Any, *, trials: int | None = None,
+                  time_limit: float | None = None, total_time_limit: float | None = None,
+                  retune: bool = False, on_start: Callable[[int, Problem], None] | None = None,
+                  on_done: Callable[[int, NetRow], None] | None = None,
+                  **tune_options: Any) -> list[NetRow]:
+    """Tune every problem of a workload (problem → occurrences), largest total FLOPs first.
+
+    Problems the DB already holds for this exact device at the current algorithm versions are skipped
+    unless ``retune``. Every finished problem is recorded before the next starts, so Ctrl-C (which
+    propagates after the rows so far are reported through ``on_done``) loses at most the problem in
+    progress, whose finished trials stay in the Optuna study and are resumed by the next run.
+    """
+    order = sorted(workload.items(), key=lambda item: -item[0].flops * item[1])
+    rows: list[NetRow] = []
+    started = time.monotonic()
+    for index, (problem, count) in enumerate(order):
+        versions = algorithm_versions(problem, device)
+        hit = None if retune else db.best(device.fingerprint, problem, versions=versions)
+        if hit is not None:
+            row = NetRow(problem, count, "skipped", hit.algorithm, hit.default_time_s, hit.time_s)
+        elif total_time_limit is not None and time.monotonic() - started > total_time_limit:
+            row = NetRow(problem, count, "not run")
+        else:
+            if on_start is not None:
+                on_start(index, problem)
+            outcome = tune_problem(problem, device, db, trials=trials, time_limit=time_limit, **tune_options)
+            winner, default = outcome.winner, outcome.default
+            row = NetRow(problem, count, "tuned" if winner else "failed",
+                         winner.algorithm if winner else None,
+                         default.time if default is not None and default.ok else None,
+                         winner.time if winner else None)
+        rows.append(row)
+        if on_done is not None:
+            on_done(index, row)
+    return rows

@@ -76,8 +76,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="C = op(A) @ op(B), row-major; ta/tb are 0 or 1 (e.g. 1024,1024,1024)")
     what.add_argument("--conv", metavar="SPEC", type=conv_spec,
                       help="n=16,c=64,h=56,w=56,k=64,r=3[,stride=1,pad=1,dil=1,groups=1,dir=fwd]")
+    what.add_argument("--net", metavar="NAME",
+                      help="every conv and GEMM problem of a torchvision model (resnet50) or of "
+                           "package.module:factory")
     parser.add_argument("--device", metavar="SEL",
                         help="device index, name part or platform:device (default: TUNECL_DEVICE or 0)")
+    net = parser.add_argument_group("with --net")
+    net.add_argument("--batch", type=positive_int, default=16, help="batch size (default 16)")
+    net.add_argument("--image-size", type=positive_int, default=224, help="input height/width (default 224)")
+    net.add_argument("--train", action="store_true", help="also tune both backward directions")
+    net.add_argument("--total-time-limit", type=positive_seconds, metavar="S",
+                     help="start no new problem after S seconds")
+    net.add_argument("--retune", action="store_true",
+                     help="tune problems the DB already holds for this device at the current versions")
     parser.add_argument("--trials", type=positive_int, metavar="N",
                         help="evaluations in the study, resumed ones included (default: the whole space "
                              "when it has ≤ 200 valid configs, else 100 unless --time-limit is given)")
@@ -135,7 +146,6 @@ def run(args: argparse.Namespace) -> int:
     from tunecl.search.tuner import DEFAULT_PATIENCE
     from tunecl.tune import tune_problem
 
-    problem = args.gemm if args.gemm is not None else args.conv
     device = runtime.select_device(args.device)
     options: dict[str, Any] = {"seed": args.seed}
     if args.patience is not None:
@@ -144,6 +154,9 @@ def run(args: argparse.Namespace) -> int:
         options["patience"] = DEFAULT_PATIENCE
     if args.min_time is not None:
         options["policy"] = TimingPolicy(min_time=args.min_time)
+    if args.net is not None:
+        return run_net(args, device, options)
+    problem = args.gemm if args.gemm is not None else args.conv
     progress = None if args.no_progress else ProgressLine(sys.stderr, problem.flops)
     with TuningDB(args.db) as db:
         try:
@@ -217,3 +230,85 @@ def print_outcome(outcome: Any, stored_in: str, out: TextIO | None = None) -> No
     print(file=out)
     line("stored", stored_in)
     line("study", f"{outcome.study_name}  in {outcome.storage_url}")
+
+
+def run_net(args: argparse.Namespace, device: Any, options: dict[str, Any]) -> int:
+    """``tunecl tune --net``: tune a model's whole workload, one line per problem, then a summary."""
+    from tunecl.db import TuningDB
+    from tunecl.errors import TuneclError
+    from tunecl.search.workload import net_problems
+    from tunecl.tune import tune_workload
+
+    try:
+        workload = net_problems(args.net, args.batch, args.image_size, train=args.train)
+    except (ValueError, ImportError, AttributeError) as error:
+        raise TuneclError(f"cannot extract the workload of {args.net!r}: {error}") from None
+    total = len(workload)
+    err = sys.stderr
+    print(f"{args.net} batch {args.batch} image {args.image_size}{' train' if args.train else ''}: "
+          f"{total} unique problems ({sum(workload.values())} calls) on {device.fingerprint.label}", file=err)
+    progress: ProgressLine | None = None
+
+    def on_start(index: int, problem: Any) -> None:
+        nonlocal progress
+        print(f"[{index + 1}/{total}] {problem.key}", file=err, flush=True)
+        if not args.no_progress:
+            progress = ProgressLine(err, problem.flops)
+            options["progress"] = progress
+
+    def on_done(index: int, row: Any) -> None:
+        nonlocal progress
+        if progress is not None:
+            progress.close()
+            progress = None
+        if row.status != "tuned":
+            print(f"[{index + 1}/{total}] {row.problem.key}: {row.status}", file=err, flush=True)
+
+    rows: list[Any] = []
+    interrupted = False
+    with TuningDB(args.db) as db:
+        try:
+            rows = tune_workload(workload, device, db, trials=args.trials, time_limit=args.time_limit,
+                                 total_time_limit=args.total_time_limit, retune=args.retune,
+                                 on_start=on_start, on_done=lambda i, r: (on_done(i, r), rows.append(r)),
+                                 sampler=args.sampler, storage_url=args.storage, **options)
+        except KeyboardInterrupt:
+            interrupted = True
+            if progress is not None:
+                progress.close()
+            print("interrupted: every finished problem is stored; run the same command to resume",
+                  file=err)
+        stored_in = db.display_url
+    print_net_summary(rows, stored_in, json_out=args.json)
+    if interrupted:
+        return 130
+    return 1 if any(r.status == "failed" for r in rows) else 0
+
+
+def print_net_summary(rows: list[Any], stored_in: str, json_out: bool = False,
+                      out: TextIO | None = None) -> None:
+    """The table of ``tunecl tune --net``: per problem and the estimated whole-net time."""
+    out = out or sys.stdout
+    known = [r for r in rows if r.default_s and r.tuned_s]
+    before = sum(r.default_s * r.count for r in known)
+    after = sum(r.tuned_s * r.count for r in known)
+    if json_out:
+        print_json({"db": stored_in, "estimated_default_ms": before * 1e3, "estimated_tuned_ms": after * 1e3,
+                    "problems": [{"problem": r.problem.key, "count": r.count, "status": r.status,
+                                  "algorithm": r.algorithm, "default_ms": _ms_num(r.default_s),
+                                  "tuned_ms": _ms_num(r.tuned_s), "speedup": r.speedup} for r in rows]},
+                   out=out)
+        return
+    print_table(["problem", "count", "status", "algorithm", "default ms", "tuned ms", "speedup"],
+                [[r.problem.key, r.count, r.status, r.algorithm or "-", _round(_ms_num(r.default_s)) or "-",
+                  _round(_ms_num(r.tuned_s)) or "-", f"{r.speedup:.2f}x" if r.speedup else "-"]
+                 for r in rows], out=out)
+    print(file=out)
+    if known:
+        print(f"estimated conv/GEMM time per pass ({len(known)} of {len(rows)} problems with both times): "
+              f"default {before * 1e3:.4g} ms -> tuned {after * 1e3:.4g} ms ({before / after:.2f}x)", file=out)
+    print(f"stored    {stored_in}", file=out)
+
+
+def _ms_num(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3

@@ -1,0 +1,46 @@
+"""``tunecl tune --net``: workload extraction, tuning every problem, skipping what is stored."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tunecl.cli import main
+from tunecl.problems import ConvProblem, GemmProblem
+from tunecl.search.workload import net_problems
+
+sys.path.insert(0, str(Path(__file__).parent))  # makes tiny_net importable as a user model
+
+
+def test_workload_counts_every_direction():
+    found = net_problems("tiny_net:build", batch=2, image_size=8, train=True)
+    conv = ConvProblem(n=2, c=4, h=8, w=8, k=4, r=3, s=3, padding=1)
+    assert found[conv] == 2 and found[conv.with_direction("bwd_data")] == 2
+    first = ConvProblem(n=2, c=3, h=8, w=8, k=4, r=3, s=3, padding=1)
+    assert found[first] == 1 and first.with_direction("bwd_data") not in found  # input needs no grad
+    assert found[GemmProblem(2, 5, 4, trans_b=True)] == 1  # x @ W.T
+    assert found[GemmProblem(5, 4, 2, trans_a=True)] == 1  # dW = dY.T @ X
+    assert found[GemmProblem(2, 4, 5)] == 1  # dX = dY @ W
+    assert sum(found.values()) == 3 + 3 + 2 + 3  # conv fwd, bwd_weight, bwd_data (not the first), linear
+    inference = net_problems("tiny_net:build", batch=2, image_size=8)
+    assert set(p.direction for p in inference if isinstance(p, ConvProblem)) == {"fwd"}
+
+
+def test_unknown_net_is_a_clear_error(capsys):
+    assert main(["tune", "--net", "no_such_net_xyz", "--no-progress"]) == 1
+    assert "unknown model 'no_such_net_xyz'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_tune_net_then_skip_what_is_stored(capsys):
+    args = ["tune", "--net", "tiny_net:build", "--batch", "1", "--image-size", "6", "--trials", "2",
+            "--no-progress", "--json"]
+    assert main(args) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert len(first["problems"]) == 3 and {p["status"] for p in first["problems"]} == {"tuned"}
+    assert all(p["tuned_ms"] > 0 and p["default_ms"] > 0 for p in first["problems"])
+    assert main(args) == 0
+    second = json.loads(capsys.readouterr().out)
+    assert {p["status"] for p in second["problems"]} == {"skipped"}
+    assert [p["tuned_ms"] for p in second["problems"]] == [p["tuned_ms"] for p in first["problems"]]
