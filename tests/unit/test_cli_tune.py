@@ -38,7 +38,7 @@ def usage_error(capsys, *argv: str) -> str:
     (["--gemm", "4,4,4", "--sampler", "annealing"], "invalid choice: 'annealing'"),
     (["--gemm", "4,4,4", "--patience", "-1"], "expected an integer ≥ 0"),
     (["--gemm", "4,4,4", "--conv", "n=1,c=1,h=1,w=1,k=1,r=1"], "not allowed with argument"),
-    ([], "one of the arguments --gemm --conv is required"),
+    ([], "one of the arguments --gemm --conv --net is required"),
 ])
 def test_bad_arguments_are_usage_errors_that_name_the_problem(capsys, argv, message):
     err = usage_error(capsys, *argv)

@@ -1,0 +1,142 @@
+"""Host overhead per small op: the opencl backend next to CPU torch, measured in the same run.
+
+Each case runs N ops on 16-float tensors (default 10,000 adds) and reports µs per op:
+
+- ``cpu``: plain CPU torch, the peer;
+- ``opencl``: wall time until the last op has *finished* on the device (synchronize included);
+- ``host``: the time the Python thread spent enqueueing (before the final synchronize), i.e. the
+  backend's host cost per op when the device keeps up;
+- ``ratio``: opencl / cpu.
+
+Every number is the median of ``--repeats`` rounds after a warm-up. On a CPU OpenCL device (PoCL)
+the device shares the host's cores, so ``opencl`` also includes kernel execution competing with
+the host thread; on a GPU ``host`` is what limits small ops.
+
+    python benchmarks/overhead.py                 # default device (TUNECL_DEVICE)
+    python benchmarks/overhead.py --ops 20000 --repeats 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run from a checkout without installing
+    sys.path.insert(0, str(ROOT))
+
+import torch
+
+import tunecl.backend
+
+
+def _time(fn: Callable[[], object], n: int, sync: Callable[[], None]) -> tuple[float, float]:
+    """(host µs/op, total µs/op) of ``n`` calls of ``fn``."""
+    start = time.perf_counter()
+    for _ in range(n):
+        fn()
+    enqueued = time.perf_counter()
+    sync()
+    done = time.perf_counter()
+    return (enqueued - start) / n * 1e6, (done - start) / n * 1e6
+
+
+def _cases(size: int) -> dict[str, Callable[[torch.device], Callable[[], object]]]:
+    def binary(op: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Callable[[torch.device], Callable]:
+        def make(device: torch.device) -> Callable[[], object]:
+            a, b = torch.randn(size, device=device), torch.randn(size, device=device)
+            return lambda: op(a, b)
+        return make
+
+    def unary(op: Callable[[torch.Tensor], torch.Tensor], requires_grad: bool = False) -> Callable:
+        def make(device: torch.device) -> Callable[[], object]:
+            a = torch.randn(size, device=device, requires_grad=requires_grad)
+            return lambda: op(a)
+        return make
+
+    def inplace(device: torch.device) -> Callable[[], object]:
+        a, b = torch.randn(size, device=device), torch.randn(size, device=device)
+        return lambda: a.add_(b, alpha=1e-6)
+
+    return {
+        "a + b": binary(torch.add),
+        "a.add_(b)": inplace,
+        "a * 2.0": unary(lambda a: a * 2.0),
+        "relu(a)": unary(torch.relu),
+        "a.sum()": unary(torch.sum),
+        "a + b (requires_grad)": unary(lambda a: a + a, requires_grad=True),
+    }
+
+
+def _breakdown(args: argparse.Namespace, dev: torch.device) -> None:
+    """Split ``a.add_(b)`` into the backend's Python work and the OpenCL enqueue itself."""
+    from tunecl.backend import state
+
+    pointwise = state.get().pointwise
+    a, b = torch.randn(args.size, device=dev), torch.randn(args.size, device=dev)
+    a.add_(b, alpha=1e-6)
+    torch.opencl.synchronize()
+    plans = dict(pointwise._plans)
+    (plan,) = [p for key, p in plans.items() if key[0] == "add" and key[1] == a.shape]
+    enqueue = lambda: plan.kernel(pointwise.queue, plan.global_size, (pointwise.local,), *_launch_args(a, b))
+    enqueue_times, python_times = [], []
+    for _ in range(args.repeats):
+        enqueue_times.append(_time(enqueue, args.ops, torch.opencl.synchronize)[0])
+        pointwise._plans = {key: p._replace(kernel=lambda *_, **__: None) for key, p in plans.items()}
+        try:
+            python_times.append(_time(lambda: a.add_(b, alpha=1e-6), args.ops, lambda: None)[0])
+        finally:
+            pointwise._plans = plans
+    print(f"a.add_(b) breakdown: backend Python (dispatch to launch, enqueue stubbed) "
+          f"{statistics.median(python_times):.2f} µs + OpenCL enqueue of the same kernel "
+          f"{statistics.median(enqueue_times):.2f} µs")
+
+
+def _launch_args(a: torch.Tensor, b: torch.Tensor) -> list:
+    from tunecl.backend.memory import buffer_of
+    from tunecl.kernels.strided import pack_meta
+
+    n = a.numel()
+    return [buffer_of(a), buffer_of(a), buffer_of(b), 1e-6, pack_meta([n, n, 1, 1, 1, 0, 0, 0], "int")]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ops", type=int, default=10_000, help="ops per round (default 10000)")
+    parser.add_argument("--size", type=int, default=16, help="elements per tensor (default 16)")
+    parser.add_argument("--repeats", type=int, default=5, help="rounds; the median is reported (default 5)")
+    parser.add_argument("--only", default="", help="run only the cases whose name contains this text")
+    args = parser.parse_args(argv)
+
+    dev = torch.device("opencl")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"device: {torch.opencl.get_device_name()} | torch {torch.__version__} | {args.ops} ops of "
+          f"{args.size} floats, median of {args.repeats} | host load average {load:.2f} on {os.cpu_count()} CPUs")
+    print(f"{'case':24s} {'cpu µs':>8s} {'opencl µs':>10s} {'host µs':>8s} {'ratio':>7s}")
+    torch.set_grad_enabled(True)
+    for name, make in _cases(args.size).items():
+        if args.only and args.only not in name:
+            continue
+        cpu_fn, dev_fn = make(torch.device("cpu")), make(dev)
+        for fn, sync in ((cpu_fn, lambda: None), (dev_fn, torch.opencl.synchronize)):
+            _time(fn, min(500, args.ops), sync)  # warm-up: compiles, caches, allocator
+        cpu, host, total = [], [], []
+        for _ in range(args.repeats):  # interleaved, so both see the same machine load
+            cpu.append(_time(cpu_fn, args.ops, lambda: None)[1])
+            h, t = _time(dev_fn, args.ops, torch.opencl.synchronize)
+            host.append(h)
+            total.append(t)
+        c, h, t = statistics.median(cpu), statistics.median(host), statistics.median(total)
+        print(f"{name:24s} {c:8.2f} {t:10.2f} {h:8.2f} {t / c:7.1f}x")
+    _breakdown(args, dev)
+    fallbacks = tunecl.backend.stats()["fallback_ops"]
+    print(f"ops served by the CPU fallback: {fallbacks or 'none'}")
+
+
+if __name__ == "__main__":
+    main()

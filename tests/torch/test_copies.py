@@ -1,0 +1,94 @@
+"""Host↔device and device↔device copies: strided, broadcast, dtype-converting, non_blocking."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from opcheck import check_op
+
+
+def test_strided_copies_in_every_direction(strict):
+    x = torch.randn(5, 6, 7)
+    views = {"transposed": lambda v: v.transpose(0, 2), "sliced": lambda v: v[1:4, ::2, 3:],
+             "expanded": lambda v: v[:, :1].expand(5, 4, 7), "channels_last": lambda v: v[None].contiguous(
+                 memory_format=torch.channels_last)}
+    d = x.to("opencl")
+    for name, view in views.items():
+        expected = view(x)
+        assert torch.equal(view(d).cpu(), expected), f"d2h {name}"
+        assert torch.equal(expected.to("opencl").cpu(), expected), f"h2d {name}"
+        assert view(d).contiguous().is_contiguous()
+        assert torch.equal(view(d).contiguous().cpu(), expected.contiguous()), f"d2d {name}"
+    dst = torch.zeros(6, 6, device="opencl")
+    dst[::2].copy_(x[0, :, :3].t())                   # host -> strided device view
+    dst[1::2].copy_(d[1, :, :3].t())                  # device view -> device view
+    expected = torch.zeros(6, 6)
+    expected[::2] = x[0, :, :3].t()
+    expected[1::2] = x[1, :, :3].t()
+    assert torch.equal(dst.cpu(), expected)
+    host = torch.zeros(6, 3)
+    host.copy_(d[0, :, :3].t().t()[:, :3])           # device view -> host
+    assert torch.equal(host, x[0, :, :3].t().t()[:, :3])
+
+
+def test_broadcasting_copy_(strict):
+    dst = torch.empty(3, 4, device="opencl")
+    dst.copy_(torch.arange(4.0))
+    assert torch.equal(dst.cpu(), torch.arange(4.0).expand(3, 4))
+    dst.copy_(torch.tensor(7.0, device="opencl"))
+    assert torch.equal(dst.cpu(), torch.full((3, 4), 7.0))
+    for src in (torch.ones(3, 5), torch.ones(2, 4, device="opencl")):
+        with pytest.raises(RuntimeError, match="must match the size of the destination"):
+            dst.copy_(src)
+
+
+@pytest.mark.parametrize("src,dst", [(torch.float32, torch.float16), (torch.float16, torch.float32),
+                                     (torch.float32, torch.int64), (torch.int64, torch.float32),
+                                     (torch.float32, torch.bool), (torch.bool, torch.float32),
+                                     (torch.int32, torch.uint8), (torch.float32, torch.bfloat16)])
+def test_dtype_converting_copies(src, dst):
+    x = (torch.randn(4, 5) * 100).to(src)
+    check_op(lambda v: v.to(dst), x, grad=False, atol=0.5 if torch.bfloat16 in (src, dst) else 1e-5)
+    check_op(lambda v: v.t().to(dst), x, grad=False, atol=0.5 if torch.bfloat16 in (src, dst) else 1e-5)
+    assert torch.equal(x.to("opencl", dst).cpu(), x.to(dst))
+    assert torch.equal(x.to("opencl").to("cpu", dst), x.to(dst))
+
+
+def test_float64_host_data_converts_on_the_host():
+    x = torch.randn(3, 3, dtype=torch.float64)
+    dst = torch.empty(3, 3, device="opencl")
+    dst.copy_(x)
+    assert torch.equal(dst.cpu(), x.float())
+
+
+def test_non_blocking_is_accepted(strict):
+    x = torch.randn(8, 8)
+    d = x.to("opencl", non_blocking=True)
+    assert torch.equal(d.to("cpu", non_blocking=True), x)
+    assert torch.equal(d.to("opencl", non_blocking=True).cpu(), x)
+
+
+def test_pin_memory_and_dataloader(strict):
+    x = torch.randn(6, 3)
+    pinned = x.pin_memory()  # an unpinned copy while the backend is loaded (documented)
+    assert torch.equal(pinned, x) and pinned.data_ptr() != x.data_ptr()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=4, pin_memory=True)
+    batch = next(iter(loader))[0].to("opencl", non_blocking=True)
+    assert torch.equal(batch.cpu(), x[:4])
+
+
+def test_large_upload_takes_the_blocking_path(strict):
+    x = torch.randn(5 << 20)  # 20 MiB > the staging limit
+    assert torch.equal(x.to("opencl").cpu(), x)
+
+
+def test_device_index_other_than_zero_is_refused():
+    x = torch.randn(2)
+    d = x.to("opencl")
+    message = "opencl:1 does not exist"
+    for make in (lambda: x.to("opencl:1"), lambda: torch.empty(2, device="opencl:1"), lambda: d.to("opencl:1"),
+                 lambda: torch.opencl.set_device(1), lambda: torch.opencl.synchronize("opencl:1"),
+                 lambda: torch.UntypedStorage(4, device="opencl:1"), lambda: torch.opencl.device(1)):
+        with pytest.raises(RuntimeError, match=message):
+            make()
+    assert d.to("opencl:0").device == torch.device("opencl:0")

@@ -1,0 +1,93 @@
+"""The CPU fallback: modes, counting, write-back of mutated arguments, and what never falls back."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import tunecl.backend
+from tunecl import config
+from tunecl.backend import fallback
+from tunecl.backend.ops import kernel_table
+from tunecl.backend.ops.core import VIEW_OPS
+
+
+def _rare_op(x: torch.Tensor) -> torch.Tensor:
+    return torch.cumsum(x, 0)  # no OpenCL kernel: always the fallback
+
+
+def test_warn_mode_warns_once_per_op_and_counts(fresh_stats):
+    fallback._warned.discard("aten::cumsum.out")
+    x = torch.arange(5.0, device="opencl")
+    with config.override(fallback="warn"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = _rare_op(x)
+        _rare_op(x)
+    assert len([w for w in caught if "aten::cumsum.out" in str(w.message)]) == 1
+    assert first.device.type == "opencl" and first.cpu().tolist() == [0.0, 1.0, 3.0, 6.0, 10.0]
+    assert fresh_stats()["fallback_ops"] == {"aten::cumsum.out": 2}
+    assert fresh_stats()["ops"]["aten::cumsum.out"] == 2
+
+
+def test_silent_mode_and_error_mode():
+    x = torch.arange(3.0, device="opencl")
+    with config.override(fallback="silent"), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _rare_op(x).cpu().tolist() == [0.0, 1.0, 3.0]
+    with config.override(fallback="error"), pytest.raises(fallback.FallbackError, match=r"aten::cumsum\.out"):
+        _rare_op(x)
+    with config.override(fallback="bogus"), pytest.raises(ValueError, match="TUNECL_FALLBACK"):
+        _rare_op(x)
+
+
+def test_fallback_writes_back_in_place_results_and_hidden_mutations():
+    x = torch.arange(6.0).reshape(2, 3)
+    d = x.to("opencl")
+    with config.override(fallback="silent"):
+        d[:, 1].cumsum_(0)  # an in-place op on a strided view, served by the fallback
+        x[:, 1].cumsum_(0)
+        assert torch.equal(d.cpu(), x)
+        # native_batch_norm updates running stats without declaring it: forced through the fallback
+        inp = torch.randn(4, 3, 2)
+        rm, rv = torch.zeros(3, device="opencl"), torch.ones(3, device="opencl")
+        fallback.run_on_cpu(torch.ops.aten.native_batch_norm.default,
+                            (inp.to("opencl"), None, None, rm, rv, True, 0.5, 1e-5), {})
+        crm, crv = torch.zeros(3), torch.ones(3)
+        torch.ops.aten.native_batch_norm(inp, None, None, crm, crv, True, 0.5, 1e-5)
+    torch.testing.assert_close(rm.cpu(), crm)
+    torch.testing.assert_close(rv.cpu(), crv)
+
+
+def test_views_are_metadata_not_fallbacks(fresh_stats, strict):
+    d = torch.arange(12.0, device="opencl")
+    v = d.view(3, 4).t()[1:].unfold(0, 2, 1).as_strided((2, 2), (1, 2))
+    assert v.untyped_storage().data_ptr() == d.untyped_storage().data_ptr()
+    assert not fresh_stats()["fallback_ops"]
+    assert fresh_stats()["ops"]["aten::view"] >= 1
+
+
+def test_stats_and_reset(fresh_stats):
+    torch.ones(3, device="opencl").add_(1)
+    snapshot = fresh_stats()
+    assert snapshot["ops"]["aten::add_.Tensor"] == 1
+    assert set(snapshot) >= {"ops", "fallback_ops", "plan_sources", "plans", "memory"}
+    tunecl.backend.reset_stats()
+    assert fresh_stats()["ops"] == {}
+
+
+def test_every_registered_overload_exists_and_resolves_to_our_kernel():
+    for name in kernel_table():
+        base, _, overload = name.partition(".")
+        op = getattr(getattr(torch.ops.aten, base), overload or "default")
+        table = torch._C._dispatch_dump_table(op.name())
+        line = next(ln for ln in table.splitlines() if ln.startswith("PrivateUse1:"))
+        assert "registered at" in line and "fallback" not in line, f"{name}: {line}"
+    assert VIEW_OPS <= set(kernel_table())
+
+
+def test_autocast_falls_through(strict):
+    a = torch.randn(4, 4, device="opencl")
+    with torch.autocast("opencl", dtype=torch.float16):
+        assert (a + a).dtype == torch.float32

@@ -1,0 +1,137 @@
+"""The allocator, storages and the dtype rules of the opencl device."""
+
+from __future__ import annotations
+
+import copy
+import io
+import random
+
+import pytest
+import torch
+
+from tunecl.backend import memory
+from tunecl.backend.dtypes import UnsupportedDtypeError
+
+
+def test_size_classes_waste_far_less_than_power_of_two_rounding():
+    rng = random.Random(5)
+    sizes = [rng.randint(1, 1 << 30) for _ in range(20000)] + [rng.randint(1, 1 << 20) for _ in range(20000)]
+    worst_large, total_large, total_pow2, n_large = 0.0, 0.0, 0.0, 0
+    for n in sizes:
+        reserved = memory.size_class(n)
+        assert reserved >= n
+        if n <= memory.SMALL_LIMIT:
+            assert reserved - n < memory.SMALL_GRANULE  # at most 511 bytes wasted below 1 MiB
+        else:
+            waste = (reserved - n) / n
+            worst_large = max(worst_large, waste)
+            total_large += waste
+            total_pow2 += ((1 << (n - 1).bit_length()) - n) / n
+            n_large += 1
+    assert worst_large < 1 / 16            # under 6.25 % for every request above 1 MiB
+    assert total_large / n_large < 0.035   # about 3 % on average ...
+    assert total_pow2 / n_large > 0.3      # ... where power-of-two rounding wastes over 30 %
+    assert memory.size_class(0) == memory.SMALL_GRANULE
+    assert memory.size_class(3 << 20) == 3 << 20
+
+
+def test_cached_blocks_are_reused_and_stats_track_them():
+    torch.opencl.empty_cache()
+    base = torch.opencl.memory_allocated()
+    a = torch.empty(1000, device="opencl")           # 4000 B -> 4096 B class
+    assert torch.opencl.memory_allocated() == base + 4096
+    assert torch.opencl.memory_stats()["requested_bytes"] >= 4000
+    ptr = memory.buffer_of(a)
+    del a
+    assert torch.opencl.memory_allocated() == base
+    assert torch.opencl.memory_reserved() >= base + 4096  # kept in the cache
+    b = torch.empty(1020, device="opencl")           # same class: the cached buffer comes back
+    assert memory.buffer_of(b) is ptr
+    assert torch.opencl.max_memory_allocated() >= base + 4096
+    del b
+    torch.opencl.empty_cache()
+    assert torch.opencl.memory_reserved() == torch.opencl.memory_allocated()
+    torch.opencl.reset_peak_memory_stats()
+    assert torch.opencl.max_memory_allocated() == torch.opencl.memory_allocated()
+
+
+def test_views_keep_the_storage_alive_and_pseudo_addresses_are_offsets():
+    x = torch.arange(12.0, device="opencl").reshape(3, 4)
+    view = x[1:, 2:]
+    storage = x.untyped_storage().data_ptr()
+    assert view.data_ptr() - storage == view.storage_offset() * 4
+    del x
+    assert view.cpu().tolist() == [[6.0, 7.0], [10.0, 11.0]]
+
+
+def test_out_of_memory_names_the_size_and_the_device():
+    with pytest.raises(torch.OutOfMemoryError, match=r"tried to allocate .*GiB on opencl:0 \(.+\)"):
+        torch.empty(1 << 40, device="opencl")
+    assert torch.empty(4, device="opencl").numel() == 4  # still usable afterwards
+
+
+def test_float64_is_refused_never_downcast():
+    x = torch.randn(3, dtype=torch.float64)
+    for make in (lambda: x.to("opencl"), lambda: torch.zeros(2, dtype=torch.float64, device="opencl"),
+                 lambda: torch.ones(2, device="opencl").double()):
+        with pytest.raises(UnsupportedDtypeError, match="float64 is not supported on the OpenCL device; use float32"):
+            make()
+    # an explicit conversion on the way is fine
+    assert x.to("opencl", torch.float32).dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+                                   torch.int16, torch.int8, torch.uint8, torch.bool])
+def test_storage_dtypes_round_trip(dtype):
+    x = (torch.randn(3, 5) * 10).to(dtype)
+    assert torch.equal(x.to("opencl").cpu(), x)
+    assert torch.equal(x.t().to("opencl").cpu(), x.t())
+
+
+def test_untyped_storage_deepcopy_save_and_load(tmp_path):
+    s = torch.UntypedStorage(16, device="opencl")
+    assert s.device == torch.device("opencl:0") and s.nbytes() == 16
+    model = torch.nn.Linear(3, 2).to("opencl")
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 3, device="opencl")).sum().backward()
+    opt.step()
+    clone = copy.deepcopy(model)
+    assert clone.weight.device.type == "opencl"
+    assert torch.equal(clone.weight.cpu(), model.weight.cpu())
+    assert clone.weight.data_ptr() != model.weight.data_ptr()
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "view": model.weight[1:]}, path)
+    loaded = torch.load(path)
+    assert loaded["model"]["weight"].device.type == "opencl"
+    assert torch.equal(loaded["model"]["weight"].cpu(), model.weight.cpu())
+    assert loaded["view"].untyped_storage().data_ptr() == loaded["model"]["weight"].untyped_storage().data_ptr()
+    opt2 = torch.optim.Adam(model.parameters())
+    opt2.load_state_dict(loaded["opt"])
+    assert torch.equal(opt2.state_dict()["state"][0]["exp_avg"].cpu(), opt.state_dict()["state"][0]["exp_avg"].cpu())
+    on_cpu = torch.load(path, map_location="cpu")
+    assert on_cpu["model"]["bias"].device.type == "cpu"
+    buffer = io.BytesIO()
+    torch.save(torch.arange(5, device="opencl"), buffer)
+    buffer.seek(0)
+    assert torch.load(buffer).cpu().tolist() == [0, 1, 2, 3, 4]
+
+
+def test_resize_grows_the_storage():
+    x = torch.arange(4.0, device="opencl")
+    x.resize_(3, 3)
+    assert x.shape == (3, 3) and x.flatten()[:4].cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
+    e = torch.empty(0, device="opencl")
+    e.resize_(10)
+    assert e.untyped_storage().nbytes() >= 40
+
+
+def test_printing(strict):
+    x = torch.tensor([[1.5, -2.0], [0.25, 1e-3]], device="opencl")
+    assert "device='opencl:0'" in repr(x)
+    assert "grad_fn=<MulBackward0>" in repr(x.requires_grad_() * 2)
+    assert repr(torch.arange(3, device="opencl")) == "tensor([0, 1, 2], device='opencl:0')"
+    assert repr(torch.empty(0, 2, device="opencl")) == "tensor([], device='opencl:0', size=(0, 2))"
+    assert str(torch.tensor(2.5, device="opencl")) == "tensor(2.5000, device='opencl:0')"
+    big = torch.randn(300, 300)
+    squeeze = lambda text: "".join(text.replace("device='opencl:0'", "").split()).replace(",)", ")")
+    assert squeeze(repr(big.to("opencl"))) == squeeze(repr(big))

@@ -1,0 +1,121 @@
+"""Losses, batch norm, pooling, cat and dropout on opencl vs CPU, forward and backward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from opcheck import Input, check_op, t
+
+from tunecl import config
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy(reduction):
+    x, target = torch.randn(6, 9), torch.randint(0, 9, (6,))
+    check_op(lambda a, b: F.cross_entropy(a, b, reduction=reduction), x, target)
+    weight = torch.rand(9)
+    check_op(lambda a, b: F.cross_entropy(a, b, weight=weight.to(a.device), ignore_index=int(target[0]),
+                                          reduction=reduction), x, target)
+
+
+def test_nll_loss_of_one_sample_and_transposed_logits():
+    check_op(lambda a, b: F.nll_loss(F.log_softmax(a, 0), b), torch.randn(5), torch.tensor(3))
+    check_op(lambda a, b: F.cross_entropy(a, b), t(torch.randn(9, 4)), torch.randint(0, 9, (4,)))
+
+
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("affine", [True, False])
+def test_batch_norm(training, affine):
+    x = torch.randn(3, 4, 5, 6) * 2 + 1
+    w, b = (torch.rand(4) + 0.5, torch.randn(4)) if affine else (None, None)
+    stats = (torch.randn(4) * 0.1, torch.rand(4) + 0.5)
+
+    def bn(v, *params):
+        rm, rv = (s.clone().to(v.device) for s in stats)
+        out = F.batch_norm(v, rm, rv, *params, training=training, momentum=0.3, eps=1e-4)
+        return out, rm, rv  # the running statistics must be updated in place (training)
+    check_op(bn, x, *([w, b] if affine else []), atol=3e-5)
+
+
+def test_batch_norm_module_tracks_running_stats_and_1d_input(strict):
+    for module, x in ((torch.nn.BatchNorm2d(3), torch.randn(4, 3, 5, 5)), (torch.nn.BatchNorm1d(6), torch.randn(8, 6))):
+        dev = type(module)(module.num_features).to("opencl")
+        for _ in range(2):
+            module(x)
+            dev(x.to("opencl"))
+        torch.testing.assert_close(dev.running_mean.cpu(), module.running_mean)
+        torch.testing.assert_close(dev.running_var.cpu(), module.running_var)
+        assert int(dev.num_batches_tracked) == 2
+
+
+POOLS = {
+    "max3s2p1": lambda v: F.max_pool2d(v, 3, 2, 1),
+    "max2_indices": lambda v: F.max_pool2d(v, 2, return_indices=True),
+    "max_dilated_ceil": lambda v: F.max_pool2d(v, 3, 2, 1, dilation=2, ceil_mode=True),
+    "avg3s2p1": lambda v: F.avg_pool2d(v, 3, 2, 1),
+    "avg_ceil_exclude_pad": lambda v: F.avg_pool2d(v, 3, 2, 1, ceil_mode=True, count_include_pad=False),
+    "avg_divisor": lambda v: F.avg_pool2d(v, 2, divisor_override=3),
+    "adaptive1": lambda v: F.adaptive_avg_pool2d(v, 1),
+    "adaptive3x4": lambda v: F.adaptive_avg_pool2d(v, (3, 4)),
+    "adaptive_up": lambda v: F.adaptive_avg_pool2d(v, (9, 11)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(POOLS))
+def test_pooling(name):
+    check_op(POOLS[name], torch.randn(2, 3, 7, 9))
+
+
+def test_pooling_of_3d_and_channels_last_input():
+    check_op(POOLS["max3s2p1"], torch.randn(3, 8, 8))
+    check_op(POOLS["avg3s2p1"], Input(torch.randn(2, 3, 6, 6), lambda v: v.contiguous(memory_format=torch.channels_last)))
+
+
+def test_cat_and_stack():
+    check_op(lambda a, b: torch.cat([a, b], 1), torch.randn(4, 3), t(torch.randn(2, 4)))
+    check_op(lambda a, b: torch.cat([a, b]), torch.randn(2, 3), torch.randn(0, 3))
+    check_op(lambda a, b: torch.stack([a, b], 2), torch.randn(2, 3), torch.randn(2, 3))
+    check_op(lambda a, b: torch.cat([a, b.long()]), torch.randn(2), torch.arange(3))  # dtype promotion
+
+
+def test_dropout_matches_cpu_with_the_same_seed(strict):
+    x = torch.randn(64, 32)
+    for p in (0.2, 0.5):
+        torch.manual_seed(7)
+        expected = F.dropout(x, p)
+        torch.manual_seed(7)
+        xd = x.to("opencl").requires_grad_()
+        actual = F.dropout(xd, p)
+        torch.testing.assert_close(actual.cpu(), expected)
+        actual.sum().backward()
+        torch.testing.assert_close(xd.grad.cpu(), (expected != 0).float() / (1 - p))
+    assert torch.equal(F.dropout(x.to("opencl"), 0.5, training=False).cpu(), x)
+
+
+def test_random_ops_use_the_cpu_generator(strict):
+    torch.manual_seed(3)
+    expected = [torch.randn(5), torch.rand(5), torch.randint(0, 10, (5,)), torch.empty(5).normal_(2, 3),
+                torch.empty(5).bernoulli_(0.3), torch.randperm(6)]
+    torch.manual_seed(3)
+    dev = torch.device("opencl")
+    actual = [torch.randn(5, device=dev), torch.rand(5, device=dev), torch.randint(0, 10, (5,), device=dev),
+              torch.empty(5, device=dev).normal_(2, 3), torch.empty(5, device=dev).bernoulli_(0.3),
+              torch.randperm(6, device=dev)]
+    for e, a in zip(expected, actual):
+        assert torch.equal(a.cpu(), e)
+
+
+def test_conv_is_routed_through_the_counted_cpu_path(fresh_stats):
+    conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+    x = torch.randn(2, 3, 5, 5)
+    dev = torch.nn.Conv2d(3, 4, 3, padding=1).to("opencl")
+    dev.load_state_dict(conv.state_dict())
+    with config.override(fallback="silent"):
+        out = dev(x.to("opencl"))
+        out.sum().backward()
+    torch.testing.assert_close(out.cpu(), conv(x), atol=1e-5, rtol=1e-5)
+    assert fresh_stats()["fallback_ops"]["aten::convolution_overrideable"] == 1
+    assert fresh_stats()["fallback_ops"]["aten::convolution_backward_overrideable"] == 1
+    with config.override(fallback="error"), pytest.raises(RuntimeError, match="convolution_overrideable"):
+        dev(x.to("opencl"))

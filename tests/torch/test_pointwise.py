@@ -1,0 +1,193 @@
+"""Elementwise ops on opencl vs CPU: forward and backward, with strided, broadcast, 0-dim, empty
+and size-1 operands. Every case runs with TUNECL_FALLBACK=error (inside check_op)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from opcheck import Input, check_op, strided, t
+
+X = lambda *shape: torch.randn(shape)
+POS = lambda *shape: torch.rand(shape) + 0.5
+
+# one layout per family member keeps compiles down; the layout matrix below covers the rest
+UNARY = {
+    "neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "sigmoid": torch.sigmoid, "tanh": torch.tanh,
+    "relu": torch.relu, "relu6": F.relu6, "hardtanh": lambda x: F.hardtanh(x, -0.5, 0.7),
+    "silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "hardswish": F.hardswish, "hardsigmoid": F.hardsigmoid, "leaky_relu": lambda x: F.leaky_relu(x, 0.2),
+    "threshold": lambda x: F.threshold(x, 0.1, -2.0), "clamp": lambda x: x.clamp(-0.5, 0.5),
+    "clamp_min": lambda x: x.clamp(min=0.1), "clamp_max": lambda x: x.clamp(max=0.1),
+    "square": lambda x: x ** 2, "pow3": lambda x: x ** 3, "sign": torch.sign, "floor": torch.floor,
+    "round": torch.round, "erf": torch.erf, "sin": torch.sin,
+}
+UNARY_POSITIVE = {"log": torch.log, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "reciprocal": torch.reciprocal,
+                  "log1p": torch.log1p, "pow_half": lambda x: x ** 0.5, "pow_tensor": lambda x: x ** (x - 0.5)}
+
+
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_unary_on_strided_input(name):
+    x = X(6, 10)
+    x[0, :4] = torch.tensor([-1.0, 0.0, 1.0, 3.0])  # hit the kinks of relu-like ops exactly
+    check_op(UNARY[name], strided(x))
+
+
+@pytest.mark.parametrize("name", sorted(UNARY_POSITIVE))
+def test_unary_of_positive_input(name):
+    check_op(UNARY_POSITIVE[name], t(POS(5, 4)), atol=2e-5)
+
+
+BINARY = {
+    "add": lambda a, b: a + b, "add_alpha": lambda a, b: torch.add(a, b, alpha=-2.5),
+    "sub": lambda a, b: a - b, "mul": lambda a, b: a * b, "div": lambda a, b: a / (b.abs() + 0.5),
+    "maximum": torch.maximum, "minimum": torch.minimum, "pow": lambda a, b: a.abs().add(0.1) ** b,
+    "lerp": lambda a, b: torch.lerp(a, b, 0.3), "atan2_free_where": lambda a, b: torch.where(a > b, a, b),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BINARY))
+def test_binary_broadcast_against_transposed(name):
+    # (4, 5) transposed view against a (4, 1) column: broadcasting and strides in one call
+    check_op(BINARY[name], t(X(5, 4)), X(4, 1), atol=2e-5)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "row", "column", "zero-dim", "python-scalar",
+                                    "cpu-scalar-tensor", "empty", "size-one-dims", "3d-permuted", "offset"])
+def test_layouts(layout):
+    cases = {
+        "contiguous": (X(3, 4), X(3, 4)),
+        "transposed": (t(X(4, 3)), t(X(4, 3))),
+        "row": (X(3, 4), X(4)),
+        "column": (X(3, 1), X(1, 4)),
+        "zero-dim": (X(3, 4), X()),
+        "python-scalar": (X(3, 4), 2.5),
+        "cpu-scalar-tensor": (X(3, 4), Input(torch.tensor(1.5), grad=False)),
+        "empty": (X(0, 4), X(4)),
+        "size-one-dims": (X(1, 3, 1), X(2, 1, 1)),
+        "3d-permuted": (Input(X(2, 3, 4), lambda v: v.permute(2, 0, 1)), X(4, 2, 1)),
+        "offset": (Input(X(5, 4), lambda v: v[2:]), Input(X(5, 4), lambda v: v[1:4])),
+    }
+    a, b = cases[layout]
+    for fn in (lambda x, y: x + y, lambda x, y: x * y - y, lambda x, y: (x > y).float() + x):
+        check_op(fn, a, b)
+
+
+def test_zero_dim_tensors():
+    check_op(lambda a, b: a * b + 1, X(), X())
+
+
+def test_inplace_ops_on_views(strict):
+    base = torch.randn(4, 6)
+    d = base.to("opencl")
+    for v_cpu, v_dev in ((base[1], d[1]), (base[:, 2], d[:, 2]), (base.t()[::2], d.t()[::2])):
+        v_cpu.mul_(3).add_(1)
+        v_dev.mul_(3).add_(1)
+    torch.testing.assert_close(d.cpu(), base)
+    d[:, 0].zero_()
+    base[:, 0].zero_()
+    d[2:] = 7.0
+    base[2:] = 7.0
+    torch.testing.assert_close(d.cpu(), base)
+
+
+COMPARISONS = {"eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge}
+
+
+@pytest.mark.parametrize("name", sorted(COMPARISONS))
+def test_comparisons_give_bool(name):
+    a = torch.tensor([[1.0, 2.0, 3.0], [3.0, 2.0, 1.0]])
+    out = check_op(COMPARISONS[name], a, torch.tensor([2.0, 2.0, 2.0]), grad=False)
+    assert out.dtype == torch.bool
+    check_op(lambda x: COMPARISONS[name](x, 2), a, grad=False)
+
+
+def test_integer_and_bool_arithmetic():
+    i = torch.arange(-6, 6).reshape(3, 4)
+    check_op(lambda x: x * 3 - 1, i)
+    check_op(lambda x: x.int() + x.short(), i)
+    check_op(lambda x: x.abs(), i)
+    check_op(lambda x: x / 4, i)  # true division of ints is float
+    check_op(lambda x: (x > 0) + (x < 3), i)
+    check_op(lambda x: x.to(torch.uint8) + 250, i)  # wraps like torch
+
+
+def test_ternary_ops():
+    check_op(lambda a, b, c: torch.addcmul(a, b, c, value=0.5), X(3, 4), t(X(4, 3)), X(4))
+    check_op(lambda a, b, c: torch.addcdiv(a, b, c.abs() + 1, value=-2), X(3, 4), X(3, 4), X(1, 4))
+    check_op(lambda a, b, w: torch.lerp(a, b, w), X(3, 4), X(3, 4), torch.rand(3, 4))
+    check_op(lambda a, lo, hi: torch.clamp(a, lo, hi), X(3, 4), X(4) - 1, X(3, 1) + 1)
+
+
+def test_where_and_masked_fill():
+    a, b = X(3, 4), X(4)
+    mask = torch.rand(3, 4) > 0.5
+    check_op(lambda x, y, m: torch.where(m, x, y), a, b, mask)
+    check_op(lambda x, m: torch.where(m, x, 0.0), a, mask)
+    check_op(lambda x, m: torch.where(m, 2, x), a, mask)
+    check_op(lambda x, m: x.masked_fill(m, -1.5), a, mask)
+    check_op(lambda x, m: x.masked_fill(m[0], float("-inf")), a, mask)
+    check_op(lambda x, m, v: x.masked_fill(m, v), a, mask, Input(torch.tensor(3.0), grad=False))
+
+
+def test_activation_backward_ops_directly():
+    g, x = X(4, 5), X(4, 5)
+    y = torch.sigmoid(x)
+    check_op(lambda g, x: torch.ops.aten.threshold_backward(g, x, 0.0), g, x, grad=False)
+    check_op(lambda g, y: torch.ops.aten.sigmoid_backward(g, y), g, y, grad=False)
+    check_op(lambda g, y: torch.ops.aten.tanh_backward(g, y), g, y.tanh(), grad=False)
+    check_op(lambda g, x: torch.ops.aten.hardtanh_backward(g, x, -0.5, 0.5), g, x, grad=False)
+    check_op(lambda g, x: torch.ops.aten.leaky_relu_backward(g, x, 0.1, False), g, x, grad=False)
+
+
+def test_float16_storage_and_compute():
+    h = torch.randn(3, 5).half()
+    check_op(lambda x: x * 2 + 1, Input(h, grad=False), atol=1e-3)
+    check_op(lambda x: x.float(), Input(h, grad=False))
+    check_op(lambda x: x.half(), X(3, 5))
+
+
+def test_inplace_arithmetic_keeps_torch_rules(strict):
+    i = torch.arange(4, device="opencl")
+    i.add_(2).mul_(3)
+    assert i.cpu().tolist() == [6, 9, 12, 15]
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        i.add_(1.5)
+    with pytest.raises(RuntimeError, match="Subtraction"):
+        (i > 1).sub_(1)
+    with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+        torch.ones(3, device="opencl").add_(torch.ones(2, 3, device="opencl"))
+    f = torch.ones(2, 3, device="opencl")
+    f.add_(torch.arange(3.0, device="opencl"), alpha=2).div_(torch.tensor(2.0)).sub_(0.5)
+    assert f.cpu().tolist() == [[0.0, 1.0, 2.0], [0.0, 1.0, 2.0]]
+
+    x = torch.arange(6.0, device="opencl")
+    with pytest.raises(RuntimeError, match="single memory location|overlap"):
+        x[1:].add_(x[:-1])
+    x.mul_(x)  # the same view is fine
+    assert x.cpu().tolist() == [0.0, 1.0, 4.0, 9.0, 16.0, 25.0]
+
+
+MORE = {
+    "exp2": lambda x, y: torch.exp2(x), "atan2": torch.atan2, "remainder": lambda x, y: torch.remainder(x, y.abs() + 0.5),
+    "remainder_scalar": lambda x, y: x % 0.7, "floor_divide": lambda x, y: torch.floor_divide(x, y.abs() + 0.5),
+    "floor_divide_scalar": lambda x, y: x // 0.3, "softplus": lambda x, y: F.softplus(x * 10, beta=2, threshold=5),
+    "elu": lambda x, y: F.elu(x, 0.7), "selu": lambda x, y: F.selu(x), "elu_inplace_result": lambda x, y: F.elu(x * 1, inplace=True),
+    "mse_mean": F.mse_loss, "mse_sum": lambda x, y: F.mse_loss(x, y, reduction="sum"),
+    "mse_none": lambda x, y: F.mse_loss(x, y, reduction="none"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MORE))
+def test_more_elementwise_ops(name):
+    check_op(MORE[name], X(4, 5), X(4, 5), atol=2e-5, grad="floor_divide" not in name)  # no derivative
+
+
+def test_predicates_and_bitwise():
+    x = torch.tensor([1.0, float("inf"), float("-inf"), float("nan"), -2.0])
+    for fn in (torch.isinf, torch.isposinf, torch.isneginf, torch.isfinite, torch.isnan):
+        check_op(fn, x, grad=False)
+    check_op(torch.bitwise_not, torch.arange(-3, 3), grad=False)
+    check_op(torch.bitwise_not, torch.tensor([True, False]), grad=False)
+    check_op(lambda a, b: a & b | (a ^ b), torch.arange(6), torch.arange(6).flip(0), grad=False)
+    check_op(lambda a, b: torch.logical_and(a, b) | torch.logical_xor(a > 0, b), X(3, 4), X(3, 4) > 0, grad=False)

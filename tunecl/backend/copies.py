@@ -1,0 +1,236 @@
+"""Copies host→device, device→host and device→device, contiguous or strided, with dtype conversion.
+
+- Host→device never waits for the device: up to ``STAGING_LIMIT`` bytes are copied into a fresh
+  buffer at creation (``COPY_HOST_PTR``, which copies before returning) and then moved by an
+  enqueued device copy; larger uploads use one blocking write. Non-contiguous or broadcast host
+  data is staged contiguously and scattered on the device by the pointwise ``copy`` kernel.
+- Device→host blocks (the data must be in host memory on return), so ``non_blocking`` is accepted
+  but synchronous.
+- Device→device uses ``clEnqueueCopyBuffer`` for same-dtype contiguous copies, else the pointwise
+  ``copy`` kernel (strides, broadcasting and dtype conversion on the device).
+- Dtypes without kernels (bfloat16, complex64) copy through the host.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyopencl as cl
+import torch
+
+from tunecl.backend import memory, state
+from tunecl.backend.dtypes import DLPACK, KERNEL_NAMES
+from tunecl.backend.memory import buffer_of, contiguous_strides, storage_nbytes
+from tunecl.backend.operands import broadcast_operand, dense_strides_like, is_dense, operand, same_storage
+from tunecl.kernels.strided import Unsupported
+
+STAGING_LIMIT = 16 << 20
+
+
+def _bytes_of(host: torch.Tensor) -> np.ndarray:
+    """The bytes of a contiguous CPU tensor as a numpy uint8 array (a view: writes land in it)."""
+    return host.detach().reshape(-1).view(torch.uint8).numpy()
+
+
+def write_bytes(buffer: cl.Buffer, offset: int, data: np.ndarray) -> None:
+    """Copy host bytes into ``buffer`` at byte ``offset``; the host data may change on return."""
+    nbytes = data.nbytes
+    if nbytes == 0:
+        return
+    st = state.get()
+    if nbytes <= STAGING_LIMIT:
+        staging = cl.Buffer(st.device.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
+                            hostbuf=data)
+        cl.enqueue_copy(st.queue, buffer, staging, byte_count=nbytes, dst_offset=offset)
+    else:
+        cl.enqueue_copy(st.queue, buffer, data, dst_offset=offset, is_blocking=True)
+
+
+def read_bytes(data: np.ndarray, buffer: cl.Buffer, offset: int) -> None:
+    """Fill host ``data`` from ``buffer`` at byte ``offset``; waits for the device."""
+    if data.nbytes:
+        cl.enqueue_copy(state.get().queue, data, buffer, src_offset=offset, is_blocking=True)
+
+
+def _download_span(t: torch.Tensor) -> torch.Tensor:
+    """The storage elements ``t`` spans, from its first element, as a flat CPU tensor."""
+    item = t.element_size()
+    flat = torch.empty(storage_nbytes(t.shape, t.stride(), item) // item, dtype=t.dtype)
+    if flat.numel():
+        read_bytes(_bytes_of(flat), buffer_of(t), t.storage_offset() * item)
+    return flat
+
+
+def host_view(t: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of ``t`` with the same sizes and strides (overlap and gaps preserved)."""
+    return _download_span(t).as_strided(t.shape, t.stride())
+
+
+def contiguous_on_device(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous device copy of ``t`` (``t`` itself if it already is contiguous)."""
+    if t.is_contiguous():
+        return t
+    out = memory.empty_contiguous(t.shape, t.dtype)
+    device_copy(out, t)
+    return out
+
+
+def to_cpu(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A CPU copy of device tensor ``t``; dense layouts keep their strides, others become contiguous."""
+    if is_dense(t.shape, t.stride()):
+        host = host_view(t)
+    elif t.dtype in KERNEL_NAMES:
+        host = host_view(contiguous_on_device(t))  # gather on the device, transfer only the elements
+    else:
+        host = host_view(t).contiguous()
+    if dtype is not None and dtype != host.dtype:
+        host = host.to(dtype)
+    return host
+
+
+def upload(host: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A new device tensor holding CPU tensor ``host`` (dense layouts keep their strides)."""
+    dtype = host.dtype if dtype is None else dtype
+    out = memory.empty(host.shape, dense_strides_like(host), dtype)
+    upload_into(out, host)
+    return out
+
+
+def upload_into(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst.copy_(src)`` for device ``dst`` and CPU ``src`` (broadcast, strides, dtype)."""
+    if dst.numel() == 0:
+        return
+    src = src.detach().resolve_conj().resolve_neg()
+    if src.dtype != dst.dtype and (src.dtype not in DLPACK or dst.dtype not in KERNEL_NAMES
+                                   or src.dtype not in KERNEL_NAMES):
+        src = src.to(dst.dtype)  # e.g. float64 host data: convert on the host, never store float64
+    if src.dtype == dst.dtype and src.shape == dst.shape:
+        if dst.is_contiguous():
+            write_bytes(buffer_of(dst), dst.storage_offset() * dst.element_size(), _bytes_of(src.contiguous()))
+            return
+        if is_dense(dst.shape, dst.stride()) and src.stride() == dst.stride():
+            # same dense layout: the span of src is exactly the bytes dst covers
+            span = src.as_strided((storage_nbytes(src.shape, src.stride(), 1),), (1,), src.storage_offset())
+            write_bytes(buffer_of(dst), dst.storage_offset() * dst.element_size(), _bytes_of(span))
+            return
+    if dst.dtype in KERNEL_NAMES and src.dtype in KERNEL_NAMES:
+        device_copy(dst, upload(src.contiguous()))
+        return
+    # no kernels for this dtype: read-modify-write the span dst covers on the host
+    flat = _download_span(dst)
+    flat.as_strided(dst.shape, dst.stride()).copy_(src)
+    write_bytes(buffer_of(dst), dst.storage_offset() * dst.element_size(), _bytes_of(flat))
+
+
+def device_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst.copy_(src)`` with both on the device (broadcast, strides, dtype conversion)."""
+    if dst.numel() == 0:
+        return
+    if same_storage(dst, src):
+        if (dst.storage_offset(), dst.stride(), dst.shape, dst.dtype) == \
+                (src.storage_offset(), src.stride(), src.shape, src.dtype):
+            return
+        src = _fresh_copy(src)  # reading and writing overlapping memory in one kernel would race
+    if (dst.dtype == src.dtype and dst.shape == src.shape and dst.is_contiguous()
+            and src.is_contiguous()):
+        item = dst.element_size()
+        cl.enqueue_copy(state.get().queue, buffer_of(dst), buffer_of(src), byte_count=dst.numel() * item,
+                        src_offset=src.storage_offset() * item, dst_offset=dst.storage_offset() * item)
+        return
+    try:
+        state.get().pointwise("copy", dst.shape, operand(dst), [broadcast_operand(src, dst.shape)])
+    except Unsupported:
+        upload_into(dst, to_cpu(src))
+
+
+def _fresh_copy(src: torch.Tensor) -> torch.Tensor:
+    out = memory.empty(src.shape, dense_strides_like(src), src.dtype)
+    if src.dtype in KERNEL_NAMES:
+        state.get().pointwise("copy", src.shape, operand(out), [operand(src)])
+    else:
+        upload_into(out, host_view(src))
+    return out
+
+
+# -- ATen adapters ---------------------------------------------------------------------------------
+def _check_broadcast(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """copy_ reaches _copy_from without torch's own shape check for other backends."""
+    if src.shape == dst.shape:
+        return
+    try:
+        fits = torch.broadcast_shapes(src.shape, dst.shape) == dst.shape
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise RuntimeError(f"The size of the source {list(src.shape)} must match the size of the destination "
+                           f"{list(dst.shape)} (or broadcast to it) in copy_")
+
+
+def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """``aten::_copy_from``: every copy_ with an opencl side lands here."""
+    _check_broadcast(src, dst)
+    if src.device.type == "opencl" and dst.device.type == "opencl":
+        device_copy(dst, src)
+    elif dst.device.type == "opencl":
+        upload_into(dst, src)
+    elif src.device.type == "opencl":
+        if (dst.device.type == "cpu" and dst.dtype == src.dtype and dst.shape == src.shape
+                and dst.is_contiguous() and src.is_contiguous()):
+            read_bytes(_bytes_of(dst), buffer_of(src), src.storage_offset() * src.element_size())
+        else:
+            dst.copy_(to_cpu(src))
+    return dst
+
+
+def copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    if dst.shape != src.shape:
+        dst.resize_(src.shape)
+    return copy_from(src, dst)
+
+
+def _strides_for(t: torch.Tensor, memory_format: torch.memory_format | None) -> list[int]:
+    if memory_format in (None, torch.preserve_format):
+        return dense_strides_like(t)
+    if memory_format == torch.contiguous_format:
+        return contiguous_strides(t.shape)
+    return list(torch.empty(t.shape, device="meta").contiguous(memory_format=memory_format).stride())
+
+
+def to_copy(self: torch.Tensor, *, dtype: torch.dtype | None = None, layout: torch.layout | None = None,
+            device: torch.device | None = None, pin_memory: bool | None = None,
+            non_blocking: bool = False, memory_format: torch.memory_format | None = None) -> torch.Tensor:
+    """``aten::_to_copy`` for opencl sources (ours: the generic one wants pinned host memory for
+    ``non_blocking`` device→host copies, and PrivateUse1 has no pinned allocator in Python)."""
+    target = self.device if device is None else torch.device(device)
+    state.check_index(target)
+    dtype = self.dtype if dtype is None else dtype
+    if layout not in (None, torch.strided):
+        raise RuntimeError(f"opencl tensors are strided; cannot convert to {layout}")
+    if target.type == "opencl":
+        out = memory.empty(self.shape, _strides_for(self, memory_format), dtype)
+        if self.device.type == "opencl":
+            device_copy(out, self)
+        else:  # BackendSelect routes host->device _to_copy here by the target device
+            upload_into(out, self)
+        return out
+    host = to_cpu(self, dtype)
+    if memory_format not in (None, torch.preserve_format):
+        host = host.contiguous(memory_format=memory_format)
+    return host if target.type == "cpu" else host.to(target, non_blocking=non_blocking)
+
+
+def pin_memory_cpu(self: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
+    """CPU ``aten::_pin_memory`` while the backend is loaded: an unpinned copy.
+
+    Once PrivateUse1 is registered it is torch's "current accelerator", so pinning without an
+    explicit device asks our Python hooks for a pinned allocator, which Python cannot provide. Our
+    uploads copy at buffer creation and never need pinned memory, so a plain copy is equivalent
+    for ``DataLoader(pin_memory=True)``. Pinning for another device type is handed on unchanged.
+    """
+    if device is not None and torch.device(device).type not in ("opencl", "cpu"):
+        return torch.ops.aten._pin_memory.default.redispatch(_DEFAULT_KERNEL_KEYS, self, device)
+    return self.clone()
+
+
+# Redispatching to a backend key that has no kernel of its own reaches the CompositeExplicitAutograd
+# kernel we overrode for CPU (the same one every backend shares).
+_DEFAULT_KERNEL_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse3)

@@ -1,0 +1,152 @@
+"""``torch.opencl``: the device module of the opencl backend, mirroring ``torch.cuda`` where it fits.
+
+This module object itself is registered as ``torch.opencl``. There is exactly one device,
+``opencl:0`` (``TUNECL_DEVICE`` selects which OpenCL device that is); other indices raise. Random
+numbers come from torch's CPU default generator, so ``manual_seed`` seeds that generator.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tunecl.backend import memory, state
+from tunecl.backend.state import check_index
+
+DeviceLike = torch.device | str | int | None
+
+
+def is_available() -> bool:
+    return state.device_if_available() is not None
+
+
+def is_initialized() -> bool:
+    return state._state is not None
+
+
+def _lazy_init() -> None:
+    state.get()
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def device_count() -> int:
+    return 1 if is_available() else 0
+
+
+def current_device() -> int:
+    return 0
+
+
+def set_device(device: DeviceLike) -> None:
+    check_index(device)
+
+
+def get_device_name(device: DeviceLike = None) -> str:
+    check_index(device)
+    return state.get().device.name
+
+
+def get_device_properties(device: DeviceLike = None) -> dict[str, Any]:
+    """The OpenCL device's description (name, platform, memory, compute units, driver, ...)."""
+    check_index(device)
+    return state.get().device.entry.describe()
+
+
+def synchronize(device: DeviceLike = None) -> None:
+    """Wait until every command enqueued on the device has finished."""
+    check_index(device)
+    state.get().device.synchronize()
+
+
+# -- random numbers: the CPU default generator serves the device ------------------------------------
+def manual_seed(seed: int) -> None:
+    # Not torch.manual_seed: that calls back into manual_seed_all of this module.
+    torch.default_generator.manual_seed(int(seed))
+
+
+manual_seed_all = manual_seed
+
+
+def seed() -> None:
+    torch.default_generator.seed()
+
+
+seed_all = seed
+
+
+def initial_seed() -> int:
+    return torch.default_generator.initial_seed()
+
+
+def get_rng_state(device: DeviceLike = None) -> torch.Tensor:
+    check_index(device)
+    return torch.default_generator.get_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device: DeviceLike = None) -> None:
+    check_index(device)
+    torch.default_generator.set_state(new_state)
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [get_rng_state()]
+
+
+def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
+    set_rng_state(new_states[0])
+
+
+# -- memory ----------------------------------------------------------------------------------------
+def memory_stats(device: DeviceLike = None) -> dict[str, int]:
+    """Allocator statistics: allocated/requested/reserved/cached bytes, peaks, counts."""
+    check_index(device)
+    return memory.memory_stats()
+
+
+def memory_allocated(device: DeviceLike = None) -> int:
+    """Bytes held by live tensors (their size classes)."""
+    return memory_stats(device)["allocated_bytes"]
+
+
+def max_memory_allocated(device: DeviceLike = None) -> int:
+    return memory_stats(device)["peak_allocated_bytes"]
+
+
+def memory_reserved(device: DeviceLike = None) -> int:
+    """Bytes held by the allocator: live tensors plus the cache."""
+    return memory_stats(device)["reserved_bytes"]
+
+
+def max_memory_reserved(device: DeviceLike = None) -> int:
+    return memory_stats(device)["peak_reserved_bytes"]
+
+
+def empty_cache() -> None:
+    """Return cached, unused device buffers to the driver."""
+    memory.empty_cache()
+
+
+def reset_peak_memory_stats(device: DeviceLike = None) -> None:
+    check_index(device)
+    memory.allocator.reset_peak()
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    return [torch.float16]
+
+
+class device:
+    """Context manager selecting a device; only ``opencl:0`` exists."""
+
+    def __init__(self, device: DeviceLike):
+        check_index(device)
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> bool:
+        return False

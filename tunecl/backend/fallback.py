@@ -1,0 +1,160 @@
+"""The CPU fallback: a safety net for ops without an OpenCL kernel, never the plan.
+
+``TUNECL_FALLBACK`` decides what happens when an op would take it: ``warn`` (default; once per op),
+``silent``, or ``error`` (raise :class:`FallbackError` naming the op, so tests prove what runs on
+the device). The fallback downloads every opencl tensor (keeping its strides), runs the op on the
+CPU, writes mutated arguments back, and uploads new results. Ops that only return views of their
+inputs are metadata work: they are redispatched to the CPU kernel, which builds the view on the same
+storage, and never count as fallbacks.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from tunecl import config
+from tunecl.backend import copies, counters
+from tunecl.backend.operands import is_device
+
+CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
+# Arguments some ops mutate without saying so in their schema (positional indices).
+_HIDDEN_MUTATIONS: dict[str, tuple[int, ...]] = {
+    "aten::native_batch_norm": (3, 4),  # running_mean, running_var
+}
+
+_warned: set[str] = set()
+_warn_lock = threading.Lock()
+
+
+class FallbackError(RuntimeError):
+    """An op would run on the CPU fallback while ``TUNECL_FALLBACK=error``."""
+
+
+def op_name(op: torch._ops.OpOverload) -> str:
+    """``aten::add.out`` style name (``aten::relu`` for default overloads)."""
+    return op.name()
+
+
+def check_allowed(name: str, reason: str = "") -> None:
+    """Apply ``TUNECL_FALLBACK`` to a fallback of ``name``: warn once, stay silent or raise."""
+    mode = config.get().fallback
+    detail = f" ({reason})" if reason else ""
+    if mode == "error":
+        raise FallbackError(f"{name} has no OpenCL kernel for this call{detail}; TUNECL_FALLBACK=error "
+                            f"forbids running it on the CPU")
+    if mode == "warn":
+        with _warn_lock:
+            first = name not in _warned
+            _warned.add(name)
+        if first:
+            warnings.warn(f"tunecl: {name} runs on the CPU fallback{detail} (slow: copies to the host "
+                          f"and back). TUNECL_FALLBACK=silent hides this, =error raises.", stacklevel=3)
+    elif mode != "silent":
+        raise ValueError(f"TUNECL_FALLBACK must be warn, silent or error, not {mode!r}")
+
+
+def run_on_cpu(op: torch._ops.OpOverload, args: tuple, kwargs: dict[str, Any], *, name: str | None = None,
+               reason: str = "") -> Any:
+    """Run ``op`` on the CPU for opencl arguments and map the results back (a counted fallback)."""
+    name = name or op_name(op)
+    check_allowed(name, reason)
+    counters.fallback_counts[name] += 1
+    return _execute(op, args, kwargs)
+
+
+def _to_cpu(x: Any) -> Any:
+    if is_device(x):
+        return copies.host_view(x)
+    if isinstance(x, (list, tuple)) and any(is_device(e) for e in x):
+        return type(x)(_to_cpu(e) for e in x)
+    if isinstance(x, torch.device) and x.type == "opencl":
+        return torch.device("cpu")
+    return x
+
+
+def _involves_device(x: Any) -> bool:
+    if is_device(x):
+        return True
+    if isinstance(x, (list, tuple)):
+        return any(_involves_device(e) for e in x)
+    return isinstance(x, torch.device) and x.type == "opencl"
+
+
+def _execute(op: torch._ops.OpOverload, args: tuple, kwargs: dict[str, Any]) -> Any:
+    schema = op._schema
+    hidden = _HIDDEN_MUTATIONS.get(schema.name, ())
+    mutated: list[tuple[Any, Any]] = []   # (device argument, its CPU stand-in)
+
+    def writes(index: int | None, arg_name: str | None) -> bool:
+        for i, argument in enumerate(schema.arguments):
+            if i == index or argument.name == arg_name:
+                info = argument.alias_info
+                return (info is not None and info.is_write) or i in hidden
+        return False
+
+    cpu_args = []
+    for i, a in enumerate(args):
+        c = _to_cpu(a)
+        if c is not a and writes(i, None):
+            mutated.append((a, c))
+        cpu_args.append(c)
+    cpu_kwargs = {}
+    for k, v in kwargs.items():
+        c = _to_cpu(v)
+        if c is not v and writes(None, k):
+            mutated.append((v, c))
+        cpu_kwargs[k] = c
+
+    result = op(*cpu_args, **cpu_kwargs)
+
+    stand_ins: dict[int, torch.Tensor] = {}
+    for dev, host in mutated:
+        pairs = zip(dev, host) if isinstance(dev, (list, tuple)) else [(dev, host)]
+        for d, h in pairs:
+            if is_device(d):
+                if h.shape != d.shape:
+                    d.resize_(h.shape)
+                copies.upload_into(d, h)
+                stand_ins[id(h)] = d
+    any_device = any(_involves_device(a) for a in args) or any(_involves_device(v) for v in kwargs.values())
+    return _map_results(result, stand_ins, any_device)
+
+
+def _map_results(out: Any, stand_ins: dict[int, torch.Tensor], any_device: bool) -> Any:
+    if isinstance(out, torch.Tensor):
+        if id(out) in stand_ins:
+            return stand_ins[id(out)]      # an in-place/out= result: the original device tensor
+        if any_device and out.device.type == "cpu":
+            return copies.upload(out)
+        return out
+    if isinstance(out, (list, tuple)):
+        return type(out)(_map_results(o, stand_ins, any_device) for o in out)
+    return out
+
+
+def _is_view_op(op: torch._ops.OpOverload) -> bool:
+    returns = op._schema.returns
+    return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+
+
+def boxed_fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
+    """The ``PrivateUse1`` fallback kernel: views are redispatched, everything else runs on the CPU."""
+    if _is_view_op(op):
+        counters.op_counts[op_name(op)] += 1
+        return op.redispatch(CPU_KEYS, *args, **kwargs)
+    counters.op_counts[op_name(op)] += 1
+    return run_on_cpu(op, args, kwargs, reason="no OpenCL kernel is registered")
+
+
+def cpu_route(op: torch._ops.OpOverload, name: str) -> Callable[..., Any]:
+    """A kernel that runs ``op`` on the CPU explicitly, counted and governed as a fallback of
+    ``name`` (for ops whose device kernels do not exist yet, e.g. convolution)."""
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        return run_on_cpu(op, args, kwargs, name=name, reason="no device algorithm yet")
+    return kernel

@@ -1,0 +1,332 @@
+"""Device memory: DLPack-backed storages over a caching allocator with size classes.
+
+Every opencl tensor is an ordinary ``torch.Tensor`` created by ``torch._C._from_dlpack`` from a
+``DLManagedTensor`` with device type kDLExtDev (12), which torch maps to PrivateUse1. Its data
+pointer is a *pseudo address* from a bump pointer: unique, never reused, so two live storages never
+appear to overlap and ``data_ptr() - storage.data_ptr()`` stays the byte offset. The address maps to a
+``cl.Buffer`` in ``_buffers``.
+
+Freeing: the allocator keeps a weak reference to each storage and recycles the block of a storage
+that has died when it next needs memory (a cache miss) or reports statistics. A DLPack deleter
+callback would be immediate, but a ctypes callback that runs while a Python exception is pending
+(a tensor freed during error propagation) replaces that exception with a SystemError; polling weak
+references has no such failure mode and costs ~0.1 µs per live block per sweep, amortised.
+
+Size classes: requests up to 1 MiB round up to a multiple of 512 B (at most 511 B wasted); larger
+requests round up to a multiple of 1/16 of the power of two at or below them (under 6.25 % wasted;
+power-of-two rounding wastes up to 50 %). Freed blocks are cached per class and reused for the same
+class; ``empty_cache`` returns them to the driver.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import threading
+from collections.abc import Sequence
+
+import pyopencl as cl
+import torch
+
+from tunecl.backend import state
+from tunecl.backend.dtypes import DLPACK, ITEMSIZE, check_storable
+
+KIB, MIB = 1 << 10, 1 << 20
+SMALL_LIMIT = 1 * MIB      # up to here: 512-byte granules
+SMALL_GRANULE = 512
+LARGE_SHIFT = 4            # above: 2**4 = 16 classes per power of two
+_FIRST_ADDRESS = 1 << 56   # pseudo addresses lie above every user-space host pointer (< 2**57)
+_ADDRESS_ALIGN = 256
+MAX_DIMS_RECYCLED = 8      # DLPack structs with room for this many dims are recycled
+
+
+def size_class(nbytes: int) -> int:
+    """Bytes actually reserved for a request of ``nbytes`` (see the module docstring)."""
+    if nbytes <= SMALL_LIMIT:
+        return max(SMALL_GRANULE, -(-nbytes // SMALL_GRANULE) * SMALL_GRANULE)
+    step = 1 << (nbytes.bit_length() - 1 - LARGE_SHIFT)
+    return -(-nbytes // step) * step
+
+
+def storage_nbytes(size: Sequence[int], stride: Sequence[int], itemsize: int) -> int:
+    """Bytes a tensor of ``size``/``stride`` spans from its first element (0 if it has none)."""
+    span = 1
+    for n, s in zip(size, stride):
+        if n == 0:
+            return 0
+        span += (n - 1) * s
+    return span * itemsize
+
+
+def contiguous_strides(size: Sequence[int]) -> list[int]:
+    strides = [1] * len(size)
+    for i in range(len(size) - 2, -1, -1):
+        strides[i] = strides[i + 1] * max(size[i + 1], 1)
+    return strides
+
+
+# -- DLPack structs ------------------------------------------------------------------------------
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+_KDL_EXT_DEV = 12
+_DL_DTYPES = {dtype: _DLDataType(code, bits, 1) for dtype, (code, bits) in DLPACK.items()}
+_weak_ref_expired = torch.UntypedStorage._expired
+_free_weak_ref = torch.UntypedStorage._free_weak_ref
+
+
+class _Slot:
+    """A recycled DLManagedTensor with shape/stride arrays (ctypes objects are slow to create).
+    Its deleter stays NULL: blocks are reclaimed through weak references instead."""
+
+    __slots__ = ("address", "managed", "shape", "strides", "tensor")
+
+    def __init__(self, ndim: int):
+        self.managed = _DLManagedTensor()
+        self.shape = (ctypes.c_int64 * ndim)()
+        self.strides = (ctypes.c_int64 * ndim)()
+        self.tensor = tensor = self.managed.dl_tensor  # a view into managed, kept to skip lookups
+        tensor.shape = self.shape
+        tensor.strides = self.strides
+        tensor.device = _DLDevice(_KDL_EXT_DEV, 0)
+        self.address = ctypes.addressof(self.managed)
+
+
+class _Block:
+    """One allocation: its pseudo address (the storage's data_ptr), buffer (None when empty), class
+    bytes held, bytes requested, DLPack slot, and torch's weak reference to the storage (0 until
+    the storage exists)."""
+
+    __slots__ = ("address", "buffer", "requested", "reserved", "slot", "weak")
+
+    def __init__(self, address: int, buffer: cl.Buffer | None, reserved: int, requested: int, slot: _Slot):
+        self.address, self.buffer, self.reserved, self.requested, self.slot = address, buffer, reserved, requested, slot
+        self.weak = 0
+
+
+# -- the caching allocator -----------------------------------------------------------------------
+class CachingAllocator:
+    """Recycles ``cl.Buffer`` blocks by size class and keeps memory statistics."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cache: dict[int, list[cl.Buffer]] = {}
+        self._blocks: dict[int, _Block] = {}      # struct address -> live block
+        self._free_slots: list[_Slot] = []
+        self._next_address = _FIRST_ADDRESS
+        self.allocated = 0      # class bytes of live blocks
+        self.requested = 0      # requested bytes of live blocks
+        self.cached = 0         # class bytes sitting in the cache
+        self.peak_allocated = 0
+        self.peak_reserved = 0
+        self.counts = collections.Counter()
+        self._allocs_since_sweep = 0
+
+    @property
+    def reserved(self) -> int:
+        return self.allocated + self.cached
+
+    # called with the lock held
+    def _sweep(self) -> None:
+        """Recycle the blocks whose storages have died."""
+        dead = [(key, b) for key, b in self._blocks.items() if b.weak and _weak_ref_expired(b.weak)]
+        for key, block in dead:
+            del self._blocks[key]
+            _free_weak_ref(block.weak)
+            _buffers.pop(block.address, None)
+            self.allocated -= block.reserved
+            self.requested -= block.requested
+            if block.buffer is not None:
+                self._cache.setdefault(block.reserved, []).append(block.buffer)
+                self.cached += block.reserved
+            if len(block.slot.shape) == MAX_DIMS_RECYCLED:
+                self._free_slots.append(block.slot)
+        self.counts["frees"] += len(dead)
+        self.counts["sweeps"] += 1
+        self._allocs_since_sweep = 0
+
+    def _new_buffer(self, reserved: int, requested: int) -> cl.Buffer:
+        device = state.get().device
+        if reserved > device.max_alloc_size:
+            raise _oom(requested, device, f"the device's largest single allocation is "
+                                          f"{_fmt(device.max_alloc_size)}")
+        for attempt in range(2):
+            if self.reserved + reserved > device.cl_device.global_mem_size:
+                if attempt == 0:
+                    self._sweep()
+                    self._release_cache()
+                    continue
+                raise _oom(requested, device, "the device's global memory is exhausted")
+            try:
+                buffer = cl.Buffer(device.context, cl.mem_flags.READ_WRITE, reserved)
+            except cl.Error as error:  # MEM_OBJECT_ALLOCATION_FAILURE, OUT_OF_RESOURCES, ...
+                if attempt == 0:
+                    self.counts["oom_retries"] += 1
+                    self._sweep()
+                    self._release_cache()
+                    continue
+                raise _oom(requested, device, f"the driver said {error}") from None
+            self.counts["buffers_created"] += 1
+            return buffer
+        raise AssertionError("unreachable")
+
+    def _release_cache(self) -> None:
+        self._cache.clear()
+        self.cached = 0
+
+    def allocate(self, nbytes: int, ndim: int) -> _Block:
+        """A live block of at least ``nbytes`` with a DLPack slot for ``ndim`` dims."""
+        with self._lock:
+            self._allocs_since_sweep += 1
+            if nbytes:
+                reserved = size_class(nbytes)
+                cached = self._cache.get(reserved)
+                # a miss: first reclaim dead storages, at most once per len(blocks)/16 allocations
+                # so that sweeps cost O(1) amortised per allocation
+                if not cached and self._allocs_since_sweep > len(self._blocks) // 16:
+                    self._sweep()
+                    cached = self._cache.get(reserved)
+                if cached:
+                    buffer = cached.pop()
+                    self.cached -= reserved
+                    self.counts["cache_hits"] += 1
+                else:
+                    buffer = self._new_buffer(reserved, nbytes)
+            else:
+                reserved, buffer = 0, None
+            address = self._next_address
+            self._next_address += -(-max(reserved, 1) // _ADDRESS_ALIGN) * _ADDRESS_ALIGN
+            if ndim > MAX_DIMS_RECYCLED:  # rare: a one-off struct big enough for this rank
+                slot = _Slot(ndim)
+            else:
+                slot = self._free_slots.pop() if self._free_slots else _Slot(MAX_DIMS_RECYCLED)
+            block = _Block(address, buffer, reserved, nbytes, slot)
+            self._blocks[slot.address] = block
+            self.allocated += reserved
+            self.requested += nbytes
+            self.peak_allocated = max(self.peak_allocated, self.allocated)
+            self.peak_reserved = max(self.peak_reserved, self.reserved)
+            self.counts["allocs"] += 1
+            _buffers[address] = buffer
+            return block
+
+    def abandon(self, block: _Block) -> None:
+        """Take back a block whose tensor could not be created."""
+        with self._lock:
+            self._blocks.pop(block.slot.address, None)
+            _buffers.pop(block.address, None)
+            self.allocated -= block.reserved
+            self.requested -= block.requested
+            if block.buffer is not None:
+                self._cache.setdefault(block.reserved, []).append(block.buffer)
+                self.cached += block.reserved
+
+    def track(self, block: _Block, storage: torch.UntypedStorage) -> None:
+        """Start watching the storage that now owns ``block``."""
+        block.weak = storage._weak_ref()
+
+    def empty_cache(self) -> None:
+        """Give every cached (unused) buffer back to the driver."""
+        with self._lock:
+            self._sweep()
+            self._release_cache()
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            self._sweep()
+            return {"allocated_bytes": self.allocated, "requested_bytes": self.requested,
+                    "reserved_bytes": self.reserved, "cached_bytes": self.cached,
+                    "peak_allocated_bytes": self.peak_allocated, "peak_reserved_bytes": self.peak_reserved,
+                    "live_blocks": len(self._blocks), **self.counts}
+
+    def reset_peak(self) -> None:
+        with self._lock:
+            self._sweep()
+            self.peak_allocated = self.allocated
+            self.peak_reserved = self.reserved
+
+
+def _fmt(nbytes: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", MIB), ("KiB", KIB)):
+        if nbytes >= size:
+            return f"{nbytes / size:.2f} {unit}"
+    return f"{nbytes} bytes"
+
+
+def _oom(requested: int, device, reason: str) -> torch.OutOfMemoryError:
+    a = allocator
+    return torch.OutOfMemoryError(
+        f"OpenCL out of memory: tried to allocate {_fmt(requested)} on opencl:0 ({device.name}); "
+        f"{reason}. tunecl holds {_fmt(a.allocated)} in tensors and {_fmt(a.reserved)} reserved; "
+        f"device memory is {_fmt(device.cl_device.global_mem_size)}.")
+
+
+allocator = CachingAllocator()
+_buffers: dict[int, cl.Buffer | None] = {}   # pseudo address -> buffer of every live storage
+
+
+# -- tensors ---------------------------------------------------------------------------------------
+def empty(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """A new, uninitialised opencl tensor with exactly ``size`` and ``stride``."""
+    itemsize = ITEMSIZE.get(dtype)
+    if itemsize is None:
+        check_storable(dtype)
+    dl_dtype = _DL_DTYPES[dtype]
+    ndim = len(size)
+    nbytes = storage_nbytes(size, stride, itemsize)
+    block = allocator.allocate(nbytes, ndim)
+    slot = block.slot
+    shape, strides = slot.shape, slot.strides
+    for i in range(ndim):
+        shape[i] = size[i]
+        strides[i] = stride[i]
+    tensor = slot.tensor
+    tensor.data = block.address
+    tensor.ndim = ndim
+    tensor.dtype = dl_dtype
+    try:
+        result = torch._C._from_dlpack(_capsule_new(slot.address, b"dltensor", None))
+    except BaseException:
+        allocator.abandon(block)
+        raise
+    allocator.track(block, result.untyped_storage())
+    return result
+
+
+def empty_contiguous(size: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    return empty(size, contiguous_strides(size), dtype)
+
+
+def buffer_of(t: torch.Tensor) -> cl.Buffer | None:
+    """The ``cl.Buffer`` behind an opencl tensor's storage."""
+    return _buffers[t.untyped_storage().data_ptr()]
+
+
+def storage_buffer(storage: torch.UntypedStorage) -> cl.Buffer | None:
+    return _buffers[storage.data_ptr()]
+
+
+def empty_cache() -> None:
+    allocator.empty_cache()
+
+
+def memory_stats() -> dict[str, int]:
+    return allocator.stats()

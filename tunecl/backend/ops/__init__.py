@@ -1,0 +1,27 @@
+"""ATen overload → adapter tables, one module per kind of op.
+
+Each module exports ``KERNELS: dict[str, callable]`` mapping an overload name (``"add.out"``) to a
+thin adapter with that overload's signature; kernel logic lives in :mod:`tunecl.kernels`.
+An adapter raises :class:`tunecl.kernels.strided.Unsupported` for a case it cannot run on the
+device (before touching any output); registration then routes that call to the CPU fallback.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+_MODULES = ("core", "creation", "pointwise", "reduction", "nn", "indexing", "optim", "linalg", "conv")
+
+
+def kernel_table() -> dict[str, Callable[..., Any]]:
+    """Every overload the backend implements, merged from the op modules."""
+    table: dict[str, Callable[..., Any]] = {}
+    for name in _MODULES:
+        module = importlib.import_module(f"{__name__}.{name}")
+        overlap = table.keys() & module.KERNELS.keys()
+        if overlap:
+            raise RuntimeError(f"ops registered twice: {sorted(overlap)}")
+        table.update(module.KERNELS)
+    return table

@@ -1,0 +1,108 @@
+"""Filling ops (fill_, zero_, arange) on the device, and random ops from the CPU generator.
+
+There is no device Generator in a Python backend (``torch.Generator(device="opencl")`` cannot be
+made), so random ops draw from torch's CPU default generator (or the CPU generator passed in) with
+the same calls the CPU kernels make, then upload. ``torch.manual_seed`` therefore makes opencl
+randomness reproducible, and a model initialised on the device matches one initialised on the CPU.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from tunecl.backend import copies, state
+from tunecl.backend.operands import is_device, operand
+from tunecl.backend.ops.pointwise import run
+
+Number = bool | int | float
+
+
+def fill_(self: torch.Tensor, value: Number) -> torch.Tensor:
+    state.get().pointwise("fill", self.shape, operand(self), (), (value,))
+    return self
+
+
+def fill_tensor_(self: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    if value.device.type != "opencl":
+        return fill_(self, value.item())
+    return run("copy", self, (value,))
+
+
+def zero_(self: torch.Tensor) -> torch.Tensor:
+    return fill_(self, 0)
+
+
+def arange_out(start: Number, end: Number, step: Number = 1, *, out: torch.Tensor) -> torch.Tensor:
+    if step == 0:
+        raise RuntimeError("step must be nonzero")
+    if (end - start) * step < 0:
+        raise RuntimeError("upper bound and larger bound inconsistent with step sign")
+    if out.dtype.is_floating_point or any(isinstance(v, float) for v in (start, end, step)):
+        length = math.ceil((end - start) / step)
+    else:
+        length = -(-(end - start) // step)
+    if out.numel() != length:
+        out.resize_((length,))
+    state.get().pointwise("arange", out.shape, operand(out), (), (start, step))
+    return out
+
+
+def linspace_out(start: Number, end: Number, steps: int, *, out: torch.Tensor) -> torch.Tensor:
+    if out.shape != (steps,):
+        out.resize_((steps,))
+    if steps == 1:
+        return fill_(out, start)
+    step = (end - start) / (steps - 1)
+    state.get().pointwise("linspace", out.shape, operand(out), (), (start, step, steps // 2, end))
+    return out
+
+
+def eye_out(n: int, m: int | None = None, *, out: torch.Tensor) -> torch.Tensor:
+    m = n if m is None else m
+    if out.shape != (n, m):
+        out.resize_((n, m))
+    state.get().pointwise("eye", out.shape, operand(out), (), (max(m, 1),))
+    return out
+
+
+def _host_random(method: str) -> Callable[..., torch.Tensor]:
+    """A kernel that draws ``method`` (e.g. ``normal_``) on a CPU tensor and uploads it."""
+    def kernel(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        args = tuple(copies.to_cpu(a) if is_device(a) else a for a in args)
+        host = torch.empty(self.shape, dtype=self.dtype)
+        getattr(host, method)(*args, **kwargs)
+        copies.upload_into(self, host)
+        return self
+    return kernel
+
+
+def randperm_out(n: int, *, generator: torch.Generator | None = None, out: torch.Tensor) -> torch.Tensor:
+    host = torch.randperm(n, generator=generator, dtype=out.dtype)
+    if out.shape != host.shape:
+        out.resize_(host.shape)
+    copies.upload_into(out, host)
+    return out
+
+
+KERNELS: dict[str, Callable[..., Any]] = {
+    "fill_.Scalar": fill_,
+    "fill_.Tensor": fill_tensor_,
+    "zero_": zero_,
+    "arange.start_out": arange_out,
+    "linspace.out": linspace_out,
+    "eye.out": lambda n, *, out: eye_out(n, out=out),
+    "eye.m_out": eye_out,
+    "uniform_": _host_random("uniform_"),
+    "normal_": _host_random("normal_"),
+    "bernoulli_.float": _host_random("bernoulli_"),
+    "bernoulli_.Tensor": _host_random("bernoulli_"),
+    "random_": _host_random("random_"),
+    "random_.from": _host_random("random_"),
+    "random_.to": _host_random("random_"),
+    "exponential_": _host_random("exponential_"),
+    "randperm.generator_out": randperm_out,
+}

@@ -1,0 +1,93 @@
+"""Matrix products (mm, addmm, bmm, baddbmm) through the GEMM family's plans.
+
+Each call becomes a :class:`~tunecl.problems.GemmProblem` (row-major; a transposed view is passed as
+``trans_a``/``trans_b`` with its leading dimension instead of being copied) and runs the cached plan
+from :mod:`tunecl.backend.plans`. Without a registered GEMM algorithm these ops take the CPU fallback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from tunecl.backend import copies, memory, plans, state
+from tunecl.backend.memory import buffer_of
+from tunecl.backend.operands import kernel_dtype, operand
+from tunecl.backend.ops.pointwise import run
+from tunecl.kernels.strided import Unsupported
+from tunecl.problems import DTYPES, GemmProblem
+
+
+def _layout(t: torch.Tensor) -> tuple[torch.Tensor, bool, int]:
+    """(tensor, transposed, leading dim) reading the last two dims of ``t`` as a row-major matrix
+    or the transpose of one; copies to contiguous when neither fits."""
+    rows, cols = t.shape[-2], t.shape[-1]
+    s_row, s_col = t.stride()[-2], t.stride()[-1]
+    if (s_col == 1 or cols == 1) and (rows == 1 or s_row >= max(cols, 1)):
+        return t, False, s_row if rows > 1 else max(cols, 1)
+    if (s_row == 1 or rows == 1) and (cols == 1 or s_col >= max(rows, 1)):
+        return t, True, s_col if cols > 1 else max(rows, 1)
+    t = copies.contiguous_on_device(t)
+    return t, False, max(cols, 1)
+
+
+def _batch_stride(t: torch.Tensor) -> int | None:
+    """Elements between the matrices of a batch (0 broadcasts one matrix; None: a single matrix)."""
+    if t.dim() < 3 or t.shape[0] == 1:
+        return None
+    return t.stride(0)
+
+
+def _gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, alpha: float, beta: float) -> None:
+    """out = alpha * a @ b + beta * out for 2-d or batched 3-d device tensors (out already sized)."""
+    if a.dtype != b.dtype or a.dtype != out.dtype or kernel_dtype(a) not in DTYPES:
+        raise Unsupported(f"matrix product of {a.dtype} and {b.dtype} into {out.dtype}")
+    batch = a.shape[0] if a.dim() == 3 else 1
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    a, trans_a, lda = _layout(a)
+    b, trans_b, ldb = _layout(b)
+    plan = plans.gemm_plan(GemmProblem(m, n, k, trans_a, trans_b, batch, kernel_dtype(a)))
+    row_major = out.stride()[-1] == 1 and (m == 1 or out.stride()[-2] >= n) and (batch == 1 or out.is_contiguous())
+    c = out if row_major else memory.empty_contiguous(out.shape, out.dtype)
+    if not row_major and beta != 0:
+        copies.device_copy(c, out)
+    plan.run(buffer_of(a), buffer_of(b), buffer_of(c), alpha=float(alpha), beta=float(beta),
+             a_offset=a.storage_offset(), b_offset=b.storage_offset(), c_offset=c.storage_offset(),
+             lda=lda, ldb=ldb, ldc=c.stride()[-2] if m > 1 else n,
+             stride_a=_batch_stride(a), stride_b=_batch_stride(b), stride_c=_batch_stride(c))
+    if c is not out:
+        copies.device_copy(out, c)
+
+
+def _product(self: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, beta: float, alpha: float,
+             out: torch.Tensor) -> torch.Tensor:
+    """out = beta * self + alpha * a @ b (self broadcast; ignored when beta == 0)."""
+    if not plans.gemm_algorithms():
+        raise Unsupported("no GEMM algorithm is registered yet")
+    shape = [*a.shape[:-1], b.shape[-1]]
+    if list(out.shape) != shape:
+        out.resize_(shape)
+    if out.numel() == 0:
+        return out
+    if self is None or beta == 0:
+        beta = 0.0
+    elif not (self is out or (self.shape == out.shape and copies.same_storage(self, out)
+                              and self.stride() == out.stride() and self.storage_offset() == out.storage_offset())):
+        run("copy", out, (self,))
+    if a.shape[-1] == 0:  # empty inner dim: the product is zero
+        if beta:
+            return run("mul", out, (out, beta))
+        state.get().pointwise("fill", out.shape, operand(out), (), (0,))
+        return out
+    _gemm(a, b, out, alpha, beta)
+    return out
+
+
+KERNELS: dict[str, Callable[..., Any]] = {
+    "mm.out": lambda self, mat2, *, out: _product(None, self, mat2, 0.0, 1.0, out),
+    "addmm.out": lambda self, mat1, mat2, *, beta=1, alpha=1, out: _product(self, mat1, mat2, beta, alpha, out),
+    "bmm.out": lambda self, mat2, *, out: _product(None, self, mat2, 0.0, 1.0, out),
+    "baddbmm.out": lambda self, b1, b2, *, beta=1, alpha=1, out: _product(self, b1, b2, beta, alpha, out),
+}

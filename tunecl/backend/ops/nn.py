@@ -1,0 +1,303 @@
+"""Neural-network ops: NLL loss, batch norm, 2-D pooling, cat and dropout."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from tunecl.backend import copies, memory, state
+from tunecl.backend.copies import contiguous_on_device
+from tunecl.backend.memory import _buffers
+from tunecl.backend.operands import kernel_dtype, operand
+from tunecl.backend.ops.pointwise import new_like, run
+from tunecl.kernels.pool import Window
+from tunecl.kernels.strided import Operand, Unsupported
+
+_REDUCTIONS = ("none", "mean", "sum")
+
+
+def _opt(t: torch.Tensor | None) -> Operand | None:
+    return None if t is None else operand(contiguous_on_device(t))
+
+
+def into_contiguous(out: torch.Tensor, shape: Sequence[int], compute: Callable[[torch.Tensor], None]) -> torch.Tensor:
+    """Run ``compute`` into ``out`` (resized to ``shape``) directly if it is contiguous, else into a
+    contiguous temporary that is then copied into ``out``."""
+    if list(out.shape) != list(shape):
+        out.resize_(shape)
+    if out.is_contiguous():
+        compute(out)
+    else:
+        tmp = memory.empty_contiguous(shape, out.dtype)
+        compute(tmp)
+        copies.device_copy(out, tmp)
+    return out
+
+
+# -- NLL loss ----------------------------------------------------------------------------------------
+def nll_loss_forward(self: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None, reduction: int,
+                     ignore_index: int, *, output: torch.Tensor, total_weight: torch.Tensor):
+    if self.dim() > 2 or self.dim() < 1:
+        raise Unsupported(f"nll_loss of a {self.dim()}-d input")
+    n, c = (self.shape[0], self.shape[1]) if self.dim() == 2 else (1, self.shape[0])
+    mode = _REDUCTIONS[reduction]
+    x, t = contiguous_on_device(self), contiguous_on_device(target)
+    shape = [n] if mode == "none" and self.dim() == 2 else []
+    if list(total_weight.shape):
+        total_weight.resize_([])
+
+    def compute(out: torch.Tensor) -> None:
+        state.get().loss.forward(operand(x), operand(t), _opt(weight), n, c, mode, ignore_index, operand(out),
+                                 operand(total_weight))
+    into_contiguous(output, shape, compute)
+    return output, total_weight
+
+
+def nll_loss_backward(grad_output: torch.Tensor, self: torch.Tensor, target: torch.Tensor,
+                      weight: torch.Tensor | None, reduction: int, ignore_index: int, total_weight: torch.Tensor,
+                      *, grad_input: torch.Tensor) -> torch.Tensor:
+    if self.dim() > 2 or self.dim() < 1:
+        raise Unsupported(f"nll_loss of a {self.dim()}-d input")
+    n, c = (self.shape[0], self.shape[1]) if self.dim() == 2 else (1, self.shape[0])
+    g, t = contiguous_on_device(grad_output), contiguous_on_device(target)
+
+    def compute(out: torch.Tensor) -> None:
+        state.get().loss.backward(operand(g), operand(out), operand(t), _opt(weight), n, c,
+                                  _REDUCTIONS[reduction], ignore_index, operand(total_weight))
+    return into_contiguous(grad_input, self.shape, compute)
+
+
+def mse_loss_out(self: torch.Tensor, target: torch.Tensor, reduction: int = 1, *, out: torch.Tensor) -> torch.Tensor:
+    mode = _REDUCTIONS[reduction]
+    if mode == "none":
+        return run("squared_difference", out, (self, target))
+    squared = memory.empty_contiguous(torch.broadcast_shapes(self.shape, target.shape), out.dtype)
+    run("squared_difference", squared, (self, target))
+    from tunecl.backend.ops.reduction import reduce
+    return reduce("mean" if mode == "mean" else "sum", squared, None, False, out)
+
+
+def mse_loss_backward(grad_output: torch.Tensor, self: torch.Tensor, target: torch.Tensor, reduction: int, *,
+                      grad_input: torch.Tensor) -> torch.Tensor:
+    scale = 2.0 / max(self.numel(), 1) if _REDUCTIONS[reduction] == "mean" else 2.0
+    return run("mse_backward", grad_input, (self, target, grad_output), (scale,))
+
+
+# -- batch norm ----------------------------------------------------------------------------------------
+def _ncl(x: torch.Tensor) -> tuple[int, int, int]:
+    if x.dim() < 2:
+        raise Unsupported("batch norm of a tensor with fewer than 2 dims")
+    return x.shape[0], x.shape[1], math.prod(x.shape[2:])
+
+
+def native_batch_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                      running_mean: torch.Tensor | None, running_var: torch.Tensor | None, training: bool,
+                      momentum: float, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    shape = _ncl(input)
+    if not training and (running_mean is None or running_var is None):
+        raise RuntimeError("running_mean and running_var must be defined in evaluation mode")
+    for stat in (running_mean, running_var):
+        if stat is not None and not stat.is_contiguous():
+            raise Unsupported("non-contiguous running statistics")  # updated in place
+    x = contiguous_on_device(input)
+    y = memory.empty_contiguous(input.shape, input.dtype)
+    c = shape[1] if training else 0  # eval returns empty saved statistics, as the CPU kernel does
+    save_mean, save_invstd = (memory.empty_contiguous([c], input.dtype) for _ in range(2))
+    ops = {"x": operand(x), "y": operand(y), "weight": _opt(weight), "bias": _opt(bias),
+           "running_mean": operand(running_mean) if running_mean is not None else None,
+           "running_var": operand(running_var) if running_var is not None else None}
+    if training:
+        ops.update(save_mean=operand(save_mean), save_invstd=operand(save_invstd))
+    state.get().norm.forward(shape, ops, training, eps, momentum)
+    return y, save_mean, save_invstd
+
+
+def native_batch_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor | None,
+                               running_mean: torch.Tensor | None, running_var: torch.Tensor | None,
+                               save_mean: torch.Tensor | None, save_invstd: torch.Tensor | None, train: bool,
+                               eps: float, output_mask: Sequence[bool]):
+    shape = _ncl(input)
+    c = shape[1]
+    dy, x = contiguous_on_device(grad_out), contiguous_on_device(input)
+    grad_input = memory.empty_contiguous(input.shape, input.dtype) if output_mask[0] else None
+    grad_weight = memory.empty_contiguous([c], input.dtype) if output_mask[1] else None
+    grad_bias = memory.empty_contiguous([c], input.dtype) if output_mask[2] else None
+    scratch = memory.empty_contiguous([2 * c], torch.float32)
+    ops = {"dy": operand(dy), "x": operand(x), "weight": _opt(weight), "scratch": operand(scratch),
+           "y": operand(grad_input) if grad_input is not None else None,
+           "grad_weight": operand(grad_weight) if grad_weight is not None else None,
+           "grad_bias": operand(grad_bias) if grad_bias is not None else None}
+    if train:
+        ops.update(save_mean=_opt(save_mean), save_invstd=_opt(save_invstd))
+    else:
+        ops.update(running_mean=_opt(running_mean), running_var=_opt(running_var))
+    state.get().norm.backward(shape, ops, train, eps, grad_input is not None)
+    return grad_input, grad_weight, grad_bias
+
+
+# -- pooling ---------------------------------------------------------------------------------------------
+def _pair(values: Sequence[int] | int, default: Sequence[int] | None = None) -> tuple[int, int]:
+    if isinstance(values, int):
+        return values, values
+    values = list(values) or list(default or ())
+    return (values[0], values[0]) if len(values) == 1 else (values[0], values[1])
+
+
+def _pooled_size(size: int, kernel: int, pad: int, stride: int, dilation: int, ceil_mode: bool) -> int:
+    """torch's pooling_output_shape."""
+    out = (size + 2 * pad - dilation * (kernel - 1) - 1 + (stride - 1 if ceil_mode else 0)) // stride + 1
+    if ceil_mode and (out - 1) * stride >= size + pad:
+        out -= 1
+    return out
+
+
+def _planes(x: torch.Tensor) -> tuple[int, list[int]]:
+    """(number of planes, leading dims) of a (N, C, H, W) or (C, H, W) tensor."""
+    if x.dim() not in (3, 4):
+        raise Unsupported(f"2-d pooling of a {x.dim()}-d tensor")
+    lead = list(x.shape[:-2])
+    return math.prod(lead), lead
+
+
+def _window(x: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int], padding: Sequence[int] | int,
+            dilation: Sequence[int] | int, ceil_mode: bool, count_include_pad: bool = True,
+            divisor: int | None = None) -> Window:
+    planes, _ = _planes(x)
+    (kh, kw), (ph, pw), (dh, dw) = _pair(kernel_size), _pair(padding), _pair(dilation)
+    sh, sw = _pair(stride, (kh, kw))
+    h, w = x.shape[-2:]
+    return Window(planes, h, w, _pooled_size(h, kh, ph, sh, dh, ceil_mode), _pooled_size(w, kw, pw, sw, dw, ceil_mode),
+                  kh, kw, sh, sw, ph, pw, dh, dw, count_include_pad, divisor or 0)
+
+
+def max_pool2d_out(self: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int] = (),
+                   padding: Sequence[int] = (0,), dilation: Sequence[int] = (1,), ceil_mode: bool = False, *,
+                   out: torch.Tensor, indices: torch.Tensor):
+    win = _window(self, kernel_size, stride, padding, dilation, ceil_mode)
+    x = contiguous_on_device(self)
+    shape = _planes(self)[1] + [win.oh, win.ow]
+    if not indices.is_contiguous() or list(indices.shape) != shape:
+        raise Unsupported("max_pool2d indices must be a contiguous tensor of the output's shape")
+    into_contiguous(out, shape, lambda o: state.get().pool("max_forward", win, operand(o), operand(x),
+                                                                 operand(indices)))
+    return out, indices
+
+
+def max_pool2d_backward(grad_output: torch.Tensor, self: torch.Tensor, kernel_size: Sequence[int],
+                        stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], ceil_mode: bool,
+                        indices: torch.Tensor, *, grad_input: torch.Tensor) -> torch.Tensor:
+    win = _window(self, kernel_size, stride, padding, dilation, ceil_mode)
+    g, idx = contiguous_on_device(grad_output), contiguous_on_device(indices)
+    return into_contiguous(grad_input, self.shape, lambda o: state.get().pool(
+        "max_backward", win, operand(o), operand(g), operand(idx)))
+
+
+def avg_pool2d_out(self: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int] = (),
+                   padding: Sequence[int] = (0,), ceil_mode: bool = False, count_include_pad: bool = True,
+                   divisor_override: int | None = None, *, out: torch.Tensor) -> torch.Tensor:
+    win = _window(self, kernel_size, stride, padding, 1, ceil_mode, count_include_pad, divisor_override)
+    x = contiguous_on_device(self)
+    shape = _planes(self)[1] + [win.oh, win.ow]
+    return into_contiguous(out, shape, lambda o: state.get().pool("avg_forward", win, operand(o), operand(x)))
+
+
+def avg_pool2d_backward(grad_output: torch.Tensor, self: torch.Tensor, kernel_size: Sequence[int],
+                        stride: Sequence[int], padding: Sequence[int], ceil_mode: bool, count_include_pad: bool,
+                        divisor_override: int | None, *, grad_input: torch.Tensor) -> torch.Tensor:
+    win = _window(self, kernel_size, stride, padding, 1, ceil_mode, count_include_pad, divisor_override)
+    g = contiguous_on_device(grad_output)
+    return into_contiguous(grad_input, self.shape, lambda o: state.get().pool(
+        "avg_backward", win, operand(o), operand(g)))
+
+
+def _adaptive_window(x: torch.Tensor, output_size: Sequence[int]) -> Window:
+    planes, _ = _planes(x)
+    oh, ow = _pair(output_size)
+    return Window(planes, x.shape[-2], x.shape[-1], oh, ow)
+
+
+def adaptive_avg_pool2d_out(self: torch.Tensor, output_size: Sequence[int], *, out: torch.Tensor) -> torch.Tensor:
+    win = _adaptive_window(self, output_size)
+    x = contiguous_on_device(self)
+    shape = _planes(self)[1] + [win.oh, win.ow]
+    return into_contiguous(out, shape, lambda o: state.get().pool("adaptive_forward", win, operand(o), operand(x)))
+
+
+def adaptive_avg_pool2d(self: torch.Tensor, output_size: Sequence[int]) -> torch.Tensor:
+    win = _adaptive_window(self, output_size)
+    out = memory.empty_contiguous(_planes(self)[1] + [win.oh, win.ow], self.dtype)
+    return adaptive_avg_pool2d_out(self, output_size, out=out)
+
+
+def adaptive_avg_pool2d_backward(grad_output: torch.Tensor, self: torch.Tensor) -> torch.Tensor:
+    win = _adaptive_window(self, grad_output.shape[-2:])
+    g = contiguous_on_device(grad_output)
+    grad_input = memory.empty_contiguous(self.shape, self.dtype)
+    state.get().pool("adaptive_backward", win, operand(grad_input), operand(g))
+    return grad_input
+
+
+# -- cat and dropout -----------------------------------------------------------------------------------
+def cat_out(tensors: Sequence[torch.Tensor], dim: int = 0, *, out: torch.Tensor) -> torch.Tensor:
+    # torch skips legacy empty tensors (shape (0,)) next to tensors of other ranks
+    parts = [t for t in tensors if not (t.dim() == 1 and t.numel() == 0)]
+    if not parts:
+        return out
+    ref = parts[0]
+    dim %= max(ref.dim(), 1)
+    shape = list(ref.shape)
+    shape[dim] = sum(t.shape[dim] for t in parts)
+    if list(out.shape) != shape:
+        out.resize_(shape)
+    buffer, base, strides, dtype = _buffers[out.untyped_storage().data_ptr()], out.storage_offset(), out.stride(), \
+        kernel_dtype(out)
+    position = 0
+    pointwise = state.get().pointwise
+    for t in parts:
+        # the slice of out this part fills, described without creating a view
+        target = Operand(buffer, base + position * strides[dim], strides, dtype)
+        pointwise("copy", t.shape, target, [operand(t)])
+        position += t.shape[dim]
+    return out
+
+
+def native_dropout(input: torch.Tensor, p: float, train: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dropout with the mask drawn on the CPU generator (as the CPU kernel draws it), stored as bool."""
+    if train is False or input.numel() == 0:
+        mask = new_like(input, torch.bool)
+        state.get().pointwise("fill", mask.shape, operand(mask), (), (True,))
+        return run("copy", new_like(input), (input,)), mask
+    keep = 1.0 - p
+    scale = 0.0 if keep == 0 else 1.0 / keep
+    mask_host = torch.empty(input.shape, dtype=input.dtype).bernoulli_(keep).bool()
+    mask = copies.upload(mask_host)
+    return run("scale_mask", new_like(input), (input, mask), (scale,)), mask
+
+
+def native_dropout_backward(grad_output: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    return run("scale_mask", new_like(grad_output), (grad_output, mask), (scale,))
+
+
+KERNELS: dict[str, Callable[..., Any]] = {
+    "mse_loss.out": mse_loss_out,
+    "mse_loss_backward.grad_input": mse_loss_backward,
+    "mse_loss_backward": lambda grad_output, self, target, reduction: mse_loss_backward(
+        grad_output, self, target, reduction, grad_input=new_like(self)),
+    "nll_loss_forward.output": nll_loss_forward,
+    "nll_loss_backward.grad_input": nll_loss_backward,
+    "native_batch_norm": native_batch_norm,
+    "native_batch_norm_backward": native_batch_norm_backward,
+    "max_pool2d_with_indices.out": max_pool2d_out,
+    "max_pool2d_with_indices_backward.grad_input": max_pool2d_backward,
+    "avg_pool2d.out": avg_pool2d_out,
+    "avg_pool2d_backward.grad_input": avg_pool2d_backward,
+    "_adaptive_avg_pool2d": adaptive_avg_pool2d,
+    "adaptive_avg_pool2d.out": adaptive_avg_pool2d_out,
+    "_adaptive_avg_pool2d_backward": adaptive_avg_pool2d_backward,
+    "cat.out": cat_out,
+    "native_dropout": native_dropout,
+    "native_dropout_backward": native_dropout_backward,
+}

@@ -1,0 +1,72 @@
+"""Optimizer steps: torch's fused Adam/AdamW/SGD entry points as multi-tensor kernels.
+
+``torch.optim.Adam(..., fused=True)`` (likewise AdamW, SGD) calls these once per step with every
+parameter of a group; each launch updates up to ``tunecl.kernels.optim.SLOTS`` tensors. The default
+(foreach) optimizers also run on the device, decomposed by torch into per-tensor pointwise ops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from tunecl.backend import state
+from tunecl.backend.operands import operand
+from tunecl.backend.ops.pointwise import run
+from tunecl.kernels.strided import Unsupported
+
+
+def _dense(tensors: Sequence[torch.Tensor]) -> None:
+    for t in tensors:
+        if t.device.type != "opencl" or t.dtype != torch.float32 or not t.is_contiguous():
+            raise Unsupported("fused optimizer steps need contiguous float32 opencl tensors")
+
+
+def _no_amp(grad_scale: torch.Tensor | None, found_inf: torch.Tensor | None) -> None:
+    if grad_scale is not None or found_inf is not None:
+        raise Unsupported("grad_scale/found_inf (AMP) in fused optimizer steps")
+
+
+def fused_adam(adamw: bool) -> Callable[..., None]:
+    def kernel(self: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
+               exp_avg_sqs: list[torch.Tensor], max_exp_avg_sqs: list[torch.Tensor], state_steps: list[torch.Tensor],
+               *, lr: float, beta1: float, beta2: float, weight_decay: float, eps: float, amsgrad: bool,
+               maximize: bool, grad_scale: torch.Tensor | None = None, found_inf: torch.Tensor | None = None) -> None:
+        _no_amp(grad_scale, found_inf)
+        _dense([*self, *grads, *exp_avgs, *exp_avg_sqs, *(max_exp_avg_sqs if amsgrad else ()), *state_steps])
+        rows = [(operand(p), operand(g), operand(m), operand(v), operand(max_exp_avg_sqs[i]) if amsgrad else None,
+                 operand(s)) for i, (p, g, m, v, s) in enumerate(zip(self, grads, exp_avgs, exp_avg_sqs, state_steps))]
+        state.get().optim.adam(rows, [p.numel() for p in self], lr=lr, beta1=beta1, beta2=beta2,
+                               weight_decay=weight_decay, eps=eps, amsgrad=amsgrad, maximize=maximize, adamw=adamw)
+    return kernel
+
+
+def fused_sgd(self: list[torch.Tensor], grads: list[torch.Tensor], momentum_buffer_list: list[torch.Tensor], *,
+              weight_decay: float, momentum: float, lr: float, dampening: float, nesterov: bool, maximize: bool,
+              is_first_step: bool, grad_scale: torch.Tensor | None = None,
+              found_inf: torch.Tensor | None = None) -> None:
+    _no_amp(grad_scale, found_inf)
+    buffers = momentum_buffer_list if momentum != 0 else []
+    _dense([*self, *grads, *buffers])
+    rows = [(operand(p), operand(g), operand(buffers[i]) if buffers else None) for i, (p, g) in enumerate(zip(self, grads))]
+    state.get().optim.sgd(rows, [p.numel() for p in self], lr=lr, weight_decay=weight_decay, momentum=momentum,
+                          dampening=dampening, nesterov=nesterov, maximize=maximize, first_step=is_first_step)
+
+
+def foreach_add_scalar(self: list[torch.Tensor], scalar: bool | float) -> None:
+    """``_foreach_add_.Scalar`` (e.g. the fused optimizers' step counters): one launch per chunk."""
+    if all(t.device.type == "opencl" and t.dtype == torch.float32 and t.is_contiguous() for t in self):
+        state.get().optim.axpb([operand(t) for t in self], [t.numel() for t in self], 1.0, float(scalar))
+        return
+    for t in self:
+        run("add", t, (t, scalar), (1,))
+
+
+KERNELS: dict[str, Callable[..., Any]] = {
+    "_fused_adam_": fused_adam(adamw=False),
+    "_fused_adamw_": fused_adam(adamw=True),
+    "_fused_sgd_": fused_sgd,
+    "_foreach_add_.Scalar": foreach_add_scalar,
+}

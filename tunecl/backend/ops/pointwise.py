@@ -1,0 +1,320 @@
+"""Elementwise ops: ATen overloads mapped to expressions of the pointwise family.
+
+Structured ops (add, mul, exp, ...) reach the backend as their ``.out`` overload: torch's
+CompositeExplicitAutogradNonFunctional kernels compute the output's shape and dtype, allocate it
+through ``empty_strided`` and call ``.out``; their functional and in-place variants come for free.
+Non-structured ops (relu, hardtanh, where, masked_fill_, ...) are registered as themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from tunecl.backend import memory, state
+from tunecl.backend.operands import dense_strides_like, operand, scalar_or_operand
+
+Number = bool | int | float
+
+
+def run(expr: str, out: torch.Tensor, inputs: Sequence[Any], params: Sequence[Number] = ()) -> torch.Tensor:
+    """Enqueue ``out = expr(inputs, params)``; inputs broadcast to ``out``'s shape."""
+    shape = out.shape
+    for x in inputs:
+        if isinstance(x, torch.Tensor) and x.shape != shape and x.dim():
+            shape = _shape_for_out(out, inputs)
+            break
+    operands = [operand(x) if isinstance(x, torch.Tensor) and x.shape == shape else scalar_or_operand(x, shape)
+                for x in inputs]
+    state.get().pointwise(expr, shape, operand(out), operands, params)
+    return out
+
+
+def _shape_for_out(out: torch.Tensor, inputs: Sequence[Any]) -> torch.Size:
+    """The iteration shape: ``out``'s when the inputs broadcast to it; otherwise (a user's ``out=``
+    of another shape) ``out`` is resized to the inputs' broadcast shape, as structured kernels do."""
+    target = torch.broadcast_shapes(*(x.shape for x in inputs if isinstance(x, torch.Tensor)))
+    if out.shape != target:
+        try:
+            if torch.broadcast_shapes(out.shape, target) == out.shape:
+                return out.shape
+        except RuntimeError:  # not broadcastable: out has the wrong shape
+            pass
+        out.resize_(target)
+    return out.shape
+
+
+def new_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """An uninitialised device tensor shaped like ``t`` (dense layouts kept)."""
+    return memory.empty(t.shape, dense_strides_like(t), t.dtype if dtype is None else dtype)
+
+
+# -- adapter builders: each returns a kernel with the overload's exact signature -------------------
+def unary(expr: str) -> Callable[..., torch.Tensor]:
+    return lambda self, *, out: run(expr, out, (self,))
+
+
+def binary(expr: str) -> Callable[..., torch.Tensor]:
+    return lambda self, other, *, out: run(expr, out, (self, other))
+
+
+def binary_alpha(expr: str) -> Callable[..., torch.Tensor]:
+    return lambda self, other, *, alpha=1, out: run(expr, out, (self, other), (alpha,))
+
+
+def backward(expr: str) -> Callable[..., torch.Tensor]:
+    """``op_backward.grad_input(grad_output, self_or_output, *, grad_input)``."""
+    return lambda grad_output, x, *, grad_input: run(expr, grad_input, (grad_output, x))
+
+
+def functional_and_inplace(expr: str, params: Callable[..., tuple]) -> dict[str, Callable[..., torch.Tensor]]:
+    """``op``, ``op_`` and ``op.out`` kernels of a non-structured unary op."""
+    return {
+        "": lambda self, *args: run(expr, new_like(self), (self,), params(*args)),
+        "_": lambda self, *args: run(expr, self, (self,), params(*args)),
+        ".out": lambda self, *args, out: run(expr, out, (self,), params(*args)),
+    }
+
+
+# -- adapters with logic beyond a table row ------------------------------------------------------
+def div_mode(self: torch.Tensor, other: Any, *, rounding_mode: str | None = None,
+             out: torch.Tensor) -> torch.Tensor:
+    expr = {None: "div", "trunc": "div_trunc", "floor": "div_floor"}[rounding_mode]
+    return run(expr, out, (self, other))
+
+
+def pow_tensor_scalar(self: torch.Tensor, exponent: Number, *, out: torch.Tensor) -> torch.Tensor:
+    if exponent == 2:
+        return run("mul", out, (self, self))  # exact, like torch's own square path
+    if exponent == 0.5 and out.dtype.is_floating_point:
+        return run("sqrt", out, (self,))
+    return run("pow", out, (self, exponent))
+
+
+def clamp(self: torch.Tensor, min: Number | None = None, max: Number | None = None, *,
+          out: torch.Tensor) -> torch.Tensor:
+    if min is not None and max is not None:
+        return run("clamp", out, (self,), (min, max))
+    if min is not None:
+        return run("clamp_min", out, (self,), (min,))
+    return run("clamp_max", out, (self,), (max,))
+
+
+def clamp_tensor(self: torch.Tensor, min: torch.Tensor | None = None, max: torch.Tensor | None = None, *,
+                 out: torch.Tensor) -> torch.Tensor:
+    if min is not None and max is not None:
+        return run("clamp_tensor", out, (self, min, max))
+    if min is not None:
+        return run("maximum", out, (self, min))
+    return run("minimum", out, (self, max))
+
+
+def where(condition: torch.Tensor, self: torch.Tensor | Number, other: torch.Tensor | Number) -> torch.Tensor:
+    """``where.self``; a number (torch.where(mask, x, 0.0)) arrives unwrapped, as for add."""
+    shape = torch.broadcast_shapes(*(getattr(x, "shape", ()) for x in (condition, self, other)))
+    out = memory.empty_contiguous(shape, torch.result_type(self, other) if isinstance(self, torch.Tensor)
+                                  or isinstance(other, torch.Tensor) else torch.get_default_dtype())
+    return run("where", out, (condition, self, other))
+
+
+def masked_fill_tensor(self: torch.Tensor, mask: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    if value.device.type != "opencl":
+        return run("masked_fill", self, (self, mask), (value.item(),))
+    return run("masked_fill_tensor", self, (self, mask, value))
+
+
+def gelu(self: torch.Tensor, *, approximate: str = "none", out: torch.Tensor) -> torch.Tensor:
+    return run("gelu_tanh" if approximate == "tanh" else "gelu", out, (self,))
+
+
+def gelu_backward(grad_output: torch.Tensor, self: torch.Tensor, *, approximate: str = "none",
+                  grad_input: torch.Tensor) -> torch.Tensor:
+    expr = "gelu_tanh_backward" if approximate == "tanh" else "gelu_backward"
+    return run(expr, grad_input, (grad_output, self))
+
+
+# -- functional fast paths ------------------------------------------------------------------------------
+# The hottest binary ops are also registered as themselves: for dense same-shape operands (or a
+# Python number) we allocate the output and launch directly, skipping torch's structured wrapper
+# (shape/dtype inference in C++ plus a separate empty_strided call into Python). Every other case
+# goes to that wrapper unchanged, reached by redispatching to a backend key with no kernel of its
+# own (PrivateUse3), where the shared CompositeExplicitAutogradNonFunctional kernel runs; it then
+# allocates through our empty_strided and calls our ``.out`` kernel.
+_STRUCTURED_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse3)
+
+
+def _number_result_type(expr: str, a: torch.Tensor | Number, b: torch.Tensor | Number) -> torch.dtype:
+    """torch's result dtype of ``a expr b`` where one side is a Python number."""
+    tensor = a if isinstance(a, torch.Tensor) else b
+    if expr == "sub" and tensor.dtype == torch.bool:
+        raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported.")
+    dtype = torch.result_type(a, b)
+    if expr == "div" and not dtype.is_floating_point:
+        dtype = torch.get_default_dtype()
+    return dtype
+
+
+def _type_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "Float", torch.float16: "Half", torch.int64: "Long", torch.int32: "Int",
+            torch.bool: "Bool", torch.uint8: "Byte"}.get(dtype, str(dtype))
+
+
+def _fast_binary(expr: str, op: torch._ops.OpOverload, with_alpha: bool) -> Callable[..., torch.Tensor]:
+    """Floating inputs only on the fast path (integer division would change the dtype)."""
+    def kernel(self: torch.Tensor | Number, other: torch.Tensor | Number, *, alpha: Number = 1) -> torch.Tensor:
+        # (a Python number arrives as such: torch unwraps wrapped-number tensors for Python kernels;
+        # rsub passes it first)
+        if isinstance(self, torch.Tensor) and self.dtype.is_floating_point and self.is_contiguous() and (
+                isinstance(other, (float, int)) and not isinstance(other, bool)
+                or isinstance(other, torch.Tensor) and (
+                    (not other.is_cpu and other.dtype == self.dtype and other.shape == self.shape
+                     and other.is_contiguous())
+                    or (other.is_cpu and other.dim() == 0 and not other.dtype.is_complex))):
+            out = memory.empty(self.shape, self.stride(), self.dtype)
+            return run(expr, out, (self, other), (alpha,) if with_alpha else ())
+        if not isinstance(other, torch.Tensor) or not isinstance(self, torch.Tensor):
+            # a number cannot be passed back as the Tensor argument (torch unwrapped it), so this
+            # case is done here: torch's promotion rules, an output laid out like self
+            tensor = self if isinstance(self, torch.Tensor) else other
+            dtype = _number_result_type(expr, self, other)
+            return run(expr, new_like(tensor, dtype), (self, other), (alpha,) if with_alpha else ())
+        if with_alpha:
+            return op.redispatch(_STRUCTURED_KEYS, self, other, alpha=alpha)
+        return op.redispatch(_STRUCTURED_KEYS, self, other)
+    return kernel
+
+
+def _overlaps(self: torch.Tensor, other: torch.Tensor) -> bool:
+    """Another view of self's storage (torch's structured wrapper decides whether that is allowed)."""
+    return other is not self and other.untyped_storage().data_ptr() == self.untyped_storage().data_ptr()
+
+
+def _fast_inplace(expr: str, op: torch._ops.OpOverload, with_alpha: bool) -> Callable[..., torch.Tensor]:
+    """``self.op_(other)`` for a same-shape tensor or a number: launch directly (no broadcast or
+    dtype question arises); anything else takes torch's structured in-place wrapper, which checks."""
+    def kernel(self: torch.Tensor, other: torch.Tensor | Number, *, alpha: Number = 1) -> torch.Tensor:
+        params = (alpha,) if with_alpha else ()
+        if self.dtype.is_floating_point and (
+                isinstance(other, (float, int)) and not isinstance(other, bool)
+                or isinstance(other, torch.Tensor) and other.shape == self.shape and not other.is_cpu
+                and other.dtype == self.dtype and not _overlaps(self, other)):
+            return run(expr, self, (self, other), params)
+        if not isinstance(other, torch.Tensor):  # a number into an integer/bool tensor: torch's checks
+            result = _number_result_type(expr, self, other)
+            if not torch.can_cast(result, self.dtype):
+                raise RuntimeError(f"result type {_type_name(result)} can't be cast to the desired output type "
+                                   f"{_type_name(self.dtype)}")
+            return run(expr, self, (self, other), params)
+        if with_alpha:
+            return op.redispatch(_STRUCTURED_KEYS, self, other, alpha=alpha)
+        return op.redispatch(_STRUCTURED_KEYS, self, other)
+    return kernel
+
+
+FAST_FUNCTIONAL = {
+    "add.Tensor": _fast_binary("add", torch.ops.aten.add.Tensor, True),
+    "sub.Tensor": _fast_binary("sub", torch.ops.aten.sub.Tensor, True),
+    "mul.Tensor": _fast_binary("mul", torch.ops.aten.mul.Tensor, False),
+    "div.Tensor": _fast_binary("div", torch.ops.aten.div.Tensor, False),
+    "add_.Tensor": _fast_inplace("add", torch.ops.aten.add_.Tensor, True),
+    "sub_.Tensor": _fast_inplace("sub", torch.ops.aten.sub_.Tensor, True),
+    "mul_.Tensor": _fast_inplace("mul", torch.ops.aten.mul_.Tensor, False),
+    "div_.Tensor": _fast_inplace("div", torch.ops.aten.div_.Tensor, False),
+}
+
+
+def _with_suffixes(base: str, kernels: dict[str, Callable[..., torch.Tensor]]) -> dict[str, Callable]:
+    return {base + suffix: fn for suffix, fn in kernels.items()}
+
+
+KERNELS: dict[str, Callable[..., Any]] = {
+    **FAST_FUNCTIONAL,
+    # arithmetic
+    "add.out": binary_alpha("add"),
+    "sub.out": binary_alpha("sub"),
+    "mul.out": binary("mul"),
+    "div.out": binary("div"),
+    "div.out_mode": div_mode,
+    "maximum.out": binary("maximum"),
+    "minimum.out": binary("minimum"),
+    "pow.Tensor_Scalar_out": pow_tensor_scalar,
+    "pow.Tensor_Tensor_out": binary("pow"),
+    "pow.Scalar_out": lambda self, exponent, *, out: run("pow", out, (self, exponent)),
+    "clamp.out": clamp,
+    "clamp.Tensor_out": clamp_tensor,
+    "clamp_min.out": lambda self, min, *, out: run("clamp_min", out, (self,), (min,)),
+    "clamp_max.out": lambda self, max, *, out: run("clamp_max", out, (self,), (max,)),
+    "clamp_min.Tensor_out": lambda self, min, *, out: run("maximum", out, (self, min)),
+    "clamp_max.Tensor_out": lambda self, max, *, out: run("minimum", out, (self, max)),
+    "addcmul.out": lambda self, t1, t2, *, value=1, out: run("addcmul", out, (self, t1, t2), (value,)),
+    "addcdiv.out": lambda self, t1, t2, *, value=1, out: run("addcdiv", out, (self, t1, t2), (value,)),
+    "lerp.Scalar_out": lambda self, end, weight, *, out: run("lerp", out, (self, end), (weight,)),
+    "lerp.Tensor_out": lambda self, end, weight, *, out: run("lerp_tensor", out, (self, end, weight)),
+    # unary math
+    **{f"{name}.out": unary(name) for name in (
+        "neg", "abs", "sign", "reciprocal", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "sin",
+        "cos", "erf", "floor", "ceil", "trunc", "round", "sigmoid", "tanh", "silu", "hardsigmoid",
+        "logical_not")},
+    **{f"{name}.out": binary(name) for name in ("logical_and", "logical_or", "logical_xor")},
+    **{f"{name}.Tensor_out": binary(name) for name in ("bitwise_and", "bitwise_or", "bitwise_xor")},
+    "sgn.out": unary("sign"),
+    "exp2.out": unary("exp2"),
+    "atan2.out": binary("atan2"),
+    "remainder.Tensor_out": binary("remainder"),
+    "floor_divide.out": binary("div_floor"),
+    "floor_divide": lambda self, other: run("div_floor", memory.empty_contiguous(
+        torch.broadcast_shapes(self.shape, getattr(other, "shape", ())), torch.result_type(self, other)),
+        (self, other)),
+    "floor_divide_.Tensor": lambda self, other: run("div_floor", self, (self, other)),
+    "bitwise_not.out": lambda self, *, out: run("logical_not" if self.dtype == torch.bool else "bitwise_not",
+                                                out, (self,)),
+    "isinf": lambda self: run("isinf", new_like(self, torch.bool), (self,)),
+    "isposinf.out": unary("isposinf"),
+    "isneginf.out": unary("isneginf"),
+    "isfinite": lambda self: run("isfinite", new_like(self, torch.bool), (self,)),
+    "softplus.out": lambda self, beta=1, threshold=20, *, out: run("softplus", out, (self,), (beta, threshold)),
+    "softplus_backward.grad_input": lambda grad_output, self, beta, threshold, *, grad_input: run(
+        "softplus_backward", grad_input, (grad_output, self), (beta, threshold)),
+    "elu.out": lambda self, alpha=1, scale=1, input_scale=1, *, out: run(
+        "elu", out, (self,), (alpha, scale, input_scale)),
+    "elu_backward.grad_input": lambda grad_output, alpha, scale, input_scale, is_result, self_or_result, *,
+        grad_input: run("elu_backward_result" if is_result else "elu_backward", grad_input,
+                        (grad_output, self_or_result), (alpha, scale, input_scale)),  # sgn is sign for real tensors (abs backward uses it)
+    # comparisons (bool out) and selection
+    **{f"{cmp}.{kind}_out": binary(cmp) for cmp in ("eq", "ne", "lt", "le", "gt", "ge")
+       for kind in ("Scalar", "Tensor")},
+    "isnan": lambda self: run("isnan", new_like(self, torch.bool), (self,)),
+    "where.self": where,
+    "where.self_out": lambda condition, self, other, *, out: run("where", out, (condition, self, other)),
+    "masked_fill_.Scalar": lambda self, mask, value: run("masked_fill", self, (self, mask), (value,)),
+    "masked_fill_.Tensor": masked_fill_tensor,
+    # activations
+    **_with_suffixes("relu", {
+        "": lambda self: run("relu", new_like(self), (self,)),
+        "_": lambda self: run("relu", self, (self,)),
+    }),
+    **_with_suffixes("hardtanh", functional_and_inplace("hardtanh", lambda lo=-1, hi=1: (lo, hi))),
+    **_with_suffixes("hardswish", functional_and_inplace("hardswish", lambda: ())),
+    "threshold.out": lambda self, threshold, value, *, out: run("threshold", out, (self,), (threshold, value)),
+    "leaky_relu.out": lambda self, negative_slope=0.01, *, out: run("leaky_relu", out, (self,),
+                                                                   (negative_slope,)),
+    "gelu.out": gelu,
+    # activation backward
+    "threshold_backward.grad_input": lambda grad_output, self, threshold, *, grad_input: run(
+        "threshold_backward", grad_input, (grad_output, self), (threshold,)),
+    "hardtanh_backward": lambda grad_output, self, min_val, max_val: run(
+        "hardtanh_backward", new_like(grad_output), (grad_output, self), (min_val, max_val)),
+    "hardtanh_backward.grad_input": lambda grad_output, self, min_val, max_val, *, grad_input: run(
+        "hardtanh_backward", grad_input, (grad_output, self), (min_val, max_val)),
+    "hardswish_backward": lambda grad_output, self: run(
+        "hardswish_backward", new_like(grad_output), (grad_output, self)),
+    "leaky_relu_backward.grad_input": lambda grad_output, self, negative_slope, self_is_result, *, grad_input:
+        run("leaky_relu_backward", grad_input, (grad_output, self), (negative_slope,)),
+    "sigmoid_backward.grad_input": backward("sigmoid_backward"),
+    "tanh_backward.grad_input": backward("tanh_backward"),
+    "silu_backward.grad_input": backward("silu_backward"),
+    "hardsigmoid_backward.grad_input": backward("hardsigmoid_backward"),
+    "gelu_backward.grad_input": gelu_backward,
+}

@@ -1,0 +1,225 @@
+"""Reductions (sum, mean, amax/amin, argmax/argmin, max/min, var/std, norms) and softmax."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from tunecl.backend import memory, state
+from tunecl.backend.copies import contiguous_on_device
+from tunecl.backend.memory import _buffers
+from tunecl.backend.operands import kernel_dtype, operand
+from tunecl.kernels.strided import Operand, Unsupported
+
+DimArg = int | Sequence[int] | None
+
+
+def reduced_dims(self: torch.Tensor, dim: DimArg) -> list[int]:
+    """Normalised reduced dims; ``None`` or ``[]`` mean all dims (0-dim tensors reduce nothing)."""
+    nd = self.dim()
+    if nd == 0:
+        return []
+    if dim is None:
+        return list(range(nd))
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    return list(range(nd)) if not dims else sorted({d % nd for d in dims})
+
+
+def out_shape(self: torch.Tensor, dims: Sequence[int], keepdim: bool) -> list[int]:
+    if keepdim:
+        return [1 if d in dims else n for d, n in enumerate(self.shape)]
+    return [n for d, n in enumerate(self.shape) if d not in dims]
+
+
+def aligned(out: torch.Tensor, self: torch.Tensor, dims: Sequence[int], keepdim: bool) -> Operand:
+    """``out`` with strides given for ``self``'s dims (reduced dims get 0), resized if needed."""
+    shape = out_shape(self, dims, keepdim)
+    if list(out.shape) != shape:
+        out.resize_(shape)
+    if keepdim:
+        strides = tuple(0 if d in dims else s for d, s in enumerate(out.stride()))
+    else:
+        it = iter(out.stride())
+        strides = tuple(0 if d in dims else next(it) for d in range(self.dim()))
+    return Operand(_buffers[out.untyped_storage().data_ptr()], out.storage_offset(), strides,
+                   kernel_dtype(out))
+
+
+def reduce(op: str, self: torch.Tensor, dim: DimArg, keepdim: bool, out: torch.Tensor,
+           out2: torch.Tensor | None = None, p0: float = 0.0) -> torch.Tensor:
+    dims = reduced_dims(self, dim)
+    o1 = aligned(out, self, dims, keepdim)
+    o2 = aligned(out2, self, dims, keepdim) if out2 is not None else None
+    state.get().reduce(op, tuple(self.shape), operand(self), set(dims), o1, o2, p0)
+    return out
+
+
+def _nonempty(self: torch.Tensor, dims: Sequence[int], name: str) -> None:
+    if self.numel() == 0 and (not dims or any(self.shape[d] == 0 for d in dims)):
+        raise IndexError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0, "
+                         f"or the reduced dims to be non-empty")
+
+
+def _new(self: torch.Tensor, dims: Sequence[int], keepdim: bool, dtype: torch.dtype | None = None) -> torch.Tensor:
+    return memory.empty_contiguous(out_shape(self, dims, keepdim), self.dtype if dtype is None else dtype)
+
+
+# -- adapters ----------------------------------------------------------------------------------------
+def sum_out(self: torch.Tensor, dim: DimArg, keepdim: bool = False, *, dtype: torch.dtype | None = None,
+            out: torch.Tensor) -> torch.Tensor:
+    return reduce("sum", self, dim, keepdim, out)
+
+
+def mean_out(self: torch.Tensor, dim: DimArg, keepdim: bool = False, *, dtype: torch.dtype | None = None,
+             out: torch.Tensor) -> torch.Tensor:
+    return reduce("mean", self, dim, keepdim, out)
+
+
+def extreme_out(op: str) -> Callable[..., torch.Tensor]:
+    def kernel(self: torch.Tensor, dim: Sequence[int] = (), keepdim: bool = False, *,
+               out: torch.Tensor) -> torch.Tensor:
+        _nonempty(self, reduced_dims(self, dim), op)
+        return reduce(op, self, dim, keepdim, out)
+    return kernel
+
+
+def arg_out(op: str) -> Callable[..., torch.Tensor]:
+    def kernel(self: torch.Tensor, dim: int | None = None, keepdim: bool = False, *,
+               out: torch.Tensor) -> torch.Tensor:
+        _nonempty(self, reduced_dims(self, dim), op)
+        return reduce(op, self, dim, keepdim, out)
+    return kernel
+
+
+def full_extreme(op: str, name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    def kernel(self: torch.Tensor) -> torch.Tensor:
+        if self.numel() == 0:
+            raise RuntimeError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0. "
+                               f"Specify the reduction dim with the 'dim' argument.")
+        return reduce(op, self, None, False, memory.empty_contiguous([], self.dtype))
+    return kernel
+
+
+def dim_values_indices(op: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """``max.dim_max`` / ``min.dim_min``: values and indices (the schema names them oddly)."""
+    def kernel(self: torch.Tensor, dim: int, keepdim: bool = False, **outs: torch.Tensor):
+        values, indices = outs.values()
+        _nonempty(self, reduced_dims(self, dim), op)
+        reduce(op, self, dim, keepdim, values, indices)
+        return values, indices
+    return kernel
+
+
+def _correction(correction: float | None) -> float:
+    return 1.0 if correction is None else float(correction)
+
+
+def variance(op: str, with_mean: bool = False) -> Callable[..., Any]:
+    def kernel(self: torch.Tensor, dim: DimArg = None, *, correction: float | None = None,
+               keepdim: bool = False, out: torch.Tensor | None = None) -> Any:
+        dims = reduced_dims(self, dim)
+        result = _new(self, dims, keepdim) if out is None else out
+        mean = _new(self, dims, keepdim) if with_mean else None
+        reduce(op, self, dim, keepdim, result, mean, _correction(correction))
+        return (result, mean) if with_mean else result
+    return kernel
+
+
+def vector_norm_out(self: torch.Tensor, ord: float = 2, dim: DimArg = None, keepdim: bool = False, *,
+                    dtype: torch.dtype | None = None, out: torch.Tensor) -> torch.Tensor:
+    if ord == 2:
+        return reduce("norm2", self, dim, keepdim, out)
+    if ord == 1:
+        return reduce("norm1", self, dim, keepdim, out)
+    if ord == math.inf:
+        return reduce("norm_inf", self, dim, keepdim, out)
+    if ord in (0, -math.inf) or ord < 0:
+        raise Unsupported(f"vector norm of order {ord}")
+    return reduce("norm_p", self, dim, keepdim, out, p0=float(ord))
+
+
+def prod_out(self: torch.Tensor, dim: int, keepdim: bool = False, *, dtype: torch.dtype | None = None,
+             out: torch.Tensor) -> torch.Tensor:
+    return reduce("prod", self, dim, keepdim, out)
+
+
+# -- softmax -----------------------------------------------------------------------------------------
+def _rows(t: torch.Tensor, dim: int) -> tuple[int, int, int]:
+    if t.dim() == 0:
+        return 1, 1, 1
+    dim %= t.dim()
+    return math.prod(t.shape[:dim]), t.shape[dim], math.prod(t.shape[dim + 1:])
+
+
+def _into(out: torch.Tensor, like: torch.Tensor, compute: Callable[[torch.Tensor], None]) -> torch.Tensor:
+    """Run ``compute`` into ``out`` if it is contiguous, else into a temporary copied to ``out``."""
+    if out.shape != like.shape:
+        out.resize_(like.shape)
+    if out.is_contiguous():
+        compute(out)
+    else:
+        tmp = memory.empty_contiguous(like.shape, out.dtype)
+        compute(tmp)
+        out.copy_(tmp)
+    return out
+
+
+def softmax_out(op: str) -> Callable[..., torch.Tensor]:
+    def kernel(self: torch.Tensor, dim: int, half_to_float: bool, *, out: torch.Tensor) -> torch.Tensor:
+        if half_to_float:
+            raise Unsupported("half_to_float softmax")
+        x = contiguous_on_device(self)
+        outer, size, inner = _rows(x, dim)
+        return _into(out, x, lambda o: state.get().softmax(op, outer, size, inner, operand(o), operand(x)))
+    return kernel
+
+
+def softmax_backward_out(op: str) -> Callable[..., torch.Tensor]:
+    def kernel(grad_output: torch.Tensor, output: torch.Tensor, dim: int, input_dtype: torch.dtype,
+               **out: torch.Tensor) -> torch.Tensor:
+        (grad_input,) = out.values()
+        g, y = contiguous_on_device(grad_output), contiguous_on_device(output)
+        outer, size, inner = _rows(g, dim)
+        return _into(grad_input, g, lambda o: state.get().softmax(
+            op, outer, size, inner, operand(o), operand(g), operand(y)))
+    return kernel
+
+
+def logical(op: str) -> dict[str, Callable[..., torch.Tensor]]:
+    """``any``/``all`` over everything, one dim, or a list of dims."""
+    return {
+        f"{op}.all_out": lambda self, *, out: reduce(op, self, None, False, out),
+        f"{op}.out": lambda self, dim, keepdim=False, *, out: reduce(op, self, dim, keepdim, out),
+        f"{op}.dims_out": lambda self, dim=None, keepdim=False, *, out: reduce(op, self, dim, keepdim, out),
+    }
+
+
+KERNELS: dict[str, Callable[..., Any]] = {
+    **logical("any"),
+    **logical("all"),
+    "sum.IntList_out": sum_out,
+    "mean.out": mean_out,
+    "prod.int_out": prod_out,
+    "amax.out": extreme_out("amax"),
+    "amin.out": extreme_out("amin"),
+    "argmax.out": arg_out("argmax"),
+    "argmin.out": arg_out("argmin"),
+    "max": full_extreme("amax", "max"),
+    "min": full_extreme("amin", "min"),
+    "max.dim_max": dim_values_indices("argmax"),
+    "min.dim_min": dim_values_indices("argmin"),
+    "var.correction": variance("var"),
+    "var.correction_out": variance("var"),
+    "std.correction": variance("std"),
+    "std.correction_out": variance("std"),
+    "var_mean.correction": variance("var", with_mean=True),
+    "std_mean.correction": variance("std", with_mean=True),
+    "linalg_vector_norm.out": vector_norm_out,
+    "_softmax.out": softmax_out("softmax"),
+    "_log_softmax.out": softmax_out("log_softmax"),
+    "_softmax_backward_data.out": softmax_backward_out("softmax_backward"),
+    "_log_softmax_backward_data.out": softmax_backward_out("log_softmax_backward"),
+}

@@ -1,0 +1,149 @@
+"""Wires the backend into torch: renames PrivateUse1 to ``opencl`` and registers kernels and patches.
+
+Uses the experimental ``_setup_privateuseone_for_python_backend`` (torch ≥ 2.11; its hooks and
+DeviceGuard come from the private ``torch._C._acc``). :func:`register` is idempotent.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from tunecl.backend import copies, counters, fallback, memory, state
+from tunecl.kernels.strided import Unsupported
+
+BACKEND = "opencl"
+_libraries: list[torch.library.Library] = []  # must stay referenced or the kernels vanish
+_registered = False
+_lock = threading.Lock()
+
+
+class _Hooks(torch._C._acc.PrivateUse1Hooks if hasattr(torch._C, "_acc") else object):
+    """What torch asks a PrivateUse1 backend about itself."""
+
+    def is_available(self) -> bool:
+        return state.device_if_available() is not None
+
+    def has_primary_context(self, dev_id: int) -> bool:
+        return True
+
+    def is_built(self) -> bool:
+        return True
+
+
+class _Guard(torch._C._acc.DeviceGuard if hasattr(torch._C, "_acc") else object):
+    """The device guard: torch's Python guard supports a single device (index 0)."""
+
+    def type_(self) -> Any:
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
+def _setup_function() -> Callable[..., None]:
+    from torch.utils import backend_registration
+
+    setup = getattr(backend_registration, "_setup_privateuseone_for_python_backend", None)
+    acc = getattr(torch._C, "_acc", None)
+    if setup is None or acc is None or not hasattr(torch._C, "_from_dlpack"):
+        raise ImportError(
+            f"tunecl.backend needs torch 2.11-2.14 with the experimental Python PrivateUse1 backend API "
+            f"(torch.utils.backend_registration._setup_privateuseone_for_python_backend and "
+            f"torch._C._acc); this torch {torch.__version__} lacks it")
+    return setup
+
+
+def register() -> None:
+    """Make ``opencl`` a torch device (once per process)."""
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        current = torch._C._get_privateuse1_backend_name()
+        if current not in ("privateuseone", BACKEND):
+            raise RuntimeError(f"PrivateUse1 is already taken by the {current!r} backend; tunecl.backend "
+                               f"cannot also register {BACKEND!r} in this process")
+        if current == "privateuseone":
+            from tunecl.backend import device_module
+
+            _setup_function()(BACKEND, backend_module=device_module, hook=_Hooks(), device_guard=_Guard())
+        _register_kernels()
+        _patch_storage()
+        _patch_printing()
+        _registered = True
+
+
+def _kernel(name: str, adapter: Callable[..., Any]) -> Callable[..., Any]:
+    """Count calls of ``name``; route an :class:`Unsupported` case to the CPU fallback."""
+    base, _, overload = name.partition(".")
+    op = getattr(getattr(torch.ops.aten, base), overload or "default")
+    counts = counters.op_counts
+    full_name = fallback.op_name(op)
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        counts[full_name] += 1
+        try:
+            return adapter(*args, **kwargs)
+        except Unsupported as why:
+            return fallback.run_on_cpu(op, args, kwargs, reason=str(why))
+
+    kernel.__name__ = f"opencl_{base}_{overload}".rstrip("_")
+    return kernel
+
+
+def _register_kernels() -> None:
+    from tunecl.backend.ops import kernel_table
+
+    aten = torch.library.Library("aten", "IMPL")
+    for name, adapter in kernel_table().items():
+        aten.impl(name, _kernel(name, adapter), "PrivateUse1")
+    catch_all = torch.library.Library("_", "IMPL")
+    catch_all.fallback(fallback.boxed_fallback, "PrivateUse1")
+    # Autocast: let every op fall through, as C++ backends do; cast policies could be added here.
+    catch_all.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
+    cpu = torch.library.Library("aten", "IMPL")
+    cpu.impl("_pin_memory", copies.pin_memory_cpu, "CPU")
+    _libraries.extend([aten, catch_all, cpu])
+
+
+def _patch_storage() -> None:
+    """``torch.UntypedStorage(n, device="opencl")`` would reach the (absent) C++ PrivateUse1
+    allocator and crash; deepcopy and torch.load take that path. Serve it from our allocator."""
+    original = torch.UntypedStorage.__new__
+    if getattr(original, "_tunecl", False):
+        return
+
+    @functools.wraps(original)
+    def untyped_storage_new(cls: type, *args: Any, device: Any = None, **kwargs: Any) -> Any:
+        if device is not None and torch.device(device).type == BACKEND:
+            state.check_index(device)
+            if len(args) > 1 or kwargs or (args and not isinstance(args[0], int)):
+                return original(cls, *args, **kwargs).to(device=torch.device(device))
+            return memory.empty([args[0] if args else 0], [1], torch.uint8).untyped_storage()
+        if device is not None:
+            kwargs["device"] = device
+        return original(cls, *args, **kwargs)
+
+    untyped_storage_new._tunecl = True
+    torch.UntypedStorage.__new__ = untyped_storage_new
+
+
+def _patch_printing() -> None:
+    """Format opencl tensors from a CPU copy: one download instead of ~15 small device ops
+    (abs, masked_select, ...) that printing would otherwise run; the device= suffix is kept."""
+    tensor_str = sys.modules["torch._tensor_str"]
+    original = getattr(tensor_str, "_tensor_str", None)
+    if original is None or getattr(original, "_tunecl", False):
+        return
+
+    @functools.wraps(original)
+    def _tensor_str(self: torch.Tensor, indent: int) -> str:
+        if self.device.type == BACKEND:
+            self = copies.to_cpu(self.detach())
+        return original(self, indent)
+
+    _tensor_str._tunecl = True
+    tensor_str._tensor_str = _tensor_str

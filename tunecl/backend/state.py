@@ -1,0 +1,109 @@
+"""The backend's one device and its kernel families, created on first use.
+
+Only one device is possible: the Python DeviceGuard of ``torch._C._acc`` hard-codes one device, so
+``opencl:0`` is whatever ``TUNECL_DEVICE`` selects (see :func:`tunecl.runtime.select_device`) and any
+other index is refused by :func:`check_index`.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+import torch
+
+from tunecl import runtime
+from tunecl.errors import DeviceNotFoundError
+from tunecl.runtime import Device
+
+
+class State:
+    """The selected device plus lazily built kernel families (each compiles on first use)."""
+
+    def __init__(self, device: Device):
+        self.device = device
+        self.queue = device.queue
+
+    @functools.cached_property
+    def pointwise(self):
+        from tunecl.kernels.pointwise import Pointwise
+        return Pointwise(self.device)
+
+    @functools.cached_property
+    def reduce(self):
+        from tunecl.kernels.reduce import Reduce
+        return Reduce(self.device)
+
+    @functools.cached_property
+    def index(self):
+        from tunecl.kernels.index import Index
+        return Index(self.device)
+
+    @functools.cached_property
+    def softmax(self):
+        from tunecl.kernels.softmax import Softmax
+        return Softmax(self.device)
+
+    @functools.cached_property
+    def norm(self):
+        from tunecl.kernels.norm import BatchNorm
+        return BatchNorm(self.device)
+
+    @functools.cached_property
+    def pool(self):
+        from tunecl.kernels.pool import Pool
+        return Pool(self.device)
+
+    @functools.cached_property
+    def loss(self):
+        from tunecl.kernels.loss import NllLoss
+        return NllLoss(self.device)
+
+    @functools.cached_property
+    def optim(self):
+        from tunecl.kernels.optim import Optim
+        return Optim(self.device)
+
+
+_state: State | None = None
+_lock = threading.Lock()
+
+
+def get() -> State:
+    """The backend state; selects the device (``TUNECL_DEVICE``) on first call.
+
+    Raises:
+        DeviceNotFoundError: no OpenCL device matches; the message lists those available.
+    """
+    global _state
+    if _state is None:
+        with _lock:
+            if _state is None:
+                _state = State(runtime.select_device())
+    return _state
+
+
+def device_if_available() -> Device | None:
+    """The device, or None when no OpenCL device can be selected (for ``is_available``)."""
+    try:
+        return get().device
+    except DeviceNotFoundError:
+        return None
+
+
+def check_index(device: torch.device | str | int | None) -> None:
+    """Refuse any ``opencl`` device index but 0 with a clear error (never land on device 0)."""
+    if device is None:
+        return
+    if isinstance(device, int):
+        index = device
+    else:
+        device = torch.device(device)
+        if device.type != "opencl":
+            return
+        index = device.index
+    if index not in (None, 0):
+        raise RuntimeError(
+            f"opencl:{index} does not exist: tunecl's pure-Python backend supports exactly one OpenCL "
+            f"device, opencl:0 (choose it with TUNECL_DEVICE=<index|platform:device|name>; "
+            f"`tunecl devices` lists them)")

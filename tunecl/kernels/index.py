@@ -1,0 +1,73 @@
+"""The index family: gather / scatter along one dim (``index.cl``), for gather, scatter and
+index_select."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import pyopencl as cl
+
+from tunecl.kernels.strided import (
+    CTYPES,
+    INT32_MAX,
+    KernelCache,
+    Operand,
+    Unsupported,
+    merge_dims,
+    meta_dtype,
+    pack_meta,
+    pad_front,
+    rank_bucket,
+    round_up,
+    work_group,
+)
+from tunecl.runtime import Device
+
+_NUMPY = {"float32": np.float32, "int64": np.int64, "int32": np.int32, "int16": np.int16, "int8": np.int8,
+          "uint8": np.uint8, "bool": np.uint8}
+
+
+class Index:
+    def __init__(self, device: Device):
+        self.device = device
+        self.cache = KernelCache(device, __package__, "index.cl")
+        self.local = work_group(device, 256)
+
+    def __call__(self, scatter: bool, shape: Sequence[int], out: Operand, index: Operand, src: Operand | float,
+                 dim_size: int, target_stride: int) -> cl.Event | None:
+        """Gather into ``out`` or scatter ``src`` (an operand or a scalar) over ``shape``.
+
+        Strides of all operands are given over ``shape``; the indexed operand's stride along the
+        indexed dim must be 0 there, its real stride is ``target_stride``.
+        """
+        dtype = out.dtype
+        if dtype not in _NUMPY or index.dtype not in ("int64", "int32") or \
+                (isinstance(src, Operand) and src.dtype != dtype):
+            raise Unsupported(f"gather/scatter of {dtype} with {index.dtype} indices")
+        count = math.prod(shape)
+        if count == 0:
+            return None
+        scalar = not isinstance(src, Operand)
+        src_op = Operand(None, 0, (0,) * len(shape), dtype) if scalar else src
+        mshape, strides = merge_dims(shape, [out.strides, index.strides, src_op.strides])
+        rank = rank_bucket(len(mshape))
+        reach = max(o.offset for o in (out, index, src_op)) + sum(
+            (n - 1) * max(abs(s) for s in col) for n, col in zip(mshape, zip(*strides))) + dim_size * abs(target_stride)
+        idx = "long" if count > INT32_MAX or reach > INT32_MAX else "int"
+        key = (scatter, scalar, dtype, index.dtype, rank, idx)
+        kernel = self.cache.get(key)
+        meta_len = 1 + 4 * rank + 5
+        if kernel is None:
+            options = [f"-DNDIM={rank}", f"-DIDX={idx}", f"-DT={CTYPES[dtype]}", f"-DTIDX={CTYPES[index.dtype]}"]
+            options += ["-DSCATTER"] * scatter + ["-DSRC_SCALAR"] * scalar
+            kernel = self.cache.build(key, options, "index_kernel",
+                                      [None, None, None, _NUMPY[dtype], meta_dtype(meta_len, idx)])
+        meta = [count] + pad_front(mshape, rank, 1)
+        for st in strides:
+            meta += pad_front(st, rank, 0)
+        meta += [out.offset, index.offset, src_op.offset, dim_size, target_stride]
+        value = _NUMPY[dtype](src if scalar else 0)
+        return kernel(self.device.queue, (round_up(count, self.local),), (self.local,), out.buffer, index.buffer,
+                      src_op.buffer, value, pack_meta(meta, idx))

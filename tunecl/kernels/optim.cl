@@ -1,0 +1,160 @@
+// optim.cl — fused optimizer steps over up to SLOTS tensors per launch, fp32.
+//
+// One launch updates a chunk of parameters: dimension 1 of the NDRange picks the slot (tensor),
+// dimension 0 strides over that tensor's elements. Buffers of unused slots are NULL with n = 0.
+//
+// Kernels:
+//   adam_step  Adam / AdamW (ADAMW) as torch's fused kernels compute it, bias corrections from the
+//              step count read on the device (no host sync):
+//                g = maximize ? -g : g;  AdamW: p -= lr*wd*p,  Adam: g += wd*p   (if wd != 0)
+//                m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g*g;  (AMSGRAD: vmax = max(vmax, v))
+//                p -= lr/(1-b1^t) * m / (sqrt(v or vmax)/sqrt(1-b2^t) + eps)
+//   sgd_step   SGD: g = maximize ? -g : g;  g += wd*p;  with MOMENTUM: buf = first ? g :
+//              momentum*buf + (1-dampening)*g;  g = NESTEROV ? g + momentum*buf : buf;  p -= lr*g
+//   axpb       x = a*x + b (foreach add/mul by a scalar)
+//
+// meta (long): per slot, adam: n, offsets of p, g, m, v, vmax, step; sgd: n, offsets of p, g, buf;
+// axpb: n, offset of x.
+
+#ifndef SLOTS
+  #define SLOTS 8
+#endif
+
+#define ADAM_SLOT(k) , __global float *p##k, __global const float *g##k, __global float *m##k, \
+                       __global float *v##k, __global float *vmax##k, __global const float *step##k
+#define ADAM_PICK(k) case k: p = p##k; g = g##k; mo = m##k; ve = v##k; vmax = vmax##k; st = step##k; break;
+#define SGD_SLOT(k)  , __global float *p##k, __global const float *g##k, __global float *buf##k
+#define SGD_PICK(k)  case k: p = p##k; g = g##k; buf = buf##k; break;
+#define AXPB_SLOT(k) , __global float *x##k
+#define AXPB_PICK(k) case k: x = x##k; break;
+
+// FOR_SLOTS(M) expands M(k) for every slot k < SLOTS (SLOTS <= 8)
+#if SLOTS > 8
+  #error "at most 8 slots"
+#endif
+#define S1(M) M(0)
+#if SLOTS > 1
+  #define S2(M) S1(M) M(1)
+#else
+  #define S2(M) S1(M)
+#endif
+#if SLOTS > 2
+  #define S3(M) S2(M) M(2)
+#else
+  #define S3(M) S2(M)
+#endif
+#if SLOTS > 3
+  #define S4(M) S3(M) M(3)
+#else
+  #define S4(M) S3(M)
+#endif
+#if SLOTS > 4
+  #define S5(M) S4(M) M(4)
+#else
+  #define S5(M) S4(M)
+#endif
+#if SLOTS > 5
+  #define S6(M) S5(M) M(5)
+#else
+  #define S6(M) S5(M)
+#endif
+#if SLOTS > 6
+  #define S7(M) S6(M) M(6)
+#else
+  #define S7(M) S6(M)
+#endif
+#if SLOTS > 7
+  #define FOR_SLOTS(M) S7(M) M(7)
+#else
+  #define FOR_SLOTS(M) S7(M)
+#endif
+
+typedef struct { long v[7 * SLOTS]; } adam_meta_t;
+typedef struct { long v[4 * SLOTS]; } sgd_meta_t;
+typedef struct { long v[2 * SLOTS]; } axpb_meta_t;
+
+__kernel void adam_step(const float lr, const float beta1, const float beta2, const float weight_decay,
+                        const float eps, const adam_meta_t m FOR_SLOTS(ADAM_SLOT))
+{
+  const int slot = (int)get_global_id(1);
+  __global float *p = 0, *mo = 0, *ve = 0, *vmax = 0;
+  __global const float *g = 0, *st = 0;
+  switch (slot) { FOR_SLOTS(ADAM_PICK) }
+  const long n = m.v[7 * slot];
+  if (n == 0) return;
+  p += m.v[7 * slot + 1]; g += m.v[7 * slot + 2]; mo += m.v[7 * slot + 3]; ve += m.v[7 * slot + 4];
+  const float step = st[m.v[7 * slot + 6]];
+#ifdef AMSGRAD
+  vmax += m.v[7 * slot + 5];
+#endif
+  const float step_size = lr / (1.0f - pow(beta1, step));
+  const float bc2_sqrt = sqrt(1.0f - pow(beta2, step));
+  for (long i = get_global_id(0); i < n; i += get_global_size(0)) {
+    float grad = g[i];
+    float param = p[i];
+#ifdef MAXIMIZE
+    grad = -grad;
+#endif
+    if (weight_decay != 0.0f) {
+#ifdef ADAMW
+      param -= lr * weight_decay * param;
+#else
+      grad += weight_decay * param;
+#endif
+    }
+    const float avg = beta1 * mo[i] + (1.0f - beta1) * grad;
+    const float avg_sq = beta2 * ve[i] + (1.0f - beta2) * grad * grad;
+    mo[i] = avg;
+    ve[i] = avg_sq;
+#ifdef AMSGRAD
+    const float peak = fmax(vmax[i], avg_sq);
+    vmax[i] = peak;
+    const float denom = sqrt(peak) / bc2_sqrt + eps;
+#else
+    const float denom = sqrt(avg_sq) / bc2_sqrt + eps;
+#endif
+    p[i] = param - step_size * avg / denom;
+  }
+}
+
+__kernel void sgd_step(const float lr, const float weight_decay, const float momentum, const float dampening,
+                       const int first_step, const sgd_meta_t m FOR_SLOTS(SGD_SLOT))
+{
+  const int slot = (int)get_global_id(1);
+  __global float *p = 0, *buf = 0;
+  __global const float *g = 0;
+  switch (slot) { FOR_SLOTS(SGD_PICK) }
+  const long n = m.v[4 * slot];
+  if (n == 0) return;
+  p += m.v[4 * slot + 1]; g += m.v[4 * slot + 2];
+#ifdef MOMENTUM
+  buf += m.v[4 * slot + 3];
+#endif
+  for (long i = get_global_id(0); i < n; i += get_global_size(0)) {
+    float grad = g[i];
+#ifdef MAXIMIZE
+    grad = -grad;
+#endif
+    if (weight_decay != 0.0f) grad += weight_decay * p[i];
+#ifdef MOMENTUM
+    const float b = first_step ? grad : momentum * buf[i] + (1.0f - dampening) * grad;
+    buf[i] = b;
+  #ifdef NESTEROV
+    grad += momentum * b;
+  #else
+    grad = b;
+  #endif
+#endif
+    p[i] -= lr * grad;
+  }
+}
+
+__kernel void axpb(const float a, const float b, const axpb_meta_t m FOR_SLOTS(AXPB_SLOT))
+{
+  const int slot = (int)get_global_id(1);
+  __global float *x = 0;
+  switch (slot) { FOR_SLOTS(AXPB_PICK) }
+  const long n = m.v[2 * slot];
+  x += m.v[2 * slot + 1];
+  for (long i = get_global_id(0); i < n; i += get_global_size(0)) x[i] = a * x[i] + b;
+}

@@ -1,0 +1,85 @@
+"""The optim family: multi-tensor Adam/AdamW and SGD steps, and foreach scalar updates (``optim.cl``).
+
+Each launch updates up to ``SLOTS`` tensors, so a step over P parameters costs ceil(P / SLOTS)
+launches instead of several per parameter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pyopencl as cl
+
+from tunecl.kernels.strided import KernelCache, Operand, Unsupported, meta_dtype, pack_meta, work_group
+from tunecl.runtime import Device
+
+SLOTS = 8
+MAX_ITEMS = 1 << 16  # work-items per slot; larger tensors are strided over
+
+
+class Optim:
+    def __init__(self, device: Device):
+        self.device = device
+        self.cache = KernelCache(device, __package__, "optim.cl")
+        self.local = work_group(device, 256)
+
+    def _kernel(self, name: str, flags: tuple[str, ...], scalars: int, per_slot_buffers: int, meta_len: int
+                ) -> cl.Kernel:
+        key = (name, flags)
+        kernel = self.cache.get(key)
+        if kernel is None:
+            options = [f"-DSLOTS={SLOTS}"] + [f"-D{f}" for f in flags]
+            dtypes = [np.float32] * scalars + ([np.int32] if name == "sgd_step" else []) + \
+                [meta_dtype(meta_len, "long")] + [None] * (per_slot_buffers * SLOTS)
+            kernel = self.cache.build(key, options, name, dtypes)
+        return kernel
+
+    def _launch(self, kernel: cl.Kernel, scalars: list, rows: Sequence[Sequence[Operand | None]],
+                numels: Sequence[int], per_slot: int) -> None:
+        """Launch over ``rows`` (one tuple of operands per tensor) in chunks of SLOTS."""
+        for start in range(0, len(rows), SLOTS):
+            chunk, sizes = rows[start:start + SLOTS], numels[start:start + SLOTS]
+            meta: list[int] = []
+            buffers: list = []
+            for row, n in zip(chunk, sizes):
+                meta += [n] + [o.offset if o is not None else 0 for o in row]
+                buffers += [o.buffer if o is not None else None for o in row]
+            pad = SLOTS - len(chunk)
+            meta += [0] * ((per_slot + 1) * pad)
+            buffers += [None] * (per_slot * pad)
+            items = min(max(sizes, default=1), MAX_ITEMS)
+            global_size = (-(-items // self.local) * self.local, len(chunk))
+            kernel(self.device.queue, global_size, (self.local, 1), *scalars, pack_meta(meta, "long"), *buffers)
+
+    @staticmethod
+    def _check(rows: Sequence[Sequence[Operand | None]]) -> None:
+        for row in rows:
+            for o in row:
+                if o is not None and o.dtype != "float32":
+                    raise Unsupported("fused optimizer steps need float32 tensors")
+
+    def adam(self, rows: Sequence[tuple[Operand, Operand, Operand, Operand, Operand | None, Operand]],
+             numels: Sequence[int], *, lr: float, beta1: float, beta2: float, weight_decay: float, eps: float,
+             amsgrad: bool, maximize: bool, adamw: bool) -> None:
+        """``rows``: (param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq or None, step) per tensor."""
+        self._check(rows)
+        flags = tuple(f for f, on in (("AMSGRAD", amsgrad), ("MAXIMIZE", maximize), ("ADAMW", adamw)) if on)
+        kernel = self._kernel("adam_step", flags, 5, 6, 7 * SLOTS)
+        self._launch(kernel, [lr, beta1, beta2, weight_decay, eps], rows, numels, 6)
+
+    def sgd(self, rows: Sequence[tuple[Operand, Operand, Operand | None]], numels: Sequence[int], *, lr: float,
+            weight_decay: float, momentum: float, dampening: float, nesterov: bool, maximize: bool,
+            first_step: bool) -> None:
+        """``rows``: (param, grad, momentum buffer or None) per tensor."""
+        self._check(rows)
+        flags = tuple(f for f, on in (("MOMENTUM", momentum != 0), ("NESTEROV", nesterov),
+                                      ("MAXIMIZE", maximize)) if on)
+        kernel = self._kernel("sgd_step", flags, 4, 3, 4 * SLOTS)
+        self._launch(kernel, [lr, weight_decay, momentum, dampening, int(first_step)], rows, numels, 3)
+
+    def axpb(self, tensors: Sequence[Operand], numels: Sequence[int], a: float, b: float) -> None:
+        """x = a*x + b for every tensor (contiguous float32)."""
+        self._check([tensors])
+        kernel = self._kernel("axpb", (), 2, 1, 2 * SLOTS)
+        self._launch(kernel, [a, b], [(t,) for t in tensors], numels, 1)

@@ -1,0 +1,317 @@
+"""The pointwise family: one ``pointwise.cl`` template, one C expression per op (``EXPRESSIONS``).
+
+:class:`Pointwise` compiles the template once per op signature (op, dtypes, merged rank, index
+type) with the expression passed as ``-DOP(a,b,c)=...`` and launches it over strided, broadcast
+operands. It is not tunable; the backend uses it for every elementwise op, copies and fills.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+import pyopencl as cl
+
+from tunecl.kernels.strided import (
+    CTYPES,
+    FLOATING,
+    INT32_MAX,
+    KernelCache,
+    Operand,
+    Unsupported,
+    merge_dims,
+    meta_dtype,
+    pack_meta,
+    pad_front,
+    rank_bucket,
+    round_up,
+    work_group,
+)
+from tunecl.runtime import Device
+
+
+class Expr(NamedTuple):
+    """One op: ``nin`` inputs (a, b, c), ``nparams`` parameters (s0..), its C expression for
+    floating compute, and for integer compute (``None``: the op only exists for floats)."""
+
+    nin: int
+    nparams: int
+    code: str
+    int_code: str | None
+
+
+def _same(nin: int, nparams: int, code: str) -> Expr:
+    return Expr(nin, nparams, code, code)
+
+
+def _float(nin: int, nparams: int, code: str) -> Expr:
+    return Expr(nin, nparams, code, None)
+
+
+# Helpers to keep the table readable; each expands to an expression without whitespace (build
+# options are split at whitespace). Ternaries mirror std::max/min so NaN propagates like torch.
+_MAXIMUM = "((a>b||a!=a)?a:b)"
+_MINIMUM = "((a<b||a!=a)?a:b)"
+_CLAMP = "((a<s0?s0:a)>s1?s1:(a<s0?s0:a))"
+_HSIG = "((6.0f<((a+3.0f)<0.0f?0.0f:(a+3.0f)))?6.0f:((a+3.0f)<0.0f?0.0f:(a+3.0f)))/6.0f"
+_SIG_B = "(1.0f/(1.0f+exp(-b)))"
+_TANH_B = "tanh(0.79788456080286536f*(b+0.044715f*b*b*b))"
+
+EXPRESSIONS: dict[str, Expr] = {
+    # creation and copies
+    "copy": _same(1, 0, "a"),
+    "fill": _same(0, 1, "s0"),
+    "arange": _same(0, 2, "s0+(TC)i*s1"),
+    # linspace from both ends, as torch computes it (s0 start, s1 step, s2 half the count, s3 end)
+    "linspace": _float(0, 4, "((TC)i<s2?s0+(TC)i*s1:s3-(TC)(COUNT-1-i)*s1)"),
+    "eye": _same(0, 1, "(TC)((i/(IDX)s0)==(i%(IDX)s0))"),  # over an (n, m) output, s0 = m
+    # arithmetic
+    "add": _same(2, 1, "a+s0*b"),
+    "sub": _same(2, 1, "a-s0*b"),
+    "mul": _same(2, 0, "a*b"),
+    "div": _float(2, 0, "a/b"),
+    "div_trunc": _float(2, 0, "trunc(a/b)"),
+    "div_floor": _float(2, 0, "floor(a/b)"),
+    "remainder": _float(2, 0, "(a-floor(a/b)*b)"),
+    "atan2": _float(2, 0, "atan2(a,b)"),
+    "neg": _same(1, 0, "-a"),
+    "abs": Expr(1, 0, "fabs(a)", "(a<0?-a:a)"),
+    "sign": _same(1, 0, "(a!=a?a:(TC)((a>0)-(a<0)))"),
+    "reciprocal": _float(1, 0, "1.0f/a"),
+    "pow": _float(2, 0, "pow(a,b)"),
+    "maximum": _same(2, 0, _MAXIMUM),
+    "minimum": _same(2, 0, _MINIMUM),
+    "clamp": _same(1, 2, _CLAMP),
+    "clamp_min": _same(1, 1, "(a<s0?s0:a)"),
+    "clamp_max": _same(1, 1, "(a>s0?s0:a)"),
+    "clamp_tensor": _same(3, 0, "((X<c||X!=X)?X:c)".replace("X", _MAXIMUM)),
+    "addcmul": _same(3, 1, "a+s0*b*c"),
+    "addcdiv": _float(3, 1, "a+s0*b/c"),
+    "lerp": _float(2, 1, "(s0<0.5f?a+s0*(b-a):b-(b-a)*(1.0f-s0))"),
+    "lerp_tensor": _float(3, 0, "(c<0.5f?a+c*(b-a):b-(b-a)*(1.0f-c))"),
+    "scale_mask": _float(2, 1, "a*b*s0"),  # dropout and its backward: x * mask * scale
+    # math
+    "exp": _float(1, 0, "exp(a)"),
+    "exp2": _float(1, 0, "exp2(a)"),
+    "log": _float(1, 0, "log(a)"),
+    "log1p": _float(1, 0, "log1p(a)"),
+    "expm1": _float(1, 0, "expm1(a)"),
+    "sqrt": _float(1, 0, "sqrt(a)"),
+    "rsqrt": _float(1, 0, "rsqrt(a)"),
+    "sin": _float(1, 0, "sin(a)"),
+    "cos": _float(1, 0, "cos(a)"),
+    "erf": _float(1, 0, "erf(a)"),
+    "floor": _same(1, 0, "floor(a)"),
+    "ceil": _same(1, 0, "ceil(a)"),
+    "trunc": _same(1, 0, "trunc(a)"),
+    "round": _same(1, 0, "rint(a)"),  # rint rounds half to even, like torch.round
+    # comparisons and selection (the output is bool or the selected dtype)
+    "eq": _same(2, 0, "a==b"),
+    "ne": _same(2, 0, "a!=b"),
+    "lt": _same(2, 0, "a<b"),
+    "le": _same(2, 0, "a<=b"),
+    "gt": _same(2, 0, "a>b"),
+    "ge": _same(2, 0, "a>=b"),
+    "logical_not": _same(1, 0, "a==0"),
+    "logical_and": _same(2, 0, "(a!=0)&&(b!=0)"),
+    "logical_or": _same(2, 0, "(a!=0)||(b!=0)"),
+    "logical_xor": _same(2, 0, "(a!=0)!=(b!=0)"),
+    "bitwise_and": Expr(2, 0, "", "a&b"),
+    "bitwise_or": Expr(2, 0, "", "a|b"),
+    "bitwise_xor": Expr(2, 0, "", "a^b"),
+    "isnan": _same(1, 0, "a!=a"),
+    "isinf": _float(1, 0, "isinf(a)"),
+    "isposinf": _float(1, 0, "(isinf(a)&&a>0)"),
+    "isneginf": _float(1, 0, "(isinf(a)&&a<0)"),
+    "isfinite": _float(1, 0, "isfinite(a)"),
+    "bitwise_not": Expr(1, 0, "", "~a"),
+    "where": _same(3, 0, "(a!=0?b:c)"),
+    "masked_fill": _same(2, 1, "(b!=0?s0:a)"),
+    "masked_fill_tensor": _same(3, 0, "(b!=0?c:a)"),
+    # activations (forward: a = input; backward: a = grad_output, b = input or output)
+    "relu": _same(1, 0, "(a<0?(TC)0:a)"),
+    "hardtanh": _same(1, 2, _CLAMP),
+    "hardtanh_backward": _float(2, 2, "((b<=s0||b>=s1)?0.0f:a)"),
+    "threshold": _same(1, 2, "(a<=s0?s1:a)"),
+    "threshold_backward": _same(2, 1, "(b<=s0?(TC)0:a)"),
+    "sigmoid": _float(1, 0, "1.0f/(1.0f+exp(-a))"),
+    "sigmoid_backward": _float(2, 0, "a*(1.0f-b)*b"),
+    "tanh": _float(1, 0, "tanh(a)"),
+    "tanh_backward": _float(2, 0, "a*(1.0f-b*b)"),
+    "silu": _float(1, 0, "a/(1.0f+exp(-a))"),
+    "silu_backward": _float(2, 0, f"a*{_SIG_B}*(1.0f+b*(1.0f-{_SIG_B}))"),
+    "gelu": _float(1, 0, "0.5f*a*(1.0f+erf(a*0.70710678118654752f))"),
+    "gelu_tanh": _float(1, 0, "0.5f*a*(1.0f+tanh(0.79788456080286536f*(a+0.044715f*a*a*a)))"),
+    "gelu_backward": _float(2, 0, "a*(0.5f*(1.0f+erf(b*0.70710678118654752f))"
+                                  "+b*0.39894228040143268f*exp(-0.5f*b*b))"),
+    "gelu_tanh_backward": _float(2, 0, f"a*(0.5f*(1.0f+{_TANH_B})+0.5f*b*(1.0f-{_TANH_B}*{_TANH_B})"
+                                       "*0.79788456080286536f*(1.0f+0.134145f*b*b))"),
+    "hardswish": _float(1, 0, f"a*{_HSIG}"),
+    "hardswish_backward": _float(2, 0, "(b<-3.0f?0.0f:(b<=3.0f?a*(b/3.0f+0.5f):a))"),
+    "hardsigmoid": _float(1, 0, _HSIG),
+    "hardsigmoid_backward": _float(2, 0, "((b>-3.0f&&b<3.0f)?a/6.0f:0.0f)"),
+    "softplus": _float(1, 2, "(a*s0>s1?a:log1p(exp(a*s0))/s0)"),  # s0 beta, s1 threshold
+    "softplus_backward": _float(2, 2, "(b*s0>s1?a:a*exp(b*s0)/(exp(b*s0)+1.0f))"),
+    "elu": _float(1, 3, "(a>0?a*s1:(exp(a*s2)-1.0f)*s0*s1)"),  # s0 alpha, s1 scale, s2 input_scale
+    "elu_backward": _float(2, 3, "(b>0?a*s1:a*s2*s0*s1*exp(b*s2))"),           # b = input
+    "elu_backward_result": _float(2, 3, "(b>0?a*s1:a*s2*(b+s0*s1))"),          # b = output
+    "squared_difference": _float(2, 0, "(a-b)*(a-b)"),
+    "mse_backward": _float(3, 1, "s0*(a-b)*c"),  # (input, target, grad_output): s0 = 2 / N or 2
+    "leaky_relu": _float(1, 1, "(a>0?a:a*s0)"),
+    "leaky_relu_backward": _float(2, 1, "(b>0?a:a*s0)"),
+}
+
+for _name, _expr in EXPRESSIONS.items():  # a whitespace would split the -DOP option
+    assert not any(ch.isspace() for ch in _expr.code + (_expr.int_code or "")), _name
+
+Input = Operand | float | int | bool
+
+
+def compute_type(out_dtype: str, inputs: Sequence[Input]) -> str:
+    """The C type an op computes in: float if any operand is floating, else long/int."""
+    if out_dtype in FLOATING:
+        return "float"
+    wide = out_dtype == "int64"
+    for x in inputs:
+        if isinstance(x, Operand):
+            if x.dtype in FLOATING:
+                return "float"
+            wide = wide or x.dtype == "int64"
+        elif isinstance(x, float):
+            return "float"
+    return "long" if wide else "int"
+
+
+def _out_kind(dtype: str, tc: str) -> int:
+    if dtype == "float16":
+        return 1
+    if dtype == "bool":
+        return 2
+    if dtype not in FLOATING and tc == "float":
+        return 3
+    return 0
+
+
+class _Plan(NamedTuple):
+    """What one op signature needs per launch: the kernel and the shape part of ``meta``."""
+
+    kernel: cl.Kernel
+    prefix: list[int]         # count, sizes, strides of every operand (scalars: zeros)
+    extents: tuple[int, ...]  # per operand: the largest element offset it reaches past its own offset
+    cast: type                # Python type of scalar arguments (float or int)
+    global_size: tuple[int]
+    wide: bool                # compiled with 64-bit indices
+
+
+class Pointwise:
+    """Launches ``EXPRESSIONS`` ops on one device; compiles each op signature once.
+
+    The hot path is a dict lookup keyed by the op's signature (op, shape, dtypes, strides, scalar
+    kinds): dim merging, compute type and ``meta`` layout are worked out once per signature.
+    """
+
+    MAX_PLANS = 8192  # a safety valve for programs with ever-changing shapes
+
+    def __init__(self, device: Device):
+        self.device = device
+        self.queue = device.queue
+        self.cache = KernelCache(device, __package__, "pointwise.cl")
+        self.local = work_group(device, 256)
+        self._plans: dict[tuple, _Plan] = {}
+
+    def __call__(self, op: str, shape: Sequence[int], out: Operand, inputs: Sequence[Input] = (),
+                 params: Sequence[float | int | bool] = ()) -> cl.Event | None:
+        """Enqueue ``out = op(inputs, params)`` over ``shape`` (out's shape). Never waits.
+
+        Args:
+            op: a key of :data:`EXPRESSIONS`.
+            shape: the iteration shape (a tuple); every operand's strides are given for it.
+            out: the output operand (may alias an input element-for-element, as in-place ops do).
+            inputs: operands or Python scalars (a scalar becomes a kernel argument).
+            params: the op's parameters s0.. (alpha, clamp bounds, ...).
+
+        Raises:
+            Unsupported: a dtype or rank this family does not handle.
+        """
+        key = (op, shape, out.dtype, out.strides,
+               *[(x.dtype, x.strides) if isinstance(x, Operand) else type(x) for x in inputs])
+        plan = self._plans.get(key)
+        if plan is None:
+            if 0 in shape:
+                return None
+            plan = self._plan(key, op, shape, out, inputs, wide=False)
+        offsets = [out.offset] + [x.offset if isinstance(x, Operand) else 0 for x in inputs]
+        if not plan.wide and any(o + e > INT32_MAX for o, e in zip(offsets, plan.extents)):
+            plan = self._plan(None, op, shape, out, inputs, wide=True)
+        cast = plan.cast
+        args = [out.buffer]
+        for x in inputs:
+            args.append(x.buffer if isinstance(x, Operand) else cast(x))
+        for p in params:
+            args.append(cast(p))
+        args.append(pack_meta(plan.prefix + offsets, "long" if plan.wide else "int"))
+        return plan.kernel(self.queue, plan.global_size, (self.local,), *args)
+
+    def _plan(self, key: tuple | None, op: str, shape: Sequence[int], out: Operand, inputs: Sequence[Input],
+              wide: bool) -> _Plan:
+        expr = EXPRESSIONS[op]
+        if len(inputs) != expr.nin:
+            raise ValueError(f"{op} takes {expr.nin} inputs, got {len(inputs)}")
+        count = math.prod(shape)
+        tc = compute_type(out.dtype, inputs)
+        tensors = [out] + [x for x in inputs if isinstance(x, Operand)]
+        for t in tensors:
+            if t.dtype not in CTYPES:
+                raise Unsupported(f"dtype {t.dtype}")
+        if tc != "float" and expr.int_code is None:
+            raise Unsupported(f"{op} on integer tensors")
+        if tc == "float" and not expr.code:
+            raise Unsupported(f"{op} on floating tensors")
+        mshape, mstrides = merge_dims(shape, [t.strides for t in tensors])
+        rank = rank_bucket(len(mshape))
+        extents = tuple(sum((n - 1) * s for n, s in zip(mshape, st)) for st in mstrides)
+        wide = wide or count > INT32_MAX or any(e > INT32_MAX for e in extents)
+        idx = "long" if wide else "int"
+        signature = tuple(x.dtype if isinstance(x, Operand) else None for x in inputs)
+        kernel_key = (op, tc, out.dtype, signature, rank, idx)
+        kernel = self.cache.get(kernel_key)
+        if kernel is None:
+            kernel = self._build(kernel_key, expr, 1 + rank + (expr.nin + 1) * (rank + 1))
+        prefix = [count] + pad_front(mshape, rank, 1)
+        operand_extents = []
+        strides_iter, extents_iter = iter(mstrides), iter(extents)
+        for x in [out, *inputs]:  # scalar inputs keep zero strides so the layout stays fixed
+            if isinstance(x, Operand):
+                prefix += pad_front(next(strides_iter), rank, 0)
+                operand_extents.append(next(extents_iter))
+            else:
+                prefix += [0] * rank
+                operand_extents.append(0)
+        plan = _Plan(kernel, prefix, tuple(operand_extents), float if tc == "float" else int,
+                     (round_up(count, self.local),), wide)
+        if key is not None:
+            if len(self._plans) >= self.MAX_PLANS:
+                self._plans.clear()
+            self._plans[key] = plan
+        return plan
+
+    def _build(self, key: tuple, expr: Expr, meta_len: int) -> cl.Kernel:
+        _, tc, out_dtype, signature, rank, idx = key
+        code = expr.code if tc == "float" else expr.int_code
+        options = [f"-DOP(a,b,c)={code}", f"-DNIN={expr.nin}", f"-DNS={expr.nparams}",
+                   f"-DNDIM={rank}", f"-DIDX={idx}", f"-DTC={tc}", f"-DTOUT={CTYPES[out_dtype]}",
+                   f"-DOUT_KIND={_out_kind(out_dtype, tc)}"]
+        np_tc = np.float32 if tc == "float" else (np.int64 if tc == "long" else np.int32)
+        dtypes: list = [None]
+        for k, dtype in enumerate(signature):
+            if dtype is None:
+                options.append(f"-DIN{k}_SCALAR")
+                dtypes.append(np_tc)
+            else:
+                options += [f"-DTIN{k}={CTYPES[dtype]}", f"-DIN{k}_KIND={1 if dtype == 'float16' else 0}"]
+                dtypes.append(None)
+        dtypes += [np_tc] * expr.nparams
+        dtypes.append(meta_dtype(meta_len, idx))
+        return self.cache.build(key, options, "pointwise", dtypes)

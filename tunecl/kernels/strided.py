@@ -1,0 +1,132 @@
+"""Strided operands for the backend's non-tunable kernel families (pointwise, reduce, ...).
+
+These families read tensors through arbitrary strides. The host describes each tensor as an
+:class:`Operand` (buffer, element offset, strides, dtype name), merges dims that are contiguous in
+*every* operand (so a dense tensor becomes one dim), and ships sizes, strides and offsets to the
+kernel in one by-value struct (``meta``), so a single binary serves every shape of the same rank.
+Nothing here knows about torch: dtypes are names such as ``"float32"``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from array import array
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import pyopencl as cl
+
+from tunecl.kernels.base import read_source
+from tunecl.runtime import Device
+
+# dtype name -> OpenCL C storage type. bool is stored as uchar 0/1 (OpenCL has no bool buffers);
+# half is only loaded/stored (vload_half/vstore_half), never computed in.
+CTYPES: dict[str, str] = {
+    "float32": "float", "float16": "half", "int64": "long", "int32": "int", "int16": "short",
+    "int8": "char", "uint8": "uchar", "bool": "uchar",
+}
+FLOATING = frozenset({"float32", "float16"})
+INT32_MAX = 2**31 - 1
+# ranks compiled for: a merged rank is padded up to the next bucket, which bounds compiles per op
+RANK_BUCKETS = (1, 2, 4, 8)
+MAX_RANK = RANK_BUCKETS[-1]
+
+
+class Unsupported(Exception):
+    """A kernel family cannot compute this case (dtype, rank, ...); the caller picks another path."""
+
+
+class Operand(NamedTuple):
+    """A tensor as a kernel sees it: strides and offset in elements, already broadcast to the op's
+    iteration shape (stride 0 along broadcast dims)."""
+
+    buffer: cl.Buffer | None
+    offset: int
+    strides: tuple[int, ...]
+    dtype: str
+
+
+def merge_dims(shape: Sequence[int], stride_sets: Sequence[Sequence[int]]
+               ) -> tuple[list[int], list[list[int]]]:
+    """Drop size-1 dims and merge neighbours that are contiguous in every stride set.
+
+    Returns the merged shape (at least one dim) and the matching strides of each set.
+    """
+    merged_shape: list[int] = []
+    merged: list[list[int]] = [[] for _ in stride_sets]
+    for d, size in enumerate(shape):
+        if size == 1:
+            continue
+        if merged_shape and all(m[-1] == st[d] * size for m, st in zip(merged, stride_sets)):
+            merged_shape[-1] *= size
+            for m, st in zip(merged, stride_sets):
+                m[-1] = st[d]
+        else:
+            merged_shape.append(size)
+            for m, st in zip(merged, stride_sets):
+                m.append(st[d])
+    if not merged_shape:
+        return [1], [[0] for _ in stride_sets]
+    return merged_shape, merged
+
+
+def rank_bucket(rank: int) -> int:
+    """The compiled rank that serves ``rank`` merged dims."""
+    for bucket in RANK_BUCKETS:
+        if rank <= bucket:
+            return bucket
+    raise Unsupported(f"{rank} non-mergeable dims (at most {MAX_RANK} are compiled)")
+
+
+def pad_front(values: list[int], rank: int, fill: int) -> list[int]:
+    return [fill] * (rank - len(values)) + values
+
+
+def pack_meta(values: Sequence[int], idx: str) -> bytes:
+    """The by-value ``meta`` struct: consecutive ``int`` or ``long`` values."""
+    return array("i" if idx == "int" else "q", values).tobytes()
+
+
+def meta_dtype(length: int, idx: str) -> np.dtype:
+    """Scalar-arg dtype of a ``meta`` struct of ``length`` values: raw bytes for pyopencl."""
+    return np.dtype(f"V{length * (4 if idx == 'int' else 8)}")
+
+
+def round_up(n: int, multiple: int) -> int:
+    return (n + multiple - 1) // multiple * multiple
+
+
+class KernelCache:
+    """Compiled kernels of one ``.cl`` family on one device, keyed by a small tuple.
+
+    The dict lookup is the hot path; the runtime's program cache (keyed by source hash and options)
+    and pyopencl's disk cache sit behind it.
+    """
+
+    def __init__(self, device: Device, package: str, filename: str):
+        self.device = device
+        self.source = read_source(package, filename)
+        self._kernels: dict[Any, cl.Kernel] = {}
+
+    def get(self, key: Any) -> cl.Kernel | None:
+        return self._kernels.get(key)
+
+    def build(self, key: Any, options: Sequence[str], name: str, scalar_dtypes: Sequence[Any]) -> cl.Kernel:
+        """Compile (or fetch from the runtime's caches) and keep the kernel for ``key``."""
+        with warnings.catch_warnings():
+            # drivers (NVIDIA's among them) print notes for valid code; for the backend's users
+            # one such warning per op signature is noise
+            warnings.simplefilter("ignore", cl.CompilerWarning)
+            program = self.device.build(self.source, options)
+        kernel = self.device.kernel(program, name, scalar_dtypes)
+        self._kernels[key] = kernel
+        return kernel
+
+    def __len__(self) -> int:
+        return len(self._kernels)
+
+
+def work_group(device: Device, preferred: int = 256) -> int:
+    """A 1-D work-group size the device accepts."""
+    return max(1, min(preferred, device.max_work_group_size))
