@@ -19,6 +19,8 @@ COMMANDS = {
     "devices": "tunecl.cli.devices",
     "db": "tunecl.cli.db",
     "tune": "tunecl.cli.tune",
+    "bench": "tunecl.cli.bench",
+    "validate": "tunecl.cli.validate",
 }
 
 

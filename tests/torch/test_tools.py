@@ -1,0 +1,175 @@
+"""``tunecl validate`` and ``tunecl bench`` on a tiny conv net (their library functions and the CLI)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import tiny_nets
+import torch
+
+import tunecl.backend  # noqa: F401
+from tunecl import config
+from tunecl.cli import build_parser, main
+from tunecl.errors import DeviceNotFoundError, TuneclError
+from tunecl.tools.bench import bench_net, measure_in_subprocess
+from tunecl.tools.validate import Tolerances, validate_net
+
+TINY = "tiny_nets:tiny_cnn"   # tests/torch/tiny_nets.py, on sys.path like every module of this folder
+OFF = "tiny_nets:off_on_device"
+BESSEL = "tiny_nets:bessel_net"
+SMALL = {"batch": 2, "image_size": 16}
+
+
+# -- validate ----------------------------------------------------------------------------------------
+def test_validate_tiny_net_inference_passes():
+    report = validate_net(TINY, **SMALL)
+    assert report.passed and report.exit_code == 0, report.failures or report.error
+    assert [c.kind for c in report.checks] == ["output"]
+    assert report.checks[0].max_rel <= Tolerances().output
+
+
+def test_validate_tiny_net_train_step_passes_and_checks_every_parameter(capsys):
+    assert main(["validate", "--net", TINY, "--train", "--batch", "2", "--image-size", "16", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["passed"] and data["error"] is None
+    names = [n for n, _ in tiny_nets.tiny_cnn().named_parameters()]
+    kinds = [(c["kind"], c["name"]) for c in data["checks"]]
+    assert kinds == [("output", "output"), ("loss", "loss")] + [("grad", n) for n in names] \
+        + [("param", n) for n in names]
+    assert all(c["max_abs"] is not None for c in data["checks"])
+
+
+def test_validate_fails_with_exit_code_1_when_the_device_is_off(capsys):
+    report = validate_net(OFF, **SMALL)
+    assert not report.passed and report.exit_code == 1
+    assert report.failures[0].kind == "output" and report.failures[0].max_rel > 5e-3
+
+    assert main(["validate", "--net", OFF, "--train", "--batch", "2",
+                 "--image-size", "16"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL:" in out and "checks over tolerance: output, grad" in out
+    assert "tolerances: output rel <= 0.001" in out
+
+
+def test_validate_reports_a_forbidden_fallback_as_a_failure_naming_the_op(capsys):
+    with config.override(fallback="error"):
+        assert main(["validate", "--net", BESSEL, "--batch", "2", "--image-size", "4"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL: the device run raised (op aten::special_bessel_j0" in out
+    with config.override(fallback="silent"):
+        report = validate_net(BESSEL, batch=2, image_size=4)
+    assert report.passed
+    assert report.fallback_ops and all("bessel_j0" in op for op in report.fallback_ops)
+
+
+def test_a_missing_adam_step_fails_while_sign_flips_of_tiny_gradients_pass():
+    from tunecl.tools.validate import ADAM_LR, _checks
+
+    p = torch.randn(100)
+    g = torch.randn(100) * 1e-2
+    g[:3] = torch.tensor([1e-9, -1e-9, 0.0])    # rounding noise: its sign may differ between devices
+    g_dev = g.clone()
+    g_dev[:3] = -g[:3]
+
+    def run(grad, step=True):
+        return {"output": torch.ones(2), "loss": torch.tensor(1.0), "grads": {"p": grad},
+                "params": {"p": p - ADAM_LR * grad.sign() * step}}
+
+    ok = _checks(run(g), run(g_dev), Tolerances())
+    assert all(c.passed for c in ok), ok
+    assert ok[-1].note.startswith("3/100 with gradients of other signs")
+    missing = _checks(run(g), run(g_dev, step=False), Tolerances())
+    assert [c.kind for c in missing if not c.passed] == ["param"]
+
+
+# -- bench -------------------------------------------------------------------------------------------
+def test_bench_tiny_net_against_cpu_gives_times_and_a_ratio():
+    result = bench_net(TINY, compare="cpu", warmup=1, repeats=2, **SMALL)
+    ours, peer = result["ours"], result["peer"]
+    assert ours["median_ms"] > 0 and len(ours["times_ms"]) == 2
+    assert peer["median_ms"] > 0 and peer["process"] == "same" and peer["kind"] == "cpu"
+    assert result["ratio"] == pytest.approx(ours["median_ms"] / peer["median_ms"])
+    assert result["mode"] == "inference"
+    assert result["fallback_calls"] == sum(result["fallback_ops"].values())
+
+
+def test_bench_cli_train_json(capsys):
+    argv = ["bench", "--net", TINY, "--batch", "2", "--image-size", "16", "--train", "--compare", "cpu",
+            "--warmup", "1", "--repeats", "2", "--json"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["mode"] == "train" and data["ours"]["median_ms"] > 0 and data["ratio"] > 0
+
+
+def test_bench_cli_summary_without_peer(capsys):
+    argv = ["bench", "--net", TINY, "--batch", "1", "--image-size", "8", "--compare", "none",
+            "--warmup", "0", "--repeats", "1"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "ours" in out and "peer" not in out and "fallback" in out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA exists here")
+def test_bench_compare_cuda_without_cuda_is_an_error_before_measuring(capsys):
+    assert main(["bench", "--net", TINY, "--batch", "1", "--image-size", "8", "--compare", "cuda"]) == 1
+    err = capsys.readouterr().err
+    assert "--compare cuda: torch.cuda.is_available() is False" in err and "measuring" not in err
+
+
+def test_bench_under_fallback_error_names_the_op(capsys):
+    with config.override(fallback="error"):
+        assert main(["bench", "--net", BESSEL, "--batch", "2", "--image-size", "4", "--compare", "none",
+                     "--warmup", "0", "--repeats", "1"]) == 1
+    assert "cannot run on opencl:0: aten::special_bessel_j0" in capsys.readouterr().err
+
+
+def test_peer_subprocess_never_imports_the_backend():
+    """The path --compare cuda takes, run with device cpu so it works without a GPU."""
+    peer = measure_in_subprocess({"net": TINY, "batch": 1, "image_size": 8, "train": True, "warmup": 0,
+                                  "repeats": 1, "seed": 0, "device": "cpu"})
+    assert peer["process"] == "separate" and peer["backend_imported"] is False and peer["median_ms"] > 0
+
+
+# -- errors ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, message", [
+    (["bench"], "the following arguments are required: --net"),
+    (["bench", "--net", "x", "--compare", "gpu"], "invalid choice: 'gpu'"),
+    (["bench", "--net", "x", "--repeats", "0"], "expected a positive integer"),
+    (["bench", "--net", "x", "--warmup", "-1"], "expected an integer ≥ 0"),
+    (["bench", "--net", "x", "--batch", "many"], "expected a positive integer"),
+    (["validate"], "the following arguments are required: --net"),
+    (["validate", "--net", "x", "--image-size", "0"], "expected a positive integer"),
+    (["validate", "--net", "x", "--compare", "cpu"], "unrecognized arguments: --compare"),
+])
+def test_bad_arguments_are_usage_errors(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["bench", "validate"])
+@pytest.mark.parametrize("extra, message", [
+    (["--net", "resnet19"], "unknown model 'resnet19' (close matches: resnet18"),
+    (["--net", "no_such_module:factory"], "cannot build 'no_such_module:factory'"),
+    (["--net", TINY, "--image-size", "1"], "cannot take a 1x3x1x1 input (is the image size or batch too"),
+    (["--net", TINY, "--image-size", "2", "--train"], "cannot take a 1x3x2x2 input in train mode"),
+    (["--net", TINY, "--device", "no such device"], "no OpenCL device matches 'no such device'"),
+])
+def test_bad_nets_and_devices_are_errors_with_exit_code_1(capsys, command, extra, message):
+    assert main([command, *extra, "--batch", "1"]) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_a_second_device_in_one_process_is_refused():
+    torch.opencl.synchronize()   # the backend has picked its device
+    current = torch.opencl.get_device_properties()["index"]
+    from tunecl import runtime
+    others = [e for e in runtime.list_devices() if e.index != current]
+    if not others:
+        pytest.skip("one OpenCL device only")
+    with pytest.raises(TuneclError, match="already device"):
+        validate_net(TINY, device=str(others[0].index), **SMALL)
+    with pytest.raises(DeviceNotFoundError):
+        bench_net(TINY, device="99", compare="none", repeats=1, warmup=0, **SMALL)

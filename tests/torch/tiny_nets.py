@@ -1,0 +1,49 @@
+"""Tiny models for ``tunecl bench`` / ``tunecl validate`` tests, named ``tiny_nets:FACTORY``.
+
+This module must not import ``tunecl.backend``: the bench peer process imports it, and that process
+has to stay free of the backend (the check that it does is part of what the tests exercise).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def tiny_cnn() -> nn.Module:
+    """conv + bn + relu + pool, twice, then global pool and a linear layer: 3xHxW -> 5 classes."""
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(), nn.Linear(16, 5))
+
+
+class _OffOnDevice(nn.Module):
+    """tiny_cnn whose output is 1% off on the opencl device: a broken backend, as validate sees it."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = tiny_cnn()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.net(x)
+        return out * 1.01 if out.device.type == "opencl" else out
+
+
+class _Bessel(nn.Module):
+    """A model with an op the backend has no kernel for (so it takes the CPU fallback)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.special.bessel_j0(x.mean((2, 3))))
+
+
+def off_on_device() -> nn.Module:
+    return _OffOnDevice()
+
+
+def bessel_net() -> nn.Module:
+    return _Bessel()

@@ -1,0 +1,101 @@
+"""``tunecl bench``: ms per batch of a whole model on the opencl device next to torch on CPU or CUDA.
+
+The work is :func:`tunecl.tools.bench.bench_net`; this module parses arguments, prints progress on
+stderr and the outcome on stdout (a summary, or one JSON object with ``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, TextIO
+
+from tunecl.cli.output import print_json
+from tunecl.cli.tune import non_negative_int, positive_int
+
+COMPARE = ("cpu", "cuda", "none")  # tunecl.tools.bench.COMPARE, repeated so --help imports no torch
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "bench", help="ms per batch of a model on the opencl device, next to torch on CPU or CUDA",
+        description="Time a model the way the dlprimitives seed table did. Inference: copy the batch to "
+                    "the device, forward (eval mode, no_grad), copy the result back. Train (--train): copy "
+                    "batch and labels, zero_grad, forward, cross-entropy loss, backward, Adam step, wait "
+                    "for the device. Prints the median of --repeats iterations after --warmup untimed ones "
+                    "for tunecl's opencl device and for the peer, and their ratio. The CUDA peer (fp32, "
+                    "TF32 off) runs in a separate process that never imports tunecl.backend: with a "
+                    "PrivateUse1 backend loaded, CUDA backward() can fail (pytorch#161129). Weights are "
+                    "random.")
+    parser.add_argument("--net", metavar="NAME", required=True,
+                        help="torchvision model (resnet50) or package.module:factory")
+    parser.add_argument("--device", metavar="SEL",
+                        help="OpenCL device for opencl:0: index, name part or platform:device "
+                             "(default: TUNECL_DEVICE or 0)")
+    parser.add_argument("--batch", type=positive_int, default=16, help="batch size (default 16)")
+    parser.add_argument("--image-size", type=positive_int, default=224,
+                        help="input height/width (default 224)")
+    parser.add_argument("--train", action="store_true", help="time training iterations instead of inference")
+    parser.add_argument("--compare", choices=COMPARE,
+                        help="peer: torch CPU in this process, torch CUDA in a separate process, or none "
+                             "(default: cuda when torch.cuda.is_available(), else cpu)")
+    parser.add_argument("--warmup", type=non_negative_int, default=3, metavar="N",
+                        help="untimed iterations first (default 3)")
+    parser.add_argument("--repeats", type=positive_int, default=10, metavar="N",
+                        help="timed iterations; the median is reported (default 10)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tunecl.tools.bench import bench_net
+
+    result = bench_net(args.net, device=args.device, batch=args.batch, image_size=args.image_size,
+                       train=args.train, compare=args.compare, warmup=args.warmup, repeats=args.repeats,
+                       seed=args.seed, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    if args.json:
+        print_json(result)
+    else:
+        print_result(result)
+    return 0
+
+
+def _spread(timing: dict[str, Any]) -> str:
+    times = timing["times_ms"]
+    return f"[{min(times):.4g}-{max(times):.4g}]"
+
+
+def print_result(result: dict[str, Any], out: TextIO | None = None) -> None:
+    """The human summary of :func:`tunecl.tools.bench.bench_net`'s result."""
+    out = out or sys.stdout
+
+    def line(label: str, text: str) -> None:
+        print(f"{label:<10}{text}", file=out)
+
+    print(f"{result['net']}, batch {result['batch']}, image {result['image_size']}, {result['mode']}: "
+          f"median ms per batch [min-max] of {result['repeats']} after {result['warmup']} warm-up", file=out)
+    ours, peer = result["ours"], result["peer"]
+    line("ours", f"{ours['median_ms']:10.3f} ms  {_spread(ours)}  {ours['device']}")
+    if peer is not None:
+        where = ("this process" if peer["process"] == "same"
+                 else "a separate process without tunecl.backend")
+        details = [where] + ([f"{peer['threads']} threads"] if "threads" in peer else []) \
+            + ([peer["settings"]] if "settings" in peer else [])
+        line("peer", f"{peer['median_ms']:10.3f} ms  {_spread(peer)}  {peer['device']} "
+                     f"({', '.join(details)})")
+        line("ratio", f"{result['ratio']:10.3f}     ours / peer (above 1: slower than the peer)")
+    if result.get("shared_cores"):
+        line("note", "the OpenCL device is this machine's CPU: ours and the peer ran one after the other on "
+                     "the same cores")
+    fallback = result["fallback_ops"]
+    if fallback:
+        ops = ", ".join(f"{op} {n / result['repeats']:g}" for op, n in fallback.items())
+        line("fallback", f"{result['fallback_calls_per_batch']:g} CPU-fallback calls per batch "
+                         f"(ran on the CPU): {ops}")
+    else:
+        line("fallback", "0 CPU-fallback calls: every op ran on the device")
+    sources = result["plan_sources"]
+    if sources:
+        line("plans", ", ".join(f"{source} {n / result['repeats']:g}" for source, n in sources.items())
+             + " conv/GEMM calls per batch")

@@ -1,0 +1,120 @@
+"""``tunecl validate``: a model on the opencl device against CPU torch, with pass/fail tolerances.
+
+The work is :func:`tunecl.tools.validate.validate_net`; this module parses arguments and prints the
+report (a table, or one JSON object with ``--json``). Exit code 0: every check passed; 1: a check failed
+or the device run raised (e.g. a CPU fallback under ``TUNECL_FALLBACK=error``, named in the output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+from typing import Any, TextIO
+
+from tunecl.cli.output import print_json, print_table
+from tunecl.cli.tune import positive_int
+
+TOLERANCES_HELP = """\
+tolerances (relative error = max|opencl - cpu| / max|cpu| of each tensor):
+  output               <= 1e-3   fp32 on both sides, but tiled GEMM/conv and tree reductions sum in
+                                 other orders (~1e-6 per op, growing with depth)
+  loss                 <= 1e-3
+  gradients            <= 1e-2   backward doubles the depth, and batch norm at batch 1-2 over small
+                                 maps divides by small standard deviations, amplifying rounding;
+                                 a gradient with max|cpu| < 1e-4 x the model's largest gradient is
+                                 zero but for rounding (a conv bias before batch norm) and passes
+                                 on abs error <= 1e-2 x 1e-4 x that largest gradient
+  parameters after     <= 1e-4   over elements whose two gradients have the same sign and |g| > 1e-5
+  one Adam step                  (1000 eps): Adam's first step is lr * sign(g), so a near-zero gradient
+                                 whose sign differs by rounding moves a parameter by up to 2 lr; those
+                                 elements are counted and held to that bound only
+Under TUNECL_FALLBACK=error an op without an OpenCL kernel raises, and validate fails naming it.
+exit code: 0 every check passed, 1 a check failed or the device run raised."""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "validate", help="compare a model on the opencl device with CPU torch (exit 1 on a mismatch)",
+        description=textwrap.fill(
+            "Run a model (random weights) on the opencl device and on the CPU with the same weights and "
+            "inputs. Without --train: one eval-mode forward, the outputs compared. With --train: train-mode "
+            "forward, cross-entropy loss, backward and one Adam step (lr 1e-3), comparing output, loss, "
+            "every parameter gradient and every parameter after the step.", 100),
+        epilog=TOLERANCES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--net", metavar="NAME", required=True,
+                        help="torchvision model (resnet50) or package.module:factory")
+    parser.add_argument("--device", metavar="SEL",
+                        help="OpenCL device for opencl:0: index, name part or platform:device "
+                             "(default: TUNECL_DEVICE or 0)")
+    parser.add_argument("--train", action="store_true", help="compare a training step, not inference")
+    parser.add_argument("--batch", type=positive_int, default=2, help="batch size (default 2)")
+    parser.add_argument("--image-size", type=positive_int, default=64, help="input height/width (default 64)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tunecl.tools.validate import validate_net
+
+    report = validate_net(args.net, device=args.device, train=args.train, batch=args.batch,
+                          image_size=args.image_size, seed=args.seed)
+    if args.json:
+        print_json(report.to_dict())
+    else:
+        print_report(report)
+    return report.exit_code
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2e}"
+
+
+def print_report(report: Any, out: TextIO | None = None) -> None:
+    """The human form of a :class:`tunecl.tools.validate.ValidationReport`."""
+    out = out or sys.stdout
+    tol = report.tolerances
+    mode = ("train step (train-mode forward, CE loss, backward, Adam)" if report.train
+            else "inference (eval mode)")
+    print(f"{report.net} on {report.device} vs CPU torch: {mode}, batch {report.batch}, "
+          f"image {report.image_size}", file=out)
+    print(f"tolerances: {tol.describe(report.train)} (relative: max|opencl - cpu| / max|cpu| per tensor)",
+          file=out)
+    print(file=out)
+    checks = {(c.kind, c.name): c for c in report.checks}
+    rows = [[c.kind, _num(c.max_abs), _num(c.max_rel), f"{c.tolerance:g}", "ok" if c.passed else "FAIL",
+             c.note]
+            for c in report.checks if c.kind in ("output", "loss")]
+    if rows:
+        print_table(["tensor", "max abs", "max rel", "tol rel", "", "note"], rows, out=out)
+    grads = [c for c in report.checks if c.kind == "grad"]
+    if grads:
+        print(file=out)
+        table = []
+        for g in grads:
+            p = checks.get(("param", g.name))
+            ok = g.passed and (p is None or p.passed)
+            table.append([g.name, _num(g.max_abs), _num(g.max_rel), _num(p.max_abs if p else None),
+                          _num(p.max_rel if p else None), "ok" if ok else "FAIL",
+                          "; ".join(n for n in (g.note, p.note if p else "") if n)])
+        print_table(["parameter", "grad abs", f"grad rel (<={tol.grad:g})", "step abs",
+                     f"step rel (<={tol.param:g})", "", "note"], table, out=out)
+    print(file=out)
+    if report.fallback_ops:
+        ops = ", ".join(f"{op} {n}" for op, n in report.fallback_ops.items())
+        print(f"fallback  {sum(report.fallback_ops.values())} calls ran on the CPU fallback: {ops}", file=out)
+    else:
+        print("fallback  none: every op ran on the device", file=out)
+    if report.plan_sources:
+        print("plans     " + ", ".join(f"{s} {n}" for s, n in report.plan_sources.items()), file=out)
+    if report.error is not None:
+        op = f" (op {report.error_op})" if report.error_op else ""
+        print(f"FAIL: the device run raised{op}: {report.error}", file=out)
+    elif report.passed:
+        print(f"PASS: {len(report.checks)} of {len(report.checks)} checks within tolerance", file=out)
+    else:
+        names = ", ".join(f"{c.kind} {c.name}" if c.kind != c.name else c.kind for c in report.failures[:8])
+        more = f" and {len(report.failures) - 8} more" if len(report.failures) > 8 else ""
+        print(f"FAIL: {len(report.failures)} of {len(report.checks)} checks over tolerance: {names}{more}",
+              file=out)

@@ -1,0 +1,217 @@
+"""``tunecl bench``: milliseconds per batch of a whole model on the opencl device, next to a torch peer.
+
+Measured the way the dlprimitives seed table did, one iteration per batch, timed on the host:
+
+- inference: copy the batch to the device, forward (eval mode, ``no_grad``), copy the result back;
+- train: copy batch and labels, ``zero_grad``, forward, cross-entropy loss, backward, Adam step, then
+  wait for the device.
+
+The median of ``repeats`` iterations after ``warmup`` untimed ones is reported for our backend and for
+the peer: torch on the CPU in this process, or torch CUDA (fp32, TF32 off) in a child process that never
+imports ``tunecl.backend`` — with a PrivateUse1 backend loaded, CUDA ``backward()`` can fail
+(pytorch#161129; backend notes §8). The child is this module run as ``python -m tunecl.tools.bench
+--peer JSON``; it prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tunecl.errors import TuneclError
+from tunecl.tools import load_model, make_inputs, output_classes, synchronize, use_device
+
+COMPARE = ("cpu", "cuda", "none")
+PEER_TIMEOUT_S = 3600.0
+
+
+def time_iterations(model: Any, x: Any, y: Any, device: str, *, train: bool, warmup: int, repeats: int,
+                    after_warmup: Callable[[], None] | None = None) -> list[float]:
+    """Seconds of each of ``repeats`` timed iterations (after ``warmup`` untimed ones) on ``device``.
+
+    ``model`` is moved to ``device``; ``x`` and ``y`` stay on the CPU and are copied every iteration,
+    as part of the measured time. ``after_warmup`` runs between the untimed and the timed iterations.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    model = model.to(device).train(train)
+    if train:
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+        def iteration() -> None:
+            xd, yd = x.to(device), y.to(device)
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(xd), yd)
+            loss.backward()
+            optimizer.step()
+            synchronize(device)
+    else:
+        def iteration() -> None:
+            with torch.no_grad():
+                model(x.to(device)).cpu()   # .cpu() waits for the result
+            synchronize(device)
+
+    for _ in range(warmup):
+        iteration()
+    if after_warmup is not None:
+        after_warmup()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        iteration()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _timing(times: list[float]) -> dict[str, Any]:
+    return {"median_ms": statistics.median(times) * 1e3, "times_ms": [t * 1e3 for t in times]}
+
+
+def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_size: int = 224,
+              train: bool = False, compare: str | None = None, warmup: int = 3, repeats: int = 10,
+              seed: int = 0, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Benchmark ``net`` on the opencl device and on a peer; return one JSON-ready dict.
+
+    Args:
+        net: torchvision model name or ``package.module:factory`` (random weights).
+        device: OpenCL device selector for ``opencl:0`` (see :func:`tunecl.tools.use_device`).
+        compare: ``"cpu"`` (torch CPU, this process), ``"cuda"`` (torch CUDA, TF32 off, child process),
+            ``"none"``, or ``None`` for cuda when ``torch.cuda.is_available()`` else cpu.
+        warmup: untimed iterations before the timed ones (compilation and plan building happen there).
+        repeats: timed iterations; their median is the result.
+        progress: called with a short line before each phase (the CLI prints them on stderr).
+
+    Returns:
+        ``net``, ``batch``, ``image_size``, ``mode``, ``warmup``, ``repeats``, ``ours`` and ``peer``
+        (``device``, ``median_ms``, ``times_ms``, ...; ``peer`` is None for ``compare="none"``),
+        ``ratio`` (ours / peer median), ``shared_cores`` (the peer is torch CPU and the OpenCL device
+        is the same CPU), ``fallback_ops`` (op -> CPU-fallback calls in the timed
+        iterations), ``fallback_calls``, ``fallback_calls_per_batch`` and ``plan_sources``.
+
+    Raises:
+        TuneclError: unknown model or device, an input the model cannot take, a failing peer.
+    """
+    import torch
+
+    compare = compare or ("cuda" if torch.cuda.is_available() else "cpu")
+    if compare not in COMPARE:
+        raise ValueError(f"compare must be one of {COMPARE}, not {compare!r}")
+    if warmup < 0 or repeats < 1 or batch < 1 or image_size < 1:
+        raise ValueError("need warmup >= 0 and repeats, batch, image_size >= 1")
+    if compare == "cuda" and not torch.cuda.is_available():   # say so before the long measurement
+        raise TuneclError("--compare cuda: torch.cuda.is_available() is False here (torch "
+                          f"{torch.__version__}); use --compare cpu or none")
+    say = progress or (lambda line: None)
+    device_name = use_device(device)
+    torch.manual_seed(seed)
+    model = load_model(net)
+    classes = output_classes(model, batch, image_size, train)
+    x, y = make_inputs(batch, image_size, classes, seed)
+    mode = "train" if train else "inference"
+    peer_model = copy.deepcopy(model) if compare == "cpu" else None
+
+    import tunecl.backend
+
+    say(f"measuring {net} on opencl:0 ({device_name}): {warmup} warm-up + {repeats} timed {mode} iterations")
+    try:   # the counters cover the timed iterations only
+        times = time_iterations(model, x, y, "opencl", train=train, warmup=warmup, repeats=repeats,
+                                after_warmup=tunecl.backend.reset_stats)
+    except tunecl.backend.FallbackError as error:   # TUNECL_FALLBACK=error and an op without a kernel
+        raise TuneclError(f"{net} cannot run on opencl:0: {error}") from None
+    stats = tunecl.backend.stats()
+    del model
+    ours = {"device": f"opencl:0 {device_name}", **_timing(times)}
+    device_type = torch.opencl.get_device_properties()["type"]
+
+    peer = None
+    if compare == "cpu":
+        say(f"measuring the peer: torch CPU in this process ({torch.get_num_threads()} threads)")
+        peer_times = time_iterations(peer_model, x, y, "cpu", train=train, warmup=warmup, repeats=repeats)
+        peer = {"kind": "cpu", "device": f"torch {torch.__version__} CPU", "process": "same",
+                "threads": torch.get_num_threads(), **_timing(peer_times)}
+    elif compare == "cuda":
+        say("measuring the peer: torch CUDA (TF32 off) in a separate process without tunecl.backend")
+        peer = measure_in_subprocess({"net": net, "batch": batch, "image_size": image_size, "train": train,
+                                      "warmup": warmup, "repeats": repeats, "seed": seed, "device": "cuda"})
+    fallback = dict(sorted(stats["fallback_ops"].items(), key=lambda kv: -kv[1]))
+    calls = sum(fallback.values())
+    return {
+        "net": net, "batch": batch, "image_size": image_size, "mode": mode, "warmup": warmup,
+        "repeats": repeats, "ours": ours, "peer": peer,
+        "shared_cores": compare == "cpu" and device_type == "cpu",
+        "ratio": ours["median_ms"] / peer["median_ms"] if peer else None,
+        "fallback_ops": fallback, "fallback_calls": calls, "fallback_calls_per_batch": calls / repeats,
+        "plan_sources": dict(stats["plan_sources"]),
+    }
+
+
+def measure_in_subprocess(spec: dict[str, Any], timeout: float = PEER_TIMEOUT_S) -> dict[str, Any]:
+    """Run :func:`peer_main` in a fresh Python that never imports ``tunecl.backend``; return its result.
+
+    ``spec`` holds ``net``, ``batch``, ``image_size``, ``train``, ``warmup``, ``repeats``, ``seed`` and
+    ``device`` (``cuda``, or ``cpu`` to exercise this path without a GPU). The child gets this process's
+    ``sys.path`` so it imports the same ``package.module:factory``.
+
+    Raises:
+        TuneclError: the child failed (its last stderr lines are in the message) or timed out.
+    """
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    command = [sys.executable, "-m", "tunecl.tools.bench", "--peer", json.dumps(spec)]
+    try:
+        done = subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise TuneclError(f"the torch {spec['device']} peer did not finish within {timeout:.0f} s") from None
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        tail = "\n".join(done.stderr.strip().splitlines()[-6:])
+        raise TuneclError(f"the torch {spec['device']} peer failed (exit {done.returncode}):\n{tail}")
+    return json.loads(lines[-1])
+
+
+def peer_main(spec: dict[str, Any]) -> dict[str, Any]:
+    """The child process's work: the same model and inputs, timed with plain torch on ``spec['device']``."""
+    import torch
+
+    device = spec["device"]
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise TuneclError("--compare cuda: torch.cuda.is_available() is False in this environment")
+        torch.backends.cuda.matmul.allow_tf32 = False   # plain fp32, as our kernels compute
+        torch.backends.cudnn.allow_tf32 = False
+        name = torch.cuda.get_device_name()
+    else:
+        name = "CPU"
+    torch.manual_seed(spec["seed"])
+    model = load_model(spec["net"])
+    if "tunecl.backend" in sys.modules:   # the reason this runs in its own process
+        raise TuneclError(f"building {spec['net']!r} imported tunecl.backend; the torch {device} peer must "
+                          f"run without it (pytorch#161129): build the model in a module that does not "
+                          f"import tunecl.backend")
+    classes = output_classes(model, spec["batch"], spec["image_size"], spec["train"])
+    x, y = make_inputs(spec["batch"], spec["image_size"], classes, spec["seed"])
+    times = time_iterations(model, x, y, device, train=spec["train"], warmup=spec["warmup"],
+                            repeats=spec["repeats"])
+    if "tunecl.backend" in sys.modules:
+        raise TuneclError("the peer process imported tunecl.backend while measuring")
+    settings = "fp32, TF32 off, cudnn.benchmark off" if device == "cuda" else "fp32"
+    return {"kind": device, "device": f"torch {torch.__version__} {name}", "process": "separate",
+            "settings": settings, "backend_imported": False, **_timing(times)}
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] != "--peer":
+        sys.exit("usage: python -m tunecl.tools.bench --peer JSON")
+    try:
+        result = peer_main(json.loads(sys.argv[2]))
+    except TuneclError as error:
+        sys.exit(f"tunecl: error: {error}")
+    print(json.dumps(result))
