@@ -19,6 +19,7 @@ FORBIDDEN = {
     "tunecl.search": ("tunecl.db", "tunecl.backend", "tunecl.tune", "tunecl.cli"),
     "tunecl.tune": ("tunecl.backend", "tunecl.cli"),
     "tunecl.backend": ("tunecl.search", "tunecl.cli"),
+    "tunecl.tools": ("tunecl.cli",),
 }
 
 
