@@ -13,7 +13,8 @@ from tunecl.kernels.base import Algorithm
 # problem kind -> modules whose ALGORITHMS lists are the families of that kind
 _REGISTRY: dict[str, tuple[str, ...]] = {
     "gemm": ("tunecl.kernels.gemm", "tunecl.kernels.gemm_direct"),
-    "conv": (),
+    "conv": ("tunecl.kernels.conv_direct", "tunecl.kernels.conv_depthwise", "tunecl.kernels.conv_implicit_gemm",
+             "tunecl.kernels.conv_im2col", "tunecl.kernels.conv_1x1", "tunecl.kernels.conv_winograd"),
 }
 
 

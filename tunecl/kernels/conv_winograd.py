@@ -1,0 +1,177 @@
+"""``conv_winograd`` (F(2×2,3×3)) and ``conv_winograd_f4`` (F(4×4,3×3)): Winograd convolution for
+3×3 filters with stride 1 and dilation 1 (any padding, groups), forward and backward-data.
+
+The transforms live in ``conv_winograd.cl``; the (M+2)²·G element-wise products are one batched
+GEMM of the GEMM family's ``gemm_tiled`` over the plan's workspace:
+
+    U = G·f·Gᵀ (filters, every run)   V = Bᵀ·d·B (input tiles)   Z[ξ] = U[ξ]·V[ξ]   out = Aᵀ·Z·A
+
+Backward-data is the forward convolution of dy with the transposed, 180°-rotated filters and padding
+2 − pad. Images go in chunks whose V and Z fit ``WORKSPACE_CAP``. The filter transform runs on every
+call: the plan contract carries no weight version to cache it by. The forward bias is fused into the
+output transform. F(4×4,3×3) does 2.25× fewer multiplications per output than F(2×2,3×3) but its
+transforms have larger coefficients, so its rounding errors are larger.
+
+Parameters: IWG (work-items per work-group of the transforms) and ``gemm_tiled``'s own parameters
+prefixed ``g_``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+import pyopencl as cl
+
+from tunecl.kernels.base import Config, Constraint
+from tunecl.kernels.conv_common import (
+    FLOAT_BYTES,
+    ConvPlan,
+    GemmBackedAlgorithm,
+    OwnSpace,
+    ceil_div,
+    is_gpu,
+    max_group_size,
+    round_up,
+    split_gemm_config,
+    supported,
+)
+from tunecl.problems import ConvProblem, GemmProblem
+from tunecl.runtime import Device
+
+WORKSPACE_CAP = 256 * 2**20   # bytes of transformed tiles (V and Z) a plan may hold
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """The forward convolution a problem becomes, its chunking and its GEMM (sizes in elements)."""
+
+    m: int                  # outputs per tile side
+    ci: int                 # "in" channels (C for fwd, K for bwd_data)
+    co: int                 # "out" channels
+    hi: int
+    wi: int
+    ho: int
+    wo: int
+    pad: tuple[int, int]    # padding of the "in" tensor (negative: crop)
+    chunk: int              # images per pass
+    tiles: int              # tiles per chunk
+    t_ld: int               # row stride of V and Z (tiles padded to 4)
+    u_floats: int
+    v_floats: int
+    z_floats: int
+    gemm: GemmProblem
+
+    def defines(self, flip: bool) -> list[str]:
+        values = {"CI": self.ci, "CO": self.co, "HI": self.hi, "WI": self.wi, "HO": self.ho, "WO": self.wo,
+                  "PH_IN": self.pad[0], "PW_IN": self.pad[1], "FLIP": int(flip), "CHUNK_N": self.chunk,
+                  "T_LD": self.t_ld, "WINO_M": self.m}
+        return [f"-D{name}={value}" for name, value in values.items()]
+
+
+@functools.lru_cache(maxsize=256)
+def layout(problem: ConvProblem, m: int) -> Layout | None:
+    """The Winograd F(m×m,3×3) layout of ``problem``; None when one image does not fit the cap."""
+    p = problem
+    if p.direction == "fwd":
+        ci, co, hi, wi, ho, wo, pad = p.c, p.k, p.h, p.w, p.p, p.q, p.padding
+    else:
+        ci, co, hi, wi, ho, wo = p.k, p.c, p.p, p.q, p.h, p.w
+        pad = (2 - p.padding[0], 2 - p.padding[1])
+    alpha2 = (m + 2) ** 2
+    tiles_per_image = ceil_div(ho, m) * ceil_div(wo, m)
+
+    def floats(d: int) -> int:
+        return alpha2 * (ci + co) * round_up(d * tiles_per_image, 4)
+
+    chunk = max((d for d in range(1, p.n + 1) if p.n % d == 0
+                 and floats(d) * FLOAT_BYTES <= WORKSPACE_CAP), default=0)
+    if not chunk:
+        return None
+    tiles = chunk * tiles_per_image
+    t_ld = round_up(tiles, 4)
+    g = p.groups
+    gemm = GemmProblem(co // g, tiles, ci // g, batch=alpha2 * g)
+    return Layout(m, ci, co, hi, wi, ho, wo, pad, chunk, tiles, t_ld, alpha2 * co * (ci // g),
+                  alpha2 * ci * t_ld, alpha2 * co * t_ld, gemm)
+
+
+class ConvWinograd(GemmBackedAlgorithm):
+    """Winograd F(m×m,3×3) with the products on ``gemm_tiled``; see the module docstring."""
+
+    version = 1
+    source_file = "conv_winograd.cl"
+
+    def __init__(self, m: int, name: str):
+        self.m = m
+        self.name = name
+
+    def gemm_problem(self, problem: ConvProblem) -> GemmProblem | None:
+        plan_layout = layout(problem, self.m)
+        return None if plan_layout is None else plan_layout.gemm
+
+    def applies(self, problem: ConvProblem, device: Device) -> bool:
+        if (problem.kind != "conv" or not supported(problem) or problem.direction == "bwd_weight"
+                or (problem.r, problem.s) != (3, 3) or problem.stride != (1, 1)
+                or problem.dilation != (1, 1) or not self.gemm_applies(problem, device)):
+            return False
+        lay = layout(problem, self.m)
+        return (lay.u_floats + lay.v_floats + lay.z_floats) * FLOAT_BYTES <= device.max_alloc_size
+
+    def own_space(self, problem: ConvProblem, device: Device) -> OwnSpace:
+        limit_wg = max_group_size(device)
+        return {"IWG": (64, 128, 256)}, [Constraint("work_group_size", lambda c: c["IWG"] <= limit_wg)]
+
+    def own_default(self, problem: ConvProblem, device: Device) -> Config:
+        return {"IWG": 128 if is_gpu(device) and max_group_size(device) >= 128 else 64}
+
+    def build(self, problem: ConvProblem, device: Device, config: Config) -> WinogradPlan:
+        self.check(problem, device, config)
+        own, _ = split_gemm_config(config)
+        lay = layout(problem, self.m)
+        program = self.program(device, problem, own, lay.defines(problem.direction == "bwd_data"))
+        i32, f32 = np.int32, np.float32
+        kernels = {
+            "filter": device.kernel(program, "winograd_filter", [None, i32, None]),
+            "input": device.kernel(program, "winograd_input", [None, i32, i32, None, i32]),
+            "output": device.kernel(program, "winograd_output",
+                                    [None, i32, i32, None, i32, None, i32, i32, f32]),
+        }
+        workspace = (lay.u_floats + lay.v_floats + lay.z_floats) * FLOAT_BYTES
+        return WinogradPlan(self.name, dict(config), problem, device, workspace, kernels=kernels,
+                            gemm_plan=self.build_gemm(problem, device, config), layout=lay)
+
+
+@dataclasses.dataclass
+class WinogradPlan(ConvPlan):
+    """Filter transform, then per chunk: input transform, the batched GEMM, output transform."""
+
+    kernels: dict[str, cl.Kernel] = dataclasses.field(default_factory=dict)
+    gemm_plan: object = None
+    layout: Layout | None = None
+
+    def enqueue(self, a: cl.Buffer, b: cl.Buffer, out: cl.Buffer, a_offset: int, b_offset: int,
+                out_offset: int, bias: cl.Buffer | None, bias_offset: int, beta: float,
+                wait_for: list[cl.Event] | None) -> list[cl.Event]:
+        lay, ws, device = self.layout, self.workspace, self.device
+        iwg = self.config["IWG"]
+        g = self.problem.groups
+        cig, cog = lay.ci // g, lay.co // g
+        v_offset, z_offset = lay.u_floats, lay.u_floats + lay.v_floats
+        bias_buf, bias_off, use_bias = self.bias_args(bias, bias_offset)
+        events = [device.launch(self.kernels["filter"], (round_up(lay.co * cig, iwg),), (iwg,), b, b_offset,
+                                ws, wait_for=wait_for)]
+        tiles_grid = round_up(lay.tiles, iwg)
+        for n0 in range(0, self.problem.n, lay.chunk):
+            events.append(device.launch(self.kernels["input"], (tiles_grid, lay.ci), (iwg, 1), a, a_offset,
+                                        n0, ws, v_offset))
+            events += self.gemm_plan.run(ws, ws, ws, a_offset=0, stride_a=cog * cig, b_offset=v_offset,
+                                         ldb=lay.t_ld, stride_b=cig * lay.t_ld, c_offset=z_offset,
+                                         ldc=lay.t_ld, stride_c=cog * lay.t_ld)
+            events.append(device.launch(self.kernels["output"], (tiles_grid, lay.co), (iwg, 1), ws, z_offset,
+                                        n0, out, out_offset, bias_buf, bias_off, use_bias, beta))
+        return events
+
+
+ALGORITHMS = [ConvWinograd(2, "conv_winograd"), ConvWinograd(4, "conv_winograd_f4")]
