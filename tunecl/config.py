@@ -32,6 +32,9 @@ class Config:
             or ``error``.
         shipped_db: folder of the shipped read-only tuning results (``TUNECL_SHIPPED_DB``); defaults
             to the repository's ``tuning_db/``; an empty string disables the shipped results.
+        tune: what the backend does for a conv/GEMM shape without a stored result (``TUNECL_TUNE``):
+            ``off`` (run the heuristic default) or ``on-miss`` (tune it with a small budget, store
+            the result in the user DB and run it, like ``cudnn.benchmark``).
     """
 
     device: str = "0"
@@ -40,6 +43,7 @@ class Config:
     cache_dir: str = ""
     fallback: str = "warn"
     shipped_db: str = ""
+    tune: str = "off"
 
     @staticmethod
     def from_env(env: dict[str, str] | None = None) -> Config:
@@ -54,7 +58,11 @@ class Config:
             fallback=(env.get("TUNECL_FALLBACK") or "warn").lower(),
             # unset means the default folder, set-but-empty means "no shipped results"
             shipped_db=env.get("TUNECL_SHIPPED_DB", str(_DEFAULT_SHIPPED_DB)),
+            tune=(env.get("TUNECL_TUNE") or "off").lower(),
         )
+
+
+TUNE_MODES = ("off", "on-miss")
 
 
 def normalize_db_url(value: str) -> str:

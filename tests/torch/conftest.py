@@ -12,10 +12,13 @@ from tunecl import config
 
 @pytest.fixture(autouse=True)
 def _private_tuning_db(tmp_path, monkeypatch):
-    """No test may touch a user's real tuning DB, Optuna storage or the repository's shipped results."""
+    """No test may touch a user's real tuning DB, Optuna storage or the repository's shipped results
+    (``TUNECL_SHIPPED_DB=""`` disables them; a test of the shipped step points it at its own folder),
+    and no test tunes on a miss unless it says so."""
     monkeypatch.setenv("TUNECL_DB", str(tmp_path / "tuning.sqlite"))
     monkeypatch.setenv("TUNECL_STORAGE", str(tmp_path / "studies.sqlite"))
-    monkeypatch.setenv("TUNECL_SHIPPED_DB", str(tmp_path / "shipped"))
+    monkeypatch.setenv("TUNECL_SHIPPED_DB", "")
+    monkeypatch.setenv("TUNECL_TUNE", "off")
 
 
 @pytest.fixture(autouse=True)
@@ -35,3 +38,14 @@ def fresh_stats():
     tunecl.backend.reset_stats()
     yield tunecl.backend.stats
     tunecl.backend.reset_stats()
+
+
+@pytest.fixture
+def fresh_plans():
+    """An empty plan cache before and after the test (plans chosen under this test's tuning DB must
+    not serve later tests, nor earlier plans this one)."""
+    from tunecl.backend import plans
+
+    plans.clear()
+    yield plans
+    plans.clear()

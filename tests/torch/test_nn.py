@@ -7,8 +7,6 @@ import torch
 import torch.nn.functional as F
 from opcheck import Input, check_op, t
 
-from tunecl import config
-
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_cross_entropy(reduction):
@@ -106,16 +104,18 @@ def test_random_ops_use_the_cpu_generator(strict):
         assert torch.equal(a.cpu(), e)
 
 
-def test_conv_is_routed_through_the_counted_cpu_path(fresh_stats):
+def test_conv2d_module_runs_on_the_device(fresh_stats, strict):
+    """nn.Conv2d forward and backward through conv plans (tests/torch/test_conv.py has the details)."""
     conv = torch.nn.Conv2d(3, 4, 3, padding=1)
     x = torch.randn(2, 3, 5, 5)
     dev = torch.nn.Conv2d(3, 4, 3, padding=1).to("opencl")
     dev.load_state_dict(conv.state_dict())
-    with config.override(fallback="silent"):
-        out = dev(x.to("opencl"))
-        out.sum().backward()
-    torch.testing.assert_close(out.cpu(), conv(x), atol=1e-5, rtol=1e-5)
-    assert fresh_stats()["fallback_ops"]["aten::convolution_overrideable"] == 1
-    assert fresh_stats()["fallback_ops"]["aten::convolution_backward_overrideable"] == 1
-    with config.override(fallback="error"), pytest.raises(RuntimeError, match="convolution_overrideable"):
-        dev(x.to("opencl"))
+    out = dev(x.to("opencl"))
+    out.sum().backward()
+    expected = conv(x)
+    expected.sum().backward()
+    torch.testing.assert_close(out.cpu(), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(dev.weight.grad.cpu(), conv.weight.grad, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(dev.bias.grad.cpu(), conv.bias.grad, atol=1e-4, rtol=1e-5)
+    assert not fresh_stats()["fallback_ops"]
+    assert fresh_stats()["ops"]["aten::convolution_backward_overrideable"] == 1

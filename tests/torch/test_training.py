@@ -6,7 +6,6 @@ import pytest
 import torch
 from torch import nn
 
-from tunecl import config
 from tunecl.backend import plans
 
 pytestmark = pytest.mark.skipif(not plans.gemm_algorithms(), reason="no GEMM algorithm is registered")
@@ -56,8 +55,9 @@ def test_mlp_training_matches_cpu(name, strict, fresh_stats):
 
 
 @pytest.mark.parametrize("name", ["sgd", "adam_fused"])
-def test_resnet18_train_steps_match_cpu_with_only_conv_on_the_cpu(name, fresh_stats):
-    """resnet18 at 1x3x64x64: losses, first gradients and (SGD) parameters match CPU torch.
+def test_resnet18_train_steps_match_cpu_with_everything_on_the_device(name, strict, fresh_stats):
+    """resnet18 at 1x3x64x64, convolutions included, with ``TUNECL_FALLBACK=error``: losses, first
+    gradients and (SGD) parameters match CPU torch.
 
     Batch norm over the 2x2 maps of layer4 with batch 1 amplifies float32 rounding differences to
     ~3e-4 of a gradient's largest entry, and Adam turns sign flips of near-zero gradients into
@@ -71,23 +71,29 @@ def test_resnet18_train_steps_match_cpu_with_only_conv_on_the_cpu(name, fresh_st
     dev_model = dev_model.to("opencl")
     x, y = torch.randn(1, 3, 64, 64), torch.tensor([3])
     losses, first_grads = {}, {}
-    with config.override(fallback="silent"):  # convolution has no device algorithm wired yet
-        for device, model in (("cpu", cpu_model), ("opencl", dev_model)):
-            opt = OPTIMIZERS[name](model.parameters())
-            losses[device] = []
-            for step in range(2):
-                opt.zero_grad()
-                loss = nn.functional.cross_entropy(model(x.to(device)), y.to(device))
-                loss.backward()
-                if step == 0:
-                    first_grads[device] = [p.grad.cpu() for p in model.parameters()]
-                opt.step()
-                losses[device].append(loss.item())
+    for device, model in (("cpu", cpu_model), ("opencl", dev_model)):
+        opt = OPTIMIZERS[name](model.parameters())
+        losses[device] = []
+        for step in range(2):
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x.to(device)), y.to(device))
+            loss.backward()
+            if step == 0:
+                first_grads[device] = [p.grad.cpu() for p in model.parameters()]
+            opt.step()
+            losses[device].append(loss.item())
     assert losses["opencl"] == pytest.approx(losses["cpu"], abs=1e-4)
     for g_cpu, g_dev in zip(first_grads["cpu"], first_grads["opencl"]):
         assert (g_dev - g_cpu).abs().max() <= 1e-3 * g_cpu.abs().max() + 1e-6
     if name == "sgd":
         for (pname, p_cpu), p_dev in zip(cpu_model.state_dict().items(), dev_model.state_dict().values()):
             torch.testing.assert_close(p_dev.cpu(), p_cpu, atol=1e-4, rtol=1e-3, msg=pname)
-    assert set(fresh_stats()["fallback_ops"]) == {"aten::convolution_overrideable",
-                                                  "aten::convolution_backward_overrideable"}
+    snapshot = fresh_stats()
+    assert not snapshot["fallback_ops"]
+    assert snapshot["ops"].get("aten::convolution_overrideable", 0) == 2 * 20  # 20 convs per forward
+    assert snapshot["ops"].get("aten::convolution_backward_overrideable", 0) == 2 * 20
+    conv_plans = {key: plan for key, plan in snapshot["plans"].items() if key.startswith("conv:")}
+    assert {plan["source"] for plan in conv_plans.values()} == {"default"}
+    # conv1 needs no input gradient: forward and backward-weight only
+    assert any("c=3,h=64" in key and "dir=bwd_weight" in key for key in conv_plans)
+    assert not any("c=3,h=64" in key and "dir=bwd_data" in key for key in conv_plans)

@@ -9,6 +9,12 @@ def test_from_env_defaults_and_overrides(tmp_path):
     assert config.Config.from_env({}).device == "0"
 
 
+def test_tune_mode_from_env():
+    assert config.Config.from_env({}).tune == "off"
+    assert config.Config.from_env({"TUNECL_TUNE": "ON-MISS"}).tune == "on-miss"
+    assert config.Config.from_env({"TUNECL_TUNE": ""}).tune == "off"
+
+
 def test_override_is_scoped():
     before = config.get()
     with config.override(device="7") as cfg:

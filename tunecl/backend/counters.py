@@ -1,4 +1,4 @@
-"""Counters the backend keeps while it runs: ops served, ops that fell back to the CPU, GEMM plans.
+"""Counters the backend keeps while it runs: ops served, ops that fell back to the CPU, GEMM/conv plans.
 
 Increments happen on the hot path (one ``Counter`` update per op), possibly from the autograd
 thread; a rare lost increment under a thread switch is acceptable for diagnostics.
@@ -11,19 +11,28 @@ from typing import Any
 
 op_counts: Counter[str] = Counter()        # every call of a registered kernel, by overload
 fallback_counts: Counter[str] = Counter()  # calls served by the CPU fallback, by overload
-plan_sources: Counter[str] = Counter()     # GEMM/conv calls, by plan source (user, shipped, default)
-plans: dict[str, dict[str, Any]] = {}      # problem key -> {"algorithm", "source", "config"}
+plan_sources: Counter[str] = Counter()     # GEMM/conv calls, by plan source (user, shipped, default, ...)
+plans: dict[str, dict[str, Any]] = {}      # problem key -> {"algorithm", "source", "config", "lookup"}
 
 
 def stats() -> dict[str, Any]:
-    """A snapshot: ``ops``, ``fallback_ops``, ``plan_sources``, ``plans`` and ``memory``."""
+    """A snapshot of the backend's counters.
+
+    Keys: ``ops`` (calls per overload), ``fallback_ops`` (CPU-fallback calls per overload),
+    ``plan_sources`` (GEMM/conv calls per plan source since the last reset), ``plans`` (every cached
+    plan: problem key → algorithm, source, config and the lookup chain that chose it),
+    ``plan_counts`` (cached plans per source: ``user``, ``user-other-driver``, ``shipped``,
+    ``tuned-on-miss``, ``default``) and ``memory``.
+    """
     from tunecl.backend import memory
 
+    cached = {key: dict(value) for key, value in plans.items()}
     return {
         "ops": dict(op_counts),
         "fallback_ops": dict(fallback_counts),
         "plan_sources": dict(plan_sources),
-        "plans": {key: dict(value) for key, value in plans.items()},
+        "plans": cached,
+        "plan_counts": dict(Counter(value["source"] for value in cached.values())),
         "memory": memory.memory_stats(),
     }
 

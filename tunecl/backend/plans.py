@@ -1,29 +1,62 @@
-"""GEMM plans for the backend: one plan per ``GemmProblem`` per process, found once, then a dict hit.
+"""Plans for the backend's GEMM and convolution calls: one per Problem per process, then a dict hit.
 
-:func:`_choose_gemm_plan` is the single place that decides which algorithm and config serve a
-problem; today it takes the first applicable algorithm's heuristic default (source ``"default"``).
-The tuning-database lookup chain (user DB → shipped ``tuning_db/`` → default) plugs in there.
+:func:`plan` is the hot-path entry: a dict lookup keyed by the :class:`~tunecl.problems.Problem`.
+On a miss :func:`_choose_plan` decides, once per shape, which algorithm and config serve it:
+
+1. the tuning DB's lookup chain (``open_db()``: the user DB for this exact device → the user DB
+   for the same model on another driver → the shipped ``tuning_db/``), restricted to the registered
+   algorithms at their current versions, fp32 only; a hit whose algorithm does not apply to the
+   problem or whose params fail to build is replaced by the default, with one warning;
+2. on a miss with ``TUNECL_TUNE=on-miss``: a short tuning run (:data:`TUNE_TRIALS` evaluations,
+   :data:`TUNE_TIME_LIMIT` seconds) that stores its result in the user DB, then serves the winner;
+3. otherwise the first applicable algorithm's heuristic default — the tuner's "default" baseline.
+
+The source (``user``, ``user-other-driver``, ``shipped``, ``tuned-on-miss`` or ``default``) is
+recorded per problem in ``tunecl.backend.stats()["plans"]``; the chain is logged once per shape on
+the ``tunecl.backend.plans`` logger. Nothing after the first call of a shape touches SQL or the
+compiler.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-from typing import Any, NamedTuple
+import warnings
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from tunecl import kernels
+import pyopencl as cl
+
+from tunecl import config, kernels
 from tunecl.backend import counters, state
+from tunecl.errors import TuneclError
 from tunecl.kernels.strided import Unsupported
-from tunecl.problems import GemmProblem
+from tunecl.problems import ConvProblem, GemmProblem, Problem
+from tunecl.runtime import Device
+
+if TYPE_CHECKING:
+    from tunecl.db import Hit
+
+log = logging.getLogger(__name__)
+
+PRECISION = "fp32"
+SOURCES = ("user", "user-other-driver", "shipped", "tuned-on-miss", "default")
+TUNE_TRIALS = 8          # the on-miss budget: evaluations ...
+TUNE_TIME_LIMIT = 10.0   # ... and seconds of searching per shape
+
+# What building a stored config can raise when the config no longer fits (ValueError, KeyError:
+# invalid or missing parameters; TuneclError: BuildError; cl.Error: kernel creation or allocation).
+_BUILD_ERRORS = (ValueError, KeyError, TypeError, TuneclError, cl.Error)
 
 
 class PlanEntry(NamedTuple):
     plan: Any          # a tunecl.kernels.base.Plan
-    source: str        # "user", "shipped" or "default"
+    source: str        # one of SOURCES
     algorithm: str
     config: dict[str, int]
+    lookup: str = ""   # the lookup chain that led here, for stats() and the log
 
 
-_plans: dict[GemmProblem, PlanEntry] = {}
+_plans: dict[Problem, PlanEntry] = {}
 _lock = threading.Lock()
 
 
@@ -32,32 +65,38 @@ def gemm_algorithms() -> list[Any]:
     return kernels.algorithms("gemm")
 
 
-def _choose_gemm_plan(problem: GemmProblem) -> PlanEntry:
-    """Pick and build the plan for ``problem``. Wire the tuning-DB lookup here.
+def conv_algorithms() -> list[Any]:
+    """The registered convolution algorithms (``tunecl.kernels.algorithms("conv")``)."""
+    return kernels.algorithms("conv")
+
+
+def plan(problem: Problem) -> Any:
+    """The cached plan for ``problem``; chooses and builds it on first use (the only slow call).
 
     Raises:
-        Unsupported: no registered GEMM algorithm applies (the caller then falls back).
+        Unsupported: no registered algorithm applies (the caller then takes the CPU route).
     """
-    device = state.get().device
-    for algorithm in gemm_algorithms():
-        if algorithm.applies(problem, device):
-            config = algorithm.default(problem, device)
-            return PlanEntry(algorithm.build(problem, device, config), "default", algorithm.name, dict(config))
-    raise Unsupported(f"no GEMM algorithm applies to {problem.key}")
-
-
-def gemm_plan(problem: GemmProblem) -> Any:
-    """The cached plan for ``problem``; builds it on first use (the only slow call per shape)."""
     entry = _plans.get(problem)
     if entry is None:
         with _lock:
             entry = _plans.get(problem)
             if entry is None:
-                entry = _plans[problem] = _choose_gemm_plan(problem)
+                entry = _choose_plan(problem)
+                _plans[problem] = entry
                 counters.plans[problem.key] = {"algorithm": entry.algorithm, "source": entry.source,
-                                            "config": entry.config}
+                                               "config": entry.config, "lookup": entry.lookup}
     counters.plan_sources[entry.source] += 1
     return entry.plan
+
+
+def gemm_plan(problem: GemmProblem) -> Any:
+    """The cached plan of a GEMM (see :func:`plan`)."""
+    return plan(problem)
+
+
+def conv_plan(problem: ConvProblem) -> Any:
+    """The cached plan of one convolution direction (see :func:`plan`)."""
+    return plan(problem)
 
 
 def clear() -> None:
@@ -65,3 +104,124 @@ def clear() -> None:
     with _lock:
         _plans.clear()
         counters.plans.clear()
+
+
+# -- choosing ----------------------------------------------------------------------------------------
+def _choose_plan(problem: Problem) -> PlanEntry:
+    device = state.get().device
+    registered = kernels.algorithms(problem.kind)
+    by_name = {a.name: a for a in registered}
+    chain: list[str] = []
+
+    # The lookup asks for every registered algorithm at its current version and checks ``applies``
+    # for the hit alone: ``applies`` of the GEMM-backed conv families enumerates a GEMM space
+    # (~0.5-1 s per shape on a CPU device), too slow to ask all of them for every new shape. A hit
+    # whose algorithm does not apply is refused below like one whose params fail to build.
+    hit = _lookup(device, problem, {a.name: a.version for a in registered}, chain)
+    entry = None
+    if hit is not None:
+        entry = _build_stored(problem, device, by_name, hit.algorithm, hit.params, hit.source, chain)
+    elif _tune_mode() == "on-miss":
+        applicable = [a for a in registered if a.applies(problem, device)]
+        if applicable:
+            entry = _tune_on_miss(problem, device, applicable, chain)
+    if entry is None:
+        first = next((a for a in registered if a.applies(problem, device)), None)
+        if first is None:
+            raise Unsupported(f"no {problem.kind} algorithm applies to {problem.key}")
+        config_ = dict(first.default(problem, device))
+        try:
+            entry = PlanEntry(first.build(problem, device, config_), "default", first.name, config_)
+        except _BUILD_ERRORS as error:  # a bug in the family: the CPU route (a counted fallback) serves
+            raise Unsupported(f"the default {first.name} plan for {problem.key} failed to build: "
+                              f"{str(error).splitlines()[0] if str(error) else type(error).__name__}") from error
+    entry = entry._replace(lookup=" → ".join(chain))
+    log.info("plan for %s: %s → %s %s %s", problem.key, entry.lookup, entry.source, entry.algorithm, entry.config)
+    return entry
+
+
+def _tune_mode() -> str:
+    mode = config.get().tune
+    if mode not in config.TUNE_MODES:
+        raise ValueError(f"TUNECL_TUNE must be one of {', '.join(config.TUNE_MODES)}, not {mode!r}")
+    return mode
+
+
+def _lookup(device: Device, problem: Problem, versions: dict[str, int], chain: list[str]) -> Hit | None:
+    """The DB lookup chain; an unusable user DB is reported once and skipped (shipped still served)."""
+    # imported on the first plan choice: SQLAlchemy would add ~0.3 s to ``import tunecl.backend``
+    from tunecl.db import open_db
+    from tunecl.db import shipped as shipped_db
+    from tunecl.db.records import precision_set
+
+    fingerprint = device.fingerprint
+    try:
+        db = open_db()
+    except TuneclError as error:
+        _warn_once(f"db:{config.get().db_url}", f"tunecl: the user tuning DB cannot be used ({error}); "
+                   f"conv/GEMM plans come from the shipped results or the defaults")
+        chain.append("user DB unusable")
+        hit = shipped_db.lookup(fingerprint, problem.key, versions, precision_set(PRECISION))
+    else:
+        try:
+            hit = db.lookup(fingerprint, problem, versions=versions, precision=PRECISION)
+        except TuneclError as error:
+            _warn_once(f"db:{db.display_url}", f"tunecl: tuning DB lookup failed ({error}); using defaults")
+            chain.append("lookup failed")
+            return None
+    if hit is None:
+        chain.append("no user or shipped result")
+    else:
+        chain.append(f"{hit.source} result {hit.algorithm} v{hit.algorithm_version}")
+    return hit
+
+
+def _build_stored(problem: Problem, device: Device, by_name: dict[str, Any], algorithm: str,
+                  params: dict[str, Any], source: str, chain: list[str]) -> PlanEntry | None:
+    """Build a stored or freshly tuned config; None (after one warning) when it cannot be built."""
+    found = by_name.get(algorithm)
+    try:
+        if found is None or not found.applies(problem, device):
+            raise ValueError(f"{algorithm} does not apply to this problem")
+        config_ = {str(k): int(v) for k, v in params.items()}
+        return PlanEntry(found.build(problem, device, config_), source, algorithm, config_)
+    except _BUILD_ERRORS as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        chain.append(f"{source} {algorithm} {params} unusable: {reason}")
+        warnings.warn(f"tunecl: the {source} tuning result for {problem.key} ({algorithm} {params}) cannot be "
+                      f"used ({reason}); running the default plan instead", stacklevel=2)
+        return None
+
+
+def _tune_on_miss(problem: Problem, device: Device, applicable: list[Any], chain: list[str]) -> PlanEntry | None:
+    """TUNECL_TUNE=on-miss: tune briefly, store the outcome in the user DB, serve the winner."""
+    from tunecl import tune  # heavy (optuna); only this mode needs it
+    from tunecl.db import open_db
+
+    log.info("tuning %s on a miss (TUNECL_TUNE=on-miss: up to %d configs, %.0f s)", problem.key, TUNE_TRIALS,
+             TUNE_TIME_LIMIT)
+    try:
+        db = open_db()
+        outcome = tune.tune_problem(problem, device, db, trials=TUNE_TRIALS, time_limit=TUNE_TIME_LIMIT,
+                                    algorithms=applicable)
+    except (TuneclError, OSError) as error:  # DB or storage trouble: run the model anyway
+        chain.append(f"tuning failed: {error}")
+        _warn_once(f"tune:{problem.key}", f"tunecl: tuning {problem.key} on a miss failed ({error}); "
+                   f"running the default plan")
+        return None
+    winner = outcome.winner
+    if winner is None:
+        chain.append("tuning found no verified config")
+        return None
+    chain.append(f"tuned {outcome.trials} configs in {outcome.elapsed:.1f} s")
+    by_name = {a.name: a for a in applicable}
+    return _build_stored(problem, device, by_name, winner.algorithm, dict(winner.config), "tuned-on-miss", chain)
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, stacklevel=3)

@@ -1,9 +1,17 @@
 """Convolution: the two ``*_overrideable`` ops torch routes PrivateUse1 convolutions through.
 
-Their default kernels only raise "not implemented", so they must be registered even before a device
-algorithm exists. For now both adapters run torch's CPU convolution *explicitly*, counted and
-governed as a fallback (``TUNECL_FALLBACK=error`` raises). Replace :func:`convolution` and
-:func:`convolution_backward` with plan-based versions when the conv families land.
+Each call becomes a :class:`~tunecl.problems.ConvProblem` and runs the cached conv plan of
+:mod:`tunecl.backend.plans` (NCHW contiguous fp32; strided inputs are made contiguous on the device
+first):
+
+- forward: ``y = conv(x, w) + bias`` by the ``fwd`` plan (bias fused into the plan's run);
+- backward: ``grad_input`` by the ``bwd_data`` plan, ``grad_weight`` by the ``bwd_weight`` plan and
+  ``grad_bias`` by the backend's sum reduction over (N, H, W) of the output gradient, each only
+  when ``output_mask`` asks for it.
+
+Transposed convolutions, 1-D/3-D convolutions and non-fp32 dtypes keep an explicit CPU route that is
+counted and governed as a fallback (``TUNECL_FALLBACK=error`` raises). A zero-size batch produces
+empty (or, for gradients of parameters, zero) results without launching a plan.
 """
 
 from __future__ import annotations
@@ -12,29 +20,126 @@ from collections.abc import Sequence
 
 import torch
 
-from tunecl.backend import fallback
+from tunecl.backend import copies, fallback, memory, plans, state
+from tunecl.backend.memory import buffer_of
+from tunecl.backend.operands import operand
+from tunecl.backend.ops.reduction import reduce
+from tunecl.kernels.strided import Unsupported
+from tunecl.problems import ConvProblem
 
 aten = torch.ops.aten
+FORWARD = "aten::convolution_overrideable"
+BACKWARD = "aten::convolution_backward_overrideable"
 
 
+def _pair(values: Sequence[int]) -> tuple[int, int]:
+    values = list(values)
+    if len(values) == 1:
+        return values[0], values[0]
+    if len(values) != 2:
+        raise Unsupported(f"{len(values)}-d convolution parameters")
+    return values[0], values[1]
+
+
+def _problem(input: torch.Tensor, weight: torch.Tensor, stride: Sequence[int], padding: Sequence[int],
+             dilation: Sequence[int], transposed: bool, output_padding: Sequence[int], groups: int,
+             *others: torch.Tensor | None) -> ConvProblem:
+    """The forward problem of a call with batch max(N, 1); Unsupported for what only the CPU runs."""
+    if transposed:
+        raise Unsupported("transposed convolution")
+    if any(output_padding):
+        raise Unsupported("output_padding")
+    if input.dim() != 4 or weight.dim() != 4:
+        raise Unsupported(f"{input.dim() - 2}-d convolution (only 2-d runs on the device)")
+    for t in (input, weight, *others):
+        if t is not None and (t.dtype != torch.float32 or t.device.type != "opencl"):
+            raise Unsupported(f"convolution of a {t.dtype} tensor on {t.device}")
+    n, c, h, w = input.shape
+    k, _, r, s = weight.shape
+    try:
+        return ConvProblem(max(n, 1), c, h, w, k, r, s, _pair(stride), _pair(padding), _pair(dilation), groups)
+    except ValueError as why:  # empty channels and the like: torch's CPU kernel says what is wrong
+        raise Unsupported(str(why)) from None
+
+
+def _zeros(shape: Sequence[int]) -> torch.Tensor:
+    out = memory.empty_contiguous(shape, torch.float32)
+    if out.numel():
+        state.get().pointwise("fill", out.shape, operand(out), (), (0,))
+    return out
+
+
+def _forward(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: Sequence[int],
+             padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int],
+             groups: int) -> torch.Tensor:
+    problem = _problem(input, weight, stride, padding, dilation, transposed, output_padding, groups, bias)
+    n = input.shape[0]
+    y = memory.empty_contiguous((n, problem.k, problem.p, problem.q), torch.float32)
+    if n == 0:
+        return y
+    plan = plans.conv_plan(problem)
+    x, w = copies.contiguous_on_device(input), copies.contiguous_on_device(weight)
+    if bias is not None:
+        bias = copies.contiguous_on_device(bias)
+    plan.run(buffer_of(x), buffer_of(w), buffer_of(y), a_offset=x.storage_offset(), b_offset=w.storage_offset(),
+             bias=None if bias is None else buffer_of(bias), bias_offset=0 if bias is None else bias.storage_offset())
+    return y
+
+
+def _backward(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, stride: Sequence[int],
+              padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int],
+              groups: int, output_mask: Sequence[bool]) -> tuple[torch.Tensor | None, ...]:
+    problem = _problem(input, weight, stride, padding, dilation, transposed, output_padding, groups, grad_output)
+    want_input, want_weight, want_bias = (bool(m) for m in output_mask)
+    if input.shape[0] == 0:
+        return (memory.empty_contiguous(input.shape, torch.float32) if want_input else None,
+                _zeros(weight.shape) if want_weight else None,
+                _zeros((problem.k,)) if want_bias else None)
+    # find every plan first: an Unsupported problem then takes the CPU route before anything is launched
+    data_plan = plans.conv_plan(problem.with_direction("bwd_data")) if want_input else None
+    weight_plan = plans.conv_plan(problem.with_direction("bwd_weight")) if want_weight else None
+    dy = copies.contiguous_on_device(grad_output)
+    grad_input = grad_weight = grad_bias = None
+    if data_plan is not None:
+        w = copies.contiguous_on_device(weight)
+        grad_input = memory.empty_contiguous(input.shape, torch.float32)
+        data_plan.run(buffer_of(dy), buffer_of(w), buffer_of(grad_input), a_offset=dy.storage_offset(),
+                      b_offset=w.storage_offset())
+    if weight_plan is not None:
+        x = copies.contiguous_on_device(input)
+        grad_weight = memory.empty_contiguous(weight.shape, torch.float32)
+        weight_plan.run(buffer_of(x), buffer_of(dy), buffer_of(grad_weight), a_offset=x.storage_offset(),
+                        b_offset=dy.storage_offset())
+    if want_bias:
+        grad_bias = reduce("sum", dy, [0, 2, 3], False, memory.empty_contiguous((problem.k,), torch.float32))
+    return grad_input, grad_weight, grad_bias
+
+
+# -- adapters ----------------------------------------------------------------------------------------
 def convolution(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: Sequence[int],
                 padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int],
                 groups: int) -> torch.Tensor:
-    """``aten::convolution_overrideable`` — CPU route until a conv algorithm serves it."""
-    return fallback.run_on_cpu(aten.convolution.default, (input, weight, bias, stride, padding, dilation,
-                                                          transposed, output_padding, groups), {},
-                               name="aten::convolution_overrideable", reason="no OpenCL conv algorithm yet")
+    """``aten::convolution_overrideable``: the ``fwd`` plan, or the CPU route for what it cannot run."""
+    args = (input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+    try:
+        return _forward(*args)
+    except Unsupported as why:
+        # torch's own CPU convolution (the overrideable op has no CPU kernel), counted as a fallback
+        return fallback.run_on_cpu(aten.convolution.default, args, {}, name=FORWARD, reason=str(why))
 
 
 def convolution_backward(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
                          stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], transposed: bool,
                          output_padding: Sequence[int], groups: int, output_mask: Sequence[bool]):
-    """``aten::convolution_backward_overrideable`` — CPU route until a conv algorithm serves it."""
-    bias_sizes = [weight.shape[1] * groups if transposed else weight.shape[0]]
-    return fallback.run_on_cpu(aten.convolution_backward.default,
-                               (grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
-                                output_padding, groups, output_mask), {},
-                               name="aten::convolution_backward_overrideable", reason="no OpenCL conv algorithm yet")
+    """``aten::convolution_backward_overrideable``: the ``bwd_data``/``bwd_weight`` plans and a sum."""
+    try:
+        return _backward(grad_output, input, weight, stride, padding, dilation, transposed, output_padding,
+                         groups, output_mask)
+    except Unsupported as why:
+        bias_sizes = [weight.shape[1] * groups if transposed else weight.shape[0]]
+        return fallback.run_on_cpu(aten.convolution_backward.default,
+                                   (grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+                                    output_padding, groups, output_mask), {}, name=BACKWARD, reason=str(why))
 
 
 KERNELS = {
