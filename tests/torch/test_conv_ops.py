@@ -21,7 +21,7 @@ from tunecl import config
 from tunecl.backend import FallbackError, plans, state
 from tunecl.db import TuningDB, exchange, shipped
 from tunecl.db.records import Record
-from tunecl.kernels import algorithm
+from tunecl.kernels import algorithm, algorithms
 from tunecl.problems import ConvProblem, GemmProblem
 
 pytestmark = pytest.mark.skipif(not plans.conv_algorithms(), reason="no conv algorithm is registered")
@@ -150,8 +150,10 @@ def test_conv_with_a_db_entry_runs_that_entry(source, tmp_path, fresh_plans, fre
     # the backward directions of the same shape have no entry: defaults
     for direction in ("bwd_data", "bwd_weight"):
         problem = PROBLEM.with_direction(direction)
+        first = next(a for a in algorithms("conv") if a.applies(problem, _device()))
         assert _plan_of(fresh_stats, problem)["source"] == "default"
-        assert _plan_of(fresh_stats, problem)["config"] == direct.default(problem, _device())
+        assert _plan_of(fresh_stats, problem)["algorithm"] == first.name
+        assert _plan_of(fresh_stats, problem)["config"] == first.default(problem, _device())
     counts = fresh_stats()["plan_counts"]
     assert counts[source] == 1 and counts["default"] == 2
 
@@ -189,7 +191,9 @@ def test_an_unusable_entry_falls_back_to_the_default_with_one_warning(fresh_plan
     with pytest.warns(UserWarning, match="cannot be used .*TP=3"):
         conv(x, w, padding=1)
     plan = _plan_of(fresh_stats, PROBLEM)
-    assert (plan["source"], plan["config"]) == ("default", direct.default(PROBLEM, _device()))
+    first = next(a for a in plans.conv_algorithms() if a.applies(PROBLEM, _device()))
+    assert (plan["source"], plan["algorithm"], plan["config"]) == (
+        "default", first.name, first.default(PROBLEM, _device()))
     assert "unusable" in plan["lookup"]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
