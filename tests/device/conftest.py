@@ -11,6 +11,7 @@ def _private_tuning_db(tmp_path, monkeypatch):
     """No test may touch a user's real tuning DB or Optuna storage."""
     monkeypatch.setenv("TUNECL_DB", str(tmp_path / "tuning.sqlite"))
     monkeypatch.setenv("TUNECL_STORAGE", str(tmp_path / "studies.sqlite"))
+    monkeypatch.setenv("TUNECL_SHIPPED_DB", "")  # results shipped in tuning_db/ must not change tests
 
 
 @pytest.fixture(scope="session")
