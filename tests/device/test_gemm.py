@@ -314,3 +314,19 @@ def test_both_families_are_registered():
     assert kernels.algorithm("gemm_direct").kind == "gemm"
     assert all(a.applies(GemmProblem(4, 4, 4), H200) for a in ALGORITHMS.values())
     assert not any(a.applies(GemmProblem(4, 4, 4, dtype="float16"), H200) for a in ALGORITHMS.values())
+
+
+@pytest.mark.parametrize("shape, batch", [((3, 8, 4), 72), ((1, 1, 1), 500), ((2, 2, 2), 4096)])
+def test_many_small_batched_matrices_have_a_default(device, rng, shape, batch):
+    """Pruning once emptied gemm_tiled's space for tiny batched problems, and default() crashed."""
+    m, n, k = shape
+    p = GemmProblem(m, n, k, batch=batch)
+    tiled = ALGORITHMS["gemm_tiled"]
+    config = tiled.default(p, device)
+    assert tiled.space(p, device).is_valid(config)
+    a = rng.standard_normal((batch, m, k)).astype(np.float32)
+    b = rng.standard_normal((batch, k, n)).astype(np.float32)
+    c = np.empty((batch, m, n), np.float32)
+    ab, bb, cb = device.upload(a), device.upload(b), device.upload(c)
+    tiled.build(p, device, config).run(ab, bb, cb)
+    np.testing.assert_allclose(device.download(cb, c.shape), a @ b, rtol=1e-5, atol=1e-5)

@@ -398,8 +398,11 @@ def _pruning(problem: GemmProblem, device: Any) -> list[Rule]:
          lambda c: c["MAXRREG"] == 0 or 65536 // (threads(c) * c["MAXRREG"]) > 65536 // (threads(c) * 256)),
         ("local_reads_vectorized", ("MWG", "NWG", "MDIMC", "NDIMC", "VWM", "VWN"),
          lambda c: (c["VWM"] > 1 or c["MWG"] == c["MDIMC"]) and (c["VWN"] > 1 or c["NWG"] == c["NDIMC"])),
-        ("tile_not_tiny_for_big_problems", ("MWG", "NWG"),  # > 32 work-groups per compute unit
-         lambda c: c["MWG"] * c["NWG"] >= 64 * 64 or groups(c) <= 32 * units),
+        # > 32 work-groups per compute unit; a tile that already spans the (padded) matrix cannot grow,
+        # so many small batched matrices keep it (this rule alone emptied the space for 3x8x4 x 72)
+        ("tile_not_tiny_for_big_problems", ("MWG", "NWG"),
+         lambda c: (c["MWG"] * c["NWG"] >= 64 * 64 or groups(c) <= 32 * units
+                    or (c["MWG"] >= m_cap and c["NWG"] >= n_cap))),
     ]
 
 
