@@ -51,7 +51,7 @@ def tune_problem(problem: Problem, device: Device, db: ResultSink | None = None,
         storage_url: Optuna storage (default: ``config.get().storage_url``).
         progress: called after every evaluation.
         **tuner_options: passed to :class:`Tuner` (``seed``, ``policy``, ``patience``, ``top_k``,
-            ``algorithms`` ...).
+            ``algorithms``, ``jobs`` ...).
 
     Returns:
         The tuner's outcome.

@@ -37,6 +37,8 @@ def usage_error(capsys, *argv: str) -> str:
     (["--gemm", "4,4,4", "--time-limit", "soon"], "expected seconds"),
     (["--gemm", "4,4,4", "--sampler", "annealing"], "invalid choice: 'annealing'"),
     (["--gemm", "4,4,4", "--patience", "-1"], "expected an integer ≥ 0"),
+    (["--gemm", "4,4,4", "--jobs", "0"], "expected a positive integer"),
+    (["--gemm", "4,4,4", "--jobs", "two"], "expected a positive integer"),
     (["--gemm", "4,4,4", "--conv", "n=1,c=1,h=1,w=1,k=1,r=1"], "not allowed with argument"),
     ([], "one of the arguments --gemm --conv --net is required"),
 ])
@@ -51,8 +53,10 @@ def test_good_arguments_parse_into_problems():
                                       "--time-limit", "1.5", "--sampler", "random", "--json"])
     assert args.gemm == GemmProblem(64, 1000, 2048, False, True)
     assert (args.trials, args.time_limit, args.sampler, args.json) == (20, 1.5, "random", True)
-    args = build_parser().parse_args(["tune", "--conv", "conv:n=2,c=8,h=9,w=9,k=4,r=3,pad=1"])
+    assert args.jobs == 1
+    args = build_parser().parse_args(["tune", "--conv", "conv:n=2,c=8,h=9,w=9,k=4,r=3,pad=1", "--jobs", "3"])
     assert args.conv == ConvProblem(2, 8, 9, 9, 4, 3, 3, padding=1)
+    assert args.jobs == 3
 
 
 class _FakeDevice:

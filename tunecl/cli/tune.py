@@ -98,6 +98,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="stop after N evaluations without a 1%% gain (default 40; 0: never)")
     parser.add_argument("--min-time", type=positive_seconds, metavar="S", default=None,
                         help="measure each candidate until its samples add up to S seconds (default 0.1)")
+    parser.add_argument("--jobs", "-j", type=positive_int, metavar="J", default=1,
+                        help="compile up to J candidates at once in worker processes; they are still "
+                             "measured one at a time (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the inputs and the sampler")
     parser.add_argument("--db", metavar="URL", help="tuning DB URL or SQLite file (default: TUNECL_DB)")
     parser.add_argument("--storage", metavar="URL",
@@ -147,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     from tunecl.tune import tune_problem
 
     device = runtime.select_device(args.device)
-    options: dict[str, Any] = {"seed": args.seed}
+    options: dict[str, Any] = {"seed": args.seed, "jobs": args.jobs}
     if args.patience is not None:
         options["patience"] = args.patience or None
     else:

@@ -11,7 +11,7 @@ import contextlib
 import math
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -20,6 +20,10 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from tunecl.search.budget import Budget, Evaluator, Key, Progress, SearchLog
 from tunecl.search.result import Config, Result, Status, config_key
 from tunecl.search.space import SearchSpace
+
+# Starts the work of evaluating a config (e.g. compiling it in another process) and returns what
+# completes the evaluation; see :mod:`tunecl.search.prebuild`.
+Preparer = Callable[[str, Config], Callable[[], Result]]
 
 if TYPE_CHECKING:
     from tunecl.search.strategies import OptunaStrategy
@@ -47,8 +51,10 @@ def _process_gone(worker: str) -> bool:
 class StudyDriver:
     """One call of :meth:`OptunaStrategy.search`: its study, history and counters."""
 
-    def __init__(self, strategy: OptunaStrategy, space: SearchSpace, evaluate: Evaluator, budget: Budget):
+    def __init__(self, strategy: OptunaStrategy, space: SearchSpace, evaluate: Evaluator, budget: Budget,
+                 prepare: Preparer | None = None):
         self.strategy, self.space, self.evaluate, self.budget = strategy, space, evaluate, budget
+        self.prepare = prepare
         self.start = strategy.clock()
         self.study = optuna.create_study(storage=strategy.storage, study_name=strategy.study_name,
                                          direction="minimize", load_if_exists=True,
@@ -61,6 +67,7 @@ class StudyDriver:
         self.results: list[Result] = []
         self.seen: dict[Key, Result] = {}
         self.pending: set[Key] = set()  # configs of WAITING trials
+        self.inflight: set[Key] = set()  # configs asked in the current batch, not yet told (jobs > 1)
         self.repairs: collections.deque[tuple[str, Config]] = collections.deque()
         self.invalid = self.duplicates = 0
         trials = self._load()
@@ -112,7 +119,8 @@ class StudyDriver:
 
     def _enqueue(self, algorithm: str, config: Config) -> bool:
         key = config_key(algorithm, config)
-        if key in self.seen or key in self.pending or not self.space.is_valid(algorithm, config):
+        if (key in self.seen or key in self.pending or key in self.inflight
+                or not self.space.is_valid(algorithm, config)):
             return False
         self.study.enqueue_trial(self._params(algorithm, config))
         self.pending.add(key)
@@ -142,7 +150,7 @@ class StudyDriver:
                            for p, values in params.items()}
 
     def _repair(self, algorithm: str, config: Config) -> None:
-        exclude = set(self.seen) | self.pending
+        exclude = set(self.seen) | self.pending | self.inflight
         nearest = self.space.nearest(algorithm, config, exclude)
         if nearest is None:  # this algorithm is exhausted: try the others' nearest
             for other in self.space.algorithms:
@@ -201,6 +209,8 @@ class StudyDriver:
     def run(self) -> SearchLog:
         for algorithm, config in self.space.defaults.items():
             self._enqueue(algorithm, config)  # defaults first: tuned is never worse than untuned
+        if self.strategy.jobs > 1:
+            return self._run_batched()
         known = [x for x in (self.budget.trials, self.size) if x is not None]
         total = min(known) if known else None
         stop: str | None = None
@@ -250,6 +260,105 @@ class StudyDriver:
             self._report("search", len(self.results), total, self._best(), result)
         final = self._final_round()
         return self._log(final, stop or "trials")
+
+    def _batch_size(self) -> int:
+        """How many trials to ask at once: ``jobs``, but no more than the trial budget or space has left."""
+        want = self.strategy.jobs
+        if self.budget.trials is not None:
+            want = min(want, self.budget.trials - len(self.results))
+        if self.size is not None:
+            want = min(want, self.size - len(self.seen))
+        return max(want, 1)
+
+    def _run_batched(self) -> SearchLog:
+        """``jobs > 1``: ask up to ``jobs`` trials, start all their builds, then evaluate them serially.
+
+        Same guarantees as :meth:`run`: invalid and repeated proposals are told at once and never
+        compiled, each evaluation is told (committed) as soon as it finishes, and an interrupt fails
+        only the trials not told yet. A stop condition (time limit, patience) is checked between
+        batches, so it can let up to ``jobs - 1`` more evaluations finish.
+        """
+        known = [x for x in (self.budget.trials, self.size) if x is not None]
+        total = min(known) if known else None
+        prepare = self.prepare or (lambda a, c: lambda: self.evaluate(a, c))
+        stop: str | None = None
+        skipped = 0
+        while stop is None:
+            stop = self._stop_reason(skipped)
+            if stop is not None:
+                break
+            want = self._batch_size()
+            batch: list[tuple[Trial, str, Config, Key]] = []
+            later: list[tuple[Trial, Key, str, Config]] = []  # repeats of a config in this batch
+            try:
+                while len(batch) < want and self._stop_reason(skipped) in (None, "time_limit", "patience"):
+                    if not self._propose():
+                        stop = "exhausted"
+                        break
+                    trial = self.study.ask()
+                    later_or_batch = False
+                    try:
+                        trial.set_user_attr(WORKER_ATTR, self.worker)
+                        algorithm, config = self._suggest(trial)
+                        key = config_key(algorithm, config)
+                        self.pending.discard(key)
+                        if not self.space.is_valid(algorithm, config):
+                            broken = ", ".join(self.space.violations(algorithm, config))
+                            self._tell(trial, "invalid", Result(algorithm, config, Status.INVALID,
+                                                                message=f"violates {broken}"))
+                            self.invalid += 1
+                            skipped += 1
+                            self._repair(algorithm, config)
+                            continue
+                        if key in self.seen:
+                            self._tell(trial, "duplicate", self.seen[key])
+                            self.duplicates += 1
+                            skipped += 1
+                            self._repair(algorithm, config)
+                        elif key in self.inflight:
+                            later_or_batch = True
+                            later.append((trial, key, algorithm, config))
+                            break  # the sampler repeats itself: evaluate what we have first
+                        else:
+                            later_or_batch = True
+                            self.inflight.add(key)
+                            batch.append((trial, algorithm, config, key))
+                    except BaseException:
+                        if not later_or_batch:
+                            self._fail(trial)
+                        raise
+                finishers = [prepare(algorithm, config) for _, algorithm, config, _ in batch]
+                while batch:
+                    trial, algorithm, config, key = batch[0]
+                    result = finishers.pop(0)()
+                    self._tell(trial, "search", result)
+                    batch.pop(0)
+                    self.inflight.discard(key)
+                    self.results.append(result)
+                    self.seen.setdefault(key, result)
+                    self._report("search", len(self.results), total, self._best(), result)
+                while later:
+                    trial, key, algorithm, config = later[0]
+                    self._tell(trial, "duplicate", self.seen[key])
+                    later.pop(0)
+                    self.duplicates += 1
+                    skipped += 1
+                    self._repair(algorithm, config)
+            except BaseException:
+                # interrupted: leave no RUNNING trial (finished ones are told already)
+                for trial, *_ in batch:
+                    self._fail(trial)
+                for trial, *_ in later:
+                    self._fail(trial)
+                self.inflight.clear()
+                raise
+        final = self._final_round()
+        return self._log(final, stop or "trials")
+
+    def _fail(self, trial: Trial) -> None:
+        with contextlib.suppress(Exception):
+            trial.set_user_attr(ATTR, {"phase": "interrupted"})
+            self.study.tell(trial, state=TrialState.FAIL)
 
     # -- the re-measurement round -------------------------------------------------------------------
     def _final_candidates(self) -> list[Result]:

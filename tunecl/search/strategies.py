@@ -41,7 +41,7 @@ from typing import Protocol
 import optuna
 
 from tunecl.search.budget import Budget, Evaluator, Progress, ProgressCallback, SearchLog
-from tunecl.search.driver import GRID_ENUMERATION_LIMIT, StudyDriver
+from tunecl.search.driver import GRID_ENUMERATION_LIMIT, Preparer, StudyDriver
 from tunecl.search.result import Config
 from tunecl.search.space import SearchSpace
 
@@ -67,13 +67,18 @@ class OptunaStrategy:
             not replay the proposals it made before).
         progress: called after every evaluation with a :class:`Progress`.
         clock: monotonic seconds (tests pass a fake one).
+        jobs: trials asked at once; with more than 1, their evaluations are started together through
+            the ``prepare`` of :meth:`search` (builds in worker processes) and finished serially.
     """
 
     name = "optuna"
 
     def __init__(self, storage: str | optuna.storages.BaseStorage | None = None,
                  study_name: str | None = None, seed: int = 0, progress: ProgressCallback | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, jobs: int = 1):
+        if jobs < 1:
+            raise ValueError(f"jobs must be at least 1, got {jobs}")
+        self.jobs = jobs
         self.storage = storage
         self.study_name = study_name
         self.seed = seed
@@ -87,9 +92,11 @@ class OptunaStrategy:
         """A fixed order in which to propose every valid config, or None to let the sampler propose."""
         return None
 
-    def search(self, space: SearchSpace, evaluate: Evaluator, budget: Budget) -> SearchLog:
+    def search(self, space: SearchSpace, evaluate: Evaluator, budget: Budget,
+               prepare: Preparer | None = None) -> SearchLog:
+        """Run the search; ``prepare`` (used when ``jobs > 1``) starts an evaluation ahead of time."""
         with quiet_optuna():
-            return StudyDriver(self, space, evaluate, budget).run()
+            return StudyDriver(self, space, evaluate, budget, prepare).run()
 
 
 class TPE(OptunaStrategy):
@@ -100,8 +107,10 @@ class TPE(OptunaStrategy):
     def make_sampler(self, seed: int) -> optuna.samplers.BaseSampler:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            # several open trials (jobs > 1): pretend the running ones scored badly, so that one batch
+            # does not propose the same region J times
             return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
-                                              n_startup_trials=10)
+                                              n_startup_trials=10, constant_liar=self.jobs > 1)
 
 
 class RandomSearch(OptunaStrategy):

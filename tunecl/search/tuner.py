@@ -31,6 +31,7 @@ from tunecl.runtime import Device
 from tunecl.search.evaluate import evaluate
 from tunecl.search.harness import Harness, harness_for
 from tunecl.search.measure import TimingPolicy
+from tunecl.search.prebuild import Prebuilder
 from tunecl.search.result import Config, Result, Status
 from tunecl.search.space import SearchSpace
 from tunecl.search.strategies import STRATEGIES, Budget, ProgressCallback, SearchLog, quiet_optuna
@@ -197,12 +198,14 @@ class Tuner:
         top_k: how many of the fastest configs are re-measured before the winner is declared.
         exhaustive_limit: valid spaces up to this size are searched exhaustively.
         algorithms: the algorithms to consider (default: those registered for the problem's kind).
+        jobs: compile up to this many candidates at once in worker processes, measuring them one by
+            one here (1: compile and measure each candidate in turn, in this process).
     """
 
     def __init__(self, device: Device, storage_url: str | None = None, sampler: str = "tpe", *,
                  seed: int = 0, policy: TimingPolicy | None = None, patience: int | None = DEFAULT_PATIENCE,
                  top_k: int = 3, exhaustive_limit: int = EXHAUSTIVE_LIMIT,
-                 algorithms: Sequence[Algorithm] | None = None):
+                 algorithms: Sequence[Algorithm] | None = None, jobs: int = 1):
         if sampler not in SAMPLERS:
             raise ValueError(f"unknown sampler {sampler!r}; use one of {', '.join(SAMPLERS)}")
         self.device = device
@@ -214,6 +217,11 @@ class Tuner:
         self.top_k = top_k
         self.exhaustive_limit = exhaustive_limit
         self.algorithms = list(algorithms) if algorithms is not None else None
+        if jobs < 1:
+            raise ValueError(f"jobs must be at least 1, got {jobs}")
+        self.jobs = jobs
+        self.worker_builds = 0  # builds done in worker processes by the last tune() (jobs > 1)
+        self.worker_pids: set[int] = set()  # ... and the processes they ran in
         self._storage: optuna.storages.RDBStorage | None = None
 
     @property
@@ -279,8 +287,18 @@ class Tuner:
 
         budget = Budget(trials=trials, time_limit=time_limit,
                         patience=None if strategy_name == "exhaustive" else self.patience, top_k=self.top_k)
-        strategy = STRATEGIES[strategy_name](self.storage, name, seed=self.seed, progress=progress)
-        log = strategy.search(space, run_one, budget)
+        strategy = STRATEGIES[strategy_name](self.storage, name, seed=self.seed, progress=progress,
+                                             jobs=self.jobs)
+        self.worker_builds = 0
+        if self.jobs == 1:
+            log = strategy.search(space, run_one, budget)
+        else:
+            builder = Prebuilder(self.device, problem, by_name, run_one, self.jobs)
+            try:
+                log = strategy.search(space, run_one, budget, prepare=builder.prepare)
+            finally:
+                builder.close()
+                self.worker_builds, self.worker_pids = builder.built, set(builder.worker_pids)
         return self._outcome(problem, chosen, space, log, strategy_name, size, time.monotonic() - started)
 
     def _describe_study(self, name: str, problem: Problem, chosen: Sequence[Algorithm]) -> None:
