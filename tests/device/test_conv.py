@@ -26,13 +26,13 @@ import random
 
 import numpy as np
 import pytest
-import torch
 
 from tunecl import kernels, runtime
 from tunecl.kernels import conv_common
 from tunecl.kernels.base import read_source
 from tunecl.kernels.conv_common import reduction_length
 from tunecl.problems import DIRECTIONS, ConvProblem
+from tunecl.search.harness_conv import operand_shapes, reference
 
 EPS32 = float(np.finfo(np.float32).eps)
 ERROR_FACTOR = {"conv_winograd": 4.0, "conv_winograd_f4": 32.0}   # see the module docstring
@@ -77,30 +77,6 @@ def device():
 
 def problem(shape: str, direction: str) -> ConvProblem:
     return ConvProblem.parse(SHAPES[shape]).with_direction(direction)
-
-
-# -- reference -------------------------------------------------------------------------------------
-def operand_shapes(p: ConvProblem) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
-    """Shapes of (a, b, out) in the plan contract."""
-    return {"fwd": (p.input_shape, p.weight_shape, p.output_shape),
-            "bwd_data": (p.output_shape, p.weight_shape, p.input_shape),
-            "bwd_weight": (p.input_shape, p.output_shape, p.weight_shape)}[p.direction]
-
-
-def reference(p: ConvProblem, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
-    """The direction's result in float64 via torch conv2d (and its autograd for the backward ones)."""
-    kw = {"stride": p.stride, "padding": p.padding, "dilation": p.dilation, "groups": p.groups}
-    ta, tb = torch.from_numpy(a).double(), torch.from_numpy(b).double()
-    if p.direction == "fwd":
-        return torch.nn.functional.conv2d(ta, tb, None if bias is None else torch.from_numpy(bias).double(),
-                                          **kw).numpy()
-    if p.direction == "bwd_data":
-        x = torch.zeros(p.input_shape, dtype=torch.float64, requires_grad=True)
-        torch.nn.functional.conv2d(x, tb, **kw).backward(ta)
-        return x.grad.numpy()
-    w = torch.zeros(p.weight_shape, dtype=torch.float64, requires_grad=True)
-    torch.nn.functional.conv2d(ta, w, **kw).backward(tb)
-    return w.grad.numpy()
 
 
 def check(device, algorithm, p: ConvProblem, config: dict[str, int], *, beta: float = 0.0,

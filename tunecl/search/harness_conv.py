@@ -21,22 +21,13 @@ from typing import Any, ClassVar
 import numpy as np
 
 from tunecl.kernels.base import Plan
+from tunecl.kernels.conv_common import reduction_length
 from tunecl.problems import ConvProblem
 from tunecl.runtime import Device
 from tunecl.search.harness import GUARD_ELEMENTS, compare_guarded, guarded, reduction_tolerance
 
 # algorithm name -> how much more rounding error than a plain sum it may have
 ERROR_FACTOR = {"conv_winograd": 16.0}
-
-
-def reduction_length(problem: ConvProblem) -> int:
-    """Products summed into one output element."""
-    cg, kg = problem.c // problem.groups, problem.k // problem.groups
-    if problem.direction == "fwd":
-        return cg * problem.r * problem.s
-    if problem.direction == "bwd_data":
-        return kg * problem.r * problem.s
-    return problem.n * problem.p * problem.q
 
 
 def operand_shapes(p: ConvProblem) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
