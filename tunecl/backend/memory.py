@@ -151,12 +151,7 @@ class CachingAllocator:
         for key, block in dead:
             del self._blocks[key]
             _free_weak_ref(block.weak)
-            _buffers.pop(block.address, None)
-            self.allocated -= block.reserved
-            self.requested -= block.requested
-            if block.buffer is not None:
-                self._cache.setdefault(block.reserved, []).append(block.buffer)
-                self.cached += block.reserved
+            self._release(block)
             if len(block.slot.shape) == MAX_DIMS_RECYCLED:
                 self._free_slots.append(block.slot)
         self.counts["frees"] += len(dead)
@@ -232,12 +227,17 @@ class CachingAllocator:
         """Take back a block whose tensor could not be created."""
         with self._lock:
             self._blocks.pop(block.slot.address, None)
-            _buffers.pop(block.address, None)
-            self.allocated -= block.reserved
-            self.requested -= block.requested
-            if block.buffer is not None:
-                self._cache.setdefault(block.reserved, []).append(block.buffer)
-                self.cached += block.reserved
+            self._release(block)
+
+    # called with the lock held
+    def _release(self, block: _Block) -> None:
+        """Forget a dead block's address and put its buffer back in the cache of its size class."""
+        _buffers.pop(block.address, None)
+        self.allocated -= block.reserved
+        self.requested -= block.requested
+        if block.buffer is not None:
+            self._cache.setdefault(block.reserved, []).append(block.buffer)
+            self.cached += block.reserved
 
     def track(self, block: _Block, storage: torch.UntypedStorage) -> None:
         """Start watching the storage that now owns ``block``."""
