@@ -330,3 +330,14 @@ def test_many_small_batched_matrices_have_a_default(device, rng, shape, batch):
     ab, bb, cb = device.upload(a), device.upload(b), device.upload(c)
     tiled.build(p, device, config).run(ab, bb, cb)
     np.testing.assert_allclose(device.download(cb, c.shape), a @ b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("spec", ["2,4096,25088,0,1", "2,25088,4096", "4096,2,25088", "1,100000,3"])
+@pytest.mark.parametrize("target", ["device", "h200"])
+def test_skinny_fc_products_have_a_searched_default(device, spec, target):
+    """vgg16's classifier at batch 2 (2x4096x25088) once left gemm_tiled's pruned space empty."""
+    p = GemmProblem.from_spec(spec)
+    dev = device if target == "device" else H200
+    tiled = ALGORITHMS["gemm_tiled"]
+    configs = tiled.space(p, dev).configs()
+    assert configs and tiled.default(p, dev) in configs

@@ -398,11 +398,12 @@ def _pruning(problem: GemmProblem, device: Any) -> list[Rule]:
          lambda c: c["MAXRREG"] == 0 or 65536 // (threads(c) * c["MAXRREG"]) > 65536 // (threads(c) * 256)),
         ("local_reads_vectorized", ("MWG", "NWG", "MDIMC", "NDIMC", "VWM", "VWN"),
          lambda c: (c["VWM"] > 1 or c["MWG"] == c["MDIMC"]) and (c["VWN"] > 1 or c["NWG"] == c["NDIMC"])),
-        # > 32 work-groups per compute unit; a tile that already spans the (padded) matrix cannot grow,
-        # so many small batched matrices keep it (this rule alone emptied the space for 3x8x4 x 72)
+        # > 32 work-groups per compute unit; a tile that already spans the (padded) matrix along M or
+        # N cannot grow there (with the aspect rule it cannot grow along the other either), so small
+        # batched matrices (3x8x4 x 72) and skinny fc products (2x4096x25088) keep it
         ("tile_not_tiny_for_big_problems", ("MWG", "NWG"),
          lambda c: (c["MWG"] * c["NWG"] >= 64 * 64 or groups(c) <= 32 * units
-                    or (c["MWG"] >= m_cap and c["NWG"] >= n_cap))),
+                    or c["MWG"] >= m_cap or c["NWG"] >= n_cap)),
     ]
 
 
@@ -470,7 +471,11 @@ class GemmTiled:
                     candidate["STRN"] &= int(candidate["NWG"] // candidate["NDIMC"] > candidate["VWN"])
                     if space.is_valid(candidate) and all(check(candidate) for _, _, check in rules):
                         return candidate
-        return space.configs()[0]
+        searched = space.configs()
+        if searched:
+            return searched[0]
+        # Pruning emptied the searched space: any valid config still computes correctly.
+        return next(iter(enumerate_space(_params(device), _constraints(problem, device))))
 
     @staticmethod
     def _complete(base: dict[str, int], problem: GemmProblem) -> Iterator[dict[str, int]]:
