@@ -16,7 +16,8 @@ from typing import Any, Literal
 from tunecl.fingerprint import Fingerprint
 
 OK = "ok"
-Source = Literal["user", "user-other-driver", "shipped"]
+Source = Literal["user", "user-other-driver", "shipped",
+                 "user-near-batch", "user-other-driver-near-batch", "shipped-near-batch"]
 Precisions = str | Iterable[str]
 
 
@@ -68,9 +69,12 @@ class Hit:
         time_s: median time measured for ``params``.
         default_time_s: median time of the algorithm's default config, if measured.
         source: ``"user"`` (this device and driver), ``"user-other-driver"`` (same model, another
-            driver) or ``"shipped"`` (the read-only results in ``tuning_db/``).
+            driver) or ``"shipped"`` (the read-only results in ``tuning_db/``); with ``-near-batch``
+            appended for a result of the same problem at another batch
+            (:meth:`TuningDB.lookup_near_batch`).
         device_label: the label of the device that measured it.
         precision: the precision it was tuned for (``"fp32"``, ``"tf32"``, ``"fp16"``, ...).
+        problem: the key of the problem it was tuned for (another batch's for a near-batch hit).
     """
 
     algorithm: str
@@ -81,6 +85,7 @@ class Hit:
     source: Source
     device_label: str
     precision: str
+    problem: str = ""
 
 
 def precision_set(precision: Precisions) -> frozenset[str]:
@@ -121,7 +126,7 @@ def keep_new(old: Record | None, new: Record) -> bool:
 def to_hit(record: Record, source: Source) -> Hit:
     assert record.time_s is not None
     return Hit(record.algorithm, record.algorithm_version, dict(record.params), record.time_s,
-               record.default_time_s, source, record.device.label, record.precision)
+               record.default_time_s, source, record.device.label, record.precision, record.problem)
 
 
 @dataclasses.dataclass(frozen=True)

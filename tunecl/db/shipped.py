@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from tunecl import config
+from tunecl.db.near import BatchPattern
 from tunecl.db.records import Hit, Record, keep_new, servable, to_hit
 from tunecl.errors import TuneclError
 from tunecl.fingerprint import Fingerprint
@@ -48,10 +49,34 @@ class ShippedIndex:
             candidates = [r for r in table.get((problem_key, device), ())
                           if servable(r, versions, precisions)]
             if candidates:
-                fastest = min(candidates, key=lambda r: (r.time_s, r.algorithm, r.algorithm_version,
-                                                         r.precision, r.device.key))
+                fastest = min(candidates, key=_speed_order)
                 return to_hit(fastest, "shipped")
         return None
+
+    def lookup_near_batch(self, fingerprint: Fingerprint, pattern: BatchPattern,
+                          versions: Mapping[str, int] | None, precisions: frozenset[str]) -> list[Hit]:
+        """The fastest servable record of each problem ``pattern`` matches, closest batch first: this
+        exact device's, then its model's (each record once); see ``TuningDB.lookup_near_batch``."""
+        hits: list[Hit] = []
+        seen: set[tuple[str, str, str, int, str]] = set()
+        for table, device in ((self.by_device, fingerprint.key), (self.by_model, fingerprint.model_key)):
+            fastest: dict[str, Record] = {}
+            for (key, owner), records in table.items():
+                if owner != device or pattern.batch_of(key) is None:
+                    continue
+                candidates = [r for r in records
+                              if servable(r, versions, precisions) and r.natural_key not in seen]
+                if candidates:
+                    fastest[key] = min(candidates, key=_speed_order)
+            for key in pattern.rank(fastest):
+                seen.add(fastest[key].natural_key)
+                hits.append(to_hit(fastest[key], "shipped-near-batch"))
+        return hits
+
+
+def _speed_order(record: Record) -> tuple[float, str, int, str, str]:
+    assert record.time_s is not None
+    return (record.time_s, record.algorithm, record.algorithm_version, record.precision, record.device.key)
 
 
 _indexes: dict[Path, ShippedIndex] = {}
@@ -94,6 +119,12 @@ def lookup(fingerprint: Fingerprint, problem_key: str, versions: Mapping[str, in
            precisions: frozenset[str]) -> Hit | None:
     """The lookup chain's shipped step (see :meth:`ShippedIndex.lookup`)."""
     return index().lookup(fingerprint, problem_key, versions, precisions)
+
+
+def lookup_near_batch(fingerprint: Fingerprint, pattern: BatchPattern, versions: Mapping[str, int] | None,
+                      precisions: frozenset[str]) -> list[Hit]:
+    """The near-batch stage's shipped step (see :meth:`ShippedIndex.lookup_near_batch`)."""
+    return index().lookup_near_batch(fingerprint, pattern, versions, precisions)
 
 
 def clear_cache() -> None:
