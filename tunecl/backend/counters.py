@@ -21,8 +21,9 @@ def stats() -> dict[str, Any]:
     Keys: ``ops`` (calls per overload), ``fallback_ops`` (CPU-fallback calls per overload),
     ``plan_sources`` (GEMM/conv calls per plan source since the last reset), ``plans`` (every cached
     plan: problem key → algorithm, source, config and the lookup chain that chose it),
-    ``plan_counts`` (cached plans per source: ``user``, ``user-other-driver``, ``shipped``,
-    ``tuned-on-miss``, ``default``) and ``memory``.
+    ``plan_counts`` (cached plans per source, ``tunecl.backend.plans.SOURCES``: ``user``,
+    ``user-other-driver``, ``shipped``, those three with ``-near-batch`` appended (tuned at another
+    batch), ``tuned-on-miss``, ``default``) and ``memory``.
     """
     from tunecl.backend import memory
 

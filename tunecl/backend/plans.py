@@ -8,13 +8,20 @@ On a miss :func:`_choose_plan` decides, once per shape, which algorithm and conf
    algorithms at their current versions, fp32 only; a hit whose algorithm does not apply to the
    problem or whose params fail to build is replaced by the default, with one warning;
 2. on a miss with ``TUNECL_TUNE=on-miss``: a short tuning run (:data:`TUNE_TRIALS` evaluations,
-   :data:`TUNE_TIME_LIMIT` seconds) that stores its result in the user DB, then serves the winner;
-3. otherwise the first applicable algorithm's heuristic default — the tuner's "default" baseline.
+   :data:`TUNE_TIME_LIMIT` seconds) that stores its result in the user DB, then serves the winner —
+   an unseen shape is tuned, never guessed from another batch;
+3. on a miss with ``TUNECL_TUNE=off`` (the default): the same problem tuned at another batch
+   (``TuningDB.lookup_near_batch``; conv: any ``n``, gemm: ``m`` within a factor of 4, see
+   :mod:`tunecl.db.near`), over the same sources in the same order, closest batch first. A candidate
+   is only a guess: one that does not apply or build is skipped without a warning, up to
+   :data:`NEAR_BATCH_TRIES` distinct configs;
+4. otherwise the first applicable algorithm's heuristic default — the tuner's "default" baseline.
 
-The source (``user``, ``user-other-driver``, ``shipped``, ``tuned-on-miss`` or ``default``) is
-recorded per problem in ``tunecl.backend.stats()["plans"]``; the chain is logged once per shape on
-the ``tunecl.backend.plans`` logger. Nothing after the first call of a shape touches SQL or the
-compiler.
+The source (one of :data:`SOURCES`: ``user``, ``user-other-driver``, ``shipped``, the same three with
+``-near-batch`` appended, ``tuned-on-miss`` or ``default``) is recorded per problem in
+``tunecl.backend.stats()["plans"]`` with the lookup chain (which names the stored problem key of a
+near-batch plan); the chain is logged once per shape on the ``tunecl.backend.plans`` logger. Nothing
+after the first call of a shape touches SQL or the compiler.
 """
 
 from __future__ import annotations
@@ -39,9 +46,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PRECISION = "fp32"
-SOURCES = ("user", "user-other-driver", "shipped", "tuned-on-miss", "default")
+SOURCES = ("user", "user-other-driver", "shipped", "user-near-batch", "user-other-driver-near-batch",
+           "shipped-near-batch", "tuned-on-miss", "default")
 TUNE_TRIALS = 8          # the on-miss budget: evaluations ...
 TUNE_TIME_LIMIT = 10.0   # ... and seconds of searching per shape
+NEAR_BATCH_TRIES = 4     # distinct near-batch configs built per shape before the default serves
 
 # What building a stored config can raise when the config no longer fits (ValueError, KeyError:
 # invalid or missing parameters; TuneclError: BuildError; cl.Error: kernel creation or allocation).
@@ -117,7 +126,8 @@ def _choose_plan(problem: Problem) -> PlanEntry:
     # for the hit alone: ``applies`` of the GEMM-backed conv families enumerates a GEMM space
     # (~0.5-1 s per shape on a CPU device), too slow to ask all of them for every new shape. A hit
     # whose algorithm does not apply is refused below like one whose params fail to build.
-    hit = _lookup(device, problem, {a.name: a.version for a in registered}, chain)
+    versions = {a.name: a.version for a in registered}
+    hit = _lookup(device, problem, versions, chain)
     entry = None
     if hit is not None:
         entry = _build_stored(problem, device, by_name, hit.algorithm, hit.params, hit.source, chain)
@@ -125,6 +135,8 @@ def _choose_plan(problem: Problem) -> PlanEntry:
         applicable = [a for a in registered if a.applies(problem, device)]
         if applicable:
             entry = _tune_on_miss(problem, device, applicable, chain)
+    else:
+        entry = _near_batch(problem, device, by_name, versions, chain)
     if entry is None:
         first = next((a for a in registered if a.applies(problem, device)), None)
         if first is None:
@@ -176,9 +188,47 @@ def _lookup(device: Device, problem: Problem, versions: dict[str, int], chain: l
     return hit
 
 
+def _near_batch(problem: Problem, device: Device, by_name: dict[str, Any], versions: dict[str, int],
+                chain: list[str]) -> PlanEntry | None:
+    """The first near-batch result that applies and builds (quietly skipping the others), or None."""
+    from tunecl.db import open_db
+    from tunecl.db import shipped as shipped_db
+    from tunecl.db.near import batch_pattern
+    from tunecl.db.records import precision_set
+
+    try:
+        db = open_db()
+    except TuneclError:  # _lookup has warned about it: the shipped results alone
+        hits = shipped_db.lookup_near_batch(device.fingerprint, batch_pattern(problem), versions,
+                                            precision_set(PRECISION))
+    else:
+        try:
+            hits = db.lookup_near_batch(device.fingerprint, problem, versions=versions, precision=PRECISION)
+        except TuneclError as error:
+            chain.append(f"near-batch lookup failed: {error}")
+            return None
+    tried: set[tuple[str, str]] = set()
+    for hit in hits:
+        attempt = (hit.algorithm, repr(sorted(hit.params.items())))
+        if attempt in tried:  # another batch tuned to the same config: it failed already
+            continue
+        if len(tried) == NEAR_BATCH_TRIES:
+            chain.append(f"no more than {NEAR_BATCH_TRIES} near-batch configs tried")
+            break
+        tried.add(attempt)
+        chain.append(f"{hit.source} result {hit.algorithm} v{hit.algorithm_version} of {hit.problem}")
+        entry = _build_stored(problem, device, by_name, hit.algorithm, hit.params, hit.source, chain,
+                              quiet=True)
+        if entry is not None:
+            return entry
+    return None
+
+
 def _build_stored(problem: Problem, device: Device, by_name: dict[str, Any], algorithm: str,
-                  params: dict[str, Any], source: str, chain: list[str]) -> PlanEntry | None:
-    """Build a stored or freshly tuned config; None (after one warning) when it cannot be built."""
+                  params: dict[str, Any], source: str, chain: list[str],
+                  quiet: bool = False) -> PlanEntry | None:
+    """Build a stored or freshly tuned config; None when it cannot be built, after one warning unless
+    ``quiet`` (a near-batch result is only a guess: the next candidate or the default serves)."""
     found = by_name.get(algorithm)
     try:
         if found is None or not found.applies(problem, device):
@@ -188,8 +238,9 @@ def _build_stored(problem: Problem, device: Device, by_name: dict[str, Any], alg
     except _BUILD_ERRORS as error:
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         chain.append(f"{source} {algorithm} {params} unusable: {reason}")
-        warnings.warn(f"tunecl: the {source} tuning result for {problem.key} ({algorithm} {params}) cannot be "
-                      f"used ({reason}); running the default plan instead", stacklevel=2)
+        if not quiet:
+            warnings.warn(f"tunecl: the {source} tuning result for {problem.key} ({algorithm} {params}) "
+                          f"cannot be used ({reason}); running the default plan instead", stacklevel=2)
         return None
 
 
