@@ -157,7 +157,7 @@ def test_rotating_net_trains_on_the_device_without_fallback(net):
         report = validate_net(net, train=True, batch=2, image_size=size)
     assert report.error is None, report.error
     assert not report.fallback_ops
-    assert {c.kind for c in report.checks} == {"output", "loss", "grad", "param"}
+    assert {"output", "loss", "grad", "param"} <= {c.kind for c in report.checks}   # it ran to the end
     real_ops = set(tunecl.backend.stats()["ops"])
     dry = walk(net, image_size=size, optimizers=("adam",))
     assert dry.error is None and not dry.fallbacks
