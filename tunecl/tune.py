@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from tunecl.fingerprint import Fingerprint
 from tunecl.kernels import algorithms
+from tunecl.precision import FP32, algorithm_precision, at_least
 from tunecl.problems import Problem
 from tunecl.runtime import Device
 from tunecl.search.result import Result, Status
@@ -51,7 +52,7 @@ def tune_problem(problem: Problem, device: Device, db: ResultSink | None = None,
         storage_url: Optuna storage (default: ``config.get().storage_url``).
         progress: called after every evaluation.
         **tuner_options: passed to :class:`Tuner` (``seed``, ``policy``, ``patience``, ``top_k``,
-            ``algorithms``, ``jobs`` ...).
+            ``algorithms``, ``jobs``, ``precision`` ...).
 
     Returns:
         The tuner's outcome.
@@ -76,7 +77,8 @@ def record_outcome(db: ResultSink, fingerprint: Fingerprint, outcome: TuneOutcom
     default config failed verification: that is worth keeping (the untuned fallback of that algorithm
     is wrong on this device and problem — a driver bug to report), and the DB never serves failed rows.
     Compile errors, timeouts and invalid configs are not recorded: they are properties of configs, not
-    of the problem, and the study keeps them.
+    of the problem, and the study keeps them. Each result is recorded under the precision it was
+    verified at, its algorithm's (``outcome.precision_of``): a TF32 study's fp32 results stay "fp32".
     """
     origin = origin or origin_here()
     recorded = []
@@ -84,13 +86,16 @@ def record_outcome(db: ResultSink, fingerprint: Fingerprint, outcome: TuneOutcom
         best = outcome.per_algorithm.get(algorithm)
         default = outcome.defaults.get(algorithm)
         trials = outcome.trials_per_algorithm.get(algorithm, 0)
+        precision = outcome.precision_of(algorithm)
         if best is not None and best.ok:
             db.record(fingerprint, outcome.problem, algorithm, version, dict(best.config), best.time,
-                      default_time_s=_time_or_none(default), trials=trials, status="ok", origin=origin)
+                      default_time_s=_time_or_none(default), trials=trials, status="ok", precision=precision,
+                      origin=origin)
             recorded.append(algorithm)
         elif default is not None and default.status is Status.WRONG_RESULT:
             db.record(fingerprint, outcome.problem, algorithm, version, dict(default.config), None,
-                      trials=trials, status=f"failed:{Status.WRONG_RESULT.value}", origin=origin)
+                      trials=trials, status=f"failed:{Status.WRONG_RESULT.value}", precision=precision,
+                      origin=origin)
             recorded.append(algorithm)
     return recorded
 
@@ -120,29 +125,49 @@ class NetRow:
         return self.default_s / self.tuned_s if self.default_s and self.tuned_s else None
 
 
-def algorithm_versions(problem: Problem, device: Device) -> dict[str, int]:
-    """Name → version of every algorithm that applies to ``problem`` on ``device``."""
-    return {a.name: a.version for a in algorithms(problem.kind) if a.applies(problem, device)}
+def _tuned_before(db: Any, device: Device, problem: Problem, precision: str) -> Any:
+    """The fastest stored result when every precision among the applicable algorithms has one at the
+    current versions (what makes a problem "already tuned"), else None."""
+    versions = algorithm_versions(problem, device, precision)
+    by_precision: dict[str, dict[str, int]] = {}
+    for algorithm in algorithms(problem.kind):
+        if algorithm.name in versions:
+            group = by_precision.setdefault(algorithm_precision(algorithm), {})
+            group[algorithm.name] = versions[algorithm.name]
+    hits = [db.best(device.fingerprint, problem, versions=names, precision=name)
+            for name, names in by_precision.items()]
+    if not hits or any(hit is None for hit in hits):
+        return None
+    return min(hits, key=lambda hit: hit.time_s)
+
+
+def algorithm_versions(problem: Problem, device: Device, precision: str = FP32) -> dict[str, int]:
+    """Name → version of every algorithm that applies to ``problem`` on ``device`` and whose results
+    satisfy ``precision``."""
+    accepted = at_least(precision)
+    return {a.name: a.version for a in algorithms(problem.kind)
+            if algorithm_precision(a) in accepted and a.applies(problem, device)}
 
 
 def tune_workload(workload: Mapping[Problem, int], device: Device, db: Any, *, trials: int | None = None,
                   time_limit: float | None = None, total_time_limit: float | None = None,
                   retune: bool = False, on_start: Callable[[int, Problem], None] | None = None,
-                  on_done: Callable[[int, NetRow], None] | None = None,
+                  on_done: Callable[[int, NetRow], None] | None = None, precision: str = FP32,
                   **tune_options: Any) -> list[NetRow]:
     """Tune every problem of a workload (problem → occurrences), largest total FLOPs first.
 
     Problems the DB already holds for this exact device at the current algorithm versions are skipped
-    unless ``retune``. Every finished problem is recorded before the next starts, so Ctrl-C (which
-    propagates after the rows so far are reported through ``on_done``) loses at most the problem in
-    progress, whose finished trials stay in the Optuna study and are resumed by the next run.
+    unless ``retune``; at ``precision="tf32"`` that takes a result of each precision whose algorithms
+    apply (fp32 results alone do not mean the TF32 algorithms were tuned). Every finished problem is
+    recorded before the next starts, so Ctrl-C (which propagates after the rows so far are reported
+    through ``on_done``) loses at most the problem in progress, whose finished trials stay in the
+    Optuna study and are resumed by the next run.
     """
     order = sorted(workload.items(), key=lambda item: -item[0].flops * item[1])
     rows: list[NetRow] = []
     started = time.monotonic()
     for index, (problem, count) in enumerate(order):
-        versions = algorithm_versions(problem, device)
-        hit = None if retune else db.best(device.fingerprint, problem, versions=versions)
+        hit = None if retune else _tuned_before(db, device, problem, precision)
         if hit is not None:
             row = NetRow(problem, count, "skipped", hit.algorithm, hit.default_time_s, hit.time_s)
         elif total_time_limit is not None and time.monotonic() - started > total_time_limit:
@@ -150,7 +175,8 @@ def tune_workload(workload: Mapping[Problem, int], device: Device, db: Any, *, t
         else:
             if on_start is not None:
                 on_start(index, problem)
-            outcome = tune_problem(problem, device, db, trials=trials, time_limit=time_limit, **tune_options)
+            outcome = tune_problem(problem, device, db, trials=trials, time_limit=time_limit,
+                                   precision=precision, **tune_options)
             winner, default = outcome.winner, outcome.default
             row = NetRow(problem, count, "tuned" if winner else "failed",
                          winner.algorithm if winner else None,

@@ -11,6 +11,7 @@ ROOT = Path(tunecl.__file__).parent
 FORBIDDEN = {
     "tunecl.problems": ("tunecl.", "torch", "pyopencl", "sqlalchemy", "optuna"),
     "tunecl.fingerprint": ("tunecl.", "torch", "pyopencl", "sqlalchemy", "optuna"),
+    "tunecl.precision": ("tunecl.", "torch", "pyopencl", "sqlalchemy", "optuna"),  # torch's flags are passed in
     "tunecl.runtime": ("tunecl.kernels", "tunecl.search", "tunecl.db", "tunecl.backend", "tunecl.tune",
                        "tunecl.cli", "torch", "sqlalchemy", "optuna"),
     "tunecl.kernels": ("tunecl.db", "tunecl.search", "tunecl.backend", "tunecl.tune", "tunecl.cli",

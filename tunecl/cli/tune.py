@@ -12,6 +12,7 @@ import time
 from typing import Any, TextIO
 
 from tunecl.cli.output import print_json, print_table
+from tunecl.precision import PRECISIONS
 from tunecl.problems import ConvProblem, GemmProblem
 
 SAMPLERS = ("tpe", "random", "grid")  # the search layer's names (kept here so --help imports nothing)
@@ -101,6 +102,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--jobs", "-j", type=positive_int, metavar="J", default=1,
                         help="compile up to J candidates at once in worker processes; they are still "
                              "measured one at a time (default 1)")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                        help="the precision results must satisfy: fp32 (strict, default) or tf32 (also "
+                             "tensor-core TF32 algorithms where the device has them; each result is "
+                             "verified and stored under its own algorithm's precision)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the inputs and the sampler")
     parser.add_argument("--db", metavar="URL", help="tuning DB URL or SQLite file (default: TUNECL_DB)")
     parser.add_argument("--storage", metavar="URL",
@@ -150,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     from tunecl.tune import tune_problem
 
     device = runtime.select_device(args.device)
-    options: dict[str, Any] = {"seed": args.seed, "jobs": args.jobs}
+    options: dict[str, Any] = {"seed": args.seed, "jobs": args.jobs, "precision": args.precision}
     if args.patience is not None:
         options["patience"] = args.patience or None
     else:
@@ -215,7 +220,9 @@ def print_outcome(outcome: Any, stored_in: str, out: TextIO | None = None) -> No
     speedup = outcome.speedup
     line("best", f"{_ms(w.time)} ms  {outcome.gflops(w):.2f} GFLOP/s"
                  + (f"  ({speedup:.2f}x the default)" if speedup is not None else ""))
-    line("chosen", f"{w.algorithm} v{outcome.versions[w.algorithm]}  "
+    precision = outcome.precision_of(w.algorithm)
+    line("chosen", f"{w.algorithm} v{outcome.versions[w.algorithm]}"
+                   + ("" if precision == "fp32" else f" ({precision})") + "  "
                    + " ".join(f"{k}={v}" for k, v in w.config.items()))
     rows = []
     for name in outcome.versions:

@@ -21,13 +21,15 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 
 from tunecl.kernels.base import Plan
+from tunecl.precision import FP32, TF32, UNIT_ROUNDOFF
 from tunecl.problems import GemmProblem, Problem
 from tunecl.runtime import Device
 
 # A quiet NaN with a recognizable payload: any write over it shows up in a bitwise compare.
 GUARD_BITS = np.uint32(0x7FC0BAD5)
 GUARD_ELEMENTS = 64  # 256 bytes: keeps the matrices aligned for float4 loads and 128-byte transactions
-EPS32 = 2.0**-24  # unit roundoff of float32
+EPS32 = UNIT_ROUNDOFF[FP32]  # unit roundoff of float32
+TF32_ROUNDING_FACTOR = 8.0  # see tf32_tolerance
 
 
 class Binding(Protocol):
@@ -74,6 +76,44 @@ def reduction_tolerance(k: int) -> float:
     ``|a b| ~ 0.25`` with inputs uniform in [-1, 1], far above ``8 * sqrt(4096) * u * 1400 ~ 0.04``.
     """
     return EPS32 * (8.0 * math.sqrt(k) + 8.0)
+
+
+def tf32_tolerance(spread: np.ndarray | float) -> np.ndarray | float:
+    """What rounding the inputs of a product to TF32 adds to the tolerance of an output:
+    ``8 * u_tf32 * spread`` with ``u_tf32 = 2**-11`` (TF32 keeps 10 explicit mantissa bits).
+
+    ``spread`` bounds ``sqrt(sum_k (a_ik b_kj)**2)``, the 2-norm of the output's terms (for GEMM
+    ``min(max_k |a_ik| * ||b_j||_2, ||a_i||_2 * max_k |b_kj|)``, which holds for any data and is within
+    ~1.7x of the 2-norm for the harness's uniform inputs). Why: rounding ``a`` and ``b`` to TF32 (to
+    nearest) multiplies the term ``a b`` by ``(1 + d_a)(1 + d_b)`` with ``|d| <= u_tf32``; products of
+    two TF32 values are exact in fp32, so the output moves by ``sum_k a_k b_k (d_ak + d_bk)``. Rounding
+    errors of independent data have zero mean and standard deviation at most ``u_tf32 / sqrt(3)``, so
+    this sum has a standard deviation of at most ``0.82 u_tf32 * spread`` (Higham §3.6, as for fp32):
+    the factor 8 is ~10 standard deviations, far beyond the largest of millions of outputs (~5.5).
+    It is also a rigorous bound for ``k <= 16``: the worst case ``(2 u_tf32 + u_tf32**2) sum_k |a_k b_k|``
+    is at most ``(2 u_tf32 + u_tf32**2) sqrt(k) * spread``. What it still catches: an A or B element
+    paired with the wrong partner (a transposed or misplaced fragment) changes an output by about
+    ``|a b|`` per wrong term — for inputs uniform in [-1, 1] at K = 4096 the whole output (~21) against
+    a TF32 tolerance of ~0.14; a term lost or counted twice moves it by ~0.25; with K = 64 the
+    tolerance is ~0.018. The fp32 accumulation in the tensor cores keeps the fp32 tolerance on top.
+    """
+    return TF32_ROUNDING_FACTOR * UNIT_ROUNDOFF[TF32] * spread
+
+
+def gemm_spread(op_a: np.ndarray, op_b: np.ndarray) -> np.ndarray:
+    """``min(max_k |a_ik| * ||b_j||_2, ||a_i||_2 * max_k |b_kj|)`` per output of batched
+    ``op_a @ op_b`` (batch x M x K times batch x K x N): an upper bound of ``sqrt(sum_k (a_ik b_kj)**2)``
+    in O(MK + KN + MN)."""
+    return _spread_from(*_row_stats(op_a, 2), *_row_stats(op_b, 1))
+
+
+def _row_stats(op: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """(max |x|, 2-norm) along the reduction ``axis`` of a batched operand."""
+    return np.abs(op).max(axis=axis, initial=0.0), np.linalg.norm(op, axis=axis)
+
+
+def _spread_from(a_max: np.ndarray, a_norm: np.ndarray, b_max: np.ndarray, b_norm: np.ndarray) -> np.ndarray:
+    return np.minimum(a_max[:, :, None] * b_norm[:, None, :], a_norm[:, :, None] * b_max[:, None, :])
 
 
 def compare_guarded(out: np.ndarray, guard: int, expected: np.ndarray, tolerance: np.ndarray,
@@ -127,7 +167,9 @@ class GemmHarness:
     The per-element tolerance is ``reduction_tolerance(k) * (|alpha| * bound_ij + |beta| * |c_ij|)`` where
     ``bound_ij = ||row i of op(A)||_2 * ||column j of op(B)||_2`` is the Cauchy-Schwarz upper bound of
     ``sum_k |a_ik| |b_kj|``: rigorous, within ~4/3 of the exact sum for such inputs, and computed in
-    O(MK + KN + MN) instead of a second float64 matrix product.
+    O(MK + KN + MN) instead of a second float64 matrix product. A plan whose ``precision`` is
+    ``"tf32"`` is checked with :func:`tf32_tolerance` of :func:`gemm_spread` added (its inputs are
+    rounded to TF32); plans without one are strict fp32.
     """
 
     kind: ClassVar[str] = "gemm"
@@ -160,8 +202,16 @@ class GemmHarness:
             bound = (np.linalg.norm(op_a, axis=2)[:, :, None] * np.linalg.norm(op_b, axis=1)[:, None, :])
             self._data = {"a": guarded(a, self.guard), "b": guarded(b, self.guard),
                           "c": guarded(c, self.guard), "c_nan": guarded(np.full_like(c, np.nan), self.guard),
-                          "c0": c.astype(np.float64), "product": product, "bound": bound}
+                          "c0": c.astype(np.float64), "product": product, "bound": bound,
+                          "row_stats": (*_row_stats(op_a, 2), *_row_stats(op_b, 1))}
         return self._data
+
+    def _spread(self) -> np.ndarray:
+        """:func:`gemm_spread` of the inputs (for TF32 plans; computed on first use, then kept)."""
+        data = self._prepare()
+        if "spread" not in data:
+            data["spread"] = _spread_from(*data["row_stats"])
+        return data["spread"]
 
     def bind(self, plan: Plan) -> GemmBinding:
         data = self._prepare()
@@ -169,13 +219,20 @@ class GemmHarness:
         return GemmBinding(self, plan, device.upload(data["a"]), device.upload(data["b"]),
                            device.upload(data["c"]))
 
-    def compare(self, out: np.ndarray, alpha: float, beta: float) -> str | None:
-        """Check a downloaded guarded C buffer for one (alpha, beta) case; ``None`` when correct."""
+    def compare(self, out: np.ndarray, alpha: float, beta: float, precision: str = FP32) -> str | None:
+        """Check a downloaded guarded C buffer for one (alpha, beta) case of a plan computing at
+        ``precision`` (``"fp32"`` or ``"tf32"``); ``None`` when correct."""
         data = self._prepare()
         p = self.problem
         expected = alpha * data["product"] + beta * data["c0"]
         tol = reduction_tolerance(p.k) * (abs(alpha) * data["bound"] + abs(beta) * np.abs(data["c0"]))
-        return compare_guarded(out, self.guard, expected, tol, f"alpha={alpha:g}, beta={beta:g}")
+        case = f"alpha={alpha:g}, beta={beta:g}"
+        if precision == TF32:
+            tol = tol + abs(alpha) * tf32_tolerance(self._spread())
+            case += ", tf32"
+        elif precision != FP32:
+            raise ValueError(f"no GEMM tolerance for precision {precision!r}")
+        return compare_guarded(out, self.guard, expected, tol, case)
 
 
 class GemmBinding:
@@ -198,6 +255,7 @@ class GemmBinding:
         h = self.harness
         data = h._prepare()
         device = h.device
+        precision = getattr(self.plan, "precision", FP32)
         for alpha, beta in h.CASES:
             # fresh C (and guards) for every case; NaN when beta == 0: C must then not be read at all
             # (the backend hands in uninitialized memory, and 0 * NaN is NaN)
@@ -206,7 +264,7 @@ class GemmBinding:
             if events:
                 events[-1].wait()
             device.synchronize()
-            message = h.compare(device.download(self.c, data["c"].shape), alpha, beta)
+            message = h.compare(device.download(self.c, data["c"].shape), alpha, beta, precision)
             if message:
                 return message
         for name, buffer in (("A", self.a), ("B", self.b)):

@@ -6,6 +6,13 @@ so running the same tuning again — after a crash, a Ctrl-C or on purpose — r
 finished trials are read back, not measured again (see :mod:`tunecl.search.strategies`). A new
 driver, a bumped algorithm version, changed parameter value lists or another strategy start a new
 study.
+
+Precision: a tuner serves one requested precision (``"fp32"``, the default, or ``"tf32"``) and
+considers only the algorithms whose results satisfy it (:func:`tunecl.precision.at_least`): an fp32
+study never sees a TF32 algorithm, a TF32 study sees the fp32 ones too. Every candidate is verified
+with the tolerance of its own algorithm's precision and the outcome says which precision each
+algorithm's results have, so they are stored under it. The algorithms are part of the study name, so
+studies of different precisions differ wherever their candidates do.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from tunecl import __version__, config
 from tunecl.errors import TuneclError
 from tunecl.kernels import algorithms as registered_algorithms
 from tunecl.kernels.base import Algorithm
+from tunecl.precision import FP32, algorithm_precision, at_least
 from tunecl.problems import Problem
 from tunecl.runtime import Device
 from tunecl.search.evaluate import evaluate
@@ -74,6 +82,9 @@ class TuneOutcome:
         elapsed: seconds this call took.
         results: every evaluation of the search, in order.
         final: the re-measurement round.
+        precision: the precision the study served (its candidates satisfy it).
+        precisions: algorithm name -> the precision its results have (what they are stored under);
+            algorithms missing here are fp32.
     """
 
     problem: Problem
@@ -96,6 +107,12 @@ class TuneOutcome:
     elapsed: float
     results: tuple[Result, ...] = ()
     final: tuple[Result, ...] = ()
+    precision: str = FP32
+    precisions: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def precision_of(self, algorithm: str) -> str:
+        """The precision of ``algorithm``'s results (fp32 unless the outcome says otherwise)."""
+        return self.precisions.get(algorithm, FP32)
 
     @property
     def new_trials(self) -> int:
@@ -120,11 +137,13 @@ class TuneOutcome:
             if r is None:
                 return None
             return {"algorithm": r.algorithm, "version": self.versions.get(r.algorithm),
-                    "config": dict(r.config), "status": r.status.value,
+                    "precision": self.precision_of(r.algorithm), "config": dict(r.config),
+                    "status": r.status.value,
                     "time_s": r.time if r.ok else None, "gflops": self.gflops(r), "samples": list(r.times),
                     "message": r.message}
         return {
-            "problem": self.problem.key, "device": self.device, "winner": one(self.winner),
+            "problem": self.problem.key, "device": self.device, "precision": self.precision,
+            "winner": one(self.winner),
             "default": one(self.default), "speedup": self.speedup,
             "per_algorithm": {k: one(v) for k, v in self.per_algorithm.items()},
             "defaults": {k: one(v) for k, v in self.defaults.items()},
@@ -200,14 +219,18 @@ class Tuner:
         algorithms: the algorithms to consider (default: those registered for the problem's kind).
         jobs: compile up to this many candidates at once in worker processes, measuring them one by
             one here (1: compile and measure each candidate in turn, in this process).
+        precision: the precision the results must satisfy: ``"fp32"`` (strict, the default) or
+            ``"tf32"`` (TF32 algorithms too); algorithms of lower precision are never considered.
     """
 
     def __init__(self, device: Device, storage_url: str | None = None, sampler: str = "tpe", *,
                  seed: int = 0, policy: TimingPolicy | None = None, patience: int | None = DEFAULT_PATIENCE,
                  top_k: int = 3, exhaustive_limit: int = EXHAUSTIVE_LIMIT,
-                 algorithms: Sequence[Algorithm] | None = None, jobs: int = 1):
+                 algorithms: Sequence[Algorithm] | None = None, jobs: int = 1, precision: str = FP32):
         if sampler not in SAMPLERS:
             raise ValueError(f"unknown sampler {sampler!r}; use one of {', '.join(SAMPLERS)}")
+        self.precision = precision
+        self.accepted = at_least(precision)  # raises ValueError for an unknown precision
         self.device = device
         self.storage_url = config.normalize_db_url(storage_url or config.get().storage_url)
         self.sampler = sampler
@@ -231,7 +254,8 @@ class Tuner:
         return self._storage
 
     def applicable(self, problem: Problem) -> list[Algorithm]:
-        """The algorithms that apply to ``problem`` on this device, in preference order.
+        """The algorithms that apply to ``problem`` on this device and whose precision satisfies this
+        tuner's, in preference order.
 
         Raises:
             NoAlgorithmError: none is registered for the problem's kind, or none applies.
@@ -240,10 +264,12 @@ class Tuner:
         kind = KIND_NAMES.get(problem.kind, problem.kind)
         if not known:
             raise NoAlgorithmError(f"no {kind} algorithms are available yet")
-        usable = [a for a in known if a.kind == problem.kind and a.applies(problem, self.device)]
+        usable = [a for a in known if a.kind == problem.kind and algorithm_precision(a) in self.accepted
+                  and a.applies(problem, self.device)]
         if not usable:
-            raise NoAlgorithmError(f"no {kind} algorithm applies to {problem.key} on {self.device.name} "
-                                   f"(known: {', '.join(a.name for a in known)})")
+            strict = "" if self.precision == FP32 else f" at {self.precision} precision"
+            raise NoAlgorithmError(f"no {kind} algorithm applies to {problem.key} on {self.device.name}"
+                                   f"{strict} (known: {', '.join(a.name for a in known)})")
         return usable
 
     def choose_strategy(self, space_size: int, trials: int | None) -> str:
@@ -325,7 +351,8 @@ class Tuner:
             statuses=dict(Counter(r.status.value for r in log.results)),
             study_name=log.study_name, storage_url=_hide_password(self.storage_url), strategy=strategy,
             space_size=size, stop_reason=log.stop_reason, elapsed=elapsed, results=tuple(log.results),
-            final=tuple(log.final))
+            final=tuple(log.final), precision=self.precision,
+            precisions={a.name: algorithm_precision(a) for a in chosen})
 
 
 __all__ = ["SAMPLERS", "NoAlgorithmError", "Status", "TuneOutcome", "Tuner", "open_storage", "study_name"]
