@@ -15,7 +15,9 @@ import dataclasses
 import hashlib
 import json
 import threading
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ import pyopencl as cl
 from tunecl import config
 from tunecl.errors import BuildError, DeviceNotFoundError
 from tunecl.fingerprint import Fingerprint
+from tunecl.precision import tf32_round
 
 _TYPE_RANK = {"gpu": 0, "accelerator": 1, "cpu": 2, "other": 3}
 
@@ -123,14 +126,160 @@ def _probe_compiler(device: cl.Device) -> str:
         context = cl.Context([device])
         cl.Program(context, _PROBE_SOURCE).build()
     except cl.Error as exc:
-        lines = [ln.strip() for ln in str(exc).splitlines() if "error" in ln.lower() and ln.strip()]
-        error = (lines[-1] if lines else str(exc).splitlines()[0])[:200] or "build failed"
+        error = _compile_error(exc)
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_text(json.dumps({"device": fingerprint.label, "compiler_error": error}))
     except OSError:  # a read-only cache only costs a re-probe next time
         pass
     return error
+
+
+MMA_TF32 = "mma_tf32"  # mma.sync m16n8k8 with TF32 operands and fp32 accumulation, via inline PTX
+CP_ASYNC = "cp_async"  # cp.async global -> local copies (with zero fill) from a __local pointer, via PTX
+CAPABILITY_PROBE_VERSION = 1  # bump when a probe changes: cached verdicts of other versions are ignored
+
+
+def _compile_error(error: cl.Error) -> str:
+    """The last line of a build log that mentions an error (or the first line), at most 200 characters."""
+    lines = [ln.strip() for ln in str(error).splitlines() if "error" in ln.lower() and ln.strip()]
+    return (lines[-1] if lines else str(error).splitlines()[0] if str(error) else "")[:200] or "build failed"
+
+
+def _may_compile_ptx(fingerprint: Fingerprint) -> bool:
+    """Whether the device's OpenCL compiler can be NVIDIA's (the only one known to accept inline PTX)."""
+    return "nvidia" in f"{fingerprint.vendor} {fingerprint.platform}".lower()
+
+
+def _mma_probe_data() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A (16 x 8), B (8 x 8) and C (16 x 8) of the mma probe: small integers (every sum exact in fp32),
+    two of them with a fraction that cvt.rna.tf32.f32 rounds up (truncation would round it down)."""
+    rng = np.random.default_rng(20240611)
+    a = rng.integers(-4, 5, (16, 8)).astype(np.float32)
+    b = rng.integers(-4, 5, (8, 8)).astype(np.float32)
+    c = rng.integers(-4, 5, (16, 8)).astype(np.float32)
+    a[3, 5] = 1 + 3 * 2.0**-12   # 0.75 TF32 ulp above 1: rounds to 1 + 2**-10
+    b[5, 6] = -(2 + 3 * 2.0**-11)  # rounds to -(2 + 2**-9)
+    return a, b, c
+
+
+def _cp_async_expected(src: np.ndarray) -> np.ndarray:
+    """What probe_cp_async writes for ``src`` (128 floats): 16-, 8- and 4-byte copies per lane, the
+    lanes with ``lane % 3 == 1`` zero-filling the second half of theirs (all of a 4-byte one)."""
+    out = np.full(128, -1.0, np.float32)
+    for lane in range(32):
+        if lane < 16:
+            start, width = 4 * lane, 4
+        elif lane < 24:
+            start, width = 64 + 2 * (lane - 16), 2
+        else:
+            start, width = 80 + lane - 24, 1
+        copied = width // 2 if lane % 3 == 1 else width
+        out[start:start + width] = 0.0
+        out[start:start + copied] = src[start:start + copied]
+    return out
+
+
+class _ProbeRun:
+    """A context and queue of their own for one probe, so a probe that faults leaves the device's
+    working context (and its sticky errors) alone."""
+
+    def __init__(self, cl_device: cl.Device, define: str):
+        self.context = cl.Context([cl_device])
+        self.queue = cl.CommandQueue(self.context, cl_device)
+        source = resources.files("tunecl").joinpath("capabilities.cl").read_text()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # pyopencl warns about any non-empty build log
+            self.program = cl.Program(self.context, source).build(options=[f"-D{define}"])
+
+    def buffer(self, array: np.ndarray) -> cl.Buffer:
+        flags = cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR
+        return cl.Buffer(self.context, flags, hostbuf=np.ascontiguousarray(array))
+
+    def read(self, buffer: cl.Buffer, like: np.ndarray) -> np.ndarray:
+        out = np.empty_like(like)
+        cl.enqueue_copy(self.queue, out, buffer, is_blocking=True)
+        return out
+
+
+def _probe(cl_device: cl.Device, define: str, check: Callable[[_ProbeRun], str]) -> str:
+    """Build the probe ``define`` selects in a context of its own and run ``check(run)`` on it."""
+    try:
+        run = _ProbeRun(cl_device, define)
+    except cl.Error as error:
+        return f"build failed: {_compile_error(error)}"
+    try:
+        return check(run)
+    except cl.Error as error:
+        return f"launch failed: {type(error).__name__}: {str(error).strip()[:200]}"
+
+
+def _probe_mma_tf32(cl_device: cl.Device) -> str:
+    """One m16n8k8 TF32 mma on one warp: "" when D = tf32(A) @ tf32(B) + C exactly, else why not."""
+    def check(run: _ProbeRun) -> str:
+        a, b, c = _mma_probe_data()
+        d_buf = run.buffer(c)
+        run.program.probe_mma_tf32(run.queue, (32,), (32,), run.buffer(a), run.buffer(b), d_buf).wait()
+        d = run.read(d_buf, c)
+        expected = tf32_round(a).astype(np.float64) @ tf32_round(b).astype(np.float64) + c
+        return _mismatch(d, expected)
+
+    return _probe(cl_device, "PROBE_MMA_TF32", check)
+
+
+def _probe_cp_async(cl_device: cl.Device) -> str:
+    """cp.async copies of 16, 8 and 4 bytes with zero fill: "" when the local words come out right."""
+    def check(run: _ProbeRun) -> str:
+        src = np.arange(1, 129, dtype=np.float32)
+        dst = np.zeros(128, np.float32)
+        dst_buf = run.buffer(dst)
+        run.program.probe_cp_async(run.queue, (32,), (32,), run.buffer(src), dst_buf).wait()
+        return _mismatch(run.read(dst_buf, dst), _cp_async_expected(src))
+
+    return _probe(cl_device, "PROBE_CP_ASYNC", check)
+
+
+def _mismatch(got: np.ndarray, expected: np.ndarray) -> str:
+    """"" when ``got`` equals ``expected`` (up to 1e-6 relative), else where it does not."""
+    wrong = ~(np.abs(got - expected) <= 1e-6 * (1 + np.abs(expected)))
+    if not wrong.any():
+        return ""
+    where = tuple(int(i) for i in np.argwhere(wrong)[0])
+    return (f"wrong result: {int(wrong.sum())} of {wrong.size} elements, first at {where}: "
+            f"got {got[where]:.9g}, expected {expected[where]:.9g}")
+
+
+# capability -> its probe (given the cl.Device); each returns "" when present, else the reason it is not
+_PROBES: dict[str, Callable[[cl.Device], str]] = {MMA_TF32: _probe_mma_tf32, CP_ASYNC: _probe_cp_async}
+
+
+def capability_probes(device: Device, *, force: bool = False) -> dict[str, str]:
+    """Every capability probe's verdict for ``device``: name -> "" (present) or why not.
+
+    Probes run once per device model and driver (fingerprint key) and probe version; the verdicts are
+    cached on disk in the cache folder. On devices whose compiler cannot be NVIDIA's the PTX probes are
+    skipped (``force``: run them anyway, uncached — for tests).
+    """
+    fingerprint = device.fingerprint
+    if not force and not _may_compile_ptx(fingerprint):
+        return {name: "not an NVIDIA OpenCL device: inline PTX is not compiled" for name in _PROBES}
+    cache = Path(config.get().cache_dir) / "probe" / f"{fingerprint.key}.capabilities.json"
+    if not force:
+        try:
+            cached = json.loads(cache.read_text())
+            if cached["version"] == CAPABILITY_PROBE_VERSION and set(cached["probes"]) == set(_PROBES):
+                return {str(k): str(v) for k, v in cached["probes"].items()}
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    verdicts = {name: probe(device.cl_device) for name, probe in _PROBES.items()}
+    if not force:
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_text(json.dumps({"device": fingerprint.label, "version": CAPABILITY_PROBE_VERSION,
+                                         "probes": verdicts}))
+        except OSError:  # a read-only cache only costs a re-probe next time
+            pass
+    return verdicts
 
 
 def _available(entries: Sequence[DeviceEntry]) -> str:
@@ -211,6 +360,22 @@ class Device:
         self._programs: dict[tuple[str, tuple[str, ...]], cl.Program] = {}
         self._kernels: dict[tuple[int, str], cl.Kernel] = {}
         self._lock = threading.RLock()
+        self._capabilities: frozenset[str] | None = None
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """Optional features a probe showed this device to have (``{"mma_tf32", "cp_async"}``; empty
+        on PoCL).
+
+        Not part of the fingerprint: the fingerprint key (model and driver) determines them, and the DB
+        keys results by fingerprint, so adding them there would only change existing keys. Probed on
+        first use (see :func:`capability_probes`), then kept.
+        """
+        with self._lock:
+            if self._capabilities is None:
+                self._capabilities = frozenset(
+                    name for name, reason in capability_probes(self).items() if not reason)
+            return self._capabilities
 
     def __repr__(self) -> str:
         return f"<tunecl.Device {self.index}: {self.name} [{self.entry.platform}]>"
