@@ -1,0 +1,155 @@
+"""The PTX of gemm_mma.cl and of the capability probe assembles for sm_90 (an H200), where the tools exist.
+
+No GPU is needed: clang compiles the OpenCL C for NVPTX (``nvptx_shim.cl`` maps the work-item functions)
+and NVIDIA's ``ptxas`` assembles the result for sm_90, which checks the inline PTX (operand counts,
+constraints, types) and shows register use and spills. NVIDIA's OpenCL compiler is not clang, so this
+is a check of the PTX, not a prediction of the driver's code; the GPU run is the real test.
+Skipped unless ``clang`` (15+) and ``ptxas`` are on the PATH.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import shutil
+import subprocess
+import types
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from tunecl.kernels import gemm_mma
+from tunecl.kernels.base import build_options
+from tunecl.problems import GemmProblem
+
+HERE = Path(__file__).resolve().parent
+CLANG = next(
+    (
+        shutil.which(name)
+        for name in ("clang-15", "clang-16", "clang-17", "clang-18", "clang")
+        if shutil.which(name)
+    ),
+    None,
+)
+PTXAS = shutil.which("ptxas")
+pytestmark = pytest.mark.skipif(not (CLANG and PTXAS), reason="needs clang with NVPTX and ptxas")
+
+H200 = types.SimpleNamespace(
+    local_mem_size=48 * 1024,
+    max_work_group_size=1024,
+    capabilities={"mma_tf32", "cp_async"},
+    fingerprint=types.SimpleNamespace(vendor="NVIDIA", device_type="gpu", compute_units=132),
+)
+
+
+def assemble(source: Path, options: list[str], tmp_path: Path) -> tuple[str, str]:
+    """(PTX, ptxas -v report) of ``source`` compiled with ``options``."""
+    ptx = tmp_path / "kernel.ptx"
+    clang = [
+        CLANG,
+        "-x",
+        "cl",
+        "-cl-std=CL1.2",
+        "-target",
+        "nvptx64-nvidia-nvcl",
+        "-Xclang",
+        "-finclude-default-header",
+        "-Xclang",
+        "-target-cpu",
+        "-Xclang",
+        "sm_80",
+        "-Xclang",
+        "-target-feature",
+        "-Xclang",
+        "+ptx75",
+        "-O3",
+        "-mllvm",
+        "-inline-threshold=100000",
+        "-S",
+        "-o",
+        str(ptx),
+        f'-DSOURCE="{source}"',
+        *options,
+        str(HERE / "nvptx_shim.cl"),
+    ]
+    done = subprocess.run(clang, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = subprocess.run(
+        [PTXAS, "-arch=sm_90", "-v", str(ptx), "-o", str(tmp_path / "kernel.cubin")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert report.returncode == 0, report.stderr[-3000:]
+    return ptx.read_text(), report.stdout + report.stderr
+
+
+def kernel_options(problem: GemmProblem, config: dict[str, int], variant=(True, True, True)) -> list[str]:
+    """The -D options GemmMmaTF32.build passes for ``variant`` (aligned A, B, C)."""
+    plan_options = {k: v for k, v in config.items() if k not in ("VW", "MAXRREG")}
+    plan_options.update(
+        VWA=config["VW"] if variant[0] else 1,
+        VWB=config["VW"] if variant[1] else 1,
+        CSCALAR=int(not variant[2]),
+    )
+    return build_options(
+        plan_options, [f"-DTRANS_A={int(problem.trans_a)}", f"-DTRANS_B={int(problem.trans_b)}"]
+    )
+
+
+def test_the_probes_assemble(tmp_path):
+    source = Path(str(resources.files("tunecl").joinpath("capabilities.cl")))
+    ptx, _ = assemble(source, ["-DPROBE_MMA_TF32"], tmp_path)
+    assert ptx.count("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32") == 1
+    assert ptx.count("cvt.rna.tf32.f32") >= 6 and "cp.async" not in ptx
+    ptx, _ = assemble(source, ["-DPROBE_CP_ASYNC"], tmp_path)
+    assert [ptx.count(f"cp.async.{kind}.shared.global") for kind in ("cg", "ca")] == [1, 2]
+    assert "cp.async.wait_group 0" in ptx and "mma" not in ptx
+
+
+@pytest.mark.parametrize(
+    "transposes", [(False, False), (False, True), (True, False), (True, True)], ids=["nn", "nt", "tn", "tt"]
+)
+def test_the_default_assembles_without_spills(transposes, tmp_path):
+    p = GemmProblem(4096, 4096, 4096, *transposes)
+    config = gemm_mma.GemmMmaTF32().default(p, H200)
+    source = Path(str(resources.files("tunecl.kernels").joinpath("gemm_mma.cl")))
+    ptx, report = assemble(source, kernel_options(p, config), tmp_path)
+    # 4 x 4 mma tiles per 8-deep step, 2 steps per KWG = 16 tile: at least 32 mma in the main loop
+    assert ptx.count("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32") >= 32
+    assert "cvt.rna.tf32.f32" in ptx
+    if not p.trans_a or p.trans_b:  # a K-contiguous local tile: KPAIR reads pairs
+        assert "ld.shared.v2.u32" in ptx
+    registers = int(re.search(r"Used (\d+) registers", report).group(1))
+    print(f"{transposes}: {registers} registers; {report.strip().splitlines()[-2]}")
+    assert " 0 bytes spill stores" in report, report
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_cp_async_pipelines_assemble_without_spills(stages, tmp_path):
+    p = GemmProblem(4096, 4096, 4096)
+    config = {
+        **gemm_mma.GemmMmaTF32().default(p, H200),
+        "ASYNC": 1,
+        "STAGES": stages,
+        "KWG": 16 if stages == 2 else 8,
+    }  # 48 KiB of local memory
+    source = Path(str(resources.files("tunecl.kernels").joinpath("gemm_mma.cl")))
+    ptx, report = assemble(source, kernel_options(p, config), tmp_path)
+    assert "cp.async.cg.shared.global" in ptx and f"cp.async.wait_group {stages - 2}" in ptx
+    print(f"STAGES={stages}: {report.strip().splitlines()[-2]}")
+    assert " 0 bytes spill stores" in report, report
+
+
+def test_random_configs_and_scalar_variants_assemble(tmp_path):
+    source = Path(str(resources.files("tunecl.kernels").joinpath("gemm_mma.cl")))
+    pick = random.Random(11)
+    for index in range(8):
+        transposes = [(False, False), (False, True), (True, False), (True, True)][index % 4]
+        p = GemmProblem(2048, 512, 256, *transposes)
+        config = pick.choice(gemm_mma.GemmMmaTF32().space(p, H200).configs())
+        variant = (index % 2 == 0, index % 3 == 0, index % 2 == 1)
+        ptx, _ = assemble(source, kernel_options(p, config, variant), tmp_path)
+        assert "mma.sync.aligned.m16n8k8" in ptx, config

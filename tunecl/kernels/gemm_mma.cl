@@ -1,0 +1,678 @@
+// gemm_mma.cl — gemm_mma_tf32: C = alpha * op(A) * op(B) + beta * C on NVIDIA tensor cores, TF32 inputs
+// and fp32 accumulation, row-major (like torch).
+//
+// Layout: as gemm.cl. A is M x K (lda >= K) or, with TRANS_A, K x M (lda >= M); B is K x N (ldb >= N)
+// or, with TRANS_B, N x K (ldb >= K); C is M x N (ldc >= N); leading dimensions are row strides in
+// elements; matrix b of a batch starts at buffer + offset + b * stride (a stride of 0 broadcasts).
+// Any M, N, K >= 1: loads outside the matrices read zeros and stores outside are skipped, so the caller
+// never pads. beta == 0 never reads C (it may hold NaN garbage).
+//
+// Numerics: each element of A and B is rounded to TF32 (10 explicit mantissa bits; cvt.rna.tf32.f32:
+// to nearest, ties away from zero): once, when its tile is stored into local memory, or (ASYNC) when
+// a lane reads it into a fragment; the products of two TF32 values are exact in fp32 and are summed in
+// fp32 by mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32. This is what torch's allow_tf32
+// permits; the host records results as precision "tf32".
+//
+// Decomposition. A work-group is WARPS_M x WARPS_N warps with a 1-D local size WGS = 32 * WARPS_M *
+// WARPS_N: warp = local id / 32 and lane = local id % 32 (NVIDIA groups consecutive linear ids into
+// warps). It computes one MWG x NWG tile of C. K is walked in KWG-deep steps: all threads copy the A
+// tile and the B tile into local memory, VWA/VWB floats at a time along the matrices' contiguous
+// dimension, in the orientation they have in global memory (a row stays a row, so the stores are
+// vectors too) — through registers, rounded to TF32 on the way (ASYNC = 0), or with cp.async straight
+// into one of STAGES buffers (ASYNC = 1: no registers held; the copies of the next STAGES - 1 tiles
+// are in flight while a tile is multiplied; matrix edges use cp.async's zero fill). Warp w owns the warp tile
+// of WTM x WTN = (MWG / WARPS_M) x (NWG / WARPS_N) elements at row (w / WARPS_N) * WTM, column
+// (w % WARPS_N) * WTN, a grid of MT x NT mma tiles of 16 x 8 whose accumulators (4 floats per lane per
+// mma tile) live in registers. Per 8-deep k step a lane reads its A fragments (4 values per 16 x 8 A
+// tile) and B fragments (2 values per 8 x 8 B tile) from local memory and the warp issues MT * NT mma.
+// Grid: dimension 0 = N tiles x WGS, 1 = M tiles, 2 = batch; GM re-orders the work-groups in bands.
+//
+// Fragments of mma.m16n8k8 with .tf32 (PTX ISA, "Matrix Fragments for mma.m16n8k8"), g = lane / 4,
+// t = lane % 4, coordinates (row, column) of the 16 x 8 A, 8 x 8 B and 16 x 8 C/D tiles:
+//   A: a0 = (g, t)   a1 = (g + 8, t)   a2 = (g, t + 4)   a3 = (g + 8, t + 4)
+//   B: b0 = (t, g)   b1 = (t + 4, g)
+//   C: c0 = (g, 2t)  c1 = (g, 2t + 1)  c2 = (g + 8, 2t)  c3 = (g + 8, 2t + 1)
+// KPAIR relabels k inside each 8-deep step for A and B alike (a sum over k does not depend on the
+// order of its terms): the registers of k = t and t + 4 then hold k = 2t and 2t + 1, so a lane's two k
+// values are neighbours and a tile stored with K contiguous is read with one 64-bit load instead of two.
+//
+// Variants (named #if branches; the host passes -DNAME=VALUE):
+//   ASYNC    0: global -> registers -> local memory; STAGES 1: load, barrier, multiply, barrier;
+//            STAGES 2: double-buffered, the next tile is fetched into registers while the current one
+//            is multiplied, one barrier per tile.
+//            1: cp.async (PTX; a device whose probe granted "cp_async") into STAGES = 2..4 buffers,
+//            one barrier per tile.
+//   KPAIR    1: a lane holds k = 2t, 2t + 1 of each 8-deep step (see above); 0: k = t, t + 4.
+//   PAD      1: local rows are padded so that the fragment reads of a warp hit 32 different banks
+//            (the padding depends on the orientation and KPAIR, see PADDING); 0: no padding.
+//   TRANS_A/B  problem layout, set by the host from the problem (not tuned).
+//   CSCALAR  host-internal: 1 = scalar C accesses, for C offsets/ldc that are not even.
+//   MMA_STUB host-internal, for tests on devices without tensor cores: the PTX (cvt, mma, cp.async)
+//            is replaced by plain OpenCL C that computes the same thing from the same per-lane
+//            registers through local memory and barriers, and copies synchronously (slow; it checks
+//            every index of this file except the PTX).
+// Global vector loads need aligned addresses: the host compiles VWA=1 / VWB=1 / CSCALAR=1 variants for
+// calls whose offset, leading dimension or batch stride is not a multiple of the vector width.
+
+// ---- problem layout (from the problem, not tuned) -----------------------------------------------
+#ifndef TRANS_A
+  #define TRANS_A 0   // 1 = A is stored K x M (op(A) = A^T)
+#endif
+#ifndef TRANS_B
+  #define TRANS_B 0   // 1 = B is stored N x K (op(B) = B^T)
+#endif
+
+// ---- tunables ------------------------------------------------------------------------------------
+#ifndef MWG
+  #define MWG 64      // tile size in M per work-group: 16 .. 256, a multiple of 16 * WARPS_M
+#endif
+#ifndef NWG
+  #define NWG 64      // tile size in N per work-group: 16 .. 256, a multiple of 8 * WARPS_N
+#endif
+#ifndef KWG
+  #define KWG 16      // depth in K of one tile step (local-memory tile): 8, 16, 32
+#endif
+#ifndef WARPS_M
+  #define WARPS_M 2   // warps per work-group along M
+#endif
+#ifndef WARPS_N
+  #define WARPS_N 2   // warps per work-group along N
+#endif
+#ifndef VWA
+  #define VWA 4       // vector width of global loads of A along its contiguous dim (K; M if TRANS_A)
+#endif
+#ifndef VWB
+  #define VWB 4       // vector width of global loads of B along its contiguous dim (N; K if TRANS_B)
+#endif
+#ifndef KPAIR
+  #define KPAIR 1     // 1 = a lane holds k = 2t, 2t + 1 of each 8-deep step; 0 = k = t, t + 4
+#endif
+#ifndef PAD
+  #define PAD 1       // 1 = pad local rows against bank conflicts of the fragment reads
+#endif
+#ifndef ASYNC
+  #define ASYNC 0     // 1 = cp.async copies into local memory; 0 = copies through registers
+#endif
+#ifndef STAGES
+  #define STAGES 2    // local-memory buffers of each tile: 1, 2 (ASYNC 0); 2, 3, 4 (ASYNC 1)
+#endif
+#ifndef GM
+  #define GM 1        // work-group order: bands of GM tile rows along M (1 = plain row-by-row)
+#endif
+#ifndef CSCALAR
+  #define CSCALAR 0   // host-internal: 1 = scalar C accesses (C offset / ldc / stride not even)
+#endif
+#ifndef MMA_STUB
+  #define MMA_STUB 0  // host-internal: 1 = plain OpenCL C instead of PTX (tests without tensor cores)
+#endif
+
+// ---- derived (never passed from the host) --------------------------------------------------------
+#define WGS (32 * WARPS_M * WARPS_N)   // threads per work-group
+#define WTM (MWG / WARPS_M)            // warp tile rows
+#define WTN (NWG / WARPS_N)            // warp tile columns
+#define MT (WTM / 16)                  // mma tiles per warp along M
+#define NT (WTN / 8)                   // mma tiles per warp along N
+
+// Local tiles keep the orientation of global memory: A_ROWS x A_COLS with A_COLS contiguous.
+#if TRANS_A
+  #define A_KCONTIG 0
+  #define A_ROWS KWG
+  #define A_COLS MWG
+#else
+  #define A_KCONTIG 1
+  #define A_ROWS MWG
+  #define A_COLS KWG
+#endif
+#if TRANS_B
+  #define B_KCONTIG 1
+  #define B_ROWS NWG
+  #define B_COLS KWG
+#else
+  #define B_KCONTIG 0
+  #define B_ROWS KWG
+  #define B_COLS NWG
+#endif
+
+// Padding of a local row (in 32-bit words) so that a warp's fragment reads hit 32 different banks:
+//   K contiguous, KPAIR:  64-bit reads at row g, column 2t; a half-warp spans rows g..g+3, so the row
+//                         length must be an odd multiple of 8 (KWG = 8 already is one).
+//   K contiguous, !KPAIR: reads at row g, column t: the row length must be an odd multiple of 4.
+//   M/N contiguous, KPAIR: reads at row 2t (and 2t + 1), column g: an odd multiple of 4.
+//   M/N contiguous, !KPAIR: reads at row t, column g: an odd multiple of 8.
+// Every padded row length stays a multiple of 4 words, so the 128-bit stores stay aligned.
+#if PAD
+  #define PADDING(kcontig) ((kcontig) ? (KPAIR ? ((KWG / 8) % 2 ? 0 : 8) : 4) : (KPAIR ? 4 : 8))
+#else
+  #define PADDING(kcontig) 0
+#endif
+#define ALD (A_COLS + PADDING(A_KCONTIG))   // local row length of the A tile
+#define BLD (B_COLS + PADDING(B_KCONTIG))   // local row length of the B tile
+#define A_TILE (A_ROWS * ALD)               // words of one A tile in local memory
+#define B_TILE (B_ROWS * BLD)
+#if A_KCONTIG
+  #define ALM(m, k) ((m) * ALD + (k))       // element (m, k) of op(A) in the local A tile
+#else
+  #define ALM(m, k) ((k) * ALD + (m))
+#endif
+#if B_KCONTIG
+  #define BLM(k, n) ((n) * BLD + (k))       // element (k, n) of op(B) in the local B tile
+#else
+  #define BLM(k, n) ((k) * BLD + (n))
+#endif
+#define A_VECS_PER_ROW (A_COLS / VWA)
+#define B_VECS_PER_ROW (B_COLS / VWB)
+#define A_LOADS (A_ROWS * A_VECS_PER_ROW / WGS)   // vectors of the A tile per thread
+#define B_LOADS (B_ROWS * B_VECS_PER_ROW / WGS)
+
+// The k of a lane's low and high registers inside an 8-deep step.
+#if KPAIR
+  #define K_LO(t) (2 * (t))
+  #define K_HI(t) (2 * (t) + 1)
+#else
+  #define K_LO(t) (t)
+  #define K_HI(t) ((t) + 4)
+#endif
+
+// Vector types by width; a union with an array reads and writes lanes with constant indices.
+#define VTYPE_1 float
+#define VTYPE_2 float2
+#define VTYPE_4 float4
+#define UTYPE_1 uint
+#define UTYPE_2 uint2
+#define UTYPE_4 uint4
+#define VTYPE_(w) VTYPE_##w
+#define VTYPE(w) VTYPE_(w)
+#define UTYPE_(w) UTYPE_##w
+#define UTYPE(w) UTYPE_(w)
+typedef VTYPE(VWA) floatA;
+typedef VTYPE(VWB) floatB;
+typedef UTYPE(VWA) uintA;
+typedef UTYPE(VWB) uintB;
+typedef union { floatA v; float s[VWA]; } vecA;
+typedef union { floatB v; float s[VWB]; } vecB;
+typedef union { uintA v; uint s[VWA]; } uvecA;
+typedef union { uintB v; uint s[VWB]; } uvecB;
+
+// Element (row, col) of a row-major matrix; the caller checks the bounds.
+#define AT(p, row, col, ld) (p)[(row) * (ld) + (col)]
+
+// ---- the tensor-core instructions ------------------------------------------------------------------
+
+#if MMA_STUB == 0
+// x rounded to TF32 (the bits of a float whose 13 low mantissa bits the mma ignores).
+uint ToTF32(const float x) {
+  uint r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+
+// c += A * B for one 16 x 8 x 8 tile, a warp-collective instruction (fragments: see the banner).
+void Mma(float c[4], const uint a[4], const uint b[2]) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+  #define MMA_PARAMS
+  #define MMA_ARGS
+#else
+// The same two operations in plain OpenCL C. Rounding: adding half a TF32 ulp to the magnitude bits
+// and clearing the 13 low bits rounds to nearest with ties away from zero (Inf and NaN kept).
+uint ToTF32(const float x) {
+  const uint u = as_uint(x);
+  return (u & 0x7f800000u) == 0x7f800000u ? u : (u + 0x1000u) & 0xffffe000u;
+}
+
+#define MMA_WORDS 192   // local words per warp: 32 lanes x (4 A + 2 B) registers
+// Each lane publishes its registers in its warp's words (wsm), then computes its four outputs from
+// the registers of the lanes that hold the needed A and B elements, by the fragment tables (A(row, k)
+// is register (row >= 8) + 2 (k >= 4) of lane (row % 8) * 4 + k % 4; B(k, col) is register k >= 4 of
+// lane col * 4 + k % 4). Every lane of the work-group calls it the same number of times (barriers).
+void Mma(float c[4], const uint a[4], const uint b[2], __local uint* wsm, const int lane) {
+  barrier(CLK_LOCAL_MEM_FENCE);  // the previous call's reads are done
+  #pragma unroll
+  for (int r = 0; r < 4; ++r) { wsm[lane * 4 + r] = a[r]; }
+  wsm[128 + lane * 2] = b[0];
+  wsm[128 + lane * 2 + 1] = b[1];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  const int g = lane >> 2, t = lane & 3;
+  for (int r = 0; r < 4; ++r) {
+    const int row = g + 8 * (r >> 1);
+    const int col = 2 * t + (r & 1);
+    float sum = c[r];
+    for (int k = 0; k < 8; ++k) {
+      const uint av = wsm[((row & 7) * 4 + (k & 3)) * 4 + (row >> 3) + 2 * (k >> 2)];
+      const uint bv = wsm[128 + (col * 4 + (k & 3)) * 2 + (k >> 2)];
+      sum = fma(as_float(av), as_float(bv), sum);
+    }
+    c[r] = sum;
+  }
+}
+  #define MMA_PARAMS , __local uint* wsm, const int lane
+  #define MMA_ARGS , wsm, lane
+#endif
+
+// ---- global memory -> registers -> local memory (ASYNC 0) -----------------------------------------
+
+// VWA consecutive floats of row `row` from column `col`; zeros outside rows x cols. The aligned
+// vector load is taken whenever the whole vector lies inside the matrix.
+floatA GlobalToPrivateVecA(const __global float* restrict agm, const int row, const int col,
+                           const int ld, const int rows, const int cols) {
+  vecA r;
+  if (row < rows && col + VWA <= cols) {
+    r.v = *((const __global floatA*)(agm + row * ld + col));
+  } else {
+    #pragma unroll
+    for (int e = 0; e < VWA; ++e) {
+      r.s[e] = (row < rows && col + e < cols) ? AT(agm, row, col + e, ld) : 0.0f;
+    }
+  }
+  return r.v;
+}
+
+floatB GlobalToPrivateVecB(const __global float* restrict bgm, const int row, const int col,
+                           const int ld, const int rows, const int cols) {
+  vecB r;
+  if (row < rows && col + VWB <= cols) {
+    r.v = *((const __global floatB*)(bgm + row * ld + col));
+  } else {
+    #pragma unroll
+    for (int e = 0; e < VWB; ++e) {
+      r.s[e] = (row < rows && col + e < cols) ? AT(bgm, row, col + e, ld) : 0.0f;
+    }
+  }
+  return r.v;
+}
+
+#if ASYNC == 0
+// The A tile at (m0, k0) into this thread's registers: vector v = tid + i * WGS of the tile, row
+// v / A_VECS_PER_ROW (neighbouring threads read neighbouring vectors of a row).
+void GlobalToPrivateA(const __global float* restrict agm, floatA areg[A_LOADS], const int tid,
+                      const int m0, const int k0, const int M, const int K, const int lda) {
+  #pragma unroll
+  for (int i = 0; i < A_LOADS; ++i) {
+    const int v = tid + i * WGS;
+    const int r = v / A_VECS_PER_ROW;
+    const int c = (v % A_VECS_PER_ROW) * VWA;
+    #if TRANS_A
+      areg[i] = GlobalToPrivateVecA(agm, k0 + r, m0 + c, lda, K, M);
+    #else
+      areg[i] = GlobalToPrivateVecA(agm, m0 + r, k0 + c, lda, M, K);
+    #endif
+  }
+}
+
+// This thread's vectors of the A tile, rounded to TF32, into local memory (same rows and columns).
+void PrivateToLocalA(const floatA areg[A_LOADS], __local uint* alm, const int tid) {
+  #pragma unroll
+  for (int i = 0; i < A_LOADS; ++i) {
+    const int v = tid + i * WGS;
+    const int r = v / A_VECS_PER_ROW;
+    const int c = (v % A_VECS_PER_ROW) * VWA;
+    vecA u;
+    uvecA w;
+    u.v = areg[i];
+    #pragma unroll
+    for (int e = 0; e < VWA; ++e) { w.s[e] = ToTF32(u.s[e]); }
+    *((__local uintA*)(alm + r * ALD + c)) = w.v;
+  }
+}
+
+// The B tile at (k0, n0) into this thread's registers.
+void GlobalToPrivateB(const __global float* restrict bgm, floatB breg[B_LOADS], const int tid,
+                      const int n0, const int k0, const int N, const int K, const int ldb) {
+  #pragma unroll
+  for (int i = 0; i < B_LOADS; ++i) {
+    const int v = tid + i * WGS;
+    const int r = v / B_VECS_PER_ROW;
+    const int c = (v % B_VECS_PER_ROW) * VWB;
+    #if TRANS_B
+      breg[i] = GlobalToPrivateVecB(bgm, n0 + r, k0 + c, ldb, N, K);
+    #else
+      breg[i] = GlobalToPrivateVecB(bgm, k0 + r, n0 + c, ldb, K, N);
+    #endif
+  }
+}
+
+void PrivateToLocalB(const floatB breg[B_LOADS], __local uint* blm, const int tid) {
+  #pragma unroll
+  for (int i = 0; i < B_LOADS; ++i) {
+    const int v = tid + i * WGS;
+    const int r = v / B_VECS_PER_ROW;
+    const int c = (v % B_VECS_PER_ROW) * VWB;
+    vecB u;
+    uvecB w;
+    u.v = breg[i];
+    #pragma unroll
+    for (int e = 0; e < VWB; ++e) { w.s[e] = ToTF32(u.s[e]); }
+    *((__local uintB*)(blm + r * BLD + c)) = w.v;
+  }
+}
+#endif  // ASYNC == 0
+
+// ---- global memory -> local memory with cp.async (ASYNC) --------------------------------------------
+
+#if ASYNC
+// Copy `width` floats (4, 2 or 1) of row `row` from column `col` to local memory at `dst`; elements
+// outside rows x cols become zeros (cp.async copies `bytes` from the source and zero-fills the rest).
+// cp.async takes the .shared address of the destination: the integer value of a __local pointer.
+void AsyncCopy(__local uint* dst, const __global float* restrict src, const int row, const int col,
+               const int ld, const int rows, const int cols, const int width) {
+  const int inside = row < rows ? clamp(cols - col, 0, width) : 0;
+  // with nothing to read, any valid address will do: the matrix's first element
+  const __global float* from = inside ? src + row * ld + col : src;
+  #if MMA_STUB
+    for (int e = 0; e < width; ++e) { dst[e] = e < inside ? as_uint(from[e]) : 0u; }
+  #else
+    const uint to = (uint)(size_t)dst;
+    const uint bytes = 4 * inside;
+    if (width == 4) {
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                   :: "r"(to), "l"((ulong)from), "r"(bytes) : "memory");
+    } else if (width == 2) {
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;"
+                   :: "r"(to), "l"((ulong)from), "r"(bytes) : "memory");
+    } else {
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;"
+                   :: "r"(to), "l"((ulong)from), "r"(bytes) : "memory");
+    }
+  #endif
+}
+
+// Start copying the A tile at (m0, k0) into `alm` (this thread's vectors, as GlobalToPrivateA).
+void GlobalToLocalAsyncA(const __global float* restrict agm, __local uint* alm, const int tid,
+                         const int m0, const int k0, const int M, const int K, const int lda) {
+  #pragma unroll
+  for (int i = 0; i < A_LOADS; ++i) {
+    const int v = tid + i * WGS;
+    const int r = v / A_VECS_PER_ROW;
+    const int c = (v % A_VECS_PER_ROW) * VWA;
+    #if TRANS_A
+      AsyncCopy(alm + r * ALD + c, agm, k0 + r, m0 + c, lda, K, M, VWA);
+    #else
+      AsyncCopy(alm + r * ALD + c, agm, m0 + r, k0 + c, lda, M, K, VWA);
+    #endif
+  }
+}
+
+void GlobalToLocalAsyncB(const __global float* restrict bgm, __local uint* blm, const int tid,
+                         const int n0, const int k0, const int N, const int K, const int ldb) {
+  #pragma unroll
+  for (int i = 0; i < B_LOADS; ++i) {
+    const int v = tid + i * WGS;
+    const int r = v / B_VECS_PER_ROW;
+    const int c = (v % B_VECS_PER_ROW) * VWB;
+    #if TRANS_B
+      AsyncCopy(blm + r * BLD + c, bgm, n0 + r, k0 + c, ldb, N, K, VWB);
+    #else
+      AsyncCopy(blm + r * BLD + c, bgm, k0 + r, n0 + c, ldb, K, N, VWB);
+    #endif
+  }
+}
+
+// Close the group of copies this thread issued since the last commit (possibly none).
+void AsyncCommit(void) {
+  #if MMA_STUB == 0
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  #endif
+}
+
+// Wait until at most STAGES - 2 of this thread's groups are in flight: the oldest tile has arrived.
+void AsyncWaitOldest(void) {
+  #if MMA_STUB == 0
+    #if STAGES == 2
+      asm volatile("cp.async.wait_group 0;" ::: "memory");
+    #elif STAGES == 3
+      asm volatile("cp.async.wait_group 1;" ::: "memory");
+    #else
+      asm volatile("cp.async.wait_group 2;" ::: "memory");
+    #endif
+  #endif
+}
+#endif  // ASYNC
+
+// ---- local memory -> fragments ----------------------------------------------------------------------
+
+// A local word as a fragment register: already TF32 (ASYNC 0), or an fp32 value to round (ASYNC 1).
+#if ASYNC
+  #define FRAG(word) ToTF32(as_float(word))
+#else
+  #define FRAG(word) (word)
+#endif
+
+// This lane's A fragments of the warp's MT mma tiles (rows wm0 + i * 16 ...) at k step kk.
+void LocalToPrivateA(const __local uint* alm, uint apm[MT][4], const int wm0, const int kk, const int g,
+                     const int t) {
+  #pragma unroll
+  for (int i = 0; i < MT; ++i) {
+    const int m = wm0 + i * 16 + g;
+    #if A_KCONTIG && KPAIR
+      const uint2 lo = *((const __local uint2*)(alm + ALM(m, kk + 2 * t)));
+      const uint2 hi = *((const __local uint2*)(alm + ALM(m + 8, kk + 2 * t)));
+      apm[i][0] = FRAG(lo.x);
+      apm[i][2] = FRAG(lo.y);
+      apm[i][1] = FRAG(hi.x);
+      apm[i][3] = FRAG(hi.y);
+    #else
+      apm[i][0] = FRAG(alm[ALM(m, kk + K_LO(t))]);
+      apm[i][1] = FRAG(alm[ALM(m + 8, kk + K_LO(t))]);
+      apm[i][2] = FRAG(alm[ALM(m, kk + K_HI(t))]);
+      apm[i][3] = FRAG(alm[ALM(m + 8, kk + K_HI(t))]);
+    #endif
+  }
+}
+
+// This lane's B fragments of the warp's NT mma tiles (columns wn0 + j * 8 ...) at k step kk.
+void LocalToPrivateB(const __local uint* blm, uint bpm[NT][2], const int wn0, const int kk, const int g,
+                     const int t) {
+  #pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int n = wn0 + j * 8 + g;
+    #if B_KCONTIG && KPAIR
+      const uint2 v = *((const __local uint2*)(blm + BLM(kk + 2 * t, n)));
+      bpm[j][0] = FRAG(v.x);
+      bpm[j][1] = FRAG(v.y);
+    #else
+      bpm[j][0] = FRAG(blm[BLM(kk + K_LO(t), n)]);
+      bpm[j][1] = FRAG(blm[BLM(kk + K_HI(t), n)]);
+    #endif
+  }
+}
+
+// ---- the multiply ---------------------------------------------------------------------------------
+
+// One KWG-deep tile: the warp tile's accumulators += its A rows x its B columns, 8 k at a time.
+void MultiplyTile(float cpm[MT][NT][4], const __local uint* alm, const __local uint* blm, const int wm0,
+                  const int wn0, const int g, const int t MMA_PARAMS) {
+  // (The emulated mma keeps its loops rolled: unrolled, its barriers make PoCL's compile take minutes.)
+  #if MMA_STUB == 0
+  #pragma unroll
+  #endif
+  for (int kk = 0; kk < KWG; kk += 8) {
+    uint apm[MT][4];
+    uint bpm[NT][2];
+    LocalToPrivateA(alm, apm, wm0, kk, g, t);
+    LocalToPrivateB(blm, bpm, wn0, kk, g, t);
+    #if MMA_STUB == 0
+    #pragma unroll
+    #endif
+    for (int i = 0; i < MT; ++i) {
+      #if MMA_STUB == 0
+      #pragma unroll
+      #endif
+      for (int j = 0; j < NT; ++j) { Mma(cpm[i][j], apm[i], bpm[j] MMA_ARGS); }
+    }
+  }
+}
+
+// ---- registers -> global memory (C) ----------------------------------------------------------------
+
+// C = alpha * cpm + beta * C for this lane's outputs inside the matrix (c0, c1 and c2, c3 are pairs of
+// neighbours in a row); beta == 0 never reads C.
+void PrivateToGlobalC(float cpm[MT][NT][4], __global float* restrict cgm, const int mw, const int nw,
+                      const int g, const int t, const int M, const int N, const int ldc, const float alpha,
+                      const float beta) {
+  #pragma unroll
+  for (int i = 0; i < MT; ++i) {
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int m = mw + i * 16 + g + 8 * h;
+      if (m < M) {
+        __global float* crow = cgm + m * ldc;
+        #pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          const int n = nw + j * 8 + 2 * t;
+          float r0 = alpha * cpm[i][j][2 * h];
+          float r1 = alpha * cpm[i][j][2 * h + 1];
+          #if CSCALAR == 0
+          if (n + 2 <= N) {
+            if (beta != 0.0f) {
+              const float2 old = *((__global float2*)(crow + n));
+              r0 = fma(beta, old.x, r0);
+              r1 = fma(beta, old.y, r1);
+            }
+            *((__global float2*)(crow + n)) = (float2)(r0, r1);
+          } else
+          #endif
+          {
+            if (n < N) {
+              if (beta != 0.0f) { r0 = fma(beta, crow[n], r0); }
+              crow[n] = r0;
+            }
+            if (n + 1 < N) {
+              if (beta != 0.0f) { r1 = fma(beta, crow[n + 1], r1); }
+              crow[n + 1] = r1;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---- the kernel -------------------------------------------------------------------------------------
+
+__kernel void gemm_mma_tf32(const int M, const int N, const int K, const float alpha,
+                                            const float beta,
+                                            const __global float* restrict agm, const long a_offset,
+                                            const int lda, const long stride_a,
+                                            const __global float* restrict bgm, const long b_offset,
+                                            const int ldb, const long stride_b,
+                                            __global float* restrict cgm, const long c_offset,
+                                            const int ldc, const long stride_c) {
+  const long batch = get_group_id(2);
+  agm += a_offset + batch * stride_a;
+  bgm += b_offset + batch * stride_b;
+  cgm += c_offset + batch * stride_c;
+
+  // Which tile: plain order (N tiles fastest), or bands of GM tile rows so that work-groups running
+  // at the same time share A rows and B columns in the L2 cache.
+  #if GM == 1
+    const int gn = get_group_id(0);
+    const int gm = get_group_id(1);
+  #else
+    const int ngn = get_num_groups(0);
+    const int ngm = get_num_groups(1);
+    const int linear = get_group_id(1) * ngn + get_group_id(0);
+    const int band = linear / (GM * ngn);
+    const int band_rows = min(ngm - band * GM, GM);
+    const int in_band = linear - band * GM * ngn;
+    const int gm = band * GM + in_band % band_rows;
+    const int gn = in_band / band_rows;
+  #endif
+  const int m0 = gm * MWG;
+  const int n0 = gn * NWG;
+  const int tid = get_local_id(0);
+  const int lane = tid % 32;
+  const int warp = tid / 32;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int wm0 = (warp / WARPS_N) * WTM;   // the warp tile inside the work-group tile
+  const int wn0 = (warp % WARPS_N) * WTN;
+
+  __local uint alm[STAGES * A_TILE] __attribute__((aligned(16)));
+  __local uint blm[STAGES * B_TILE] __attribute__((aligned(16)));
+  #if MMA_STUB
+    __local uint mma_words[WARPS_M * WARPS_N * MMA_WORDS];
+    __local uint* wsm = mma_words + warp * MMA_WORDS;
+  #endif
+  #if ASYNC == 0
+    floatA areg[A_LOADS];
+    floatB breg[B_LOADS];
+  #endif
+
+  float cpm[MT][NT][4];
+  #pragma unroll
+  for (int i = 0; i < MT; ++i) {
+    #pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      #pragma unroll
+      for (int r = 0; r < 4; ++r) { cpm[i][j][r] = 0.0f; }
+    }
+  }
+
+  const int tiles = (K + KWG - 1) / KWG;
+  #if ASYNC
+    // Prologue: start tiles 0 .. STAGES - 2, one commit group each. Step t: wait for tile t, barrier
+    // (everyone's copies of tile t are visible, and everyone is done with buffer (t - 1) % STAGES),
+    // start tile t + STAGES - 1 into that buffer, multiply tile t. Groups are committed even when
+    // empty, so that "all but the newest STAGES - 2 groups" always means "up to tile t".
+    #pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < tiles) {
+        GlobalToLocalAsyncA(agm, alm + s * A_TILE, tid, m0, s * KWG, M, K, lda);
+        GlobalToLocalAsyncB(bgm, blm + s * B_TILE, tid, n0, s * KWG, N, K, ldb);
+      }
+      AsyncCommit();
+    }
+    for (int tile = 0; tile < tiles; ++tile) {
+      AsyncWaitOldest();
+      barrier(CLK_LOCAL_MEM_FENCE);
+      const int ahead = tile + STAGES - 1;
+      if (ahead < tiles) {
+        const int buf = ahead % STAGES;
+        GlobalToLocalAsyncA(agm, alm + buf * A_TILE, tid, m0, ahead * KWG, M, K, lda);
+        GlobalToLocalAsyncB(bgm, blm + buf * B_TILE, tid, n0, ahead * KWG, N, K, ldb);
+      }
+      AsyncCommit();
+      const int cur = tile % STAGES;
+      MultiplyTile(cpm, alm + cur * A_TILE, blm + cur * B_TILE, wm0, wn0, g, t MMA_ARGS);
+    }
+  #elif STAGES == 2
+    // Prologue: tile 0 into buffer 0. Then per step: fetch tile t+1 into registers, multiply tile t,
+    // store tile t+1 into the other buffer, one barrier (it also protects the buffer read at t-1).
+    GlobalToPrivateA(agm, areg, tid, m0, 0, M, K, lda);
+    GlobalToPrivateB(bgm, breg, tid, n0, 0, N, K, ldb);
+    PrivateToLocalA(areg, alm, tid);
+    PrivateToLocalB(breg, blm, tid);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int tile = 0; tile < tiles; ++tile) {
+      const int cur = tile & 1;
+      const int k0 = tile * KWG;
+      const bool next = tile + 1 < tiles;
+      if (next) {
+        GlobalToPrivateA(agm, areg, tid, m0, k0 + KWG, M, K, lda);
+        GlobalToPrivateB(bgm, breg, tid, n0, k0 + KWG, N, K, ldb);
+      }
+      MultiplyTile(cpm, alm + cur * A_TILE, blm + cur * B_TILE, wm0, wn0, g, t MMA_ARGS);
+      if (next) {
+        PrivateToLocalA(areg, alm + (cur ^ 1) * A_TILE, tid);
+        PrivateToLocalB(breg, blm + (cur ^ 1) * B_TILE, tid);
+      }
+      barrier(CLK_LOCAL_MEM_FENCE);
+    }
+  #else
+    for (int tile = 0; tile < tiles; ++tile) {
+      const int k0 = tile * KWG;
+      GlobalToPrivateA(agm, areg, tid, m0, k0, M, K, lda);
+      GlobalToPrivateB(bgm, breg, tid, n0, k0, N, K, ldb);
+      PrivateToLocalA(areg, alm, tid);
+      PrivateToLocalB(breg, blm, tid);
+      barrier(CLK_LOCAL_MEM_FENCE);
+      MultiplyTile(cpm, alm, blm, wm0, wn0, g, t MMA_ARGS);
+      barrier(CLK_LOCAL_MEM_FENCE);
+    }
+  #endif
+
+  PrivateToGlobalC(cpm, cgm, m0 + wm0, n0 + wn0, g, t, M, N, ldc, alpha, beta);
+}

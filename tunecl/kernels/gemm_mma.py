@@ -1,0 +1,375 @@
+"""gemm_mma_tf32: GEMM on NVIDIA tensor cores through inline PTX, TF32 inputs, fp32 accumulation.
+
+Same semantics, problem coverage and :class:`~tunecl.kernels.gemm.GemmPlan` (``run`` signature) as
+``gemm_tiled``, so it can replace it anywhere a TF32 result is acceptable: its ``precision`` is
+``"tf32"`` (the fp32 families have none and are strict ``"fp32"``). It applies only on devices whose
+runtime probe showed that ``mma.sync ... m16n8k8 ... tf32`` computes correctly (``"mma_tf32"`` in
+``device.capabilities``), never by vendor name; its cp.async variant only where the ``"cp_async"``
+probe passed too. The OpenCL C is ``gemm_mma.cl`` (its banner explains
+the decomposition and the fragment layout). Tunables, with the values searched:
+
+=======  ================  ========================================================================
+MWG/NWG  16 .. 256         C tile per work-group along M / N
+KWG      8 16 32           depth of one K step (the local-memory tiles)
+WARPS_M  1 2 4             warps along M (WARPS_N: along N); a warp computes (MWG/WARPS_M) x
+                           (NWG/WARPS_N) as a grid of 16 x 8 mma tiles
+VW       1 2 4             vector width of global loads of A and B along their contiguous dimension
+KPAIR    0 1               1: a lane holds k = 2t, 2t+1 (64-bit local reads of K-contiguous tiles)
+PAD      0 1               pad local rows so that fragment reads are free of bank conflicts
+ASYNC    0 (1)             1: cp.async copies into local memory (devices with ``"cp_async"``);
+                           0: copies through registers, rounded to TF32 on the way
+STAGES   1 2 (3 4)         local-memory buffers per tile: 1, 2 (double buffering with register
+                           prefetch) through registers; 2, 3, 4 with cp.async
+GM       1 8               work-group order: bands of GM tile rows (L2 locality)
+MAXRREG  0 (128)           -cl-nv-maxrregcount (NVIDIA only; 0: not passed): more work-groups per SM
+=======  ================  ========================================================================
+
+Constraints (named) cover the warp-tile shape (multiples of 16 x 8), at most 128 accumulators per
+lane, even tile loads, device limits (work-group size, local memory) — all checked before compiling.
+Pruning rules keep the searched space to a few thousand configs; pruned configs remain valid.
+
+Tests on devices without tensor cores build with ``emulate=True``: the kernel then computes the same
+fragments with plain OpenCL C instead of PTX (``MMA_STUB`` in the ``.cl``), which checks every index
+of the kernel except the two PTX instructions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from tunecl.kernels.base import Config, Space, build_options, read_source
+from tunecl.kernels.gemm import (
+    GemmPlan,
+    Rule,
+    Variant,
+    check_config,
+    compute_units,
+    enumerate_space,
+    is_nvidia,
+    make_space,
+    pow2_ceil,
+)
+from tunecl.problems import GemmProblem
+from tunecl.runtime import CP_ASYNC, MMA_TF32, Device
+
+NAME = "gemm_mma_tf32"
+VERSION = 1
+PRECISION = "tf32"
+CAPABILITY = MMA_TF32
+
+_TILES = (16, 32, 64, 128, 256)
+
+
+def _params(async_copies: bool, nvidia: bool) -> dict[str, tuple[int, ...]]:
+    return {
+        "MWG": _TILES,
+        "NWG": _TILES,
+        "KWG": (8, 16, 32),
+        "WARPS_M": (1, 2, 4),
+        "WARPS_N": (1, 2, 4),
+        "VW": (1, 2, 4),
+        "KPAIR": (0, 1),
+        "PAD": (0, 1),
+        "ASYNC": (0, 1) if async_copies else (0,),
+        "STAGES": (1, 2, 3, 4),
+        "GM": (1, 8),
+        "MAXRREG": (0, 128) if nvidia else (0,),
+    }
+
+
+MMA_STUB_WORDS = 192  # local words per warp of the emulated mma (MMA_WORDS in the .cl)
+
+
+def capabilities(device: Any) -> frozenset[str]:
+    """``device.capabilities`` (test doubles without the attribute have none)."""
+    return frozenset(getattr(device, "capabilities", ()) or ())
+
+
+def warps(config: Mapping[str, int]) -> int:
+    return config["WARPS_M"] * config["WARPS_N"]
+
+
+def accumulators(config: Mapping[str, int]) -> int:
+    """fp32 accumulators per lane: 4 per 16 x 8 mma tile of the warp tile."""
+    return (config["MWG"] // config["WARPS_M"] // 16) * (config["NWG"] // config["WARPS_N"] // 8) * 4
+
+
+def padding(config: Mapping[str, int], k_contiguous: bool) -> int:
+    """Words of padding per local row (mirrors PADDING in ``gemm_mma.cl``)."""
+    if not config["PAD"]:
+        return 0
+    if k_contiguous:
+        return (0 if (config["KWG"] // 8) % 2 else 8) if config["KPAIR"] else 4
+    return 4 if config["KPAIR"] else 8
+
+
+def local_memory_bytes(config: Mapping[str, int], problem: GemmProblem, emulate: bool = False) -> int:
+    """Bytes of local memory ``gemm_mma.cl`` declares for ``config`` (mirrors A_TILE / B_TILE there)."""
+    c = config
+    if problem.trans_a:  # A tile: KWG rows of MWG (M contiguous)
+        a_words = c["KWG"] * (c["MWG"] + padding(c, False))
+    else:
+        a_words = c["MWG"] * (c["KWG"] + padding(c, True))
+    if problem.trans_b:  # B tile: NWG rows of KWG (K contiguous)
+        b_words = c["NWG"] * (c["KWG"] + padding(c, True))
+    else:
+        b_words = c["KWG"] * (c["NWG"] + padding(c, False))
+    stub = warps(c) * MMA_STUB_WORDS if emulate else 0
+    return 4 * (c["STAGES"] * (a_words + b_words) + stub)
+
+
+def _constraints(problem: GemmProblem, device: Any) -> list[Rule]:
+    def loads_split_evenly(tile: int, c: Mapping[str, int]) -> bool:  # tile x KWG over the threads
+        return (tile * c["KWG"]) % (c["VW"] * 32 * warps(c)) == 0
+
+    return [
+        ("warp_tile_rows_multiple_of_16", ("MWG", "WARPS_M"), lambda c: c["MWG"] % (16 * c["WARPS_M"]) == 0),
+        ("warp_tile_cols_multiple_of_8", ("NWG", "WARPS_N"), lambda c: c["NWG"] % (8 * c["WARPS_N"]) == 0),
+        ("at_most_128_accumulators", ("MWG", "NWG", "WARPS_M", "WARPS_N"), lambda c: accumulators(c) <= 128),
+        (
+            "work_group_size_within_device",
+            ("WARPS_M", "WARPS_N"),
+            lambda c: 32 * warps(c) <= device.max_work_group_size,
+        ),
+        (
+            "A_tile_loads_split_evenly",
+            ("MWG", "KWG", "WARPS_M", "WARPS_N", "VW"),
+            lambda c: loads_split_evenly(c["MWG"], c),
+        ),
+        (
+            "B_tile_loads_split_evenly",
+            ("NWG", "KWG", "WARPS_M", "WARPS_N", "VW"),
+            lambda c: loads_split_evenly(c["NWG"], c),
+        ),
+        ("STAGES_1_or_2_through_registers", ("ASYNC", "STAGES"), lambda c: c["ASYNC"] or c["STAGES"] <= 2),
+        ("STAGES_2_to_4_with_cp_async", ("ASYNC", "STAGES"), lambda c: not c["ASYNC"] or c["STAGES"] >= 2),
+        (
+            "local_memory_within_device",
+            ("MWG", "NWG", "KWG", "WARPS_M", "WARPS_N", "KPAIR", "PAD", "ASYNC", "STAGES"),
+            lambda c: local_memory_bytes(c, problem) <= device.local_mem_size,
+        ),
+    ]
+
+
+def _widest(ld: int) -> int:
+    """The widest global vector (4, 2, 1) that a leading dimension of ``ld`` keeps aligned."""
+    return next(w for w in (4, 2, 1) if ld % w == 0)
+
+
+def _pruning(problem: GemmProblem, device: Any) -> list[Rule]:
+    """Rules that drop valid configs which cannot pay off, to keep the space to a few thousand.
+
+    A pruned config is still valid: it builds and computes correctly, it is just not searched.
+    """
+    m_cap, n_cap, k_cap = (
+        max(16, pow2_ceil(problem.m)),
+        max(16, pow2_ceil(problem.n)),
+        max(8, pow2_ceil(problem.k)),
+    )
+    # The widest vector the packed layout keeps aligned for A or B (the plan runs a scalar variant for
+    # an operand that is not): narrower vectors would only re-measure slower loads.
+    wide = max(
+        _widest(problem.m if problem.trans_a else problem.k),
+        _widest(problem.k if problem.trans_b else problem.n),
+    )
+    units = compute_units(device)
+
+    def groups(c: Mapping[str, int]) -> int:
+        return -(-problem.m // c["MWG"]) * -(-problem.n // c["NWG"]) * problem.batch
+
+    def widest_loads(c: Mapping[str, int]) -> int:
+        threads = 32 * warps(c)
+        return next(
+            (
+                w
+                for w in (4, 2, 1)
+                if w <= wide
+                and (c["MWG"] * c["KWG"]) % (w * threads) == 0
+                and (c["NWG"] * c["KWG"]) % (w * threads) == 0
+            ),
+            1,
+        )
+
+    spans = lambda c: c["MWG"] >= m_cap or c["NWG"] >= n_cap  # a tile spanning M or N
+    return [
+        (
+            "tile_within_problem",
+            ("MWG", "NWG", "KWG"),
+            lambda c: c["MWG"] <= m_cap and c["NWG"] <= n_cap and c["KWG"] <= k_cap,
+        ),
+        (
+            "tile_aspect_at_most_2",
+            ("MWG", "NWG"),
+            lambda c: max(c["MWG"], c["NWG"]) <= 2 * min(c["MWG"], c["NWG"]) or spans(c),
+        ),
+        # warp tiles of 32 x 16 .. 64 x 64, square-ish (rows / columns between 1/2 and 2)
+        (
+            "warp_tile_balanced",
+            ("MWG", "NWG", "WARPS_M", "WARPS_N"),
+            lambda c: (
+                (accumulators(c) >= 16 or groups(c) <= 4 * units or spans(c))
+                and 2 * (c["NWG"] // c["WARPS_N"]) >= c["MWG"] // c["WARPS_M"]
+                and 2 * (c["MWG"] // c["WARPS_M"]) >= c["NWG"] // c["WARPS_N"]
+            ),
+        ),
+        ("at_most_8_warps", ("WARPS_M", "WARPS_N"), lambda c: warps(c) <= 8),
+        (
+            "VW_widest_for_tile_and_packed_layout",
+            ("MWG", "NWG", "KWG", "WARPS_M", "WARPS_N", "VW"),
+            lambda c: c["VW"] == widest_loads(c),
+        ),
+        (
+            "GM_only_with_several_bands",
+            ("MWG", "NWG", "GM"),
+            lambda c: c["GM"] == 1 or (-(-problem.m // c["MWG"]) > c["GM"] and problem.n > c["NWG"]),
+        ),
+        # > 32 work-groups per compute unit: a bigger tile would do; a tile spanning the (padded) matrix
+        # along M or N cannot grow there
+        (
+            "tile_not_tiny_for_big_problems",
+            ("MWG", "NWG"),
+            lambda c: c["MWG"] * c["NWG"] >= 64 * 64 or groups(c) <= 32 * units or spans(c),
+        ),
+        # a register cap pays only where the kernel needs many (64+ accumulators per lane)
+        (
+            "MAXRREG_only_for_big_warp_tiles",
+            ("MWG", "NWG", "WARPS_M", "WARPS_N", "MAXRREG"),
+            lambda c: c["MAXRREG"] == 0 or accumulators(c) >= 64,
+        ),
+    ]
+
+
+# Default tile shapes, best first: (MWG, NWG, KWG, WARPS_M, WARPS_N). 128 x 128 x 16 with 2 x 4 warps
+# gives 64 x 32 warp tiles (4 x 4 mma tiles, 64 accumulators per lane): with 2 x 2 warps (64 x 64, as
+# CUTLASS does with cp.async) the register-staged double buffering needs ~255 registers and spills
+# (ptxas for sm_90, TN/TT layouts). Smaller tiles when the big one would leave compute units idle.
+# The default copies through registers (ASYNC 0): it needs only the mma capability.
+_PRESETS = [
+    (128, 128, 16, 2, 4),
+    (64, 64, 16, 2, 2),
+    (32, 32, 16, 1, 1),
+    (16, 16, 8, 1, 1),
+]
+
+
+class GemmMmaTF32:
+    """The ``gemm_mma_tf32`` algorithm (see the module docstring for its tunables)."""
+
+    name = NAME
+    version = VERSION
+    kind = "gemm"
+    precision = PRECISION
+
+    def applies(self, problem: GemmProblem, device: Device) -> bool:
+        """Only fp32 GEMMs on devices whose probe granted ``mma_tf32``."""
+        return (
+            isinstance(problem, GemmProblem)
+            and problem.dtype == "float32"
+            and CAPABILITY in capabilities(device)
+        )
+
+    def space(self, problem: GemmProblem, device: Device) -> Space:
+        return self._space(problem, device, CP_ASYNC in capabilities(device), is_nvidia(device))
+
+    @staticmethod
+    def _space(problem: GemmProblem, device: Device, async_copies: bool, nvidia: bool) -> Space:
+        return make_space(
+            _params(async_copies, nvidia), _constraints(problem, device), _pruning(problem, device)
+        )
+
+    def default(self, problem: GemmProblem, device: Device) -> Config:
+        """The largest preset tile that still gives every compute unit a work-group, double buffered
+        through registers, KPAIR and padding on, the widest vector loads; always valid and (where
+        pruning allows) searched."""
+        space = self.space(problem, device)
+        rules = _constraints(problem, device) + _pruning(problem, device)
+        units = compute_units(device)
+        for index, (mwg, nwg, kwg, warps_m, warps_n) in enumerate(_PRESETS):
+            groups = -(-problem.m // mwg) * -(-problem.n // nwg) * problem.batch
+            if index + 1 < len(_PRESETS) and groups < units:
+                continue
+            for config in self._refinements(
+                {
+                    "MWG": mwg,
+                    "NWG": nwg,
+                    "KWG": kwg,
+                    "WARPS_M": warps_m,
+                    "WARPS_N": warps_n,
+                    "KPAIR": 1,
+                    "PAD": 1,
+                    "ASYNC": 0,
+                    "STAGES": 2,
+                    "GM": 8,
+                    "MAXRREG": 0,
+                }
+            ):
+                if space.is_valid(config) and all(check(config) for _, _, check in rules):
+                    return config
+        searched = space.configs()
+        if searched:
+            return searched[0]
+        # Pruning emptied the searched space: any valid config still computes correctly.
+        return next(iter(enumerate_space(_params(False, False), _constraints(problem, device))))
+
+    @staticmethod
+    def _refinements(base: dict[str, int]) -> Iterator[dict[str, int]]:
+        """``base`` with the widest vectors first, then giving up its refinements one by one."""
+        for relax in ({}, {"GM": 1}, {"GM": 1, "KWG": 8}, {"GM": 1, "STAGES": 1}):
+            for width in (4, 2, 1):
+                yield {**base, **relax, "VW": width}
+
+    def build(
+        self, problem: GemmProblem, device: Device, config: Config, *, emulate: bool = False
+    ) -> GemmPlan:
+        """Compile ``config`` for ``problem``; ValueError (before compiling) if the config is invalid.
+
+        Args:
+            emulate: compile the plain-C stand-in of the PTX (``MMA_STUB``), for tests on devices
+                without tensor cores (cp.async and register-capped configs included; the cap is not
+                passed). Such a plan is slow and says nothing about speed.
+        """
+        space = self._space(problem, device, True, True) if emulate else self.space(problem, device)
+        check_config(space, config, NAME)
+        if emulate and local_memory_bytes(config, problem, emulate=True) > device.local_mem_size:
+            raise ValueError(
+                f"invalid {NAME} config {dict(config)}: the emulated mma needs more local memory"
+            )
+        source = read_source(__package__, "gemm_mma.cl")
+        layout = [f"-DTRANS_A={int(problem.trans_a)}", f"-DTRANS_B={int(problem.trans_b)}"]
+        if emulate:
+            layout.append("-DMMA_STUB=1")
+        elif config["MAXRREG"]:
+            layout.append(f"-cl-nv-maxrregcount={config['MAXRREG']}")
+        width = config["VW"]
+
+        def options(variant: Variant) -> list[str]:
+            aligned_a, aligned_b, aligned_c = variant
+            specialized = {k: v for k, v in config.items() if k not in ("VW", "MAXRREG")}
+            specialized.update(
+                VWA=width if aligned_a else 1, VWB=width if aligned_b else 1, CSCALAR=int(not aligned_c)
+            )
+            return build_options(specialized, layout)
+
+        threads = 32 * warps(config)
+        glob = (-(-problem.n // config["NWG"]) * threads, -(-problem.m // config["MWG"]), problem.batch)
+        return MmaPlan(
+            algorithm=NAME,
+            problem=problem,
+            device=device,
+            config=config,
+            source=source,
+            options=options,
+            widths=(width, width, 2),
+            global_size=glob,
+            local_size=(threads, 1, 1),
+        )
+
+
+class MmaPlan(GemmPlan):
+    """A :class:`GemmPlan` whose results are TF32-accurate (verification uses the TF32 tolerance)."""
+
+    precision = PRECISION
+
+
+ALGORITHMS = [GemmMmaTF32()]
