@@ -18,6 +18,7 @@ from tunecl.tools.validate import Tolerances, validate_net
 TINY = "tiny_nets:tiny_cnn"   # tests/torch/tiny_nets.py, on sys.path like every module of this folder
 OFF = "tiny_nets:off_on_device"
 BESSEL = "tiny_nets:bessel_net"
+DROPOUT = "tiny_nets:dropout_cnn"
 SMALL = {"batch": 2, "image_size": 16}
 
 
@@ -38,18 +39,43 @@ def test_validate_tiny_net_train_step_passes_and_checks_every_parameter(capsys):
     assert kinds == [("output", "output"), ("loss", "loss")] + [("grad", n) for n in names] \
         + [("param", n) for n in names]
     assert all(c["max_abs"] is not None for c in data["checks"])
+    # every tensor is also measured against the float64 run, and says which criterion passed it
+    assert all(c["fp64_error"] is not None and c["cpu_fp64_error"] is not None for c in data["checks"])
+    assert {c["passed_by"] for c in data["checks"]} <= {"fp32", "fp64", "zero", "own output", "own gradient"}
+    assert set(data["seconds"]) == {"cpu", "fp64", "device"}
+    assert data["tolerances"]["multiplier"] == Tolerances().multiplier
+
+
+def test_validate_draws_the_same_dropout_and_stochastic_depth_masks_in_all_three_runs():
+    """Masks that differed would put the device O(1) off both references (p = 0.5 everywhere)."""
+    report = validate_net(DROPOUT, train=True, **SMALL)
+    assert report.passed, report.failures or report.error
+    assert all(c.fp64_error < 1e-5 for c in report.checks if c.kind in ("output", "grad"))
 
 
 def test_validate_fails_with_exit_code_1_when_the_device_is_off(capsys):
     report = validate_net(OFF, **SMALL)
     assert not report.passed and report.exit_code == 1
     assert report.failures[0].kind == "output" and report.failures[0].max_rel > 5e-3
+    assert report.failures[0].fp64_ratio > 1000 and report.failures[0].passed_by == ""
 
     assert main(["validate", "--net", OFF, "--train", "--batch", "2",
                  "--image-size", "16"]) == 1
     out = capsys.readouterr().out
     assert "FAIL:" in out and "checks over tolerance: output, grad" in out
-    assert "tolerances: output rel <= 0.001" in out
+    assert "tolerances: output rel <= 0.001" in out and "or err vs float64 <= 8 x CPU float32's" in out
+
+
+def test_validate_help_states_the_default_tolerances():
+    from tunecl.cli.validate import TOLERANCES_HELP
+
+    tol = Tolerances()
+    assert tol.floor == 1e-6 and f"err(opencl) <= {tol.multiplier:g} x err(cpu) + 1e-6," in TOLERANCES_HELP
+    assert (tol.output, tol.loss, tol.grad, tol.param) == (1e-3, 1e-3, 1e-2, 1e-4)
+    for line in ("output               <= 1e-3", "loss                 <= 1e-3",
+                 "gradients            <= 1e-2", "parameters after     <= 1e-4"):
+        assert line in TOLERANCES_HELP
+    assert tol.loss_own == 1e-5 and "own output to 1e-5 rel" in TOLERANCES_HELP
 
 
 def test_validate_reports_a_forbidden_fallback_as_a_failure_naming_the_op(capsys):
@@ -81,6 +107,81 @@ def test_a_missing_adam_step_fails_while_sign_flips_of_tiny_gradients_pass():
     assert ok[-1].note.startswith("3/100 with gradients of other signs")
     missing = _checks(run(g), run(g_dev, step=False), Tolerances())
     assert [c.kind for c in missing if not c.passed] == ["param"]
+
+
+def test_the_fp64_rule_passes_a_device_as_far_from_float64_as_the_cpu_and_fails_a_worse_one():
+    """An ill-conditioned tensor: CPU float32 is 30% off float64, beyond any fixed tolerance."""
+    from tunecl.tools.validate import _checks
+
+    tol = Tolerances()
+    generator = torch.Generator().manual_seed(0)
+    exact = torch.randn(1000, generator=generator, dtype=torch.float64)
+
+    def off(scale):
+        return (exact + scale * torch.randn(1000, generator=generator, dtype=torch.float64)).float()
+
+    cpu = off(0.3)
+    as_far, worse = off(0.3), off(0.3 * 20)
+    (same,) = _checks({"output": cpu}, {"output": as_far}, tol, {"output": exact})
+    assert same.max_rel > tol.output and same.passed and same.passed_by == "fp64"
+    assert 0.5 < same.fp64_ratio < 2 and same.cpu_fp64_error == pytest.approx(0.3, rel=0.2)
+    (bad,) = _checks({"output": cpu}, {"output": worse}, tol, {"output": exact})
+    assert not bad.passed and bad.passed_by == "" and bad.fp64_ratio > tol.multiplier
+    # without a float64 reference only the fixed tolerance judges
+    (alone,) = _checks({"output": cpu}, {"output": as_far}, tol)
+    assert not alone.passed and alone.fp64_error is None
+
+    # CPU float32 exact to rounding: the floor keeps a few ulps from failing, a real error still fails
+    rounded = exact.float()
+    assert tol.within_fp64(1e-7, 0.0) and not tol.within_fp64(1e-4, 1e-8)
+    strict = Tolerances(output=0.0)   # so that only the fp64 rule can pass
+    (fine,) = _checks({"output": rounded}, {"output": rounded * (1 + 1e-7)}, strict, {"output": exact})
+    assert fine.passed_by == "fp64"
+    (wrong,) = _checks({"output": rounded}, {"output": rounded * (1 + 1e-4)}, strict, {"output": exact})
+    assert not wrong.passed
+
+
+def test_zero_gradients_and_the_loss_are_judged_against_float64_too():
+    from tunecl.tools.validate import ADAM_LR, _checks
+
+    big = torch.tensor([1.0, -2.0])
+    g64 = {"w": big.double(), "b": torch.tensor([1e-15, -1e-15], dtype=torch.float64)}
+    # a bias gradient zero in exact arithmetic: CPU float32 happens to be far below the device's noise
+    g32, g_dev = {"w": big, "b": torch.tensor([1e-12, 0.0])}, {"w": big, "b": torch.tensor([3e-9, -2e-9])}
+
+    def run(grads, loss, own):
+        params = {n: -ADAM_LR * g.sign() for n, g in grads.items()}
+        return {"output": torch.ones(2), "loss": torch.tensor(loss), "grads": grads, "params": params,
+                "own_loss": torch.tensor(own, dtype=torch.float64)}
+
+    ref, ref64 = run(g32, 1.0, 1.0), run(g64, 1.0, 1.0)
+    checks = {(c.kind, c.name): c for c in _checks(ref, run(g_dev, 1.002, 1.002), Tolerances(), ref64)}
+    assert checks["grad", "b"].passed_by == "zero" and checks["grad", "b"].fp64_ratio > 100
+    # the loss is 0.2% off both references, but it is the cross-entropy of the device's own output
+    assert checks["loss", "loss"].passed_by == "own output"
+    wrong = {(c.kind, c.name): c for c in _checks(ref, run(g_dev, 1.002, 1.0), Tolerances(), ref64)}
+    assert not wrong["loss", "loss"].passed
+
+
+def test_a_step_on_an_ill_conditioned_gradient_passes_as_adam_on_the_device_own_gradient():
+    """Gradients of ~1e-5 that differ by 50%: Adam's steps differ by ~1e-3 lr (1e-3 rel on a zero bias)."""
+    from tunecl.tools.validate import ADAM_EPS, ADAM_LR, _checks
+
+    g32, g_dev, g64 = torch.tensor([2e-5, 1.0]), torch.tensor([3e-5, 1.0]), torch.tensor([2.02e-5, 1.0])
+    initial = torch.zeros(2)
+
+    def run(g, step=True):
+        after = initial - ADAM_LR * g / (g.abs() + ADAM_EPS) * step
+        return {"output": torch.ones(2), "loss": torch.tensor(1.0), "grads": {"b": g}, "params": {"b": after},
+                "own_loss": torch.tensor(1.0, dtype=torch.float64)}
+
+    ref, ref64 = {**run(g32), "initial": {"b": initial}}, run(g64.double())
+    grad, param = _checks(ref, run(g_dev), Tolerances(), ref64)[2:]
+    assert grad.passed and param.max_rel > Tolerances().param
+    assert param.fp64_ratio > Tolerances().multiplier   # CPU float32 happens to be closer to float64
+    assert param.passed_by == "own gradient" and "Adam step on the device's own gradient" in param.note
+    missing = _checks(ref, run(g_dev, step=False), Tolerances(), ref64)[3]
+    assert not missing.passed
 
 
 # -- bench -------------------------------------------------------------------------------------------

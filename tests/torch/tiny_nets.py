@@ -18,6 +18,28 @@ def tiny_cnn() -> nn.Module:
         nn.Flatten(), nn.Linear(16, 5))
 
 
+class _Residual(nn.Module):
+    """x + StochasticDepth(conv(x)): a dropped sample keeps its input, as in efficientnet's blocks."""
+
+    def __init__(self, channels: int, p: float):
+        from torchvision.ops import StochasticDepth
+
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+        self.drop = StochasticDepth(p, "row")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.drop(self.conv(x))
+
+
+def dropout_cnn() -> nn.Module:
+    """conv, bn, relu, then residual blocks with stochastic depth and dropout, all at p = 0.5."""
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+        *(_Residual(8, 0.5) for _ in range(4)),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.5), nn.Linear(8, 5))
+
+
 class _OffOnDevice(nn.Module):
     """tiny_cnn whose output is 1% off on the opencl device: a broken backend, as validate sees it."""
 

@@ -1,4 +1,4 @@
-"""``tunecl validate``: a model on the opencl device against CPU torch, with pass/fail tolerances.
+"""``tunecl validate``: a model on the opencl device against CPU torch (float32 and float64).
 
 The work is :func:`tunecl.tools.validate.validate_net`; this module parses arguments and prints the
 report (a table, or one JSON object with ``--json``). Exit code 0: every check passed; 1: a check failed
@@ -16,19 +16,29 @@ from tunecl.cli.output import print_json, print_table
 from tunecl.cli.tune import positive_int
 
 TOLERANCES_HELP = """\
-tolerances (relative error = max|opencl - cpu| / max|cpu| of each tensor):
+Three runs: the opencl device, CPU torch float32 and CPU torch float64 (same weights, inputs and seed).
+A tensor passes when ANY of these holds:
+ fp32  relative error vs CPU float32, max|opencl - cpu| / max|cpu| per tensor, within:
   output               <= 1e-3   fp32 on both sides, but tiled GEMM/conv and tree reductions sum in
-                                 other orders (~1e-6 per op, growing with depth)
-  loss                 <= 1e-3
+  loss                 <= 1e-3   other orders (~1e-6 per op, growing with depth)
   gradients            <= 1e-2   backward doubles the depth, and batch norm at batch 1-2 over small
-                                 maps divides by small standard deviations, amplifying rounding;
-                                 a gradient with max|cpu| < 1e-4 x the model's largest gradient is
-                                 zero but for rounding (a conv bias before batch norm) and passes
-                                 on abs error <= 1e-2 x 1e-4 x that largest gradient
-  parameters after     <= 1e-4   over elements whose two gradients have the same sign and |g| > 1e-5
+                                 maps divides by small standard deviations, amplifying rounding
+  parameters after     <= 1e-4   over elements whose gradients have the same sign and |g| > 1e-5
   one Adam step                  (1000 eps): Adam's first step is lr * sign(g), so a near-zero gradient
                                  whose sign differs by rounding moves a parameter by up to 2 lr; those
                                  elements are counted and held to that bound only
+ fp64  err(opencl) <= 8 x err(cpu) + 1e-6, err(x) = ||x - float64|| / ||float64|| (2-norms): the
+       device is not much further from float64 than CPU float32 is (PyTorch's accuracy check with an
+       fp64 reference). Train-mode batch norm over 2 samples on 1x1 maps is ill-conditioned: CPU
+       float32 itself is 53% off float64 on resnet50's output at batch 2, image 32, and 100% or more
+       on gradients, which no fixed tolerance between two float32 runs can judge. 8: measured device/CPU ratios reach 6 on such
+       tensors and ~2 elsewhere; a ReLU that one run's rounding flips still fails (100x or more).
+ zero  (gradients) max|ref| < 1e-4 x the model's largest gradient G (ref: float32 or float64) is zero
+       but for rounding (a conv bias before batch norm) and passes on max abs error <= 1e-2 x 1e-4 x G
+ own output    (loss) the loss is the float64 cross-entropy of the device's own output to 1e-5 rel
+ own gradient  (parameters) the parameter is Adam's first step on the device's own gradient,
+               p0 - lr * g / (|g| + eps) in float64, to 1e-4 rel: where |g| ~ 1e-5 an ill-conditioned
+               gradient moves the step by ~1e-3 lr, 1e-3 relative on a bias initialised to zero
 Under TUNECL_FALLBACK=error an op without an OpenCL kernel raises, and validate fails naming it.
 exit code: 0 every check passed, 1 a check failed or the device run raised."""
 
@@ -37,10 +47,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "validate", help="compare a model on the opencl device with CPU torch (exit 1 on a mismatch)",
         description=textwrap.fill(
-            "Run a model (random weights) on the opencl device and on the CPU with the same weights and "
-            "inputs. Without --train: one eval-mode forward, the outputs compared. With --train: train-mode "
-            "forward, cross-entropy loss, backward and one Adam step (lr 1e-3), comparing output, loss, "
-            "every parameter gradient and every parameter after the step.", 100),
+            "Run a model (random weights) on the opencl device, on the CPU in float32 and on the CPU in "
+            "float64 with the same weights, inputs and seed. Without --train: one eval-mode forward, the "
+            "outputs compared. With --train: train-mode forward, cross-entropy loss, backward and one Adam "
+            "step (lr 1e-3), comparing output, loss, every parameter gradient and every parameter after "
+            "the step.", 100),
         epilog=TOLERANCES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--net", metavar="NAME", required=True,
                         help="torchvision model (resnet50) or package.module:factory")
@@ -71,35 +82,48 @@ def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.2e}"
 
 
+def _ratio(check: Any) -> str:
+    return "-" if check is None or check.fp64_ratio is None else f"{check.fp64_ratio:.2f}"
+
+
+def _by(check: Any) -> str:
+    return "-" if check is None else (check.passed_by or "FAIL")
+
+
 def print_report(report: Any, out: TextIO | None = None) -> None:
-    """The human form of a :class:`tunecl.tools.validate.ValidationReport`."""
+    """The human form of a :class:`tunecl.tools.validate.ValidationReport`.
+
+    Per tensor: ``rel`` against CPU float32, ``err64`` (the device's normwise error against float64),
+    ``cpu err64`` (CPU float32's), their ratio and the criterion that passed (``by``).
+    """
     out = out or sys.stdout
     tol = report.tolerances
     mode = ("train step (train-mode forward, CE loss, backward, Adam)" if report.train
             else "inference (eval mode)")
-    print(f"{report.net} on {report.device} vs CPU torch: {mode}, batch {report.batch}, "
+    print(f"{report.net} on {report.device} vs CPU torch float32 and float64: {mode}, batch {report.batch}, "
           f"image {report.image_size}", file=out)
-    print(f"tolerances: {tol.describe(report.train)} (relative: max|opencl - cpu| / max|cpu| per tensor)",
+    print(f"tolerances: {tol.describe(report.train)}; relative: max|opencl - cpu| / max|cpu| per tensor",
           file=out)
     print(file=out)
     checks = {(c.kind, c.name): c for c in report.checks}
-    rows = [[c.kind, _num(c.max_abs), _num(c.max_rel), f"{c.tolerance:g}", "ok" if c.passed else "FAIL",
-             c.note]
+    rows = [[c.kind, _num(c.max_abs), _num(c.max_rel), f"{c.tolerance:g}", _num(c.fp64_error),
+             _num(c.cpu_fp64_error), _ratio(c), _by(c), c.note]
             for c in report.checks if c.kind in ("output", "loss")]
     if rows:
-        print_table(["tensor", "max abs", "max rel", "tol rel", "", "note"], rows, out=out)
+        print_table(["tensor", "max abs", "rel", "tol rel", "err64", "cpu err64", "ratio", "by", "note"], rows,
+                    out=out)
     grads = [c for c in report.checks if c.kind == "grad"]
     if grads:
         print(file=out)
         table = []
         for g in grads:
             p = checks.get(("param", g.name))
-            ok = g.passed and (p is None or p.passed)
-            table.append([g.name, _num(g.max_abs), _num(g.max_rel), _num(p.max_abs if p else None),
-                          _num(p.max_rel if p else None), "ok" if ok else "FAIL",
+            table.append([g.name, _num(g.max_rel), _num(g.fp64_error), _num(g.cpu_fp64_error), _ratio(g), _by(g),
+                          _num(p.max_rel if p else None), _num(p.fp64_error if p else None),
+                          _num(p.cpu_fp64_error if p else None), _by(p),
                           "; ".join(n for n in (g.note, p.note if p else "") if n)])
-        print_table(["parameter", "grad abs", f"grad rel (<={tol.grad:g})", "step abs",
-                     f"step rel (<={tol.param:g})", "", "note"], table, out=out)
+        print_table(["parameter", f"grad rel (<={tol.grad:g})", "err64", "cpu err64", "ratio", "by",
+                     f"step rel (<={tol.param:g})", "err64", "cpu err64", "by", "note"], table, out=out)
     print(file=out)
     if report.fallback_ops:
         ops = ", ".join(f"{op} {n}" for op, n in report.fallback_ops.items())
@@ -108,6 +132,13 @@ def print_report(report: Any, out: TextIO | None = None) -> None:
         print("fallback  none: every op ran on the device", file=out)
     if report.plan_sources:
         print("plans     " + ", ".join(f"{s} {n}" for s, n in report.plan_sources.items()), file=out)
+    if report.seconds:
+        print("seconds   " + ", ".join(f"{k} {v:.1f}" for k, v in report.seconds.items()), file=out)
+    if report.checks:
+        by = {}
+        for c in report.checks:
+            by[c.passed_by or "FAIL"] = by.get(c.passed_by or "FAIL", 0) + 1
+        print("criteria  " + ", ".join(f"{k} {n}" for k, n in by.items()), file=out)
     if report.error is not None:
         op = f" (op {report.error_op})" if report.error_op else ""
         print(f"FAIL: the device run raised{op}: {report.error}", file=out)

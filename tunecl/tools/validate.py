@@ -1,18 +1,27 @@
-"""``tunecl validate``: a whole model on the opencl device against the same model on CPU torch.
+"""``tunecl validate``: a whole model on the opencl device against CPU torch in float32 and float64.
 
-Both copies get the same weights (the CPU model's ``state_dict``) and the same inputs. Without
+Three copies get the same weights (the CPU model's ``state_dict``; the float64 copy is the CPU model
+converted with ``.double()``), the same inputs and the same seed before each run, so dropout and
+stochastic depth draw the same masks in all three (the device draws from the CPU generator). Without
 ``train``: one eval-mode forward, and the outputs are compared. With ``train``: a train-mode forward,
 cross-entropy loss, backward and one Adam step on each, and the output, the loss, every parameter's
 gradient and every parameter after the step are compared.
 
 Each check reports the max absolute error and the relative error ``max|dev - cpu| / max|cpu|`` of one
-tensor, against the tolerances of :class:`Tolerances` (why they are what they are is written there).
+tensor against CPU float32, and the normwise errors ``||x - ref64|| / ||ref64||`` of the device and of
+CPU float32 against the float64 run. A check passes on a fixed tolerance against CPU float32, or, as
+PyTorch's own accuracy checker (``torch._dynamo.utils.same`` with an fp64 reference) does it, when the
+device is not much further from float64 than CPU float32 is: :class:`Tolerances` says why each bound is
+what it is.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import math
 import re
+import time
 from typing import Any
 
 from tunecl.errors import TuneclError
@@ -28,44 +37,93 @@ NUMERICALLY_ZERO = 1e-4
 
 @dataclasses.dataclass(frozen=True)
 class Tolerances:
-    """Largest relative errors (``max|dev - cpu| / max|cpu|`` per tensor) that pass.
+    """When a compared tensor passes: any one of these criteria suffices.
+
+    1. **fp32**: the relative error ``max|dev - cpu| / max|cpu|`` against CPU float32 is at most
+       ``output``, ``loss``, ``grad`` or ``param`` (the fields below).
+    2. **fp64**: the device is not much further from the float64 run than CPU float32 is:
+       ``err(dev) <= multiplier * err(cpu) + floor``, ``err(x) = ||x - ref64|| / ||ref64||`` (the
+       normwise relative error, i.e. PyTorch's RMSE ratio). This is what judges ill-conditioned nets:
+       train-mode batch norm over 2 samples on 1x1 maps divides by ``|x1 - x2|``, so CPU float32 itself
+       is 53% off float64 on resnet50's output and 82% on mnasnet1_0's (batch 2, image 32), and 100%
+       or more on gradients of their last stages: no fixed tolerance between two float32 runs can
+       pass a correct device there without passing almost anything.
+    3. **zero** (gradients): a gradient that is zero in exact arithmetic (a conv bias right before
+       batch norm) holds only rounding noise: a tensor whose ``max|ref| < 1e-4 * G`` (``G``: the
+       model's largest gradient entry of the same reference, CPU float32 or float64) passes when
+       ``max|dev - ref| <= grad * 1e-4 * G``.
+    4. **own output** (loss) / **own gradient** (parameters): the device's loss is the float64
+       cross-entropy of the device's own output to ``loss_own`` relative, and a parameter after the
+       step is Adam's first step on the device's own gradient (``p0 - lr * g / (|g| + eps)`` in
+       float64) to ``param`` relative. Both are well-conditioned functions of a tensor with a check
+       of its own, which they pass an ill-conditioned input on from: the error of one scalar loss has
+       no stable ratio to CPU float32's, and where a gradient is ~1e-5 (1000 eps) a 50% difference in
+       it moves the step by ~1e-3 lr, i.e. 1e-3 relative on a bias initialised to zero.
 
     Attributes:
         output: the model's output. fp32 on both sides, but GEMM/conv tiling and tree reductions sum in
-            other orders than CPU torch: ~1e-6 per op, growing with depth; train-mode batch norm at a
-            small batch divides by small standard deviations and amplifies it.
+            other orders than CPU torch: ~1e-6 per op, growing with depth.
         loss: the cross-entropy loss (a mean over the batch of the output's log-softmax).
         grad: every parameter gradient. Backward doubles the depth, and batch-norm backward at batch
-            1-2 over small maps amplifies again (resnet18 at batch 1 shows ~3e-4 with only the
-            summation order of non-conv ops differing). A gradient that is zero in exact arithmetic
-            (a conv bias right before batch norm) holds only rounding noise on both sides: a tensor
-            whose ``max|cpu| < 1e-4 * G`` (``G``: the model's largest gradient entry) passes when
-            ``max|dev - cpu| <= grad * 1e-4 * G``.
-        param: every parameter after one Adam step, over the elements whose two gradients have the
-            same sign and exceed 1000 * eps. Adam's first step is ``lr * g / (|g| + eps)``, i.e.
+            1-2 over small maps amplifies rounding (resnet18 at batch 1 shows ~3e-4 with only the
+            summation order of non-conv ops differing).
+        param: every parameter after one Adam step, over the elements whose gradients have the same
+            sign and exceed 1000 * eps. Adam's first step is ``lr * g / (|g| + eps)``, i.e.
             ``lr * sign(g)``, so a near-zero gradient whose sign differs by rounding moves a parameter
-            by up to ``2 * lr``: those elements are counted and only held to that bound. Elsewhere the
-            step agrees to rounding, and 1e-4 still catches a missing or wrong step (``lr = 1e-3`` on
-            weights of magnitude ≤ 1).
+            by up to ``2 * lr``: those elements are counted and only held to that bound (against either
+            reference). Elsewhere the step agrees to rounding, and 1e-4 still catches a missing or
+            wrong step (``lr = 1e-3`` on weights of magnitude <= 1).
+        multiplier: how much further from float64 than CPU float32 the device may be. PyTorch uses 2-3
+            for float32. Measured with this tool on PoCL (the 18 nets of the README table, train step,
+            batch 2, seed 0), over the tensors the fixed tolerance fails: the device/CPU ratio has a
+            median of about 1 and is ~2 where CPU float32 is still accurate (the tiled GEMM/conv sums
+            K sequentially per work-item, CPU torch in blocks); on the chaotic last stages, where both
+            float32 runs are 5-500% off float64, it reaches 6.0 (shufflenet_v2_x1_0), 5.3
+            (regnet_y_400mf), 5.1 (densenet161) and 4.3 (resnet50). 8 keeps 1.3x headroom over that.
+            It cannot cover everything: where a batch-norm output sits near a ReLU's kink, one run's
+            rounding flips the ReLU and its gradient, and then two correct float32 implementations
+            differ by 100x or more (CPU torch in channels_last layout against CPU torch's default
+            layout does so on shufflenet_v2_x1_0, seed 0, as the device does on googlenet).
+        floor: added to the fp64 bound so that a CPU float32 result that happens to be exact (to a few
+            ulps) does not demand an exact device result: 1e-6, about 8 float32 ulps.
+        loss_own: relative bound of criterion 4; a float32 log-softmax and mean over the batch is
+            accurate to a few ulps.
     """
 
     output: float = 1e-3
     loss: float = 1e-3
     grad: float = 1e-2
     param: float = 1e-4
+    multiplier: float = 8.0
+    floor: float = 1e-6
+    loss_own: float = 1e-5
+
+    def within_fp64(self, dev_error: float | None, cpu_error: float | None) -> bool:
+        """Criterion 2: the device's error against float64 is at most ``multiplier`` x CPU float32's."""
+        if dev_error is None or cpu_error is None or not math.isfinite(dev_error):
+            return False
+        return dev_error <= self.multiplier * cpu_error + self.floor
 
     def describe(self, train: bool = True) -> str:
         """One line stating the tolerances (those of a training step, or only the output's)."""
+        fp64 = (f"or err vs float64 <= {self.multiplier:g} x CPU float32's + {self.floor:g} "
+                f"(err: ||x - ref64|| / ||ref64||)")
         if not train:
-            return f"output rel <= {self.output:g}"
+            return f"output rel <= {self.output:g}, {fp64}"
         return (f"output rel <= {self.output:g}, loss rel <= {self.loss:g}, gradients rel <= {self.grad:g}, "
-                f"parameters after one Adam step rel <= {self.param:g} (where both gradients have the "
-                f"same sign)")
+                f"parameters after one Adam step rel <= {self.param:g} (where the gradients have the "
+                f"same sign), {fp64}")
 
 
 @dataclasses.dataclass(frozen=True)
 class Check:
-    """One compared tensor: ``kind`` is output, loss, grad or param; errors are None when not compared."""
+    """One compared tensor: ``kind`` is output, loss, grad or param; errors are None when not compared.
+
+    ``max_abs`` and ``max_rel`` are the device's errors against CPU float32; ``fp64_error`` and
+    ``cpu_fp64_error`` the normwise errors of the device and of CPU float32 against float64, and
+    ``fp64_ratio`` their ratio. ``passed_by`` names the criterion that passed (``fp32``, ``fp64``,
+    ``zero``, ``own output`` or ``own gradient``; empty when the check failed), see :class:`Tolerances`.
+    """
 
     kind: str
     name: str
@@ -74,11 +132,18 @@ class Check:
     tolerance: float
     passed: bool
     note: str = ""
+    fp64_error: float | None = None
+    cpu_fp64_error: float | None = None
+    fp64_ratio: float | None = None
+    passed_by: str = ""
 
 
 @dataclasses.dataclass
 class ValidationReport:
-    """The outcome of :func:`validate_net`. ``error`` is set when the device run raised."""
+    """The outcome of :func:`validate_net`. ``error`` is set when the device run raised.
+
+    ``seconds`` holds the wall time of each run: ``cpu`` (float32), ``fp64`` and ``device``.
+    """
 
     net: str
     device: str
@@ -91,6 +156,7 @@ class ValidationReport:
     plan_sources: dict[str, int] = dataclasses.field(default_factory=dict)
     error: str | None = None
     error_op: str | None = None
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -127,7 +193,7 @@ def compare(kind: str, name: str, dev: Any, ref: Any, tolerance: float, mask: An
         return Check(kind, name, None, None, tolerance, False,
                      f"shape {tuple(dev.shape)} != {tuple(ref.shape)}")
     if ref.numel() == 0:
-        return Check(kind, name, None, None, tolerance, True, "empty")
+        return Check(kind, name, None, None, tolerance, True, "empty", passed_by="fp32")
     scale = ref.abs().max().item()
     diff = (dev - ref).abs()
     if not torch.isfinite(dev).all():
@@ -145,14 +211,51 @@ def compare(kind: str, name: str, dev: Any, ref: Any, tolerance: float, mask: An
     worst = diff.max().item()
     rel = worst / scale if scale > 0 else (0.0 if worst == 0 else float("inf"))
     if mask is not None and not mask.any():
-        return Check(kind, name, worst, rel, tolerance, passed, note)
-    return Check(kind, name, worst, rel, tolerance, passed and rel <= tolerance, note)
+        return Check(kind, name, worst, rel, tolerance, passed, note, passed_by="fp32" if passed else "")
+    passed = passed and rel <= tolerance
+    return Check(kind, name, worst, rel, tolerance, passed, note, passed_by="fp32" if passed else "")
+
+
+def normwise_error(x: Any, ref: Any, mask: Any = None) -> float:
+    """``||x - ref|| / ||ref||`` (2-norms, over ``mask``'s elements); absolute when ``ref`` is all zeros."""
+    x, ref = x.detach().cpu().double(), ref.detach().cpu().double()
+    if mask is not None:
+        x, ref = x[mask], ref[mask]
+    if ref.numel() == 0:
+        return 0.0
+    diff = (x - ref).norm().item()
+    scale = ref.norm().item()
+    return diff / scale if scale > 0 else diff
+
+
+def judge_fp64(check: Check, dev: Any, cpu: Any, ref64: Any, tol: Tolerances, mask: Any = None,
+               excluded_bound: float = float("inf")) -> Check:
+    """``check`` (against CPU float32) with the float64 errors added; passes too on criterion 2.
+
+    With ``mask``, the errors are those of the masked elements, and the device's other elements must
+    stay within ``excluded_bound`` of ``ref64`` for criterion 2 to pass.
+    """
+    import torch
+
+    dev64 = dev.detach().cpu().double()
+    if dev64.shape != ref64.shape:
+        return check
+    dev_error = normwise_error(dev64, ref64, mask)
+    cpu_error = normwise_error(cpu, ref64, mask)
+    ratio = dev_error / cpu_error if cpu_error > 0 else (1.0 if dev_error == 0 else float("inf"))
+    check = dataclasses.replace(check, fp64_error=dev_error, cpu_fp64_error=cpu_error, fp64_ratio=ratio)
+    if check.passed or not torch.isfinite(dev64).all():
+        return check
+    inside = mask is None or bool(mask.all()) or (dev64 - ref64).abs()[~mask].max().item() <= excluded_bound
+    if inside and tol.within_fp64(dev_error, cpu_error):
+        return dataclasses.replace(check, passed=True, passed_by="fp64")
+    return check
 
 
 def validate_net(net: str, *, device: str | None = None, train: bool = False, batch: int = 2,
                  image_size: int = 64, seed: int = 0,
                  tolerances: Tolerances | None = None) -> ValidationReport:
-    """Run ``net`` on the opencl device and on the CPU with the same weights and inputs; compare.
+    """Run ``net`` on the opencl device, on the CPU and on the CPU in float64; compare.
 
     Args:
         net: torchvision model name or ``package.module:factory`` (random weights, seeded by ``seed``).
@@ -174,21 +277,28 @@ def validate_net(net: str, *, device: str | None = None, train: bool = False, ba
     cpu_model = load_model(net)
     dev_model = load_model(net)
     dev_model.load_state_dict(cpu_model.state_dict())
+    # before the CPU run's Adam step changes the weights
+    fp64_model = copy.deepcopy(cpu_model).double()
+    initial = {n: p.detach().clone() for n, p in cpu_model.named_parameters()} if train else None
     classes = output_classes(cpu_model, batch, image_size, train)
     x, y = make_inputs(batch, image_size, classes, seed)
     report = ValidationReport(net, f"opencl:0 {device_name}", batch, image_size, train, tolerances)
 
     try:
-        reference = _run(cpu_model, x, y, "cpu", train, seed)
+        reference = _timed(report, "cpu", _run, cpu_model, x, y, "cpu", train, seed)
+        reference64 = _timed(report, "fp64", _run, fp64_model, x.double(), y, "cpu", train, seed)
     except (RuntimeError, ValueError) as error:   # e.g. train-mode batch norm over one value per channel
         raise TuneclError(f"the CPU reference run failed, so there is nothing to compare with: "
                           f"{str(error).splitlines()[0]}") from None
+    del cpu_model, fp64_model
+    if initial is not None:
+        reference["initial"] = initial
 
     import tunecl.backend
 
     tunecl.backend.reset_stats()
     try:
-        result = _run(dev_model.to("opencl"), x, y, "opencl", train, seed)
+        result = _timed(report, "device", _run, dev_model.to("opencl"), x, y, "opencl", train, seed)
     except (RuntimeError, ValueError) as error:   # FallbackError is a RuntimeError
         report.error = f"{type(error).__name__}: {error}"
         match = re.search(r"\b(aten::[\w.]+)", str(error))
@@ -198,12 +308,22 @@ def validate_net(net: str, *, device: str | None = None, train: bool = False, ba
     report.fallback_ops = dict(sorted(stats["fallback_ops"].items(), key=lambda kv: -kv[1]))
     report.plan_sources = dict(stats["plan_sources"])
     if result is not None:
-        report.checks = _checks(reference, result, tolerances)
+        report.checks = _checks(reference, result, tolerances, reference64)
     return report
 
 
+def _timed(report: ValidationReport, key: str, function: Any, *args: Any) -> Any:
+    start = time.perf_counter()
+    result = function(*args)
+    report.seconds[key] = round(time.perf_counter() - start, 3)
+    return result
+
+
 def _run(model: Any, x: Any, y: Any, device: str, train: bool, seed: int) -> dict[str, Any]:
-    """Output (and with ``train``: loss, gradients, parameters after one Adam step) on ``device``."""
+    """Output (and with ``train``: loss, gradients, parameters after one Adam step) on ``device``.
+
+    With ``train`` also ``own_loss``: the float64 cross-entropy of the output, computed on the CPU.
+    """
     import torch
     import torch.nn.functional as F
 
@@ -220,37 +340,107 @@ def _run(model: Any, x: Any, y: Any, device: str, train: bool, seed: int) -> dic
     grads = {n: (p.grad.cpu() if p.grad is not None else None) for n, p in model.named_parameters()}
     optimizer.step()
     params = {n: p.detach().cpu() for n, p in model.named_parameters()}
-    return {"output": out.detach().cpu(), "loss": loss.detach().cpu(), "grads": grads, "params": params}
+    out = out.detach().cpu()
+    return {"output": out, "loss": loss.detach().cpu(), "grads": grads, "params": params,
+            "own_loss": F.cross_entropy(out.double(), y)}
 
 
-def _checks(ref: dict[str, Any], dev: dict[str, Any], tol: Tolerances) -> list[Check]:
-    checks = [compare("output", "output", dev["output"], ref["output"], tol.output)]
+def _largest(grads: dict[str, Any]) -> float:
+    return max((g.abs().max().item() for g in grads.values() if g is not None and g.numel()), default=0.0)
+
+
+def _zero_gradient(check: Check, g_dev: Any, refs: list[tuple[Any, float]], tol: Tolerances) -> Check:
+    """Criterion 3: ``check`` passes when a reference holds only rounding noise and the device too."""
+    for g_ref, largest in refs:
+        zero_below = NUMERICALLY_ZERO * largest
+        if g_ref.shape != g_dev.shape or not g_ref.numel() or g_ref.abs().max().item() >= zero_below:
+            continue
+        worst = (g_dev.detach().double() - g_ref.detach().double()).abs().max().item()
+        if worst <= tol.grad * zero_below:
+            return dataclasses.replace(check, passed=True, passed_by="zero", note=(
+                f"numerically zero gradient: abs <= {tol.grad * zero_below:.2e} passes"))
+    return check
+
+
+def _checks(ref: dict[str, Any], dev: dict[str, Any], tol: Tolerances,
+            ref64: dict[str, Any] | None = None) -> list[Check]:
+    """Every check of a run ``dev`` against CPU float32 ``ref`` and, when given, float64 ``ref64``."""
+    def fp64(check: Check, dev_value: Any, key: str, name: str | None = None, **kwargs: Any) -> Check:
+        if ref64 is None:
+            return check
+        value64, value32 = (ref64[key], ref[key]) if name is None else (ref64[key][name], ref[key][name])
+        if value64 is None or value32 is None or dev_value is None:
+            return check
+        return judge_fp64(check, dev_value, value32, value64, tol, **kwargs)
+
+    checks = [fp64(compare("output", "output", dev["output"], ref["output"], tol.output), dev["output"],
+                   "output")]
     if "loss" not in ref:
         return checks
-    checks.append(compare("loss", "loss", dev["loss"], ref["loss"], tol.loss))
-    largest = max((g.abs().max().item() for g in ref["grads"].values() if g is not None and g.numel()),
-                  default=0.0)
-    zero_below = NUMERICALLY_ZERO * largest
+    loss = fp64(compare("loss", "loss", dev["loss"], ref["loss"], tol.loss), dev["loss"], "loss")
+    if not loss.passed and "own_loss" in dev:
+        loss = _own(loss, dev["loss"], dev["own_loss"], tol.loss_own, "float64 cross-entropy of the "
+                    "device's output")
+    checks.append(loss)
+
+    zero_refs = [(ref["grads"], _largest(ref["grads"]))]
+    if ref64 is not None:
+        zero_refs.append((ref64["grads"], _largest(ref64["grads"])))
     for name, g_ref in ref["grads"].items():
         g_dev = dev["grads"][name]
         if g_ref is None or g_dev is None:
             same = g_ref is None and g_dev is None
             checks.append(Check("grad", name, None, None, tol.grad, same,
-                                "no gradient" if same else "a gradient on one side only"))
+                                "no gradient" if same else "a gradient on one side only",
+                                passed_by="fp32" if same else ""))
             continue
-        check = compare("grad", name, g_dev, g_ref, tol.grad)
-        if (not check.passed and check.max_abs is not None and g_ref.numel()
-                and g_ref.abs().max().item() < zero_below and check.max_abs <= tol.grad * zero_below):
-            check = dataclasses.replace(check, passed=True, note=(
-                f"numerically zero gradient: abs <= {tol.grad * zero_below:.2e} passes"))
+        check = fp64(compare("grad", name, g_dev, g_ref, tol.grad), g_dev, "grads", name)
+        if not check.passed and check.max_abs is not None:
+            check = _zero_gradient(check, g_dev, [(grads[name], largest) for grads, largest in zero_refs
+                                                  if grads[name] is not None], tol)
         checks.append(check)
+
     for name, p_ref in ref["params"].items():
         g_ref, g_dev = ref["grads"][name], dev["grads"][name]
-        mask = None
-        if g_ref is not None and g_dev is not None and g_ref.shape == g_dev.shape:
-            # where both gradients clearly agree in sign, both steps are lr * sign(g) to 0.1%
-            mask = (g_ref.sign() == g_dev.sign()) & (g_ref.abs() > SIGN_FLOOR) & (g_dev.abs() > SIGN_FLOOR)
+        mask = _same_sign(g_ref, g_dev)
         # |step| <= lr, so a sign flip moves a parameter by at most 2 lr (plus rounding)
-        checks.append(compare("param", name, dev["params"][name], p_ref, tol.param, mask,
-                              excluded_bound=2 * ADAM_LR * (1 + 1e-3) + 1e-6 * p_ref.abs().max().item()))
+        bound = 2 * ADAM_LR * (1 + 1e-3) + 1e-6 * p_ref.abs().max().item()
+        check = compare("param", name, dev["params"][name], p_ref, tol.param, mask, excluded_bound=bound)
+        if ref64 is not None:
+            g64 = ref64["grads"][name]
+            mask64 = _same_sign(g64, g_ref, g_dev)
+            check = fp64(check, dev["params"][name], "params", name, mask=mask64, excluded_bound=bound)
+        if not check.passed and "initial" in ref:
+            implied = ref["initial"][name].double()
+            if g_dev is not None:   # Adam's first step, in float64
+                implied = implied - ADAM_LR * g_dev.double() / (g_dev.double().abs() + ADAM_EPS)
+            check = _own(check, dev["params"][name], implied, tol.param, "Adam step on the device's own "
+                         "gradient")
+        checks.append(check)
     return checks
+
+
+def _own(check: Check, value: Any, implied: Any, tolerance: float, what: str) -> Check:
+    """Criterion 4: ``check`` passes when ``value`` is what the run's own output or gradient implies."""
+    value, implied = value.detach().cpu().double(), implied.detach().cpu().double()
+    if value.shape != implied.shape or not value.numel():
+        return check
+    scale = implied.abs().max().item()
+    worst = (value - implied).abs().max().item()
+    error = worst / scale if scale > 0 else worst
+    if error > tolerance:
+        return check
+    note = "; ".join(n for n in (check.note, f"{what}: rel {error:.2e}") if n)
+    return dataclasses.replace(check, passed=True, passed_by="own output" if check.kind == "loss" else
+                               "own gradient", note=note)
+
+
+def _same_sign(*grads: Any) -> Any:
+    """Where all ``grads`` clearly agree in sign (both Adam steps are lr * sign(g) to 0.1%), or None."""
+    if any(g is None for g in grads) or len({tuple(g.shape) for g in grads}) != 1:
+        return None
+    first = grads[0]
+    mask = first.abs() > SIGN_FLOOR
+    for g in grads[1:]:
+        mask &= (g.sign() == first.sign()) & (g.abs() > SIGN_FLOOR)
+    return mask
