@@ -144,6 +144,25 @@ def test_time_limit_stops_the_search(strategy):
     assert len(log.results) == 5
 
 
+@pytest.mark.parametrize("strategy", SAMPLED, ids=lambda s: s.name)
+def test_time_limit_spent_before_the_first_trial_still_measures_every_default(strategy):
+    """A short --time-limit once expired while the first default compiled, and the other
+    algorithms' defaults were never measured (on the H200 a problem ended with no result)."""
+    space = make_space()
+    clock = FakeClock()
+    replay = Replay(space, clock=clock)
+
+    def slow_first(algorithm: str, config: dict[str, int]) -> Result:
+        if not replay.calls:
+            clock.now += 100.0  # the first build alone outlasts the limit
+        return replay(algorithm, config)
+
+    log = strategy(seed=0, clock=clock).search(space, slow_first, Budget(time_limit=5.0, top_k=0))
+    assert log.stop_reason == "time_limit"
+    assert sorted(r.algorithm for r in log.results) == ["direct", "tiled"]
+    assert all(r.config == space.defaults[r.algorithm] for r in log.results)
+
+
 def test_patience_stops_a_search_without_improvement():
     space = make_space()
     flat = {config_key(a, c): [Result(a, c, Status.OK, (1e-3,))] for a, c in valid_configs(space)}

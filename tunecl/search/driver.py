@@ -185,9 +185,14 @@ class StudyDriver:
         b = self.budget
         if b.trials is not None and len(self.results) >= b.trials:
             return "trials"
-        if b.time_limit is not None and self.strategy.clock() - self.start >= b.time_limit:
+        # Time and patience never stop the search before every algorithm's default was measured:
+        # the defaults are the baseline that makes tuned never worse than untuned (a 3 s limit once
+        # expired during setup and left a problem with no result at all).
+        defaults_done = all(config_key(a, c) in self.seen for a, c in self.space.defaults.items())
+        if (b.time_limit is not None and self.strategy.clock() - self.start >= b.time_limit
+                and defaults_done):
             return "time_limit"
-        if b.patience is not None and self._since_improvement() >= b.patience:
+        if b.patience is not None and self._since_improvement() >= b.patience and defaults_done:
             return "patience"
         if self.size is not None and len(self.seen) >= self.size:
             return "exhausted"
