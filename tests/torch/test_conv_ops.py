@@ -145,8 +145,9 @@ def test_conv_with_a_db_entry_runs_that_entry(source, tmp_path, fresh_plans, fre
         check_op(conv, torch.randn(PROBLEM.input_shape), torch.randn(PROBLEM.weight_shape), torch.randn(8),
                  padding=1, **TOL)
     assert _plan_of(fresh_stats, PROBLEM) | {"lookup": None} == {
-        "algorithm": "conv_direct", "source": source, "config": params, "lookup": None}
-    assert fresh_plans._plans[PROBLEM].plan.config == params  # the plan that ran was built from them
+        "algorithm": "conv_direct", "source": source, "config": params, "lookup": None, "precision": "fp32"}
+    served = fresh_plans.cached(PROBLEM)
+    assert served.plan.config == params  # the plan that ran was built from them
     # the backward directions of the same shape have no entry: defaults
     for direction in ("bwd_data", "bwd_weight"):
         problem = PROBLEM.with_direction(direction)
@@ -253,5 +254,6 @@ def test_gemm_with_a_db_entry_runs_that_entry(fresh_plans, fresh_stats):
     check_op(torch.mm, torch.randn(8, 16), torch.randn(16, 5), atol=2e-5, grad=False)
     first = plans.gemm_algorithms()[0]
     assert _plan_of(fresh_stats, unknown) | {"lookup": None} == {
-        "algorithm": first.name, "source": "default", "config": first.default(unknown, _device()), "lookup": None}
+        "algorithm": first.name, "source": "default", "config": first.default(unknown, _device()), "lookup": None,
+        "precision": "fp32"}
     assert tunecl.backend.stats()["plan_counts"]["user"] == 1

@@ -51,7 +51,8 @@ def test_a_conv_tuned_at_another_batch_serves_this_batch(fresh_plans, fresh_stat
     assert (plan["source"], plan["algorithm"], plan["config"]) == ("user-near-batch", "conv_direct", DIRECT)
     assert plan["lookup"] == (f"no user or shipped result → user-near-batch result conv_direct "
                               f"v{direct.version} of {TUNED.key}")
-    assert fresh_plans._plans[WANTED].plan.config == DIRECT  # the plan that ran was built from them
+    served = fresh_plans.cached(WANTED)
+    assert served.plan.config == DIRECT  # the plan that ran was built from them
     assert fresh_stats()["plan_counts"] == {"user-near-batch": 1}
     assert "user-near-batch" in plans.SOURCES
 

@@ -12,7 +12,7 @@ from typing import Any
 op_counts: Counter[str] = Counter()        # every call of a registered kernel, by overload
 fallback_counts: Counter[str] = Counter()  # calls served by the CPU fallback, by overload
 plan_sources: Counter[str] = Counter()     # GEMM/conv calls, by plan source (user, shipped, default, ...)
-plans: dict[str, dict[str, Any]] = {}      # problem key -> {"algorithm", "source", "config", "lookup"}
+plans: dict[str, dict[str, Any]] = {}      # problem key -> {"algorithm", "source", "config", "lookup", "precision"}
 
 
 def stats() -> dict[str, Any]:
@@ -20,7 +20,8 @@ def stats() -> dict[str, Any]:
 
     Keys: ``ops`` (calls per overload), ``fallback_ops`` (CPU-fallback calls per overload),
     ``plan_sources`` (GEMM/conv calls per plan source since the last reset), ``plans`` (every cached
-    plan: problem key → algorithm, source, config and the lookup chain that chose it),
+    plan under torch's current precision flags: problem key → algorithm, source, config, the lookup
+    chain that chose it and its precision, ``"fp32"`` or ``"tf32"``),
     ``plan_counts`` (cached plans per source, ``tunecl.backend.plans.SOURCES``: ``user``,
     ``user-other-driver``, ``shipped``, those three with ``-near-batch`` appended (tuned at another
     batch), ``tuned-on-miss``, ``default``) and ``memory``.

@@ -1,11 +1,18 @@
-"""Plans for the backend's GEMM and convolution calls: one per Problem per process, then a dict hit.
+"""Plans for the backend's GEMM and convolution calls: one per Problem and precision policy per process,
+then a dict hit.
 
-:func:`plan` is the hot-path entry: a dict lookup keyed by the :class:`~tunecl.problems.Problem`.
-On a miss :func:`_choose_plan` decides, once per shape, which algorithm and config serve it:
+:func:`plan` is the hot-path entry: a dict lookup keyed by the :class:`~tunecl.problems.Problem` and
+the precisions torch's flags accept for it (:func:`accepted_precisions`, :mod:`tunecl.precision`:
+matmuls are strict fp32 unless ``torch.backends.cuda.matmul.allow_tf32`` or
+``torch.set_float32_matmul_precision("high"|"medium")`` allows TF32; convolutions follow
+``torch.backends.cudnn.allow_tf32``, true by default as in PyTorch). Only algorithms of an accepted
+precision are considered. On a miss :func:`_choose_plan` decides, once per shape and policy, which
+algorithm and config serve it:
 
 1. the tuning DB's lookup chain (``open_db()``: the user DB for this exact device → the user DB
    for the same model on another driver → the shipped ``tuning_db/``), restricted to the registered
-   algorithms at their current versions, fp32 only; a hit whose algorithm does not apply to the
+   algorithms of an accepted precision at their current versions and to results of an accepted
+   precision; a hit whose algorithm does not apply to the
    problem or whose params fail to build is replaced by the default, with one warning;
 2. on a miss with ``TUNECL_TUNE=on-miss``: a short tuning run (:data:`TUNE_TRIALS` evaluations,
    :data:`TUNE_TIME_LIMIT` seconds) that stores its result in the user DB, then serves the winner —
@@ -16,12 +23,16 @@ On a miss :func:`_choose_plan` decides, once per shape, which algorithm and conf
    is only a guess: one that does not apply or build is skipped without a warning, up to
    :data:`NEAR_BATCH_TRIES` distinct configs;
 4. otherwise the first applicable algorithm's heuristic default — the tuner's "default" baseline.
+   The fp32 families are registered first, so a default plan is never TF32 (``gemm_tiled`` for GEMMs).
 
 The source (one of :data:`SOURCES`: ``user``, ``user-other-driver``, ``shipped``, the same three with
 ``-near-batch`` appended, ``tuned-on-miss`` or ``default``) is recorded per problem in
-``tunecl.backend.stats()["plans"]`` with the lookup chain (which names the stored problem key of a
-near-batch plan); the chain is logged once per shape on the ``tunecl.backend.plans`` logger. Nothing
-after the first call of a shape touches SQL or the compiler.
+``tunecl.backend.stats()["plans"]`` with the plan's precision and the lookup chain (which names the
+stored problem key of a near-batch plan); when torch's flags change, the entries show the plans the
+new flags are served. The chain is logged once per shape and policy on the ``tunecl.backend.plans``
+logger. Nothing after the first call of a shape touches SQL or the compiler; reading torch's flags
+costs ~0.3 µs a call (private getters, the policy cached per value; ~2 µs where torch refuses them because the
+legacy and the new fp32_precision APIs were mixed).
 """
 
 from __future__ import annotations
@@ -32,8 +43,9 @@ import warnings
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pyopencl as cl
+import torch
 
-from tunecl import config, kernels
+from tunecl import config, kernels, precision
 from tunecl.backend import counters, state
 from tunecl.errors import TuneclError
 from tunecl.kernels.strided import Unsupported
@@ -45,7 +57,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PRECISION = "fp32"
 SOURCES = ("user", "user-other-driver", "shipped", "user-near-batch", "user-other-driver-near-batch",
            "shipped-near-batch", "tuned-on-miss", "default")
 TUNE_TRIALS = 8          # the on-miss budget: evaluations ...
@@ -63,11 +74,24 @@ class PlanEntry(NamedTuple):
     algorithm: str
     config: dict[str, int]
     lookup: str = ""   # the lookup chain that led here, for stats() and the log
+    precision: str = precision.FP32  # what the algorithm computes at (tunecl.precision)
 
 
-_plans: dict[Problem, PlanEntry] = {}
+_plans: dict[frozenset[str], dict[Problem, PlanEntry]] = {}  # accepted precisions -> problem -> plan
 _lock = threading.Lock()
 
+# torch's TF32 flags, read through the private getters behind torch.backends.cuda.matmul.allow_tf32,
+# torch.get_float32_matmul_precision() and torch.backends.cudnn.allow_tf32 (the public ones cost ~1 µs,
+# tunecl.precision.torch_flags ~2 µs; plan() runs for every matmul and convolution).
+def _unavailable() -> Any:
+    raise RuntimeError("this torch has no such flag getter")
+
+
+_get_matmul_tf32 = getattr(torch._C, "_get_cublas_allow_tf32", _unavailable)
+_get_matmul_precision = getattr(torch._C, "_get_float32_matmul_precision", _unavailable)
+_get_cudnn_tf32 = getattr(torch._C, "_get_cudnn_allow_tf32", _unavailable)
+# kind -> (its flags at the previous call, the precisions they accept, the plans cached for those)
+_current: dict[str, tuple[Any, frozenset[str], dict[Problem, PlanEntry]]] = {}
 
 def gemm_algorithms() -> list[Any]:
     """The registered GEMM algorithms (``tunecl.kernels.algorithms("gemm")``)."""
@@ -80,22 +104,68 @@ def conv_algorithms() -> list[Any]:
 
 
 def plan(problem: Problem) -> Any:
-    """The cached plan for ``problem``; chooses and builds it on first use (the only slow call).
+    """The cached plan for ``problem`` under torch's current precision flags; chooses and builds it on
+    first use (the only slow call).
 
     Raises:
         Unsupported: no registered algorithm applies (the caller then takes the CPU route).
     """
-    entry = _plans.get(problem)
+    _, accepted, cached = _policy(problem.kind)
+    entry = cached.get(problem)
     if entry is None:
         with _lock:
-            entry = _plans.get(problem)
+            entry = cached.get(problem)
             if entry is None:
-                entry = _choose_plan(problem)
-                _plans[problem] = entry
-                counters.plans[problem.key] = {"algorithm": entry.algorithm, "source": entry.source,
-                                               "config": entry.config, "lookup": entry.lookup}
+                entry = _choose_plan(problem, accepted)
+                cached[problem] = entry
+                counters.plans[problem.key] = _stats_entry(entry)
     counters.plan_sources[entry.source] += 1
     return entry.plan
+
+
+def accepted_precisions(kind: str) -> frozenset[str]:
+    """The precisions torch's flags let a ``kind`` request be served with now
+    (:func:`tunecl.precision.accepted_precisions`)."""
+    return _policy(kind)[1]
+
+
+def cached(problem: Problem) -> PlanEntry | None:
+    """The plan entry cached for ``problem`` under torch's current flags, if any (for tests and tools)."""
+    return _policy(problem.kind)[2].get(problem)
+
+
+def _policy(kind: str) -> tuple[Any, frozenset[str], dict[Problem, PlanEntry]]:
+    """Torch's flags for ``kind`` now, the precisions they accept and the plans cached for those (~0.2 µs:
+    a matmul reads two flags, anything else cuDNN's; the policy is worked out again only when they
+    change)."""
+    try:
+        if kind in precision.MATMUL_KINDS:
+            flags: Any = (_get_matmul_tf32(), _get_matmul_precision())
+        else:  # convolutions (kinds without a TF32 policy are strict whatever it says)
+            flags = _get_cudnn_tf32()
+    except RuntimeError:  # torch refuses the legacy getters after a mix with the new API: the policy reads
+        flags = precision.torch_flags(torch)
+    current = _current.get(kind)
+    if current is None or current[0] != flags:
+        current = _flags_changed(kind, flags)
+    return current
+
+
+def _flags_changed(kind: str, flags: Any) -> tuple[Any, frozenset[str], dict[Problem, PlanEntry]]:
+    """Work out the policy of ``kind`` under new ``flags``; stats()["plans"] then shows, for every
+    ``kind`` problem with a plan cached under them, that plan (the one its next call is served)."""
+    accepted = precision.accepted_precisions(kind, precision.torch_flags(torch))
+    cached = _plans.setdefault(accepted, {})
+    _current[kind] = current = (flags, accepted, cached)
+    for problem, entry in list(cached.items()):  # a snapshot, without the lock (held for seconds by a
+        if problem.kind == kind:                  # thread choosing a plan)
+            counters.plans[problem.key] = _stats_entry(entry)
+    return current
+
+
+def _stats_entry(entry: PlanEntry) -> dict[str, Any]:
+    return {"algorithm": entry.algorithm, "source": entry.source, "config": entry.config,
+            "lookup": entry.lookup, "precision": entry.precision}
 
 
 def gemm_plan(problem: GemmProblem) -> Any:
@@ -111,14 +181,16 @@ def conv_plan(problem: ConvProblem) -> Any:
 def clear() -> None:
     """Forget every cached plan (after the algorithms or the tuning DB changed)."""
     with _lock:
-        _plans.clear()
+        for cached in _plans.values():  # (a _policy() result in flight may hold one of them)
+            cached.clear()
+        _current.clear()
         counters.plans.clear()
 
 
 # -- choosing ----------------------------------------------------------------------------------------
-def _choose_plan(problem: Problem) -> PlanEntry:
+def _choose_plan(problem: Problem, accepted: frozenset[str] = precision.at_least(precision.FP32)) -> PlanEntry:
     device = state.get().device
-    registered = kernels.algorithms(problem.kind)
+    registered = [a for a in kernels.algorithms(problem.kind) if precision.algorithm_precision(a) in accepted]
     by_name = {a.name: a for a in registered}
     chain: list[str] = []
 
@@ -127,16 +199,16 @@ def _choose_plan(problem: Problem) -> PlanEntry:
     # (~0.5-1 s per shape on a CPU device), too slow to ask all of them for every new shape. A hit
     # whose algorithm does not apply is refused below like one whose params fail to build.
     versions = {a.name: a.version for a in registered}
-    hit = _lookup(device, problem, versions, chain)
+    hit = _lookup(device, problem, versions, accepted, chain)
     entry = None
     if hit is not None:
         entry = _build_stored(problem, device, by_name, hit.algorithm, hit.params, hit.source, chain)
     elif _tune_mode() == "on-miss":
         applicable = [a for a in registered if a.applies(problem, device)]
         if applicable:
-            entry = _tune_on_miss(problem, device, applicable, chain)
+            entry = _tune_on_miss(problem, device, applicable, accepted, chain)
     else:
-        entry = _near_batch(problem, device, by_name, versions, chain)
+        entry = _near_batch(problem, device, by_name, versions, accepted, chain)
     if entry is None:
         first = next((a for a in registered if a.applies(problem, device)), None)
         if first is None:
@@ -147,8 +219,9 @@ def _choose_plan(problem: Problem) -> PlanEntry:
         except _BUILD_ERRORS as error:  # a bug in the family: the CPU route (a counted fallback) serves
             raise Unsupported(f"the default {first.name} plan for {problem.key} failed to build: "
                               f"{str(error).splitlines()[0] if str(error) else type(error).__name__}") from error
-    entry = entry._replace(lookup=" → ".join(chain))
-    log.info("plan for %s: %s → %s %s %s", problem.key, entry.lookup, entry.source, entry.algorithm, entry.config)
+    entry = entry._replace(lookup=" → ".join(chain), precision=precision.algorithm_precision(by_name[entry.algorithm]))
+    log.info("plan for %s (accepting %s): %s → %s %s %s %s", problem.key, ",".join(sorted(accepted)), entry.lookup,
+             entry.source, entry.algorithm, entry.precision, entry.config)
     return entry
 
 
@@ -159,12 +232,12 @@ def _tune_mode() -> str:
     return mode
 
 
-def _lookup(device: Device, problem: Problem, versions: dict[str, int], chain: list[str]) -> Hit | None:
+def _lookup(device: Device, problem: Problem, versions: dict[str, int], accepted: frozenset[str],
+            chain: list[str]) -> Hit | None:
     """The DB lookup chain; an unusable user DB is reported once and skipped (shipped still served)."""
     # imported on the first plan choice: SQLAlchemy would add ~0.3 s to ``import tunecl.backend``
     from tunecl.db import open_db
     from tunecl.db import shipped as shipped_db
-    from tunecl.db.records import precision_set
 
     fingerprint = device.fingerprint
     try:
@@ -173,10 +246,10 @@ def _lookup(device: Device, problem: Problem, versions: dict[str, int], chain: l
         _warn_once(f"db:{config.get().db_url}", f"tunecl: the user tuning DB cannot be used ({error}); "
                    f"conv/GEMM plans come from the shipped results or the defaults")
         chain.append("user DB unusable")
-        hit = shipped_db.lookup(fingerprint, problem.key, versions, precision_set(PRECISION))
+        hit = shipped_db.lookup(fingerprint, problem.key, versions, accepted)
     else:
         try:
-            hit = db.lookup(fingerprint, problem, versions=versions, precision=PRECISION)
+            hit = db.lookup(fingerprint, problem, versions=versions, precision=accepted)
         except TuneclError as error:
             _warn_once(f"db:{db.display_url}", f"tunecl: tuning DB lookup failed ({error}); using defaults")
             chain.append("lookup failed")
@@ -189,21 +262,19 @@ def _lookup(device: Device, problem: Problem, versions: dict[str, int], chain: l
 
 
 def _near_batch(problem: Problem, device: Device, by_name: dict[str, Any], versions: dict[str, int],
-                chain: list[str]) -> PlanEntry | None:
+                accepted: frozenset[str], chain: list[str]) -> PlanEntry | None:
     """The first near-batch result that applies and builds (quietly skipping the others), or None."""
     from tunecl.db import open_db
     from tunecl.db import shipped as shipped_db
     from tunecl.db.near import batch_pattern
-    from tunecl.db.records import precision_set
 
     try:
         db = open_db()
     except TuneclError:  # _lookup has warned about it: the shipped results alone
-        hits = shipped_db.lookup_near_batch(device.fingerprint, batch_pattern(problem), versions,
-                                            precision_set(PRECISION))
+        hits = shipped_db.lookup_near_batch(device.fingerprint, batch_pattern(problem), versions, accepted)
     else:
         try:
-            hits = db.lookup_near_batch(device.fingerprint, problem, versions=versions, precision=PRECISION)
+            hits = db.lookup_near_batch(device.fingerprint, problem, versions=versions, precision=accepted)
         except TuneclError as error:
             chain.append(f"near-batch lookup failed: {error}")
             return None
@@ -244,8 +315,10 @@ def _build_stored(problem: Problem, device: Device, by_name: dict[str, Any], alg
         return None
 
 
-def _tune_on_miss(problem: Problem, device: Device, applicable: list[Any], chain: list[str]) -> PlanEntry | None:
-    """TUNECL_TUNE=on-miss: tune briefly, store the outcome in the user DB, serve the winner."""
+def _tune_on_miss(problem: Problem, device: Device, applicable: list[Any], accepted: frozenset[str],
+                  chain: list[str]) -> PlanEntry | None:
+    """TUNECL_TUNE=on-miss: tune briefly (at TF32 when the flags accept it: its fp32 candidates are
+    stored as fp32), store the outcome in the user DB, serve the winner."""
     from tunecl import tune  # heavy (optuna); only this mode needs it
     from tunecl.db import open_db
 
@@ -254,7 +327,8 @@ def _tune_on_miss(problem: Problem, device: Device, applicable: list[Any], chain
     try:
         db = open_db()
         outcome = tune.tune_problem(problem, device, db, trials=TUNE_TRIALS, time_limit=TUNE_TIME_LIMIT,
-                                    algorithms=applicable)
+                                    algorithms=applicable,
+                                    precision=precision.TF32 if precision.TF32 in accepted else precision.FP32)
     except (TuneclError, OSError) as error:  # DB or storage trouble: run the model anyway
         chain.append(f"tuning failed: {error}")
         _warn_once(f"tune:{problem.key}", f"tunecl: tuning {problem.key} on a miss failed ({error}); "
