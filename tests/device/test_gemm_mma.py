@@ -325,23 +325,44 @@ def test_device_limits_are_named_constraints():
 
 # ---- correctness: emulated on any device, PTX where the capability is present ----------------------------
 
-_spaces: dict[tuple[bool, bool], list[dict[str, int]]] = {}
+_spaces: dict[tuple[tuple[bool, bool], bool], list[dict[str, int]]] = {}
 RANDOM_CONFIGS = 12
 
 
-def random_config(index: int) -> tuple[tuple[bool, bool], dict[str, int]]:
-    """Config ``index`` of a seeded draw from the space of DRAW_SHAPE on the H200-like device."""
+def random_config(index: int, emulate: bool = False) -> tuple[tuple[bool, bool], dict[str, int]]:
+    """Config ``index`` of a seeded draw from the space of DRAW_SHAPE on the H200-like device; with
+    ``emulate``, from its configs the emulated build accepts there (the plain-C mma needs
+    ``MMA_STUB_WORDS`` more local words per warp: some hardware configs no longer fit in 48 KiB)."""
     transposes = TRANSPOSES[index % 4]
-    if transposes not in _spaces:
-        _spaces[transposes] = MMA.space(problem(DRAW_SHAPE, transposes), H200).configs()
-    return transposes, random.Random(7000 + index).choice(_spaces[transposes])
+    if (transposes, emulate) not in _spaces:
+        p = problem(DRAW_SHAPE, transposes)
+        configs = MMA.space(p, H200).configs()
+        if emulate:  # (local memory depends on the config and the transposes, not on the sizes)
+            configs = [c for c in configs if gemm_mma.local_memory_bytes(c, p, emulate=True) <= H200.local_mem_size]
+        _spaces[(transposes, emulate)] = configs
+    return transposes, random.Random(7000 + index).choice(_spaces[(transposes, emulate)])
 
 
-def test_random_configs_cover_the_variants():
-    drawn = [random_config(i)[1] for i in range(RANDOM_CONFIGS)]
-    assert len({tuple(sorted(c.items())) for c in drawn}) == len(drawn)
+@pytest.mark.parametrize("emulate", [False, True], ids=["ptx", "emulated"])
+def test_random_configs_cover_the_variants(emulate):
+    drawn = [random_config(i, emulate)[1] for i in range(RANDOM_CONFIGS)]
+    assert len({tuple(sorted(c.items())) for c in drawn}) == len(drawn) >= 10
     for name in ("MWG", "NWG", "KWG", "WARPS_M", "WARPS_N", "KPAIR", "PAD", "ASYNC", "STAGES"):
         assert len({c[name] for c in drawn}) > 1, f"random configs never vary {name}"
+
+
+def test_emulated_random_configs_fit_the_h200():
+    """On the H200 the emulated build refused a hardware config (48 KiB of local memory); every emulated
+    draw fits there, and the hardware space has configs that do not (the draws differ for a reason)."""
+    for index in range(RANDOM_CONFIGS):
+        transposes, config = random_config(index, emulate=True)
+        p = problem(DRAW_SHAPE, transposes)
+        assert gemm_mma.local_memory_bytes(config, p, emulate=True) <= H200.local_mem_size, config
+    refused = {"MWG": 64, "NWG": 64, "KWG": 32, "WARPS_M": 2, "WARPS_N": 4, "VW": 4, "KPAIR": 0, "PAD": 0,
+               "ASYNC": 1, "STAGES": 3, "GM": 1, "MAXRREG": 0}
+    p = problem(DRAW_SHAPE, TRANSPOSES[11 % 4])
+    assert MMA.space(p, H200).is_valid(refused)
+    assert gemm_mma.local_memory_bytes(refused, p, emulate=True) > H200.local_mem_size
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -361,7 +382,7 @@ def test_default_config_matches_numpy(device, rng, transposes, mode):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("index", range(RANDOM_CONFIGS))
 def test_random_config_matches_numpy(device, rng, index, mode):
-    transposes, config = random_config(index)
+    transposes, config = random_config(index, emulate=mode == "emulated")
     layouts = ([PACKED_NAN_C, ALIGNED] if index % 2 == 0 else [ALIGNED_NAN_C, UNALIGNED]) + [
         (BROADCAST_A, BROADCAST_B)[index % 4 // 2]
     ]
@@ -377,7 +398,7 @@ def test_local_memory_mirror_matches_the_kernel(device):
     if device.fingerprint.device_type != "cpu":
         pytest.skip("only PoCL is known to report a kernel's exact local memory")
     for index in range(RANDOM_CONFIGS):
-        transposes, config = random_config(index)
+        transposes, config = random_config(index, emulate=True)
         p = problem((64, 64, 64), transposes)
         plan = MMA.build(p, device, config, emulate=True)
         [kernel] = plan._kernels.values()
