@@ -1,7 +1,9 @@
 """GEMM benchmark: tunecl default and tuned GFLOP/s next to a peer timed in the same run.
 
-The peer is numpy (OpenBLAS/MKL sgemm) for a CPU OpenCL device and ``torch.mm`` on CUDA with TF32 off
-for an NVIDIA device (when torch sees CUDA). Every tunecl number is a verified plan timed by device
+The peer is numpy (OpenBLAS/MKL sgemm) for a CPU OpenCL device and ``torch.mm`` on CUDA for an NVIDIA
+device (when torch sees CUDA), at the same precision: ``--precision fp32`` (default) compares strict fp32
+with TF32 off; ``--precision tf32`` lets tunecl choose TF32 algorithms (tensor cores, where the device
+grants them) and turns TF32 on for the peer. The default column is always the strict-fp32 default. Every tunecl number is a verified plan timed by device
 events (median, see ``tunecl/search/measure.py``); the peer is timed the same way (median of repeats
 until a minimum total time; CUDA events for torch). Default, tuned and peer are measured in
 ``--rounds`` interleaved rounds and each reports its best round median. "tuned" is the tuning DB's entry for the shape on
@@ -10,6 +12,7 @@ this device when there is one (``--retune`` to tune anyway), else a fresh ``tune
     python benchmarks/gemm.py --device 0 --quick              # CPU-sized subset
     python benchmarks/gemm.py --device nvidia --trials 150    # the full list on a GPU
     python benchmarks/gemm.py --shapes 1024,1024,1024 --json out.json
+    python benchmarks/gemm.py --device nvidia --precision tf32 --shapes 4096,4096,4096
 
 Shapes are M,N,K (C = A @ B, row-major, no transposes); the ResNet-like ones are convolutions as GEMMs
 (M = batch*P*Q, N = output channels, K = C*R*S).
@@ -37,6 +40,7 @@ from tunecl import runtime
 from tunecl.cli.tune import ProgressLine
 from tunecl.db import TuningDB
 from tunecl.kernels import algorithms
+from tunecl.precision import algorithm_precision, at_least
 from tunecl.problems import GemmProblem
 from tunecl.search.evaluate import evaluate
 from tunecl.search.harness import harness_for
@@ -68,14 +72,14 @@ def numpy_peer(problem: GemmProblem, min_time: float) -> tuple[str, float]:
     return "numpy", statistics.median(time_peer(lambda: np.matmul(a, b, out=c), min_time))
 
 
-def torch_cuda_peer(problem: GemmProblem, min_time: float) -> tuple[str, float] | None:
+def torch_cuda_peer(problem: GemmProblem, min_time: float, precision: str = "fp32") -> tuple[str, float] | None:
     try:
         import torch
     except ImportError:
         return None
     if not torch.cuda.is_available():
         return None
-    torch.backends.cuda.matmul.allow_tf32 = False  # strict fp32, like tunecl's kernels
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"  # the precision tunecl was allowed
     a = torch.rand(problem.m, problem.k, device="cuda") * 2 - 1
     b = torch.rand(problem.k, problem.n, device="cuda") * 2 - 1
     c = torch.empty(problem.m, problem.n, device="cuda")
@@ -92,16 +96,17 @@ def torch_cuda_peer(problem: GemmProblem, min_time: float) -> tuple[str, float] 
     samples = [once() for _ in range(3)]
     while sum(samples) < min_time and len(samples) < 200:
         samples.append(once())
-    return "torch.mm (CUDA, TF32 off)", statistics.median(samples)
+    return f"torch.mm (CUDA, TF32 {'on' if precision == 'tf32' else 'off'})", statistics.median(samples)
 
 
-def peer(device: runtime.Device, problem: GemmProblem, min_time: float) -> tuple[str, float] | None:
+def peer(device: runtime.Device, problem: GemmProblem, min_time: float,
+         precision: str = "fp32") -> tuple[str, float] | None:
     """The fastest library for this device's kind, timed now; None when there is none to compare."""
     fp = device.fingerprint
     if fp.device_type == "cpu":
         return numpy_peer(problem, min_time)
     if "nvidia" in fp.vendor.lower():
-        return torch_cuda_peer(problem, min_time)
+        return torch_cuda_peer(problem, min_time, precision)
     return None
 
 
@@ -117,14 +122,16 @@ def measure_config(device: runtime.Device, problem: GemmProblem, name: str, conf
 
 def bench_shape(device: runtime.Device, db: TuningDB, problem: GemmProblem, args: argparse.Namespace,
                 policy: TimingPolicy) -> dict[str, Any]:
-    candidates = [a for a in algorithms("gemm") if a.applies(problem, device)]
+    accepted = at_least(args.precision)
+    candidates = [a for a in algorithms("gemm")
+                  if algorithm_precision(a) in accepted and a.applies(problem, device)]
     if not candidates:
         raise SystemExit("no GEMM algorithm is registered or applies; nothing to benchmark")
     harness = harness_for(problem, device)
-    baseline = candidates[0]
+    baseline = next(a for a in candidates if algorithm_precision(a) == "fp32")  # the untuned default
 
     versions = {a.name: a.version for a in candidates}
-    hit = None if args.retune else db.lookup(device.fingerprint, problem, versions=versions)
+    hit = None if args.retune else db.lookup(device.fingerprint, problem, versions=versions, precision=accepted)
     source = f"db ({hit.source})" if hit is not None else "tuned now"
     tune_seconds = None
     if hit is None:
@@ -133,7 +140,7 @@ def bench_shape(device: runtime.Device, db: TuningDB, problem: GemmProblem, args
         try:
             outcome = tune_problem(problem, device, db, trials=args.trials, time_limit=args.time_limit,
                                    sampler=args.sampler, storage_url=args.storage, progress=progress,
-                                   policy=policy)
+                                   policy=policy, precision=args.precision)
         finally:
             progress.close()
         tune_seconds = time.monotonic() - started
@@ -150,7 +157,7 @@ def bench_shape(device: runtime.Device, db: TuningDB, problem: GemmProblem, args
         default = measure_config(device, problem, baseline.name, dict(baseline.default(problem, device)),
                                  harness, policy)
         tuned = measure_config(device, problem, name, config, harness, policy)
-        found = peer(device, problem, policy.min_time)
+        found = peer(device, problem, policy.min_time, args.precision)
         default_t.append(default.time)
         tuned_t.append(tuned.time)
         if found is not None:
@@ -159,10 +166,12 @@ def bench_shape(device: runtime.Device, db: TuningDB, problem: GemmProblem, args
     found = (peer_name, min(peer_t)) if peer_t else None
     default = dataclasses.replace(default, times=(min(default_t),)) if default.ok else default
     tuned = dataclasses.replace(tuned, times=(min(tuned_t),)) if tuned.ok else tuned
+    tuned_algorithm = {a.name: a for a in candidates}[name]
     row = {
         "shape": f"{problem.m}x{problem.n}x{problem.k}", "problem": problem.key,
         "default_gflops": gflops(problem, default.time), "default_status": default.status.value,
         "tuned_gflops": gflops(problem, tuned.time), "tuned_status": tuned.status.value,
+        "precision": args.precision, "tuned_precision": algorithm_precision(tuned_algorithm),
         "tuned_algorithm": name, "tuned_config": config, "tuned_from": source, "tune_seconds": tune_seconds,
         "peer": found[0] if found else None, "peer_gflops": gflops(problem, found[1]) if found else None,
     }
@@ -194,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3,
                         help="interleaved measurement rounds of default, tuned and peer; the best round "
                              "median of each is reported (default 3)")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "tf32"),
+                        help="fp32: strict, peer with TF32 off (default); tf32: TF32 algorithms allowed, "
+                             "peer with TF32 on")
     parser.add_argument("--retune", action="store_true", help="tune even when the DB has the shape")
     parser.add_argument("--db", metavar="URL", help="tuning DB (default: TUNECL_DB)")
     parser.add_argument("--storage", metavar="URL", help="Optuna storage (default: TUNECL_STORAGE)")
@@ -209,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
 
     device = runtime.select_device(args.device)
     policy = TimingPolicy(min_time=args.min_time)
-    print(f"device: {device.fingerprint.label}  [{device.entry.platform}]")
+    print(f"device: {device.fingerprint.label}  [{device.entry.platform}]  precision: {args.precision}")
     header = f"{'shape':>16} {'default':>9} {'tuned':>9} {'peer':>9} {'tuned/peer':>10} {'tuned/def':>9}  chosen"
     print(f"{'':16} {'GFLOP/s':>9} {'GFLOP/s':>9} {'GFLOP/s':>9}")
     print(header)
@@ -220,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(f"{row['shape']:>16} {_fmt(row['default_gflops']):>9} {_fmt(row['tuned_gflops']):>9} "
                   f"{_fmt(row['peer_gflops']):>9} {_fmt(row['tuned_vs_peer'], '.2f'):>10} "
-                  f"{_fmt(row['tuned_vs_default'], '.2f'):>9}  {row['tuned_algorithm']} ({row['tuned_from']})",
+                  f"{_fmt(row['tuned_vs_default'], '.2f'):>9}  {row['tuned_algorithm']} "
+                  f"[{row['tuned_precision']}] ({row['tuned_from']})",
                   flush=True)
     peer_name = next((r["peer"] for r in rows if r["peer"]), "no peer for this device")
     vs_peer = geomean([r["tuned_vs_peer"] for r in rows])
@@ -229,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{_fmt(vs_peer, '.2f')}x; tuned vs default: geomean {_fmt(vs_default, '.2f')}x")
     if args.json:
         Path(args.json).write_text(json.dumps({"device": device.fingerprint.to_dict(), "peer": peer_name,
+                                               "precision": args.precision,
                                                "rows": rows, "geomean_tuned_vs_peer": vs_peer,
                                                "geomean_tuned_vs_default": vs_default}, indent=2))
     return 0
