@@ -111,7 +111,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the inputs and the sampler")
     parser.add_argument("--db", metavar="URL", help="tuning DB URL or SQLite file (default: TUNECL_DB)")
     parser.add_argument("--storage", metavar="URL",
-                        help="Optuna storage URL or SQLite file (default: TUNECL_STORAGE, next to the DB)")
+                        help="Optuna storage of the studies: an RDB URL (sqlite:///..., postgresql://...), "
+                             "journal:///abs/path.log (Optuna's journal file) or a SQLite file (default: "
+                             "TUNECL_STORAGE, next to the DB); processes given the same --storage and --db "
+                             "share the work")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
     parser.add_argument("--no-progress", action="store_true", help="do not draw the progress line")
     parser.set_defaults(func=run)

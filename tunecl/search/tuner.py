@@ -181,14 +181,32 @@ def study_name(device: Device, problem: Problem, algorithms: Sequence[Algorithm]
     return f"tunecl:{study_device_key(device)}:{problem.key}:{versions}:{strategy}"
 
 
-def open_storage(url: str) -> optuna.storages.RDBStorage:
-    """An Optuna RDB storage at ``url`` (a plain path means SQLite; its folder is created)."""
+JOURNAL_SCHEME = "journal://"  # journal:///abs/path/studies.log: Optuna's journal file storage
+
+
+def open_storage(url: str) -> optuna.storages.BaseStorage:
+    """The Optuna storage at ``url``: the one place a ``--storage``/``TUNECL_STORAGE`` value is opened.
+
+    ``journal:///abs/path/studies.log`` is Optuna's journal file storage (an append-only log with a
+    file lock: several processes on one machine, or on a shared file system with working locks, can
+    share it without a server); any other ``scheme://`` URL is an RDB storage (SQLite, PostgreSQL,
+    MySQL — a server URL is the way to share studies between machines); a plain path means SQLite.
+    The folder of a file is created.
+    """
     url = config.normalize_db_url(url)
+    if url.startswith(JOURNAL_SCHEME):
+        from optuna.storages.journal import JournalFileBackend
+
+        path = Path(url[len(JOURNAL_SCHEME):]).expanduser()
+        if not path.name:
+            raise ValueError(f"journal storage URL without a file: {url!r} (use journal:///abs/path.log)")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
     kwargs: dict[str, Any] = {}
     if url.startswith("sqlite:///"):
-        path = url[len("sqlite:///"):]
-        if path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        path_text = url[len("sqlite:///"):]
+        if path_text and path_text != ":memory:":
+            Path(path_text).parent.mkdir(parents=True, exist_ok=True)
         # wait for a concurrent writer (another worker, the dashboard) instead of failing at once
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": 30}}
     return optuna.storages.RDBStorage(url, **kwargs)
@@ -208,7 +226,8 @@ class Tuner:
 
     Args:
         device: the device to tune on.
-        storage_url: Optuna storage URL (or path); default ``config.get().storage_url``.
+        storage_url: Optuna storage URL (or path; see :func:`open_storage`); default
+            ``config.get().storage_url``.
         sampler: ``tpe`` (default), ``random`` or ``grid``; small valid spaces are searched
             exhaustively whatever the sampler (see :meth:`choose_strategy`).
         seed: seeds the inputs of verification and the sampler.
@@ -245,10 +264,10 @@ class Tuner:
         self.jobs = jobs
         self.worker_builds = 0  # builds done in worker processes by the last tune() (jobs > 1)
         self.worker_pids: set[int] = set()  # ... and the processes they ran in
-        self._storage: optuna.storages.RDBStorage | None = None
+        self._storage: optuna.storages.BaseStorage | None = None
 
     @property
-    def storage(self) -> optuna.storages.RDBStorage:
+    def storage(self) -> optuna.storages.BaseStorage:
         if self._storage is None:
             self._storage = open_storage(self.storage_url)
         return self._storage
