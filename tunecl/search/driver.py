@@ -11,6 +11,7 @@ import contextlib
 import math
 import os
 import socket
+import zlib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +35,7 @@ ROUND_ATTR = "tunecl_final_round"  # study user attribute: the last re-measureme
 GRID_ENUMERATION_LIMIT = 100_000  # larger valid spaces are sampled by the grid strategy, not listed
 
 
-def _process_gone(worker: str) -> bool:
+def process_gone(worker: str) -> bool:
     """Whether ``host:pid`` names a process of this host that no longer exists."""
     host, _, pid = worker.rpartition(":")
     if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
@@ -64,45 +65,132 @@ class StudyDriver:
         limit = budget.trials if budget.trials is not None else GRID_ENUMERATION_LIMIT
         counted = space.count(limit)
         self.size: int | None = counted if counted <= limit else None
-        self.results: list[Result] = []
+        self.worker = strategy.worker or f"{socket.gethostname()}:{os.getpid()}"
+        self.results: list[Result] = []  # every worker's, in the order this driver learnt of them
         self.seen: dict[Key, Result] = {}
         self.pending: set[Key] = set()  # configs of WAITING trials
         self.inflight: set[Key] = set()  # configs asked in the current batch, not yet told (jobs > 1)
+        self.elsewhere: dict[Key, int] = {}  # configs other workers are measuring -> their trial number
+        self.running_elsewhere: list[int] = []  # numbers of other workers' RUNNING trials
+        self.absorbed: set[int] = set()  # trial numbers already read or told by this driver
         self.repairs: collections.deque[tuple[str, Config]] = collections.deque()
-        self.invalid = self.duplicates = 0
-        trials = self._load()
+        self.invalid = self.duplicates = self.busy = self.measured = 0
+        self.shared = False  # another worker was seen at work on this study
+        self.started = False
+        trials = self._sync()
         self.resumed = len(self.results)
-        self.study.sampler = strategy.make_sampler(strategy.seed + trials)
+        self.study.sampler = strategy.make_sampler(self._seed(trials))
         fixed = strategy.order(space)
         self.order: Iterator[tuple[str, Config]] | None = iter(fixed) if fixed is not None else None
-        self.worker = f"{socket.gethostname()}:{os.getpid()}"
+        self.started = True
 
     # -- history --------------------------------------------------------------------------------------
-    def _load(self) -> int:
-        """Read the finished trials back; return how many trials the study has."""
+    def _sync(self) -> int:
+        """Read the study's trials (one query); return how many it has.
+
+        Absorbs every finished search result not read yet, whichever worker measured it (so the
+        budget, the duplicate check and the winner cover all workers), and notes which configs wait
+        and which other workers are measuring now. Called once at the start, once per proposal batch
+        (after its params are written: see :meth:`_claim`) and once before the final round.
+        """
         trials = self.study.get_trials(deepcopy=False)
+        pending: set[Key] = set()
+        elsewhere: dict[Key, int] = {}
+        running: list[int] = []
+        others = False  # a result of another worker arrived while this driver runs
         for trial in sorted(trials, key=lambda t: t.number):
-            info = trial.user_attrs.get(ATTR) or {}
+            worker = trial.user_attrs.get(WORKER_ATTR)
             if trial.state == TrialState.WAITING:
                 decoded = self._decode_params(trial.system_attrs.get("fixed_params", {}))
                 if decoded:
-                    self.pending.add(config_key(*decoded))
-            elif trial.state == TrialState.RUNNING:
-                self._fail_if_orphaned(trial)
-            elif info.get("phase") == "search" and "result" in info:
+                    pending.add(config_key(*decoded))
+                continue
+            if trial.state == TrialState.RUNNING:
+                if worker == self.worker or self._fail_if_orphaned(trial):
+                    continue
+                running.append(trial.number)
+                decoded = self._decode_params(trial.params)  # None while its params are being written
+                if decoded:
+                    elsewhere.setdefault(config_key(*decoded), trial.number)
+                continue
+            if trial.number in self.absorbed:
+                continue
+            self.absorbed.add(trial.number)
+            others = others or self.started
+            info = trial.user_attrs.get(ATTR) or {}
+            if info.get("phase") == "search" and "result" in info:
                 try:
                     result = Result.from_dict(info["result"])
                 except (KeyError, ValueError, TypeError, AttributeError):
                     continue  # a trial written by a foreign or newer tool: ignore it, don't crash
                 self.results.append(result)
                 self.seen.setdefault(result.key, result)
+                if worker is not None and worker != self.worker:
+                    others = True
+        self.pending, self.elsewhere, self.running_elsewhere = pending, elsewhere, running
+        if running or others:
+            self._note_other_worker()
         return len(trials)
 
-    def _fail_if_orphaned(self, trial: FrozenTrial) -> None:
-        if _process_gone(str(trial.user_attrs.get(WORKER_ATTR, ""))):
-            storage = self.study._storage
+    def _note_other_worker(self) -> None:
+        """Another worker is at work on this study: reseed the sampler by worker, once.
+
+        Why: workers started together with one seed would otherwise propose the same configs in the
+        same order, and each proposal would be measured by one worker and skipped by the other. A
+        study resumed by one process alone keeps its reproducible seed.
+        """
+        if not self.shared:
+            self.shared = True
+            if self.started:
+                self.study.sampler = self.strategy.make_sampler(self._seed(len(self.absorbed)))
+
+    def _seed(self, trials: int) -> int:
+        offset = zlib.crc32(self.worker.encode()) % 1_000_003 if self.shared else 0
+        return self.strategy.seed + trials + offset
+
+    def _fail_if_orphaned(self, trial: FrozenTrial) -> bool:
+        """Mark FAIL a RUNNING trial whose process (of this host) is gone; return whether it was."""
+        if not process_gone(str(trial.user_attrs.get(WORKER_ATTR, ""))):
+            return False
+        storage = self.study._storage
+        with contextlib.suppress(RuntimeError, ValueError):  # another worker marked it first
             storage.set_trial_user_attr(trial._trial_id, ATTR, {"phase": "interrupted"})
             storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        return True
+
+    def _claim(self, number: int, key: Key, ahead: int = 0) -> str | None:
+        """What to do with this worker's trial ``number`` of config ``key``, right after a sync that
+        followed the writing of its params: None (measure it), ``"duplicate"`` (another worker has
+        measured it: tell its result), ``"busy"`` (another worker is measuring it) or ``"surplus"``
+        (finished and running trials of other workers already fill the trial budget).
+
+        Why this is enough to never measure a config twice: of two trials of one config, the one
+        synced later sees the other's params (written before that one's own sync) and yields to it,
+        whether it is still RUNNING or finished; only a trial that went on to be measured makes the
+        other yield. ``ahead`` counts this worker's own trials of the batch asked before this one.
+        """
+        if key in self.seen:
+            return "duplicate"
+        if key in self.elsewhere:
+            return "busy"
+        if self.budget.trials is not None:
+            # only other workers' trials asked *before* this one count, so of two workers racing for
+            # the last trial the earlier one always goes on (never both stop, never both measure)
+            before = sum(1 for n in self.running_elsewhere if n < number)
+            if len(self.results) + before + ahead >= self.budget.trials:
+                return "surplus"
+        return None
+
+    def _yield(self, trial: Trial, why: str, algorithm: str, config: Config) -> None:
+        """Tell a trial this worker will not measure (``busy``/``surplus``): FAIL, so that samplers
+        ignore it and its config stays eligible."""
+        self.absorbed.add(trial.number)
+        with contextlib.suppress(Exception):
+            trial.set_user_attr(ATTR, {"phase": why})
+        self.study.tell(trial, state=TrialState.FAIL)
+        if why == "busy":
+            self.busy += 1
+            self._repair(algorithm, config)
 
     def _decode_params(self, params: dict[str, Any]) -> tuple[str, Config] | None:
         name = params.get("algorithm")
@@ -119,7 +207,7 @@ class StudyDriver:
 
     def _enqueue(self, algorithm: str, config: Config) -> bool:
         key = config_key(algorithm, config)
-        if (key in self.seen or key in self.pending or key in self.inflight
+        if (key in self.seen or key in self.pending or key in self.inflight or key in self.elsewhere
                 or not self.space.is_valid(algorithm, config)):
             return False
         self.study.enqueue_trial(self._params(algorithm, config))
@@ -150,7 +238,7 @@ class StudyDriver:
                            for p, values in params.items()}
 
     def _repair(self, algorithm: str, config: Config) -> None:
-        exclude = set(self.seen) | self.pending | self.inflight
+        exclude = set(self.seen) | self.pending | self.inflight | set(self.elsewhere)
         nearest = self.space.nearest(algorithm, config, exclude)
         if nearest is None:  # this algorithm is exhausted: try the others' nearest
             for other in self.space.algorithms:
@@ -164,6 +252,7 @@ class StudyDriver:
 
     # -- telling --------------------------------------------------------------------------------------
     def _tell(self, trial: Trial, phase: str, result: Result) -> None:
+        self.absorbed.add(trial.number)
         trial.set_user_attr(ATTR, {"phase": phase, "result": result.to_dict()})
         if result.ok:
             self.study.tell(trial, result.time)
@@ -194,7 +283,7 @@ class StudyDriver:
             return "time_limit"
         if b.patience is not None and self._since_improvement() >= b.patience and defaults_done:
             return "patience"
-        if self.size is not None and len(self.seen) >= self.size:
+        if self.size is not None and len(set(self.seen) | set(self.elsewhere)) >= self.size:
             return "exhausted"
         limit = b.max_skipped if b.max_skipped is not None else 10 * (b.trials or 10) + 100
         if skipped > limit:
@@ -243,16 +332,27 @@ class StudyDriver:
                     skipped += 1
                     self._repair(algorithm, config)
                     continue
-                if key in self.seen:
+                self._sync()  # after the params are written: see _claim
+                why = self._claim(trial.number, key)
+                if why == "duplicate":
                     self._tell(trial, "duplicate", self.seen[key])
                     told = True
                     self.duplicates += 1
                     skipped += 1
                     self._repair(algorithm, config)
                     continue
+                if why is not None:
+                    self._yield(trial, why, algorithm, config)
+                    told = True
+                    if why == "surplus":
+                        stop = "trials"
+                        break
+                    skipped += 1
+                    continue
                 result = self.evaluate(algorithm, config)
                 self._tell(trial, "search", result)
                 told = True
+                self.measured += 1
             except BaseException:
                 # interrupted (Ctrl-C, a callback, a bug outside the candidate): leave no RUNNING trial
                 if not told:
@@ -263,6 +363,7 @@ class StudyDriver:
             self.results.append(result)
             self.seen.setdefault(key, result)
             self._report("search", len(self.results), total, self._best(), result)
+        self._sync()  # the winner is chosen from every worker's results
         final = self._final_round()
         return self._log(final, stop or "trials")
 
@@ -332,6 +433,7 @@ class StudyDriver:
                         if not later_or_batch:
                             self._fail(trial)
                         raise
+                stop, skipped = self._claim_batch(batch, stop, skipped)
                 finishers = [prepare(algorithm, config) for _, algorithm, config, _ in batch]
                 while batch:
                     trial, algorithm, config, key = batch[0]
@@ -339,12 +441,16 @@ class StudyDriver:
                     self._tell(trial, "search", result)
                     batch.pop(0)
                     self.inflight.discard(key)
+                    self.measured += 1
                     self.results.append(result)
                     self.seen.setdefault(key, result)
                     self._report("search", len(self.results), total, self._best(), result)
                 while later:
                     trial, key, algorithm, config = later[0]
-                    self._tell(trial, "duplicate", self.seen[key])
+                    if key in self.seen:
+                        self._tell(trial, "duplicate", self.seen[key])
+                    else:  # its twin in the batch was left to another worker
+                        self._yield(trial, "busy", algorithm, config)
                     later.pop(0)
                     self.duplicates += 1
                     skipped += 1
@@ -357,8 +463,36 @@ class StudyDriver:
                     self._fail(trial)
                 self.inflight.clear()
                 raise
+        self._sync()  # the winner is chosen from every worker's results
         final = self._final_round()
         return self._log(final, stop or "trials")
+
+    def _claim_batch(self, batch: list[tuple[Trial, str, Config, Key]], stop: str | None,
+                     skipped: int) -> tuple[str | None, int]:
+        """One sync for a batch whose params are written; drop (tell) the trials :meth:`_claim` says
+        this worker must not measure, in place. Returns the updated stop reason and skip count."""
+        if not batch:
+            return stop, skipped
+        self._sync()
+        kept: list[tuple[Trial, str, Config, Key]] = []
+        for trial, algorithm, config, key in batch:
+            why = self._claim(trial.number, key, ahead=len(kept))
+            if why is None:
+                kept.append((trial, algorithm, config, key))
+                continue
+            self.inflight.discard(key)
+            if why == "duplicate":
+                self._tell(trial, "duplicate", self.seen[key])
+                self.duplicates += 1
+                self._repair(algorithm, config)
+            else:
+                self._yield(trial, why, algorithm, config)
+                if why == "surplus":
+                    stop = "trials"
+                    continue
+            skipped += 1
+        batch[:] = kept
+        return stop, skipped
 
     def _fail(self, trial: Trial) -> None:
         with contextlib.suppress(Exception):
@@ -421,5 +555,7 @@ class StudyDriver:
                 broken = ", ".join(self.space.violations(algorithm, config))
                 defaults[algorithm] = Result(algorithm, dict(config), Status.INVALID,
                                              message=f"default violates {broken}")
-        return SearchLog(self.results, final, defaults, self.resumed, self.invalid, self.duplicates, stop,
+        # read back = not measured by this call: resumed at the start or measured by another worker
+        return SearchLog(self.results, final, defaults, len(self.results) - self.measured, self.invalid,
+                         self.duplicates, stop,
                          self.study.study_name, self.strategy.clock() - self.start)

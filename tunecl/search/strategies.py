@@ -27,6 +27,14 @@ Resuming: each trial's :class:`Result` (config, status, raw times) is a user att
 its ``tell``, and each ``tell`` commits, so a re-run of the same study rebuilds every finished result
 without measuring it again; the trial budget counts them. A trial left RUNNING by a process of this
 host that no longer exists is marked FAIL (``interrupted``) and its config becomes eligible again.
+
+Sharing: several workers (processes, machines) may run one study through one storage. Once per
+proposal batch, after the batch's params are written, the driver re-reads the study's trials: a
+config another worker has measured is told its result (``duplicate``), one another worker is measuring
+now is told FAIL (``busy``; the config is measured by that worker, and a later proposal of it is told
+that result), and the trial budget counts every worker's results plus other workers' trials asked
+earlier and still running (``surplus`` ends this worker's search). The winner is chosen from every
+worker's results. Workers that see each other reseed their samplers by worker name.
 """
 
 from __future__ import annotations
@@ -69,13 +77,15 @@ class OptunaStrategy:
         clock: monotonic seconds (tests pass a fake one).
         jobs: trials asked at once; with more than 1, their evaluations are started together through
             the ``prepare`` of :meth:`search` (builds in worker processes) and finished serially.
+        worker: this worker's name in the study's trials (default ``host:pid``); workers sharing a
+            study must have distinct names.
     """
 
     name = "optuna"
 
     def __init__(self, storage: str | optuna.storages.BaseStorage | None = None,
                  study_name: str | None = None, seed: int = 0, progress: ProgressCallback | None = None,
-                 clock: Callable[[], float] = time.monotonic, jobs: int = 1):
+                 clock: Callable[[], float] = time.monotonic, jobs: int = 1, worker: str | None = None):
         if jobs < 1:
             raise ValueError(f"jobs must be at least 1, got {jobs}")
         self.jobs = jobs
@@ -84,6 +94,7 @@ class OptunaStrategy:
         self.seed = seed
         self.progress = progress
         self.clock = clock
+        self.worker = worker
 
     def make_sampler(self, seed: int) -> optuna.samplers.BaseSampler:
         return optuna.samplers.RandomSampler(seed=seed)
