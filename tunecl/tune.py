@@ -14,14 +14,16 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from tunecl import config
 from tunecl.fingerprint import Fingerprint
 from tunecl.kernels import algorithms
 from tunecl.precision import FP32, algorithm_precision, at_least
 from tunecl.problems import Problem
 from tunecl.runtime import Device
+from tunecl.search.claims import Claims, claim_key
 from tunecl.search.result import Result, Status
 from tunecl.search.strategies import ProgressCallback
-from tunecl.search.tuner import TuneOutcome, Tuner
+from tunecl.search.tuner import TuneOutcome, Tuner, open_storage, study_device_key
 
 
 class ResultSink(Protocol):
@@ -153,7 +155,7 @@ def tune_workload(workload: Mapping[Problem, int], device: Device, db: Any, *, t
                   time_limit: float | None = None, total_time_limit: float | None = None,
                   retune: bool = False, on_start: Callable[[int, Problem], None] | None = None,
                   on_done: Callable[[int, NetRow], None] | None = None, precision: str = FP32,
-                  **tune_options: Any) -> list[NetRow]:
+                  claims: Claims | None = None, **tune_options: Any) -> list[NetRow]:
     """Tune every problem of a workload (problem → occurrences), largest total FLOPs first.
 
     Problems the DB already holds for this exact device at the current algorithm versions are skipped
@@ -162,27 +164,71 @@ def tune_workload(workload: Mapping[Problem, int], device: Device, db: Any, *, t
     recorded before the next starts, so Ctrl-C (which propagates after the rows so far are reported
     through ``on_done``) loses at most the problem in progress, whose finished trials stay in the
     Optuna study and are resumed by the next run.
+
+    Several processes given the same Optuna storage and DB split the workload: each claims a problem
+    before tuning it (see :mod:`tunecl.search.claims`) and puts off problems another live worker has
+    claimed; at the end it returns to those, skipping the ones now stored (or finished by the other
+    worker) and tuning the rest along with whoever holds them, in the same study, where trials are
+    shared. ``claims`` defaults to the claims in ``storage_url``'s storage. Rows come back in
+    workload order.
     """
     order = sorted(workload.items(), key=lambda item: -item[0].flops * item[1])
-    rows: list[NetRow] = []
+    if claims is None:
+        claims = Claims(open_storage(tune_options.get("storage_url") or config.get().storage_url),
+                        study_device_key(device))
+    rows: dict[int, NetRow] = {}
     started = time.monotonic()
-    for index, (problem, count) in enumerate(order):
-        hit = None if retune else _tuned_before(db, device, problem, precision)
-        if hit is not None:
-            row = NetRow(problem, count, "skipped", hit.algorithm, hit.default_time_s, hit.time_s)
-        elif total_time_limit is not None and time.monotonic() - started > total_time_limit:
-            row = NetRow(problem, count, "not run")
-        else:
-            if on_start is not None:
-                on_start(index, problem)
-            outcome = tune_problem(problem, device, db, trials=trials, time_limit=time_limit,
-                                   precision=precision, **tune_options)
-            winner, default = outcome.winner, outcome.default
-            row = NetRow(problem, count, "tuned" if winner else "failed",
-                         winner.algorithm if winner else None,
-                         default.time if default is not None and default.ok else None,
-                         winner.time if winner else None)
-        rows.append(row)
+
+    def finish(index: int, row: NetRow) -> None:
+        rows[index] = row
         if on_done is not None:
             on_done(index, row)
-    return rows
+
+    def tune_one(index: int, problem: Problem, count: int, key: str) -> NetRow:
+        if on_start is not None:
+            on_start(index, problem)
+        claims.claim(key)  # lost to a simultaneous claim: tune along, the study is shared
+        options = dict(tune_options)
+        progress = options.get("progress")
+
+        def beat(update: Any) -> None:
+            claims.beat(key)
+            if progress is not None:
+                progress(update)
+
+        options["progress"] = beat
+        outcome = tune_problem(problem, device, db, trials=trials, time_limit=time_limit,
+                               precision=precision, **options)
+        claims.release(key)
+        winner, default = outcome.winner, outcome.default
+        return NetRow(problem, count, "tuned" if winner else "failed", winner.algorithm if winner else None,
+                      default.time if default is not None and default.ok else None,
+                      winner.time if winner else None)
+
+    def skipped(problem: Problem, count: int, hit: Any) -> NetRow:
+        return NetRow(problem, count, "skipped", hit.algorithm, hit.default_time_s, hit.time_s)
+
+    put_off: list[tuple[int, Problem, int, str]] = []
+    for index, (problem, count) in enumerate(order):
+        key = claim_key(problem.key, precision)
+        hit = None if retune else _tuned_before(db, device, problem, precision)
+        if hit is not None:
+            finish(index, skipped(problem, count, hit))
+        elif total_time_limit is not None and time.monotonic() - started > total_time_limit:
+            finish(index, NetRow(problem, count, "not run"))
+        elif claims.holder(key) is not None:
+            put_off.append((index, problem, count, key))  # another worker tunes it now
+        else:
+            finish(index, tune_one(index, problem, count, key))
+    for index, problem, count, key in put_off:
+        # the other worker may have finished it meanwhile (with --retune the DB held it before, so
+        # only its finished claim tells)
+        hit = (_tuned_before(db, device, problem, precision)
+               if not retune or claims.done_elsewhere(key) else None)
+        if hit is not None:
+            finish(index, skipped(problem, count, hit))
+        elif total_time_limit is not None and time.monotonic() - started > total_time_limit:
+            finish(index, NetRow(problem, count, "not run"))
+        else:
+            finish(index, tune_one(index, problem, count, key))
+    return [rows[index] for index in sorted(rows)]

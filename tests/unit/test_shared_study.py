@@ -11,6 +11,7 @@ import pytest
 from optuna.trial import TrialState
 from test_strategies import Replay, make_space  # the replay evaluator and its synthetic space
 
+from tunecl.search.claims import Claims
 from tunecl.search.driver import ATTR, WORKER_ATTR
 from tunecl.search.result import config_key
 from tunecl.search.strategies import TPE, Budget, Exhaustive, RandomSearch
@@ -114,3 +115,27 @@ def test_a_config_measured_by_another_worker_is_told_its_result_and_one_being_me
             and t.user_attrs[ATTR]["result"]["config"] == b_first[0].config]
     assert told and told[0].value == b_first[0].time  # b's measurement, not a new one
     assert log.duplicates >= 1
+
+
+# -- claims on problems (tune --net) ----------------------------------------------------------------
+
+def test_claims_hold_off_other_workers_until_done_or_stale():
+    storage = optuna.storages.InMemoryStorage()
+    now = [1000.0]
+    a = Claims(storage, "dev", worker="host-a:1", clock=lambda: now[0], stale_after=600)
+    b = Claims(storage, "dev", worker="host-b:2", clock=lambda: now[0], stale_after=600)
+    assert a.holder("fp32:p") is None and a.claim("fp32:p")
+    assert b.holder("fp32:p") == "host-a:1" and a.holder("fp32:p") is None
+    now[0] += 500
+    a.beat("fp32:p")  # a heartbeat keeps the claim alive
+    now[0] += 500
+    assert b.holder("fp32:p") == "host-a:1"
+    now[0] += 601  # a fell silent: its claim is stale and b takes it over
+    assert b.holder("fp32:p") is None and b.claim("fp32:p") and a.holder("fp32:p") == "host-b:2"
+    b.release("fp32:p")
+    assert a.holder("fp32:p") is None and a.done_elsewhere("fp32:p") and not b.done_elsewhere("fp32:p")
+    # a race: both write before either reads back; the last writer holds it, the other one learns
+    # that it lost (and tunes along in the shared study)
+    a._write("fp32:q", {})
+    b._write("fp32:q", {})
+    assert a.holder("fp32:q") == "host-b:2" and b.holder("fp32:q") is None

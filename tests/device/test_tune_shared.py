@@ -1,0 +1,128 @@
+"""Two concurrent ``tunecl tune --net`` processes on one Optuna storage and one tuning DB.
+
+They must finish with every problem stored once per (problem, algorithm) and no config measured twice
+across the study (a trial told another worker's result is not a measurement). The storage is Optuna's
+journal file storage — the way CI runs this test, needing no server. Where PostgreSQL (``initdb``,
+``pg_ctl``) and a driver (psycopg2 or psycopg) are installed, the same test also runs against a
+server the test starts in its tmp_path; CI does not install PostgreSQL for it.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+
+from tunecl.db import TuningDB
+from tunecl.search.driver import ATTR, WORKER_ATTR
+from tunecl.search.result import config_key
+from tunecl.search.tuner import open_storage
+from tunecl.search.workload import net_problems
+
+HERE = Path(__file__).parent
+REPO = HERE.parent.parent
+NET = ["--net", "tiny_net:build", "--batch", "1", "--image-size", "6"]
+
+
+def _tune_twice_at_once(storage: str, db: str) -> list[dict]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(REPO)]), TUNECL_SHIPPED_DB="")
+    command = [sys.executable, "-m", "tunecl", "tune", *NET, "--trials", "3", "--storage", storage,
+               "--db", db, "--no-progress", "--json"]
+    workers = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for _ in range(2)]
+    outputs = [w.communicate(timeout=300) for w in workers]
+    for worker, (out, err) in zip(workers, outputs, strict=True):
+        assert worker.returncode == 0, err
+    return [json.loads(out) for out, _ in outputs]
+
+
+def _check(storage_url: str, db_url: str, reports: list[dict]) -> None:
+    problems = {p.key for p in net_problems("tiny_net:build", batch=1, image_size=6)}
+    for report in reports:
+        assert {row["problem"] for row in report["problems"]} == problems
+        assert {row["status"] for row in report["problems"]} <= {"tuned", "skipped"}
+    with TuningDB(db_url) as db:
+        records = db.results()
+    stored = collections.Counter((r.problem, r.algorithm, r.algorithm_version, r.precision) for r in records)
+    assert {problem for problem, *_ in stored} == problems
+    assert set(stored.values()) == {1}
+    storage = open_storage(storage_url)
+    measured = collections.Counter()
+    workers = set()
+    for summary in optuna.get_all_study_summaries(storage):
+        if summary.study_name.startswith("tunecl:claims:"):
+            continue
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        assert not study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+        searched = 0
+        for trial in study.get_trials(deepcopy=False):
+            info = trial.user_attrs.get(ATTR) or {}
+            if info.get("phase") == "search":  # a measurement (duplicates carry another's result)
+                result = info["result"]
+                measured[(summary.study_name, config_key(result["algorithm"], result["config"]))] += 1
+                workers.add(trial.user_attrs[WORKER_ATTR])
+                searched += 1
+        assert searched <= 3  # --trials 3 is for both workers together
+    assert measured and max(measured.values()) == 1, [k for k, n in measured.items() if n > 1]
+
+
+@pytest.mark.slow
+def test_two_processes_on_one_journal_storage_share_the_work(tmp_path):
+    storage, db = f"journal://{tmp_path}/studies.log", f"sqlite:///{tmp_path}/db.sqlite"
+    _check(storage, db, _tune_twice_at_once(storage, db))
+
+
+def _postgres_driver() -> str | None:
+    for module in ("psycopg2", "psycopg"):
+        try:
+            __import__(module)
+        except ImportError:
+            continue
+        return module
+    return None
+
+
+@pytest.fixture
+def postgres_url(tmp_path):
+    """A PostgreSQL server of this test, in tmp_path (skips where PostgreSQL or a driver is missing)."""
+    initdb, pg_ctl, driver = shutil.which("initdb"), shutil.which("pg_ctl"), _postgres_driver()
+    if not (initdb and pg_ctl and driver):
+        pytest.skip("PostgreSQL (initdb, pg_ctl) or its Python driver is not installed")
+    run_as: list[str] = []
+    if os.geteuid() == 0:  # the server refuses to run as root: run it as the postgres user
+        if not shutil.which("runuser"):
+            pytest.skip("running as root without runuser to start PostgreSQL as another user")
+        run_as = ["runuser", "-u", "postgres", "--"]
+    data = tmp_path / "pg"
+    data.mkdir()
+    if run_as:
+        shutil.chown(tmp_path, "postgres")
+        shutil.chown(data, "postgres")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    subprocess.run([*run_as, initdb, "-D", str(data), "-U", "tunecl", "--auth=trust"], check=True,
+                   capture_output=True)
+    subprocess.run([*run_as, pg_ctl, "-D", str(data), "-l", str(data / "log"), "-w", "-o",
+                    f"-p {port} -k {data} -c listen_addresses=127.0.0.1", "start"], check=True,
+                   capture_output=True)
+    try:
+        scheme = "postgresql+psycopg" if driver == "psycopg" else "postgresql"
+        yield f"{scheme}://tunecl@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*run_as, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], check=False,
+                       capture_output=True)
+
+
+@pytest.mark.slow
+def test_two_processes_on_one_postgresql_server_share_the_work(tmp_path, postgres_url):
+    db = f"sqlite:///{tmp_path}/db.sqlite"
+    _check(postgres_url, db, _tune_twice_at_once(postgres_url, db))
