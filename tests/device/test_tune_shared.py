@@ -16,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import optuna
@@ -33,7 +34,8 @@ NET = ["--net", "tiny_net:build", "--batch", "1", "--image-size", "6"]
 
 
 def _tune_twice_at_once(storage: str, db: str) -> list[dict]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(REPO)]), TUNECL_SHIPPED_DB="")
+    path = [str(HERE), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), TUNECL_SHIPPED_DB="")
     command = [sys.executable, "-m", "tunecl", "tune", *NET, "--trials", "3", "--storage", storage,
                "--db", db, "--no-progress", "--json"]
     workers = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -92,7 +94,8 @@ def _postgres_driver() -> str | None:
 
 @pytest.fixture
 def postgres_url(tmp_path):
-    """A PostgreSQL server of this test, in tmp_path (skips where PostgreSQL or a driver is missing)."""
+    """A PostgreSQL server of this test, in tmp_path (skips where PostgreSQL or a driver is missing;
+    run as root, the server runs as the ``postgres`` user in a temporary folder of its own)."""
     initdb, pg_ctl, driver = shutil.which("initdb"), shutil.which("pg_ctl"), _postgres_driver()
     if not (initdb and pg_ctl and driver):
         pytest.skip("PostgreSQL (initdb, pg_ctl) or its Python driver is not installed")
@@ -101,11 +104,12 @@ def postgres_url(tmp_path):
         if not shutil.which("runuser"):
             pytest.skip("running as root without runuser to start PostgreSQL as another user")
         run_as = ["runuser", "-u", "postgres", "--"]
-    data = tmp_path / "pg"
-    data.mkdir()
-    if run_as:
-        shutil.chown(tmp_path, "postgres")
-        shutil.chown(data, "postgres")
+    if run_as:  # pytest's tmp_path is private to root: give the server a folder it can reach
+        home = Path(tempfile.mkdtemp(prefix="tunecl-pg-"))
+        shutil.chown(home, "postgres")
+    else:
+        home = tmp_path
+    data = home / "pg"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -115,11 +119,13 @@ def postgres_url(tmp_path):
                     f"-p {port} -k {data} -c listen_addresses=127.0.0.1", "start"], check=True,
                    capture_output=True)
     try:
-        scheme = "postgresql+psycopg" if driver == "psycopg" else "postgresql"
+        scheme = f"postgresql+{driver}"
         yield f"{scheme}://tunecl@127.0.0.1:{port}/postgres"
     finally:
         subprocess.run([*run_as, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], check=False,
                        capture_output=True)
+        if home != tmp_path:
+            shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.mark.slow

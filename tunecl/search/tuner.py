@@ -182,6 +182,7 @@ def study_name(device: Device, problem: Problem, algorithms: Sequence[Algorithm]
 
 
 JOURNAL_SCHEME = "journal://"  # journal:///abs/path/studies.log: Optuna's journal file storage
+SCHEMA_ATTEMPTS = 3  # tries to open an RDB storage whose tables another worker may be creating
 
 
 def open_storage(url: str) -> optuna.storages.BaseStorage:
@@ -209,6 +210,16 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
             Path(path_text).parent.mkdir(parents=True, exist_ok=True)
         # wait for a concurrent writer (another worker, the dashboard) instead of failing at once
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": 30}}
+    from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+    for attempt in range(SCHEMA_ATTEMPTS - 1):
+        try:
+            return optuna.storages.RDBStorage(url, **kwargs)
+        except (IntegrityError, ProgrammingError):
+            # Workers started together on an empty PostgreSQL database all create Optuna's tables;
+            # the losers' CREATE fails on what the winner just created (seen in the shared-storage
+            # test). The next attempt finds the tables there.
+            time.sleep(0.5 * (attempt + 1))
     return optuna.storages.RDBStorage(url, **kwargs)
 
 
