@@ -279,7 +279,6 @@ def run_net(args: argparse.Namespace, device: Any, options: dict[str, Any]) -> i
         print(f"[{index + 1}/{total}] {problem.key}", file=err, flush=True)
         if not args.no_progress:
             progress = ProgressLine(err, problem.flops)
-            options["progress"] = progress
 
     def on_done(index: int, row: Any) -> None:
         nonlocal progress
@@ -289,6 +288,12 @@ def run_net(args: argparse.Namespace, device: Any, options: dict[str, Any]) -> i
         if row.status != "tuned":
             print(f"[{index + 1}/{total}] {row.problem.key}: {row.status}", file=err, flush=True)
 
+    def draw(event: Any) -> None:
+        """Forwards the tuner's progress to the line of the problem being tuned (tune_workload
+        passes one callback for every problem; each problem gets its own line)."""
+        if progress is not None:
+            progress(event)
+
     rows: list[Any] = []
     interrupted = False
     with TuningDB(args.db) as db:
@@ -296,7 +301,7 @@ def run_net(args: argparse.Namespace, device: Any, options: dict[str, Any]) -> i
             rows = tune_workload(workload, device, db, trials=args.trials, time_limit=args.time_limit,
                                  total_time_limit=args.total_time_limit, retune=args.retune,
                                  on_start=on_start, on_done=lambda i, r: (on_done(i, r), rows.append(r)),
-                                 sampler=args.sampler, storage_url=args.storage, **options)
+                                 sampler=args.sampler, storage_url=args.storage, progress=draw, **options)
         except KeyboardInterrupt:
             interrupted = True
             if progress is not None:
