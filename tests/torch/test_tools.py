@@ -141,6 +141,21 @@ def test_the_fp64_rule_passes_a_device_as_far_from_float64_as_the_cpu_and_fails_
     assert not wrong.passed
 
 
+def test_normwise_error_and_sign_masks_agree_with_whole_tensor_formulas_across_chunks():
+    from tunecl.tools.validate import _CHUNK, SIGN_FLOOR, _same_sign, normwise_error
+
+    generator = torch.Generator().manual_seed(1)
+    ref = torch.randn(3, _CHUNK + 5, generator=generator, dtype=torch.float64)
+    x = (ref + 1e-3 * torch.randn(ref.shape, generator=generator, dtype=torch.float64)).float()
+    mask = torch.rand(ref.shape, generator=generator) > 0.3
+    assert normwise_error(x, ref) == pytest.approx(((x - ref).norm() / ref.norm()).item(), rel=1e-9)
+    expected = ((x - ref)[mask].norm() / ref[mask].norm()).item()
+    assert normwise_error(x, ref, mask) == pytest.approx(expected, rel=1e-9)
+    g, h = x * 1e-4, -x * 1e-4 * (torch.rand(ref.shape, generator=generator) > 0.5) * 2 + x * 1e-4
+    same = (g.sign() == h.sign()) & (g.abs() > SIGN_FLOOR) & (h.abs() > SIGN_FLOOR)
+    assert torch.equal(_same_sign(g, h), same)
+
+
 def test_zero_gradients_and_the_loss_are_judged_against_float64_too():
     from tunecl.tools.validate import ADAM_LR, _checks
 

@@ -33,6 +33,8 @@ ADAM_EPS = 1e-8
 SIGN_FLOOR = 1000 * ADAM_EPS
 # a gradient tensor this much smaller than the model's largest is rounding noise around zero
 NUMERICALLY_ZERO = 1e-4
+# elements per step of the float64 error sums (2 MiB of float64: stays in cache)
+_CHUNK = 1 << 18
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,26 +190,29 @@ def compare(kind: str, name: str, dev: Any, ref: Any, tolerance: float, mask: An
     """
     import torch
 
-    dev, ref = dev.detach().cpu().double(), ref.detach().cpu().double()
+    dev, ref = _host(dev), _host(ref)
     if dev.shape != ref.shape:
         return Check(kind, name, None, None, tolerance, False,
                      f"shape {tuple(dev.shape)} != {tuple(ref.shape)}")
     if ref.numel() == 0:
         return Check(kind, name, None, None, tolerance, True, "empty", passed_by="fp32")
-    scale = ref.abs().max().item()
-    diff = (dev - ref).abs()
-    if not torch.isfinite(dev).all():
+    if dev.dtype != ref.dtype:
+        dev, ref = dev.double(), ref.double()
+    # one pass per statement: a model's weights and gradients are up to 10^8 elements
+    scale = torch.linalg.vector_norm(ref, float("inf")).item()
+    diff = torch.sub(dev, ref).abs_()
+    if not math.isfinite(diff.max().item()) and not torch.isfinite(dev).all():
         return Check(kind, name, diff.max().item(), float("nan"), tolerance, False,
                      "non-finite values on the device")
     note, passed = "", True
     if mask is not None and not mask.all():
-        excluded = diff[~mask].max().item()
+        excluded = diff.masked_fill(mask, 0).max().item()
         passed = excluded <= excluded_bound
         note = (f"{int((~mask).sum())}/{mask.numel()} with gradients of other signs or ~0: "
                 f"max abs {excluded:.2e} "
                 f"({'within' if passed else 'over'} the bound 2 lr)")
         if mask.any():
-            diff = diff[mask]
+            diff.masked_fill_(~mask, 0)
     worst = diff.max().item()
     rel = worst / scale if scale > 0 else (0.0 if worst == 0 else float("inf"))
     if mask is not None and not mask.any():
@@ -217,15 +222,36 @@ def compare(kind: str, name: str, dev: Any, ref: Any, tolerance: float, mask: An
 
 
 def normwise_error(x: Any, ref: Any, mask: Any = None) -> float:
-    """``||x - ref|| / ||ref||`` (2-norms, over ``mask``'s elements); absolute when ``ref`` is all zeros."""
-    x, ref = x.detach().cpu().double(), ref.detach().cpu().double()
-    if mask is not None:
-        x, ref = x[mask], ref[mask]
-    if ref.numel() == 0:
-        return 0.0
-    diff = (x - ref).norm().item()
-    scale = ref.norm().item()
-    return diff / scale if scale > 0 else diff
+    """``||x - ref|| / ||ref||`` (2-norms, over ``mask``'s elements); absolute when ``ref`` is all zeros.
+
+    Computed in float64 (``ref`` is usually the float64 run).
+    """
+    return _normwise_errors([x], ref, mask)[0]
+
+
+def _normwise_errors(xs: list[Any], ref: Any, mask: Any = None) -> list[float]:
+    """:func:`normwise_error` of each of ``xs``, sharing the work on ``ref``.
+
+    In chunks that stay in cache: a model's weights and gradients are up to 10^8 elements, and whole-
+    tensor float64 temporaries made this twice as slow.
+    """
+    ref = _host(ref).reshape(-1)
+    xs = [_host(x).reshape(-1) for x in xs]
+    keep = None if mask is None else mask.reshape(-1)
+    squares, scale = [0.0] * len(xs), 0.0
+    for start in range(0, ref.numel(), _CHUNK):
+        part = slice(start, start + _CHUNK)
+        r = ref[part].double()
+        if keep is not None:
+            r = r.masked_fill(~keep[part], 0)
+        scale += r.dot(r).item()
+        for i, x in enumerate(xs):
+            diff = r - x[part]   # float64 by type promotion
+            if keep is not None:
+                diff.masked_fill_(~keep[part], 0)
+            squares[i] += diff.dot(diff).item()
+    scale = math.sqrt(scale)
+    return [math.sqrt(sq) / scale if scale > 0 else math.sqrt(sq) for sq in squares]
 
 
 def judge_fp64(check: Check, dev: Any, cpu: Any, ref64: Any, tol: Tolerances, mask: Any = None,
@@ -237,19 +263,23 @@ def judge_fp64(check: Check, dev: Any, cpu: Any, ref64: Any, tol: Tolerances, ma
     """
     import torch
 
-    dev64 = dev.detach().cpu().double()
-    if dev64.shape != ref64.shape:
+    dev, ref64 = _host(dev), _host(ref64)
+    if dev.shape != ref64.shape or ref64.numel() == 0:
         return check
-    dev_error = normwise_error(dev64, ref64, mask)
-    cpu_error = normwise_error(cpu, ref64, mask)
+    dev_error, cpu_error = _normwise_errors([dev, cpu], ref64, mask)
     ratio = dev_error / cpu_error if cpu_error > 0 else (1.0 if dev_error == 0 else float("inf"))
     check = dataclasses.replace(check, fp64_error=dev_error, cpu_fp64_error=cpu_error, fp64_ratio=ratio)
-    if check.passed or not torch.isfinite(dev64).all():
+    if check.passed or not math.isfinite(dev_error):
         return check
-    inside = mask is None or bool(mask.all()) or (dev64 - ref64).abs()[~mask].max().item() <= excluded_bound
+    inside = mask is None or bool(mask.all()) or \
+        torch.sub(ref64, dev).abs_().masked_fill_(mask, 0).max().item() <= excluded_bound
     if inside and tol.within_fp64(dev_error, cpu_error):
         return dataclasses.replace(check, passed=True, passed_by="fp64")
     return check
+
+
+def _host(tensor: Any) -> Any:
+    return tensor.detach().cpu()
 
 
 def validate_net(net: str, *, device: str | None = None, train: bool = False, batch: int = 2,
@@ -346,7 +376,10 @@ def _run(model: Any, x: Any, y: Any, device: str, train: bool, seed: int) -> dic
 
 
 def _largest(grads: dict[str, Any]) -> float:
-    return max((g.abs().max().item() for g in grads.values() if g is not None and g.numel()), default=0.0)
+    import torch
+
+    return max((torch.linalg.vector_norm(g, float("inf")).item() for g in grads.values()
+                if g is not None and g.numel()), default=0.0)
 
 
 def _zero_gradient(check: Check, g_dev: Any, refs: list[tuple[Any, float]], tol: Tolerances) -> Check:
@@ -408,7 +441,7 @@ def _checks(ref: dict[str, Any], dev: dict[str, Any], tol: Tolerances,
         check = compare("param", name, dev["params"][name], p_ref, tol.param, mask, excluded_bound=bound)
         if ref64 is not None:
             g64 = ref64["grads"][name]
-            mask64 = _same_sign(g64, g_ref, g_dev)
+            mask64 = None if mask is None or g64 is None else mask & _same_sign(g64, g_ref)
             check = fp64(check, dev["params"][name], "params", name, mask=mask64, excluded_bound=bound)
         if not check.passed and "initial" in ref:
             implied = ref["initial"][name].double()
@@ -437,10 +470,18 @@ def _own(check: Check, value: Any, implied: Any, tolerance: float, what: str) ->
 
 def _same_sign(*grads: Any) -> Any:
     """Where all ``grads`` clearly agree in sign (both Adam steps are lr * sign(g) to 0.1%), or None."""
+    import torch
+
     if any(g is None for g in grads) or len({tuple(g.shape) for g in grads}) != 1:
         return None
-    first = grads[0]
-    mask = first.abs() > SIGN_FLOOR
-    for g in grads[1:]:
-        mask &= (g.sign() == first.sign()) & (g.abs() > SIGN_FLOOR)
-    return mask
+    flat = [g.reshape(-1) for g in grads]
+    mask = torch.empty(flat[0].numel(), dtype=torch.bool)
+    for start in range(0, mask.numel(), _CHUNK):   # in cache-sized chunks, as _normwise_errors
+        part = slice(start, start + _CHUNK)
+        first = flat[0][part]
+        agree = first.abs() > SIGN_FLOOR
+        for g in flat[1:]:
+            # a positive product is the same sign; products of |g| > 1e-5 do not underflow
+            agree &= (g[part].abs() > SIGN_FLOOR) & (g[part] * first > 0)
+        mask[part] = agree
+    return mask.reshape(grads[0].shape)
