@@ -1,6 +1,8 @@
 """Which torch dtypes live on the OpenCL device, and their names in the kernel layer.
 
-float32 is the compute type; float16 is storage (loads/stores and copies); int64/int32/int16/int8,
+float32 is the compute type; float16 is computed in float32 (pointwise and reductions load and
+store half directly, GEMM/conv/pool/softmax/batch norm convert through float32 scratch, see
+:mod:`tunecl.backend.half`); int64/int32/int16/int8,
 uint8 and bool serve indices and masks. float64 is refused with a clear error rather than silently
 downcast; other dtypes DLPack can describe (bfloat16, complex64, ...) may be stored and copied but
 have no kernels, so ops on them take the CPU fallback.

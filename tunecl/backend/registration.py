@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from tunecl.backend import copies, counters, fallback, memory, state
+from tunecl.backend import autocast, copies, counters, fallback, memory, state
 from tunecl.kernels.strided import Unsupported
 
 BACKEND = "opencl"
@@ -102,8 +102,10 @@ def _register_kernels() -> None:
         aten.impl(name, _kernel(name, adapter), "PrivateUse1")
     catch_all = torch.library.Library("_", "IMPL")
     catch_all.fallback(fallback.boxed_fallback, "PrivateUse1")
-    # Autocast: let every op fall through, as C++ backends do; cast policies could be added here.
+    # Autocast: ops without a cast policy fall through; torch has no policies for this key, so
+    # autocast.py registers CUDA's (without them torch.autocast("opencl") would do nothing)
     catch_all.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
+    autocast.register()
     cpu = torch.library.Library("aten", "IMPL")
     cpu.impl("_pin_memory", copies.pin_memory_cpu, "CPU")
     _libraries.extend([aten, catch_all, cpu])

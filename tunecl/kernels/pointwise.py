@@ -161,6 +161,11 @@ EXPRESSIONS: dict[str, Expr] = {
     "mse_backward": _float(3, 1, "s0*(a-b)*c"),  # (input, target, grad_output): s0 = 2 / N or 2
     "leaky_relu": _float(1, 1, "(a>0?a:a*s0)"),
     "leaky_relu_backward": _float(2, 1, "(b>0?a:a*s0)"),
+    # mixed precision (torch.amp.GradScaler), as torch's CUDA kernels compute them
+    "amp_found_inf": _float(2, 0, "(isfinite(b)?a:1.0f)"),  # a = found_inf, b = max |grad| (NaN/inf if any is)
+    # a = scale, b = growth tracker, c = found_inf; s0 growth factor, s1 backoff factor, s2 growth interval
+    "amp_scale": _float(3, 3, "(c!=0?a*s1:((b+1==s2&&isfinite(a*s0))?a*s0:a))"),
+    "amp_growth_tracker": _float(2, 1, "(b!=0?0:(a+1==s0?0:a+1))"),  # a = tracker, b = found_inf; s0 interval
 }
 
 for _name, _expr in EXPRESSIONS.items():  # a whitespace would split the -DOP option

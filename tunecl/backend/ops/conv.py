@@ -2,14 +2,15 @@
 
 Each call becomes a :class:`~tunecl.problems.ConvProblem` and runs the cached conv plan of
 :mod:`tunecl.backend.plans` (NCHW contiguous fp32; strided inputs are made contiguous on the device
-first):
+first; float16 operands are converted to float32 scratch and the results rounded back, so a half
+convolution runs the tuned float32 plan of the same shape, see :mod:`tunecl.backend.half`):
 
 - forward: ``y = conv(x, w) + bias`` by the ``fwd`` plan (bias fused into the plan's run);
 - backward: ``grad_input`` by the ``bwd_data`` plan, ``grad_weight`` by the ``bwd_weight`` plan and
   ``grad_bias`` by the backend's sum reduction over (N, H, W) of the output gradient, each only
   when ``output_mask`` asks for it.
 
-Transposed convolutions, 1-D/3-D convolutions and non-fp32 dtypes keep an explicit CPU route that is
+Transposed convolutions, 1-D/3-D convolutions and dtypes other than fp32/fp16 keep an explicit CPU route that is
 counted and governed as a fallback (``TUNECL_FALLBACK=error`` raises). A zero-size batch produces
 empty (or, for gradients of parameters, zero) results without launching a plan.
 """
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
-from tunecl.backend import copies, fallback, memory, plans, state
+from tunecl.backend import fallback, half, memory, plans, state
 from tunecl.backend.memory import buffer_of
 from tunecl.backend.operands import operand
 from tunecl.backend.ops.reduction import reduce
@@ -51,9 +52,7 @@ def _problem(input: torch.Tensor, weight: torch.Tensor, stride: Sequence[int], p
         raise Unsupported("output_padding")
     if input.dim() != 4 or weight.dim() != 4:
         raise Unsupported(f"{input.dim() - 2}-d convolution (only 2-d runs on the device)")
-    for t in (input, weight, *others):
-        if t is not None and (t.dtype != torch.float32 or t.device.type != "opencl"):
-            raise Unsupported(f"convolution of a {t.dtype} tensor on {t.device}")
+    half.check(input, weight, *others)
     n, c, h, w = input.shape
     k, _, r, s = weight.shape
     try:
@@ -62,8 +61,8 @@ def _problem(input: torch.Tensor, weight: torch.Tensor, stride: Sequence[int], p
         raise Unsupported(str(why)) from None
 
 
-def _zeros(shape: Sequence[int]) -> torch.Tensor:
-    out = memory.empty_contiguous(shape, torch.float32)
+def _zeros(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    out = memory.empty_contiguous(shape, dtype)
     if out.numel():
         state.get().pointwise("fill", out.shape, operand(out), (), (0,))
     return out
@@ -76,14 +75,12 @@ def _forward(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     n = input.shape[0]
     y = memory.empty_contiguous((n, problem.k, problem.p, problem.q), torch.float32)
     if n == 0:
-        return y
+        return half.cast(y, input.dtype)
     plan = plans.conv_plan(problem)
-    x, w = copies.contiguous_on_device(input), copies.contiguous_on_device(weight)
-    if bias is not None:
-        bias = copies.contiguous_on_device(bias)
+    x, w, bias = half.to_float32(input), half.to_float32(weight), half.to_float32(bias)
     plan.run(buffer_of(x), buffer_of(w), buffer_of(y), a_offset=x.storage_offset(), b_offset=w.storage_offset(),
              bias=None if bias is None else buffer_of(bias), bias_offset=0 if bias is None else bias.storage_offset())
-    return y
+    return half.cast(y, input.dtype)
 
 
 def _backward(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, stride: Sequence[int],
@@ -92,26 +89,28 @@ def _backward(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tens
     problem = _problem(input, weight, stride, padding, dilation, transposed, output_padding, groups, grad_output)
     want_input, want_weight, want_bias = (bool(m) for m in output_mask)
     if input.shape[0] == 0:
-        return (memory.empty_contiguous(input.shape, torch.float32) if want_input else None,
-                _zeros(weight.shape) if want_weight else None,
-                _zeros((problem.k,)) if want_bias else None)
+        return (memory.empty_contiguous(input.shape, input.dtype) if want_input else None,
+                _zeros(weight.shape, weight.dtype) if want_weight else None,
+                _zeros((problem.k,), grad_output.dtype) if want_bias else None)
     # find every plan first: an Unsupported problem then takes the CPU route before anything is launched
     data_plan = plans.conv_plan(problem.with_direction("bwd_data")) if want_input else None
     weight_plan = plans.conv_plan(problem.with_direction("bwd_weight")) if want_weight else None
-    dy = copies.contiguous_on_device(grad_output)
+    dy = half.to_float32(grad_output)
     grad_input = grad_weight = grad_bias = None
     if data_plan is not None:
-        w = copies.contiguous_on_device(weight)
+        w = half.to_float32(weight)
         grad_input = memory.empty_contiguous(input.shape, torch.float32)
         data_plan.run(buffer_of(dy), buffer_of(w), buffer_of(grad_input), a_offset=dy.storage_offset(),
                       b_offset=w.storage_offset())
+        grad_input = half.cast(grad_input, input.dtype)
     if weight_plan is not None:
-        x = copies.contiguous_on_device(input)
+        x = half.to_float32(input)
         grad_weight = memory.empty_contiguous(weight.shape, torch.float32)
         weight_plan.run(buffer_of(x), buffer_of(dy), buffer_of(grad_weight), a_offset=x.storage_offset(),
                         b_offset=dy.storage_offset())
-    if want_bias:
-        grad_bias = reduce("sum", dy, [0, 2, 3], False, memory.empty_contiguous((problem.k,), torch.float32))
+        grad_weight = half.cast(grad_weight, weight.dtype)
+    if want_bias:  # summed in float32 from the float32 dy, rounded once
+        grad_bias = reduce("sum", dy, [0, 2, 3], False, memory.empty_contiguous((problem.k,), grad_output.dtype))
     return grad_input, grad_weight, grad_bias
 
 

@@ -3,6 +3,8 @@
 Each call becomes a :class:`~tunecl.problems.GemmProblem` (row-major; a transposed view is passed as
 ``trans_a``/``trans_b`` with its leading dimension instead of being copied) and runs the cached plan
 from :mod:`tunecl.backend.plans`. Without a registered GEMM algorithm these ops take the CPU fallback.
+float16 products run the float32 plan of the same shape on converted operands (float32
+accumulation, one rounding of the result; :mod:`tunecl.backend.half`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 import torch
 
-from tunecl.backend import copies, memory, plans, state
+from tunecl.backend import copies, half, memory, plans, state
 from tunecl.backend.memory import buffer_of
 from tunecl.backend.operands import kernel_dtype, operand
 from tunecl.backend.ops.pointwise import run
@@ -44,6 +46,11 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, alpha: float, bet
     """out = alpha * a @ b + beta * out for 2-d or batched 3-d device tensors (out already sized)."""
     if a.dtype != b.dtype or a.dtype != out.dtype or kernel_dtype(a) not in DTYPES:
         raise Unsupported(f"matrix product of {a.dtype} and {b.dtype} into {out.dtype}")
+    if a.dtype == torch.float16:  # the float32 plan on converted operands, rounded once at the end
+        c = half.to_float32(out) if beta != 0 else half.empty_like_float32(out.dtype, out.shape)
+        _gemm(half.to_float32(a), half.to_float32(b), c, alpha, beta)
+        copies.device_copy(out, c)
+        return
     batch = a.shape[0] if a.dim() == 3 else 1
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     a, trans_a, lda = _layout(a)

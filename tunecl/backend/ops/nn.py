@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from tunecl.backend import copies, memory, state
+from tunecl.backend import copies, half, memory, state
 from tunecl.backend.copies import contiguous_on_device
 from tunecl.backend.memory import _buffers
 from tunecl.backend.operands import kernel_dtype, operand
@@ -23,6 +23,10 @@ def _opt(t: torch.Tensor | None) -> Operand | None:
     return None if t is None else operand(contiguous_on_device(t))
 
 
+def _opt32(t: torch.Tensor | None) -> Operand | None:
+    return None if t is None else operand(half.to_float32(t))
+
+
 def into_contiguous(out: torch.Tensor, shape: Sequence[int], compute: Callable[[torch.Tensor], None]) -> torch.Tensor:
     """Run ``compute`` into ``out`` (resized to ``shape``) directly if it is contiguous, else into a
     contiguous temporary that is then copied into ``out``."""
@@ -35,6 +39,14 @@ def into_contiguous(out: torch.Tensor, shape: Sequence[int], compute: Callable[[
         compute(tmp)
         copies.device_copy(out, tmp)
     return out
+
+
+def into_float32(out: torch.Tensor, shape: Sequence[int], compute: Callable[[torch.Tensor], None]) -> torch.Tensor:
+    """Run the float32 ``compute`` into ``out`` (resized to ``shape``): directly if ``out`` is contiguous
+    float32, else into a float32 temporary rounded into ``out`` (float16 results)."""
+    target = half.float32_target(out, shape)
+    compute(target)
+    return half.write_back(out, target)
 
 
 # -- NLL loss ----------------------------------------------------------------------------------------
@@ -102,17 +114,23 @@ def native_batch_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: to
     for stat in (running_mean, running_var):
         if stat is not None and not stat.is_contiguous():
             raise Unsupported("non-contiguous running statistics")  # updated in place
-    x = contiguous_on_device(input)
-    y = memory.empty_contiguous(input.shape, input.dtype)
+    half.check(input, weight, bias, running_mean, running_var)
+    if any(s is not None and s.dtype != torch.float32 for s in (running_mean, running_var)):
+        raise Unsupported("float16 running statistics")  # updated in place by the float32 kernel
+    # float16 activations (autocast) run the float32 kernels on converted copies; like torch, the
+    # saved statistics take the parameters' dtype (float32 next to float16 input)
+    stat_dtype = next((p.dtype for p in (weight, bias, running_mean) if p is not None), input.dtype)
+    x = half.to_float32(input)
+    y = memory.empty_contiguous(input.shape, torch.float32)
     c = shape[1] if training else 0  # eval returns empty saved statistics, as the CPU kernel does
-    save_mean, save_invstd = (memory.empty_contiguous([c], input.dtype) for _ in range(2))
-    ops = {"x": operand(x), "y": operand(y), "weight": _opt(weight), "bias": _opt(bias),
+    save_mean, save_invstd = (memory.empty_contiguous([c], torch.float32) for _ in range(2))
+    ops = {"x": operand(x), "y": operand(y), "weight": _opt32(weight), "bias": _opt32(bias),
            "running_mean": operand(running_mean) if running_mean is not None else None,
            "running_var": operand(running_var) if running_var is not None else None}
     if training:
         ops.update(save_mean=operand(save_mean), save_invstd=operand(save_invstd))
     state.get().norm.forward(shape, ops, training, eps, momentum)
-    return y, save_mean, save_invstd
+    return half.cast(y, input.dtype), half.cast(save_mean, stat_dtype), half.cast(save_invstd, stat_dtype)
 
 
 def native_batch_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor | None,
@@ -121,21 +139,25 @@ def native_batch_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, weig
                                eps: float, output_mask: Sequence[bool]):
     shape = _ncl(input)
     c = shape[1]
-    dy, x = contiguous_on_device(grad_out), contiguous_on_device(input)
-    grad_input = memory.empty_contiguous(input.shape, input.dtype) if output_mask[0] else None
-    grad_weight = memory.empty_contiguous([c], input.dtype) if output_mask[1] else None
-    grad_bias = memory.empty_contiguous([c], input.dtype) if output_mask[2] else None
+    half.check(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd)
+    dy, x = half.to_float32(grad_out), half.to_float32(input)
+    param_dtype = weight.dtype if weight is not None else input.dtype
+    grad_input = memory.empty_contiguous(input.shape, torch.float32) if output_mask[0] else None
+    grad_weight = memory.empty_contiguous([c], torch.float32) if output_mask[1] else None
+    grad_bias = memory.empty_contiguous([c], torch.float32) if output_mask[2] else None
     scratch = memory.empty_contiguous([2 * c], torch.float32)
-    ops = {"dy": operand(dy), "x": operand(x), "weight": _opt(weight), "scratch": operand(scratch),
+    ops = {"dy": operand(dy), "x": operand(x), "weight": _opt32(weight), "scratch": operand(scratch),
            "y": operand(grad_input) if grad_input is not None else None,
            "grad_weight": operand(grad_weight) if grad_weight is not None else None,
            "grad_bias": operand(grad_bias) if grad_bias is not None else None}
     if train:
-        ops.update(save_mean=_opt(save_mean), save_invstd=_opt(save_invstd))
+        ops.update(save_mean=_opt32(save_mean), save_invstd=_opt32(save_invstd))
     else:
-        ops.update(running_mean=_opt(running_mean), running_var=_opt(running_var))
+        ops.update(running_mean=_opt32(running_mean), running_var=_opt32(running_var))
     state.get().norm.backward(shape, ops, train, eps, grad_input is not None)
-    return grad_input, grad_weight, grad_bias
+    return (None if grad_input is None else half.cast(grad_input, input.dtype),
+            None if grad_weight is None else half.cast(grad_weight, param_dtype),
+            None if grad_bias is None else half.cast(grad_bias, param_dtype))
 
 
 # -- pooling ---------------------------------------------------------------------------------------------
@@ -177,12 +199,12 @@ def max_pool2d_out(self: torch.Tensor, kernel_size: Sequence[int], stride: Seque
                    padding: Sequence[int] = (0,), dilation: Sequence[int] = (1,), ceil_mode: bool = False, *,
                    out: torch.Tensor, indices: torch.Tensor):
     win = _window(self, kernel_size, stride, padding, dilation, ceil_mode)
-    x = contiguous_on_device(self)
+    x = half.to_float32(self)
     shape = _planes(self)[1] + [win.oh, win.ow]
     if not indices.is_contiguous() or list(indices.shape) != shape:
         raise Unsupported("max_pool2d indices must be a contiguous tensor of the output's shape")
-    into_contiguous(out, shape, lambda o: state.get().pool("max_forward", win, operand(o), operand(x),
-                                                                 operand(indices)))
+    into_float32(out, shape, lambda o: state.get().pool("max_forward", win, operand(o), operand(x),
+                                                              operand(indices)))
     return out, indices
 
 
@@ -190,8 +212,8 @@ def max_pool2d_backward(grad_output: torch.Tensor, self: torch.Tensor, kernel_si
                         stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], ceil_mode: bool,
                         indices: torch.Tensor, *, grad_input: torch.Tensor) -> torch.Tensor:
     win = _window(self, kernel_size, stride, padding, dilation, ceil_mode)
-    g, idx = contiguous_on_device(grad_output), contiguous_on_device(indices)
-    return into_contiguous(grad_input, self.shape, lambda o: state.get().pool(
+    g, idx = half.to_float32(grad_output), contiguous_on_device(indices)
+    return into_float32(grad_input, self.shape, lambda o: state.get().pool(
         "max_backward", win, operand(o), operand(g), operand(idx)))
 
 
@@ -199,17 +221,17 @@ def avg_pool2d_out(self: torch.Tensor, kernel_size: Sequence[int], stride: Seque
                    padding: Sequence[int] = (0,), ceil_mode: bool = False, count_include_pad: bool = True,
                    divisor_override: int | None = None, *, out: torch.Tensor) -> torch.Tensor:
     win = _window(self, kernel_size, stride, padding, 1, ceil_mode, count_include_pad, divisor_override)
-    x = contiguous_on_device(self)
+    x = half.to_float32(self)
     shape = _planes(self)[1] + [win.oh, win.ow]
-    return into_contiguous(out, shape, lambda o: state.get().pool("avg_forward", win, operand(o), operand(x)))
+    return into_float32(out, shape, lambda o: state.get().pool("avg_forward", win, operand(o), operand(x)))
 
 
 def avg_pool2d_backward(grad_output: torch.Tensor, self: torch.Tensor, kernel_size: Sequence[int],
                         stride: Sequence[int], padding: Sequence[int], ceil_mode: bool, count_include_pad: bool,
                         divisor_override: int | None, *, grad_input: torch.Tensor) -> torch.Tensor:
     win = _window(self, kernel_size, stride, padding, 1, ceil_mode, count_include_pad, divisor_override)
-    g = contiguous_on_device(grad_output)
-    return into_contiguous(grad_input, self.shape, lambda o: state.get().pool(
+    g = half.to_float32(grad_output)
+    return into_float32(grad_input, self.shape, lambda o: state.get().pool(
         "avg_backward", win, operand(o), operand(g)))
 
 
@@ -221,9 +243,9 @@ def _adaptive_window(x: torch.Tensor, output_size: Sequence[int]) -> Window:
 
 def adaptive_avg_pool2d_out(self: torch.Tensor, output_size: Sequence[int], *, out: torch.Tensor) -> torch.Tensor:
     win = _adaptive_window(self, output_size)
-    x = contiguous_on_device(self)
+    x = half.to_float32(self)
     shape = _planes(self)[1] + [win.oh, win.ow]
-    return into_contiguous(out, shape, lambda o: state.get().pool("adaptive_forward", win, operand(o), operand(x)))
+    return into_float32(out, shape, lambda o: state.get().pool("adaptive_forward", win, operand(o), operand(x)))
 
 
 def adaptive_avg_pool2d(self: torch.Tensor, output_size: Sequence[int]) -> torch.Tensor:
@@ -234,10 +256,10 @@ def adaptive_avg_pool2d(self: torch.Tensor, output_size: Sequence[int]) -> torch
 
 def adaptive_avg_pool2d_backward(grad_output: torch.Tensor, self: torch.Tensor) -> torch.Tensor:
     win = _adaptive_window(self, grad_output.shape[-2:])
-    g = contiguous_on_device(grad_output)
-    grad_input = memory.empty_contiguous(self.shape, self.dtype)
+    g = half.to_float32(grad_output)
+    grad_input = half.empty_like_float32(self.dtype, self.shape)
     state.get().pool("adaptive_backward", win, operand(grad_input), operand(g))
-    return grad_input
+    return half.cast(grad_input, self.dtype)
 
 
 # -- cat and dropout -----------------------------------------------------------------------------------

@@ -12,9 +12,10 @@ from typing import Any
 
 import torch
 
-from tunecl.backend import state
+from tunecl.backend import half, memory, state
 from tunecl.backend.operands import operand
 from tunecl.backend.ops.pointwise import run
+from tunecl.backend.ops.reduction import reduce
 from tunecl.kernels.strided import Unsupported
 
 
@@ -64,7 +65,49 @@ def foreach_add_scalar(self: list[torch.Tensor], scalar: bool | float) -> None:
         run("add", t, (t, scalar), (1,))
 
 
+# -- mixed precision (torch.amp.GradScaler) ---------------------------------------------------------------
+def _scalar_float32(t: torch.Tensor, name: str) -> None:
+    if t.device.type != "opencl" or t.dtype != torch.float32 or t.numel() != 1:
+        raise Unsupported(f"{name} must be a one-element float32 opencl tensor")
+
+
+def amp_non_finite_check_and_unscale(self: list[torch.Tensor], found_inf: torch.Tensor,
+                                     inv_scale: torch.Tensor) -> None:
+    """``_amp_foreach_non_finite_check_and_unscale_``: ``found_inf = 1`` if any gradient holds an inf
+    or NaN; every gradient is multiplied by ``inv_scale`` (float32 compute, also for float16 grads).
+
+    max |g| (a NaN-propagating reduction, no arithmetic that could overflow) is finite exactly when
+    every element is, so each gradient costs one reduction, one scalar update and one multiply.
+    """
+    _scalar_float32(found_inf, "found_inf")
+    _scalar_float32(inv_scale, "inv_scale")
+    half.check(*self)
+    for g in self:
+        if g.numel() == 0:
+            continue
+        largest = memory.empty_contiguous([], torch.float32)
+        reduce("norm_inf", g, None, False, largest)
+        run("amp_found_inf", found_inf, (found_inf, largest))
+        run("mul", g, (g, inv_scale))
+
+
+def amp_update_scale(self: torch.Tensor, growth_tracker: torch.Tensor, found_inf: torch.Tensor,
+                     scale_growth_factor: float, scale_backoff_factor: float, growth_interval: int) -> torch.Tensor:
+    """``_amp_update_scale_``: back off after an inf/NaN, grow after ``growth_interval`` clean steps."""
+    _scalar_float32(self, "scale")
+    _scalar_float32(found_inf, "found_inf")
+    if growth_tracker.device.type != "opencl" or growth_tracker.dtype != torch.int32 or growth_tracker.numel() != 1:
+        raise Unsupported("growth_tracker must be a one-element int32 opencl tensor")
+    # the scale reads the tracker's old value, so it is updated first (in-order queue)
+    run("amp_scale", self, (self, growth_tracker, found_inf),
+        (scale_growth_factor, scale_backoff_factor, float(growth_interval)))
+    run("amp_growth_tracker", growth_tracker, (growth_tracker, found_inf), (float(growth_interval),))
+    return self
+
+
 KERNELS: dict[str, Callable[..., Any]] = {
+    "_amp_foreach_non_finite_check_and_unscale_": amp_non_finite_check_and_unscale,
+    "_amp_update_scale_": amp_update_scale,
     "_fused_adam_": fused_adam(adamw=False),
     "_fused_adamw_": fused_adam(adamw=True),
     "_fused_sgd_": fused_sgd,

@@ -8,8 +8,7 @@ from typing import Any
 
 import torch
 
-from tunecl.backend import memory, state
-from tunecl.backend.copies import contiguous_on_device
+from tunecl.backend import half, memory, state
 from tunecl.backend.memory import _buffers
 from tunecl.backend.operands import kernel_dtype, operand
 from tunecl.kernels.strided import Operand, Unsupported
@@ -154,26 +153,17 @@ def _rows(t: torch.Tensor, dim: int) -> tuple[int, int, int]:
     return math.prod(t.shape[:dim]), t.shape[dim], math.prod(t.shape[dim + 1:])
 
 
-def _into(out: torch.Tensor, like: torch.Tensor, compute: Callable[[torch.Tensor], None]) -> torch.Tensor:
-    """Run ``compute`` into ``out`` if it is contiguous, else into a temporary copied to ``out``."""
-    if out.shape != like.shape:
-        out.resize_(like.shape)
-    if out.is_contiguous():
-        compute(out)
-    else:
-        tmp = memory.empty_contiguous(like.shape, out.dtype)
-        compute(tmp)
-        out.copy_(tmp)
-    return out
-
-
 def softmax_out(op: str) -> Callable[..., torch.Tensor]:
     def kernel(self: torch.Tensor, dim: int, half_to_float: bool, *, out: torch.Tensor) -> torch.Tensor:
-        if half_to_float:
-            raise Unsupported("half_to_float softmax")
-        x = contiguous_on_device(self)
+        # float16 (with half_to_float: autocast's float32 result from float16 input) runs the float32
+        # kernel on a converted copy; a float16 result is rounded once
+        if half_to_float and self.dtype != torch.float16:
+            raise Unsupported(f"half_to_float softmax of a {self.dtype} input")
+        x = half.to_float32(self)
         outer, size, inner = _rows(x, dim)
-        return _into(out, x, lambda o: state.get().softmax(op, outer, size, inner, operand(o), operand(x)))
+        target = half.float32_target(out, x.shape)
+        state.get().softmax(op, outer, size, inner, operand(target), operand(x))
+        return half.write_back(out, target)
     return kernel
 
 
@@ -181,10 +171,11 @@ def softmax_backward_out(op: str) -> Callable[..., torch.Tensor]:
     def kernel(grad_output: torch.Tensor, output: torch.Tensor, dim: int, input_dtype: torch.dtype,
                **out: torch.Tensor) -> torch.Tensor:
         (grad_input,) = out.values()
-        g, y = contiguous_on_device(grad_output), contiguous_on_device(output)
+        g, y = half.to_float32(grad_output), half.to_float32(output)
         outer, size, inner = _rows(g, dim)
-        return _into(grad_input, g, lambda o: state.get().softmax(
-            op, outer, size, inner, operand(o), operand(g), operand(y)))
+        target = half.float32_target(grad_input, g.shape)
+        state.get().softmax(op, outer, size, inner, operand(target), operand(g), operand(y))
+        return half.write_back(grad_input, target)
     return kernel
 
 
