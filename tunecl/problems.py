@@ -256,6 +256,35 @@ class ConvProblem:
     def with_direction(self, direction: str) -> ConvProblem:
         return dataclasses.replace(self, direction=direction)
 
+    @classmethod
+    def transposed(cls, n: int, c: int, h: int, w: int, k: int, r: int, s: int,
+                   stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] = 0,
+                   output_padding: int | tuple[int, int] = 0, dilation: int | tuple[int, int] = 1,
+                   groups: int = 1) -> ConvProblem:
+        """The regular convolution a transposed one is made of (direction ``fwd``).
+
+        ``conv_transpose2d`` of an N×C×H×W input with a C×(K/groups)×R×S weight gives N×K×Ho×Wo,
+        ``Ho = (H-1)·stride - 2·padding + dilation·(R-1) + output_padding + 1``. It is the ``bwd_data``
+        of the regular convolution returned here (input N×K×Ho×Wo, the same weight read as its
+        K'=C × C'/groups=K/groups filters, output N×C×H×W); its input gradient is that convolution's
+        ``fwd`` of the output gradient, its weight gradient the ``bwd_weight`` with the output gradient
+        as input and the transposed convolution's input as output gradient. ``output_padding`` only
+        adds rows/columns the regular convolution never reaches, so its output is H×W again exactly
+        when ``output_padding < stride``; anything else raises ValueError.
+        """
+        stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
+        output_padding = _pair(output_padding)
+        if min(output_padding) < 0:
+            raise ValueError(f"output_padding must be ≥ 0, got {output_padding}")
+        ho, wo = ((size - 1) * st - 2 * pad + dil * (kernel - 1) + extra + 1 for size, st, pad, dil, kernel, extra
+                  in zip((h, w), stride, padding, dilation, (r, s), output_padding))
+        if ho < 1 or wo < 1:
+            raise ValueError(f"transposed convolution output would be {ho}x{wo}")
+        problem = cls(n, k, ho, wo, c, r, s, stride, padding, dilation, groups)
+        if (problem.p, problem.q) != (h, w):  # output_padding ≥ stride: rows no input position reaches
+            raise ValueError(f"output_padding {output_padding} must be smaller than the stride {stride}")
+        return problem
+
 
 Problem = Union[GemmProblem, ConvProblem]
 PROBLEM_KINDS: dict[str, type] = {"gemm": GemmProblem, "conv": ConvProblem}

@@ -88,16 +88,126 @@ def test_conv1d_runs_on_the_device_as_a_2d_convolution(fresh_stats):
     assert not fresh_stats()["fallback_ops"]
 
 
-def test_transposed_and_3d_convolutions_take_the_counted_cpu_route(fresh_stats):
+def test_3d_and_unmappable_transposed_convolutions_take_the_counted_cpu_route(fresh_stats):
     x, w = torch.randn(1, 4, 5, 5), torch.randn(4, 3, 3, 3)
+    # output_padding 1 ≥ stride 1 (torch allows it below the dilation): no regular convolution maps
+    # the larger output back to 5x5, so it is not a bwd_data problem
+    odd = {"dilation": 2, "output_padding": 1}
     with config.override(fallback="silent"):
-        got = F.conv_transpose2d(x.to(DEVICE), w.to(DEVICE), stride=2, output_padding=1)
+        got = F.conv_transpose2d(x.to(DEVICE), w.to(DEVICE), **odd)
         got3d = F.conv3d(torch.randn(1, 2, 4, 5, 5).to(DEVICE), torch.randn(3, 2, 3, 3, 3).to(DEVICE))
-    torch.testing.assert_close(got.cpu(), F.conv_transpose2d(x, w, stride=2, output_padding=1))
+    torch.testing.assert_close(got.cpu(), F.conv_transpose2d(x, w, **odd))
     assert got3d.shape == (1, 3, 2, 3, 3)
     assert fresh_stats()["fallback_ops"] == {"aten::convolution_overrideable": 2}
-    with config.override(fallback="error"), pytest.raises(FallbackError, match="transposed convolution"):
-        F.conv_transpose2d(x.to(DEVICE), w.to(DEVICE))
+    with config.override(fallback="error"), pytest.raises(FallbackError, match="must be smaller than the stride"):
+        F.conv_transpose2d(x.to(DEVICE), w.to(DEVICE), **odd)
+
+
+# -- transposed convolutions: the plans of the regular convolution they are made of ----------------------
+def conv_t(x, w, b=None, **kwargs):
+    return F.conv_transpose2d(x, w, b, **kwargs)
+
+
+# (input shape, weight shape (C_in, C_out/groups, kh, kw), bias, conv_transpose2d keyword arguments)
+TRANSPOSED = {
+    "3x3_bias": ((2, 4, 5, 5), (4, 3, 3, 3), True, {}),
+    "4x4_stride2_pad1_batch1": ((1, 4, 4, 5), (4, 3, 4, 4), True, {"stride": 2, "padding": 1}),
+    "3x3_stride2_output_padding1": ((2, 3, 5, 4), (3, 4, 3, 3), True, {"stride": 2, "padding": 1,
+                                                                       "output_padding": 1}),
+    "5x5_stride3_pad2_output_padding2": ((1, 3, 3, 4), (3, 2, 5, 5), False, {"stride": 3, "padding": 2,
+                                                                             "output_padding": (2, 1)}),
+    "dilation2": ((2, 3, 5, 5), (3, 4, 3, 3), True, {"dilation": 2, "padding": 2}),
+    "groups2_stride2": ((2, 4, 5, 5), (4, 3, 3, 3), True, {"groups": 2, "stride": 2}),
+    "depthwise": ((1, 6, 5, 5), (6, 1, 3, 3), True, {"groups": 6, "padding": 1}),
+    "depthwise_multiplier2_stride2": ((2, 3, 4, 4), (3, 2, 4, 4), False, {"groups": 3, "stride": 2,
+                                                                          "padding": 1}),
+    "1x1_stride2": ((2, 4, 3, 3), (4, 5, 1, 1), True, {"stride": 2}),
+    "1x1_pad1": ((1, 4, 5, 5), (4, 3, 1, 1), False, {"padding": 1}),
+    "non_square_kernel_and_stride": ((1, 3, 5, 7), (3, 4, 3, 2), True, {"stride": (2, 1), "padding": (1, 0),
+                                                                        "output_padding": (1, 0)}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TRANSPOSED))
+def test_conv_transpose2d_forward_and_backward(name, fresh_stats):
+    x_shape, w_shape, with_bias, kwargs = TRANSPOSED[name]
+    bias = [torch.randn(w_shape[1] * kwargs.get("groups", 1))] if with_bias else []
+    check_op(conv_t, torch.randn(x_shape), torch.randn(w_shape), *bias, **kwargs, **TOL)
+    snapshot = fresh_stats()
+    assert not snapshot["fallback_ops"]
+    assert snapshot["ops"]["aten::convolution_overrideable"] == 1
+    assert snapshot["ops"]["aten::convolution_backward_overrideable"] == 1
+
+
+def test_conv_transpose2d_runs_the_regular_convolutions_plans(fresh_stats, fresh_plans):
+    """Its output is the regular problem's bwd_data, its gradients that problem's fwd and bwd_weight:
+    the very plans (and tuning DB entries) a Conv2d of that shape uses."""
+    check_op(conv_t, torch.randn(2, 4, 5, 5), torch.randn(4, 6, 4, 4), torch.randn(6), stride=2, padding=1,
+             output_padding=1, **TOL)
+    regular = ConvProblem(2, 6, 11, 11, 4, 4, 4, stride=2, padding=1)
+    assert regular == ConvProblem.transposed(2, 4, 5, 5, 6, 4, 4, stride=2, padding=1, output_padding=1)
+    assert {key for key in fresh_stats()["plans"] if key.startswith("conv:")} == {
+        regular.with_direction(direction).key for direction in ("fwd", "bwd_data", "bwd_weight")}
+
+
+def test_conv_transpose2d_of_non_contiguous_operands(fresh_stats):
+    every_other_column = Input(torch.randn(2, 4, 5, 10), lambda v: v[..., ::2])
+    channels_last = Input(torch.randn(1, 4, 5, 5), lambda v: v.contiguous(memory_format=torch.channels_last))
+    transposed_weight = Input(torch.randn(3, 4, 3, 3), lambda v: v.transpose(0, 1))
+    offset_bias = Input(torch.randn(6), lambda v: v[3:])
+    check_op(conv_t, every_other_column, transposed_weight, offset_bias, stride=2, **TOL)
+    check_op(conv_t, channels_last, torch.randn(4, 3, 3, 3), padding=1, **TOL)
+    assert not fresh_stats()["fallback_ops"]
+
+
+def test_conv_transpose2d_output_mask_and_empty_batch(fresh_stats, fresh_plans):
+    check_op(conv_t, Input(torch.randn(1, 3, 4, 4), grad=False), torch.randn(3, 2, 3, 3), torch.randn(2),
+             stride=2, **TOL)
+    directions = {key.split("dir=")[1].split(",")[0] for key in fresh_stats()["plans"] if key.startswith("conv:")}
+    assert directions == {"bwd_data", "bwd_weight"}   # no input gradient: no regular fwd
+    check_op(conv_t, torch.randn(0, 3, 4, 4), torch.randn(3, 2, 3, 3), torch.randn(2), stride=2)
+    assert not fresh_stats()["fallback_ops"]
+
+
+def test_conv_transpose2d_in_float16(fresh_stats):
+    x, w, b = torch.randn(2, 4, 5, 5), torch.randn(4, 3, 3, 3), torch.randn(3)
+    got = F.conv_transpose2d(*(t.half().to(DEVICE) for t in (x, w, b)), stride=2, padding=1, output_padding=1)
+    expected = F.conv_transpose2d(*(t.half().float() for t in (x, w, b)), stride=2, padding=1, output_padding=1)
+    assert got.dtype == torch.float16
+    torch.testing.assert_close(got.cpu().float(), expected.half().float(), atol=1e-2, rtol=1e-3)
+    assert not fresh_stats()["fallback_ops"]
+
+
+def _dcgan_generator(latent: int = 8, width: int = 8) -> torch.nn.Module:
+    nn = torch.nn
+    return nn.Sequential(
+        nn.ConvTranspose2d(latent, width * 2, 4, 1, 0, bias=False), nn.BatchNorm2d(width * 2), nn.ReLU(True),
+        nn.ConvTranspose2d(width * 2, width, 4, 2, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(True),
+        nn.ConvTranspose2d(width, 3, 4, 2, 1), nn.Tanh())
+
+
+def test_dcgan_generator_trains_on_the_device_without_fallback(strict, fresh_stats):
+    cpu = _dcgan_generator()
+    dev = _dcgan_generator().to(DEVICE)
+    dev.load_state_dict(cpu.state_dict())
+    z, target = torch.randn(2, 8, 1, 1), torch.rand(2, 3, 16, 16) * 2 - 1
+    outputs = []
+    for model, device in ((cpu, "cpu"), (dev, DEVICE)):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        out = model(z.to(device))
+        F.mse_loss(out, target.to(device)).backward()
+        optimizer.step()
+        outputs.append(out)
+    assert outputs[1].shape == (2, 3, 16, 16)
+    torch.testing.assert_close(outputs[1].detach().cpu(), outputs[0].detach(), atol=1e-4, rtol=1e-4)
+    for (name, want), got in zip(cpu.state_dict().items(), dev.state_dict().values()):
+        torch.testing.assert_close(got.cpu(), want, atol=1e-4, rtol=1e-4, msg=name)
+    for (name, want), got in zip(cpu.named_parameters(), dev.parameters()):
+        torch.testing.assert_close(got.grad.cpu(), want.grad, atol=1e-4, rtol=1e-4, msg=name)
+    snapshot = fresh_stats()
+    assert not snapshot["fallback_ops"]
+    assert snapshot["ops"]["aten::convolution_overrideable"] == 3
+    assert snapshot["ops"]["aten::convolution_backward_overrideable"] == 3
 
 
 # -- plans: the lookup chain ------------------------------------------------------------------------

@@ -70,26 +70,28 @@ def test_the_walk_reports_an_op_that_has_no_kernel(strict):
 
 
 class _Refused(nn.Module):
-    """Ops with kernels that refuse these cases: a transposed convolution (the conv adapter) and
-    max-pooling fp16 (the pool kernel family); the walk must see both."""
+    """Ops with kernels that refuse these cases: a 3-d convolution and max-pooling of integers (both
+    adapters raise ``Unsupported``); the walk must see both, forward and backward."""
 
     def __init__(self):
         super().__init__()
-        self.up = nn.ConvTranspose2d(3, 4, 2, stride=2)
+        self.conv = nn.Conv3d(3, 4, (1, 2, 2))
         self.fc = nn.Linear(4, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = nn.functional.max_pool2d(self.up(x).half(), 2).float()
-        return self.fc(y.mean((2, 3)))
+        y = self.conv(x.unsqueeze(2)).squeeze(2)
+        pooled = nn.functional.max_pool2d(y.int(), 2).float()
+        return self.fc(y.mean((2, 3)) + pooled.mean((2, 3)))
 
 
 def test_the_walk_reports_calls_an_adapter_or_kernel_family_refuses():
-    result = walk(_Refused, image_size=4, optimizers=())
+    result = walk(_Refused, image_size=5, optimizers=())
     assert result.error is None
     found = {(f.phase, f.op, f.reason) for f in result.fallbacks}
-    assert {("eval", "aten::convolution_overrideable", "transposed convolution"),
-            ("train", "aten::convolution_backward_overrideable", "transposed convolution"),
-            ("eval", "aten::max_pool2d_with_indices.out", "pooling needs float32")} <= found
+    assert {("eval", "aten::convolution_overrideable", "3-d convolution (only 2-d runs on the device)"),
+            ("train", "aten::convolution_backward_overrideable", "3-d convolution (only 2-d runs on the device)"),
+            ("eval", "aten::max_pool2d_with_indices.out",
+             "a torch.int32 tensor on opencl:0 (float32/float16 opencl tensors only)")} <= found
 
 
 def _real_phases(model: nn.Module, x: torch.Tensor) -> dict[str, dict[str, int]]:

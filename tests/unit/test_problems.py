@@ -69,6 +69,29 @@ def test_conv_validation_names_the_reason(spec, reason):
         ConvProblem.parse(spec)
 
 
+def test_a_transposed_convolution_is_the_regular_one_mapping_its_output_back():
+    # DCGAN's 4x4/stride 2/pad 1 upsampling of 64 channels at 8x8 to 32 at 16x16
+    up = ConvProblem.transposed(n=2, c=64, h=8, w=8, k=32, r=4, s=4, stride=2, padding=1)
+    assert up == ConvProblem(n=2, c=32, h=16, w=16, k=64, r=4, s=4, stride=2, padding=1)
+    assert up.output_shape == (2, 64, 8, 8) and up.weight_shape == (64, 32, 4, 4)  # conv_transpose2d's x, w
+    # output_padding only adds rows the regular convolution never reaches; groups, dilation, non-square
+    odd = ConvProblem.transposed(1, 6, 5, 7, 4, 3, 2, stride=(3, 2), padding=(1, 0), output_padding=(2, 1),
+                                 dilation=(2, 1), groups=2)
+    assert (odd.h, odd.w) == (4 * 3 - 2 + 4 + 2 + 1, 6 * 2 + 1 + 1 + 1) and (odd.p, odd.q) == (5, 7)
+    assert (odd.c, odd.k, odd.groups, odd.weight_shape) == (4, 6, 2, (6, 2, 3, 2))
+
+
+@pytest.mark.parametrize("kwargs, reason", [
+    ({"stride": 1, "dilation": 2, "output_padding": 1}, "must be smaller than the stride"),
+    ({"stride": 2, "output_padding": 2}, "must be smaller than the stride"),
+    ({"padding": 3}, "output would be"),
+    ({"output_padding": -1}, "output_padding must be"),
+])
+def test_a_transposed_convolution_without_a_regular_one_is_refused(kwargs, reason):
+    with pytest.raises(ValueError, match=reason):
+        ConvProblem.transposed(1, 4, 2, 2, 3, 3, 3, **kwargs)
+
+
 def test_gemm_spec_and_validation():
     assert GemmProblem.from_spec("64,1000,2048,0,1") == GemmProblem(64, 1000, 2048, False, True)
     assert GemmProblem.from_spec("8,8,8,1,1,4").batch == 4

@@ -10,9 +10,15 @@ convolution runs the tuned float32 plan of the same shape, see :mod:`tunecl.back
   ``grad_bias`` by the backend's sum reduction over (N, H, W) of the output gradient, each only
   when ``output_mask`` asks for it.
 
-Transposed convolutions, 1-D/3-D convolutions and dtypes other than fp32/fp16 keep an explicit CPU route that is
-counted and governed as a fallback (``TUNECL_FALLBACK=error`` raises). A zero-size batch produces
-empty (or, for gradients of parameters, zero) results without launching a plan.
+A transposed convolution runs the plans of the regular convolution it is made of
+(:meth:`~tunecl.problems.ConvProblem.transposed`), so it shares their tuning: its output is the
+``bwd_data`` plan's (the bias added by a pointwise kernel), its input gradient the ``fwd`` plan's and
+its weight gradient the ``bwd_weight`` plan's, with the roles of input and output gradient swapped.
+
+3-D convolutions, dtypes other than fp32/fp16 and transposed convolutions whose ``output_padding`` is
+not below the stride keep an explicit CPU route that is counted and governed as a fallback
+(``TUNECL_FALLBACK=error`` raises). A zero-size batch produces empty (or, for gradients of
+parameters, zero) results without launching a plan.
 """
 
 from __future__ import annotations
@@ -45,17 +51,21 @@ def _pair(values: Sequence[int]) -> tuple[int, int]:
 def _problem(input: torch.Tensor, weight: torch.Tensor, stride: Sequence[int], padding: Sequence[int],
              dilation: Sequence[int], transposed: bool, output_padding: Sequence[int], groups: int,
              *others: torch.Tensor | None) -> ConvProblem:
-    """The forward problem of a call with batch max(N, 1); Unsupported for what only the CPU runs."""
-    if transposed:
-        raise Unsupported("transposed convolution")
-    if any(output_padding):
-        raise Unsupported("output_padding")
+    """The regular forward problem of a call with batch max(N, 1) (for a transposed convolution the one
+    it is made of, see :meth:`ConvProblem.transposed`); Unsupported for what only the CPU runs."""
     if input.dim() != 4 or weight.dim() != 4:
         raise Unsupported(f"{input.dim() - 2}-d convolution (only 2-d runs on the device)")
     half.check(input, weight, *others)
     n, c, h, w = input.shape
     k, _, r, s = weight.shape
     try:
+        if transposed:
+            if k != c:  # torch's CPU kernel says what is wrong
+                raise ValueError(f"weight of {k} input channels for an input of {c}")
+            return ConvProblem.transposed(max(n, 1), c, h, w, weight.shape[1] * groups, r, s, _pair(stride),
+                                          _pair(padding), _pair(output_padding), _pair(dilation), groups)
+        if any(output_padding):
+            raise Unsupported("output_padding")
         return ConvProblem(max(n, 1), c, h, w, k, r, s, _pair(stride), _pair(padding), _pair(dilation), groups)
     except ValueError as why:  # empty channels and the like: torch's CPU kernel says what is wrong
         raise Unsupported(str(why)) from None
@@ -68,18 +78,33 @@ def _zeros(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     return out
 
 
+def _add_channel_bias(y: torch.Tensor, bias: torch.Tensor) -> None:
+    """``y[n, c, h, w] += bias[c]`` on a contiguous float32 ``y`` (the transposed convolution's bias: its
+    plan is a ``bwd_data`` one, which fuses none)."""
+    along_channels = operand(bias)._replace(strides=(0, bias.stride(0), 0, 0))
+    state.get().pointwise("add", tuple(y.shape), operand(y), (operand(y), along_channels), (1,))
+
+
 def _forward(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: Sequence[int],
              padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int],
              groups: int) -> torch.Tensor:
     problem = _problem(input, weight, stride, padding, dilation, transposed, output_padding, groups, bias)
     n = input.shape[0]
-    y = memory.empty_contiguous((n, problem.k, problem.p, problem.q), torch.float32)
+    # a transposed convolution is the bwd_data of the regular one: its output is that one's input
+    shape = (n, problem.c, problem.h, problem.w) if transposed else (n, problem.k, problem.p, problem.q)
+    y = memory.empty_contiguous(shape, torch.float32)
     if n == 0:
         return half.cast(y, input.dtype)
-    plan = plans.conv_plan(problem)
+    plan = plans.conv_plan(problem.with_direction("bwd_data") if transposed else problem)
     x, w, bias = half.to_float32(input), half.to_float32(weight), half.to_float32(bias)
-    plan.run(buffer_of(x), buffer_of(w), buffer_of(y), a_offset=x.storage_offset(), b_offset=w.storage_offset(),
-             bias=None if bias is None else buffer_of(bias), bias_offset=0 if bias is None else bias.storage_offset())
+    if transposed:
+        plan.run(buffer_of(x), buffer_of(w), buffer_of(y), a_offset=x.storage_offset(), b_offset=w.storage_offset())
+        if bias is not None:
+            _add_channel_bias(y, bias)
+    else:
+        plan.run(buffer_of(x), buffer_of(w), buffer_of(y), a_offset=x.storage_offset(),
+                 b_offset=w.storage_offset(), bias=None if bias is None else buffer_of(bias),
+                 bias_offset=0 if bias is None else bias.storage_offset())
     return half.cast(y, input.dtype)
 
 
@@ -88,12 +113,16 @@ def _backward(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tens
               groups: int, output_mask: Sequence[bool]) -> tuple[torch.Tensor | None, ...]:
     problem = _problem(input, weight, stride, padding, dilation, transposed, output_padding, groups, grad_output)
     want_input, want_weight, want_bias = (bool(m) for m in output_mask)
+    channels = grad_output.shape[1]
     if input.shape[0] == 0:
         return (memory.empty_contiguous(input.shape, input.dtype) if want_input else None,
                 _zeros(weight.shape, weight.dtype) if want_weight else None,
-                _zeros((problem.k,), grad_output.dtype) if want_bias else None)
-    # find every plan first: an Unsupported problem then takes the CPU route before anything is launched
-    data_plan = plans.conv_plan(problem.with_direction("bwd_data")) if want_input else None
+                _zeros((channels,), grad_output.dtype) if want_bias else None)
+    # Both input gradients read (grad_output, weight): the regular conv's bwd_data, or for a transposed
+    # one the regular fwd. The weight gradient is the regular bwd_weight of (its input, its output
+    # gradient): (input, grad_output), or (grad_output, input) for a transposed convolution.
+    # Every plan is found first: an Unsupported problem then takes the CPU route before anything runs.
+    data_plan = plans.conv_plan(problem if transposed else problem.with_direction("bwd_data")) if want_input else None
     weight_plan = plans.conv_plan(problem.with_direction("bwd_weight")) if want_weight else None
     dy = half.to_float32(grad_output)
     grad_input = grad_weight = grad_bias = None
@@ -105,12 +134,13 @@ def _backward(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tens
         grad_input = half.cast(grad_input, input.dtype)
     if weight_plan is not None:
         x = half.to_float32(input)
+        a, b = (dy, x) if transposed else (x, dy)
         grad_weight = memory.empty_contiguous(weight.shape, torch.float32)
-        weight_plan.run(buffer_of(x), buffer_of(dy), buffer_of(grad_weight), a_offset=x.storage_offset(),
-                        b_offset=dy.storage_offset())
+        weight_plan.run(buffer_of(a), buffer_of(b), buffer_of(grad_weight), a_offset=a.storage_offset(),
+                        b_offset=b.storage_offset())
         grad_weight = half.cast(grad_weight, weight.dtype)
     if want_bias:  # summed in float32 from the float32 dy, rounded once
-        grad_bias = reduce("sum", dy, [0, 2, 3], False, memory.empty_contiguous((problem.k,), grad_output.dtype))
+        grad_bias = reduce("sum", dy, [0, 2, 3], False, memory.empty_contiguous((channels,), grad_output.dtype))
     return grad_input, grad_weight, grad_bias
 
 
