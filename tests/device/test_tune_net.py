@@ -27,6 +27,23 @@ def test_workload_counts_every_direction():
     assert set(p.direction for p in inference if isinstance(p, ConvProblem)) == {"fwd"}
 
 
+def test_workload_records_transposed_convolutions_as_the_regular_problems_the_backend_runs():
+    from torch import nn
+
+    from tunecl.search.workload import extract
+
+    generator = nn.Sequential(nn.ConvTranspose2d(3, 4, 4, stride=2, padding=1), nn.ReLU(),
+                              nn.ConvTranspose2d(4, 2, 3, stride=2, padding=1, output_padding=1, groups=2))
+    found = extract(generator, batch=2, image_size=5, train=True)
+    first = ConvProblem(n=2, c=4, h=10, w=10, k=3, r=4, s=4, stride=2, padding=1)  # maps 10x10 back to 5x5
+    second = ConvProblem(n=2, c=2, h=20, w=20, k=4, r=3, s=3, stride=2, padding=1, groups=2)
+    assert found == {first.with_direction("bwd_data"): 1, first.with_direction("bwd_weight"): 1,
+                     second.with_direction("bwd_data"): 1, second.with_direction("bwd_weight"): 1,
+                     second: 1}  # the regular fwd is the input gradient; the first input needs none
+    assert set(extract(generator, batch=2, image_size=5)) == {first.with_direction("bwd_data"),
+                                                               second.with_direction("bwd_data")}
+
+
 def test_unknown_net_is_a_clear_error(capsys):
     assert main(["tune", "--net", "no_such_net_xyz", "--no-progress"]) == 1
     assert "unknown model 'no_such_net_xyz'" in capsys.readouterr().err

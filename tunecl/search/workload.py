@@ -1,9 +1,11 @@
 """Workload extraction: the unique conv and GEMM problems a torchvision model asks for.
 
 The model runs once on the ``meta`` device (no memory, no arithmetic) with forward hooks on every
-``nn.Conv2d`` and ``nn.Linear``; each call becomes a :class:`ConvProblem` (forward, and with
-``train=True`` also backward-data and backward-weight) or a :class:`GemmProblem`, counted by how often
-it occurs. ``nn.Linear(x) = x @ W.T + b`` is the GEMM M=batch, N=out_features, K=in_features with B
+``nn.Conv2d``, ``nn.ConvTranspose2d`` and ``nn.Linear``; each call becomes a :class:`ConvProblem`
+(forward, and with ``train=True`` also backward-data and backward-weight) or a :class:`GemmProblem`,
+counted by how often it occurs. A transposed convolution is recorded as the regular convolution the
+backend runs it as (:meth:`ConvProblem.transposed`): its forward is that problem's backward-data, its
+input gradient the forward and its weight gradient the backward-weight. ``nn.Linear(x) = x @ W.T + b`` is the GEMM M=batch, N=out_features, K=in_features with B
 transposed; its backward adds dX = dY @ W (M=batch, N=in, K=out) and dW = dY.T @ X (M=out, N=in,
 K=batch, A transposed).
 """
@@ -53,6 +55,25 @@ def extract(model: Any, batch: int, image_size: int, train: bool = False) -> col
             if x.requires_grad:  # the first layer's input needs no gradient
                 found[problem.with_direction("bwd_data")] += 1
 
+    def on_conv_transpose(module: torch.nn.ConvTranspose2d, inputs: tuple, output: torch.Tensor) -> None:
+        x = inputs[0]
+        # the output_padding of this call, read off the output (an ``output_size`` argument sets it)
+        extra = tuple(out - ((size - 1) * st - 2 * pad + dil * (kernel - 1) + 1) for out, size, st, pad, dil, kernel
+                      in zip(output.shape[2:], x.shape[2:], module.stride, module.padding, module.dilation,
+                             module.kernel_size))
+        try:
+            problem = ConvProblem.transposed(
+                n=x.shape[0], c=x.shape[1], h=x.shape[2], w=x.shape[3], k=module.out_channels,
+                r=module.kernel_size[0], s=module.kernel_size[1], stride=module.stride, padding=module.padding,
+                output_padding=extra, dilation=module.dilation, groups=module.groups)
+        except ValueError:  # output_padding ≥ stride: no regular problem, the backend runs it on the CPU
+            return
+        found[problem.with_direction("bwd_data")] += 1
+        if train:
+            found[problem.with_direction("bwd_weight")] += 1
+            if x.requires_grad:
+                found[problem] += 1
+
     def on_linear(module: torch.nn.Linear, inputs: tuple, output: torch.Tensor) -> None:
         x = inputs[0]
         rows = x.numel() // x.shape[-1]
@@ -66,6 +87,8 @@ def extract(model: Any, batch: int, image_size: int, train: bool = False) -> col
     for module in model.modules():
         if isinstance(module, torch.nn.Conv2d):
             hooks.append(module.register_forward_hook(on_conv))
+        elif isinstance(module, torch.nn.ConvTranspose2d):
+            hooks.append(module.register_forward_hook(on_conv_transpose))
         elif isinstance(module, torch.nn.Linear):
             hooks.append(module.register_forward_hook(on_linear))
     try:
