@@ -133,7 +133,7 @@ def print_report(report: Any, out: TextIO | None = None) -> None:
     if report.plan_sources:
         print("plans     " + ", ".join(f"{s} {n}" for s, n in report.plan_sources.items()), file=out)
     if report.seconds:
-        print("seconds   " + ", ".join(f"{k} {v:.1f}" for k, v in report.seconds.items()), file=out)
+        print("seconds   " + ", ".join(f"{k} {v:.2f}" for k, v in report.seconds.items()), file=out)
     if report.checks:
         by = {}
         for c in report.checks:
