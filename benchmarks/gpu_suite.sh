@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The GPU measurements the README reports, run one after another under one time budget.
+#
+#   bash benchmarks/gpu_suite.sh OUTDIR BUDGET_SECONDS [STEP ...]
+#
+# Steps (default: all, in this order): mma bench validate conv tests. Each step gets what is left
+# of the budget (a step that cannot start with at least MIN_STEP_S seconds left is skipped and
+# logged); every command writes its own file under OUTDIR, and OUTDIR.tar.gz is rewritten after
+# every command, so a run cut off from outside still leaves everything finished so far in one file.
+# Steps run sequentially: concurrent GPU work (or CPU-heavy work next to a timing) skews timings.
+#
+# Environment: TUNECL_DEVICE selects the GPU (default: nvidia). The user DB is a fresh file under
+# OUTDIR unless TUNECL_DB is set; the shipped results in tuning_db/ are used as in a user's install.
+set -u
+out=${1:?usage: gpu_suite.sh OUTDIR BUDGET_SECONDS [STEP ...]}
+budget=${2:?usage: gpu_suite.sh OUTDIR BUDGET_SECONDS [STEP ...]}
+shift 2
+steps=${*:-mma bench validate conv tests}
+MIN_STEP_S=${MIN_STEP_S:-25}
+PY=${PYTHON:-python}
+mkdir -p "$out"
+export TUNECL_DEVICE=${TUNECL_DEVICE:-nvidia}
+export TUNECL_DB=${TUNECL_DB:-$out/tuning.sqlite}
+export TUNECL_STORAGE=${TUNECL_STORAGE:-$out/studies.sqlite}
+deadline=$(( $(date +%s) + budget ))
+left() { echo $(( deadline - $(date +%s) )); }
+pack() { tar czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")" 2>/dev/null; }
+log() { echo "$*" | tee -a "$out/log.txt"; }
+
+# run NAME TIMEOUT_CAP COMMAND...: one command, stdout+stderr to OUTDIR/NAME.txt, logged and packed
+run() {
+  local name=$1 cap=$2; shift 2
+  local t; t=$(left)
+  if [ "$t" -lt "$MIN_STEP_S" ]; then log "skip $name (${t}s left)"; return; fi
+  [ "$cap" -gt 0 ] && [ "$cap" -lt "$t" ] && t=$cap
+  local start; start=$(date +%s)
+  timeout -s INT -k 10 "$t" "$@" > "$out/$name.txt" 2>&1
+  log "$name rc=$? $(( $(date +%s) - start ))s"
+  pack
+}
+
+run devices 30 "$PY" -m tunecl devices
+for step in $steps; do
+  case $step in
+    mma)       # tensor-core GEMM: probes, correctness, timings next to torch.mm with TF32 on and off
+      run gemm_mma 240 "$PY" benchmarks/gemm_mma.py --device "$TUNECL_DEVICE" --budget 180 \
+        --json "$out/gemm_mma.json" ;;
+    bench)     # the seed's table: ms per batch next to torch CUDA fp32, TF32 off
+      for spec in resnet50:16 resnet18:16 mobilenet_v2:16 alexnet:16 vgg16:16 \
+                  resnet50:64 resnet18:64 mobilenet_v2:64 alexnet:64 vgg16:64; do
+        net=${spec%%:*}; batch=${spec##*:}
+        run "bench-$net-b$batch" 120 "$PY" -m tunecl bench --net "$net" --batch "$batch" --compare cuda --json
+        run "bench-$net-b$batch-train" 150 "$PY" -m tunecl bench --net "$net" --batch "$batch" --train \
+          --compare cuda --json
+      done ;;
+    validate)  # issue 7 on the GPU: all 18 nets, a training step, nothing on the CPU fallback
+      for net in squeezenet1_0 mobilenet_v3_small shufflenet_v2_x1_0 resnet18 alexnet mnasnet1_0 \
+                 mobilenet_v2 mobilenet_v3_large efficientnet_b0 regnet_y_400mf googlenet vgg16 \
+                 resnet50 resnext50_32x4d inception_v3 wide_resnet50_2 densenet161 efficientnet_b4; do
+        TUNECL_FALLBACK=error run "validate-$net" 300 "$PY" -m tunecl validate --net "$net" --train \
+          --batch 4 --image-size 224 --json
+      done ;;
+    conv)      # every conv layer of resnet50 in all three directions next to cuDNN (TF32 off)
+      run conv-resnet50-b16-train 0 "$PY" benchmarks/conv.py --device "$TUNECL_DEVICE" --net resnet50 \
+        --batch 16 --train --trials 6 --time-limit 6 --json "$out/conv-resnet50-b16-train.json" ;;
+    tests)     # GPU-only correctness: the device and torch test subsets on the GPU
+      run pytest-device 0 "$PY" -m pytest -q -x tests/device tests/torch ;;
+    *) log "unknown step $step (steps: mma bench validate conv tests)" ;;
+  esac
+done
+log "done, $(left)s of the budget left"
+pack
