@@ -1,0 +1,54 @@
+"""Smoke tests of the benchmark scripts: they run end to end on a tiny shape and write what they claim."""
+
+import importlib.util
+import itertools
+import json
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tuner_convergence_writes_curves(tmp_path, capsys):
+    script = load_script("tuner_convergence")
+    space_json = tmp_path / "space.json"
+    # a reduced-space optimum to compare against, in gemm_space.py's format
+    space_json.write_text(json.dumps({"problem": "gemm:m=32,n=32,k=32,ta=0,tb=0,batch=1,dtype=float32",
+                                      "exhaustive_best_s": 1.0, "exhaustive_best_config": {},
+                                      "reduced_space": 1, "measured": 1}))
+    out = tmp_path / "convergence.json"
+    assert script.main(["--shape", "32,32,32", "--trials", "4", "--sampler", "random", "--min-time", "0.001",
+                        "--exhaustive-reference", str(space_json), "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "early stopping off" in printed and "best-so-far GFLOP/s at trial" in printed
+    data = json.loads(out.read_text())
+    assert data["early_stopping"] is False and data["exhaustive"]["best_s"] == 1.0
+    (run,) = data["runs"]
+    assert run["sampler"] == "random" and run["trials"] == 4 and run["stop_reason"] == "trials"
+    curve = run["best_so_far_s"]
+    assert len(curve) == 4 and curve[-1] == run["final_best_s"] == data["overall_best_s"]
+    assert all(a >= b for a, b in itertools.pairwise(curve))  # best-so-far never gets worse
+    assert run["within"]["own"]["5%"] <= run["within"]["own"]["1%"] <= 4
+    assert run["within"]["exhaustive"] == {"5%": 1, "1%": 1}  # any kernel beats a 1 s "optimum"
+
+    # runs of separate invocations (one sampler each) are compared without measuring again
+    both = tmp_path / "both.json"
+    assert script.main(["--shape", "32,32,32", "--report-only", "--include", str(out), "--include", str(out),
+                        "--json", str(both)]) == 0
+    combined = json.loads(both.read_text())
+    assert len(combined["runs"]) == 2 and combined["runs"][0]["from"] == str(out)
+    assert combined["runs"][0]["within"]["overall"] == run["within"]["overall"]
+
+
+def test_convergence_points():
+    script = load_script("tuner_convergence")
+    curve = [None, 10.0, 10.0, 5.2, 5.0]
+    assert script.first_within(curve, 5.0, 0.05) == 4  # 5.2 s is within 5% of 5.0 s's speed
+    assert script.first_within(curve, 5.0, 0.01) == 5
+    assert script.first_within(curve, 1.0, 0.05) is None
