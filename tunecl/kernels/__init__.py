@@ -15,12 +15,13 @@ from tunecl.kernels.base import Algorithm
 # DB miss and the baseline the tuner must beat), so specialised families come before general ones:
 # depthwise, 1x1 as a plain GEMM, Winograd F(2x2,3x3) for 3x3 stride 1, then implicit GEMM. On the
 # H200 the old order (conv_direct first) made the untuned resnet50 forward 4.4x slower than tuned.
-# gemm_mma_tf32 (TF32 precision, tensor cores) comes last: it applies only where the device's probe
-# granted "mma_tf32", and a strict fp32 default must never be a TF32 algorithm.
+# The TF32 families (tensor cores: gemm_mma_tf32, conv_implicit_gemm_mma_tf32) come last: they apply
+# only where the device's probe granted "mma_tf32", and a strict fp32 default must never be TF32.
 _REGISTRY: dict[str, tuple[str, ...]] = {
     "gemm": ("tunecl.kernels.gemm", "tunecl.kernels.gemm_direct", "tunecl.kernels.gemm_mma"),
     "conv": ("tunecl.kernels.conv_depthwise", "tunecl.kernels.conv_1x1", "tunecl.kernels.conv_winograd",
-             "tunecl.kernels.conv_implicit_gemm", "tunecl.kernels.conv_im2col", "tunecl.kernels.conv_direct"),
+             "tunecl.kernels.conv_implicit_gemm", "tunecl.kernels.conv_im2col", "tunecl.kernels.conv_direct",
+             "tunecl.kernels.conv_implicit_gemm_mma"),
 }
 
 

@@ -11,7 +11,9 @@ read) and ``beta=0.5`` with a bias for the forward direction. The tolerance is
 :func:`~tunecl.search.harness.reduction_tolerance` of the reduction length times the exact magnitude
 of the terms (the same convolution of ``|a|`` and ``|b|``), plus ``|beta * out0|`` and ``|bias|``;
 families whose transforms amplify rounding (Winograd) get a constant factor from
-:data:`ERROR_FACTOR`.
+:data:`ERROR_FACTOR`. A plan whose ``precision`` is ``"tf32"`` (its inputs are rounded to TF32) also gets
+:func:`~tunecl.search.harness.tf32_tolerance` of the exact 2-norm of each output's terms, the square
+root of the same convolution of ``a**2`` and ``b**2``, as the GEMM harness does with its bound of it.
 """
 
 from __future__ import annotations
@@ -22,9 +24,16 @@ import numpy as np
 
 from tunecl.kernels.base import Plan
 from tunecl.kernels.conv_common import reduction_length
+from tunecl.precision import FP32, TF32
 from tunecl.problems import ConvProblem
 from tunecl.runtime import Device
-from tunecl.search.harness import GUARD_ELEMENTS, compare_guarded, guarded, reduction_tolerance
+from tunecl.search.harness import (
+    GUARD_ELEMENTS,
+    compare_guarded,
+    guarded,
+    reduction_tolerance,
+    tf32_tolerance,
+)
 
 # algorithm name -> how much more rounding error than a plain sum it may have
 ERROR_FACTOR = {"conv_winograd": 16.0}
@@ -87,14 +96,26 @@ class ConvHarness:
                 "bias_f64": None if bias is None else bias.astype(np.float64)}
         return self._data
 
+    def _spread(self) -> np.ndarray:
+        """``sqrt(sum of squared terms)`` of every output (for TF32 plans; computed on first use)."""
+        data = self._prepare()
+        if "spread" not in data:
+            g, shapes = self.guard, operand_shapes(self.problem)
+            a, b = (data[name][g:g + int(np.prod(shape))].reshape(shape).astype(np.float64)
+                    for name, shape in (("a", shapes[0]), ("b", shapes[1])))
+            data["spread"] = np.sqrt(reference(self.problem, a * a, b * b, None))
+        return data["spread"]
+
     def bind(self, plan: Plan) -> ConvBinding:
         data = self._prepare()
         up = self.device.upload
         bias = None if data["bias"] is None else up(data["bias"])
         return ConvBinding(self, plan, up(data["a"]), up(data["b"]), up(data["out_nan"]), bias)
 
-    def compare(self, out: np.ndarray, beta: float, with_bias: bool, algorithm: str) -> str | None:
-        """Check a downloaded guarded output buffer for one case; ``None`` when correct."""
+    def compare(self, out: np.ndarray, beta: float, with_bias: bool, algorithm: str,
+                precision: str = FP32) -> str | None:
+        """Check a downloaded guarded output buffer for one case of a plan computing at ``precision``
+        (``"fp32"`` or ``"tf32"``); ``None`` when correct."""
         data = self._prepare()
         expected, magnitude = data["plain"], data["magnitude"]
         if beta:
@@ -106,8 +127,13 @@ class ConvHarness:
             magnitude = magnitude + np.abs(data["bias_f64"]).reshape(shape)
         factor = ERROR_FACTOR.get(algorithm, 1.0)
         tolerance = factor * reduction_tolerance(reduction_length(self.problem)) * magnitude
-        return compare_guarded(out, self.guard, expected, tolerance,
-                               f"beta={beta:g}" + (", bias" if with_bias else ""))
+        case = f"beta={beta:g}" + (", bias" if with_bias else "")
+        if precision == TF32:
+            tolerance = tolerance + tf32_tolerance(self._spread())
+            case += ", tf32"
+        elif precision != FP32:
+            raise ValueError(f"no convolution tolerance for precision {precision!r}")
+        return compare_guarded(out, self.guard, expected, tolerance, case)
 
 
 class ConvBinding:
@@ -136,7 +162,8 @@ class ConvBinding:
             self._run(beta, with_bias)
             device.synchronize()
             out = device.download(self.out, data["out0"].shape)
-            message = h.compare(out, beta, with_bias, getattr(self.plan, "algorithm", ""))
+            message = h.compare(out, beta, with_bias, getattr(self.plan, "algorithm", ""),
+                                getattr(self.plan, "precision", FP32))
             if message:
                 return message
         for name, key, buffer in (("a", "a", self.a), ("b", "b", self.b), ("bias", "bias", self.bias)):

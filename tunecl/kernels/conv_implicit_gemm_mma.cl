@@ -1,0 +1,548 @@
+// conv_implicit_gemm_mma.cl — conv_implicit_gemm_mma_tf32: convolution as an implicit GEMM on NVIDIA
+// tensor cores (TF32 inputs, fp32 accumulation), NCHW fp32 tensors, any stride, padding, dilation and
+// groups, all three directions. Per group g (dimension 2 of the launch), C[GM x GN] = A[GM x GK] *
+// B[GK x GN], exactly as conv_implicit_gemm.cl (same geometry macros, same gathers, same kernel
+// arguments, same epilogue):
+//
+//   DIRECTION 0 fwd:        GM = K/G (k),  GN = N*P*Q (n,p,q), GK = C/G*R*S (c,r,s)
+//                           A = w[k, c,r,s]        B = x[n, c, p*SH-PH+r*DH, q*SW-PW+s*DW]   C = y
+//   DIRECTION 1 bwd_data:   GM = C/G (c),  GN = N*H*W (n,h,w), GK = K/G*R*S (k,r,s)
+//                           A = w[k, c, r,s]       B = dy[n, k, (h+PH-r*DH)/SH, (w+PW-s*DW)/SW]
+//                           (zero unless both divisions are exact and inside dy)             C = dx
+//   DIRECTION 2 bwd_weight: GM = K/G (k),  GN = C/G*R*S (c,r,s), GK = N*P*Q (n,p,q)
+//                           A = dy[n, k, p,q]      B = x[n, c, p*SH-PH+r*DH, q*SW-PW+s*DW]   C = dw
+//
+// Decomposition: a work-group of WARPS_M x WARPS_N warps (1-D local size WGS = 32 * warps) computes an
+// MWG x NWG tile of C, stepping through its share of GK by KWG. Every step all threads gather the A
+// and B tiles from the tensors into registers (zeros outside them: im2col fused into the loads, no
+// workspace), round them to TF32 and store them into local memory; then warp w multiplies its warp
+// tile of (MWG / WARPS_M) x (NWG / WARPS_N) as a grid of MT x NT mma.m16n8k8 tiles whose accumulators
+// live in registers (fragment layout: gemm_mma.cl's banner). A is gathered with neighbouring threads
+// along GK (contiguous in w and dy) and kept GK-contiguous in local memory; B is gathered along GN
+// (pixels) for fwd / bwd_data and kept GN-contiguous, along GK (pixels) for bwd_weight and kept
+// GK-contiguous — the local layouts of gemm_mma.cl's TRANS_A = 0 and TRANS_B = 0 / 1.
+// SPLIT > 1 splits GK over SPLIT work-groups (dimension 2 = G * SPLIT) that write partial sums to the
+// workspace; conv_common.cl's split_reduce adds them in a fixed order (deterministic, no atomics).
+//
+// Shared code: the gathers and the epilogue mirror conv_implicit_gemm.cl, the TF32 rounding, the mma,
+// its emulation and the fragment reads mirror gemm_mma.cl. They are copies, not includes: a program is
+// built (and cached) from one source text, whose hash is the kernel's identity.
+//
+// Numerics: each element of A and B is rounded to TF32 (cvt.rna.tf32.f32) once, when stored into
+// local memory; products of TF32 values are exact in fp32 and summed in fp32 by the mma. The bias and
+// beta * out are added in fp32. The host records results as precision "tf32".
+//
+// Variants (named #if branches; the host passes -DNAME=VALUE):
+//   STAGES   1: gather, barrier, multiply, barrier; 2: double buffering, the next tile is gathered into
+//            registers while the current one is multiplied, one barrier per step.
+//   KPAIR    1: a lane holds k = 2t, 2t + 1 of each 8-deep step (64-bit reads of GK-contiguous tiles);
+//            0: k = t, t + 4.
+//   PAD      1: local rows padded so that a warp's fragment reads hit 32 different banks; 0: none.
+//   MMA_STUB host-internal, for tests on devices without tensor cores: plain OpenCL C computes the same
+//            fragments instead of the PTX (slow; checks every index of this file except the PTX).
+//
+// The kernel ends with out = result (+ bias[k] in fwd) (+ beta * out; beta == 0 never reads out).
+
+// ---- problem geometry (the host passes all of them; defaults only let the file compile alone) ----
+#ifndef CONV_N
+  #define CONV_N 1      // batch
+#endif
+#ifndef CONV_C
+  #define CONV_C 4      // input channels
+#endif
+#ifndef CONV_H
+  #define CONV_H 8      // input height
+#endif
+#ifndef CONV_W
+  #define CONV_W 8      // input width
+#endif
+#ifndef CONV_K
+  #define CONV_K 4      // output channels
+#endif
+#ifndef CONV_R
+  #define CONV_R 3      // filter height
+#endif
+#ifndef CONV_S
+  #define CONV_S 3      // filter width
+#endif
+#ifndef STRIDE_H
+  #define STRIDE_H 1    // vertical stride
+#endif
+#ifndef STRIDE_W
+  #define STRIDE_W 1    // horizontal stride
+#endif
+#ifndef PAD_H
+  #define PAD_H 1       // zero padding above and below
+#endif
+#ifndef PAD_W
+  #define PAD_W 1       // zero padding left and right
+#endif
+#ifndef DIL_H
+  #define DIL_H 1       // vertical dilation
+#endif
+#ifndef DIL_W
+  #define DIL_W 1       // horizontal dilation
+#endif
+#ifndef GROUPS
+  #define GROUPS 1      // channel groups
+#endif
+#ifndef DIRECTION
+  #define DIRECTION 0   // 0 fwd, 1 bwd_data, 2 bwd_weight
+#endif
+#ifndef CONV_P
+  #define CONV_P ((CONV_H + 2 * PAD_H - DIL_H * (CONV_R - 1) - 1) / STRIDE_H + 1)  // output height
+#endif
+#ifndef CONV_Q
+  #define CONV_Q ((CONV_W + 2 * PAD_W - DIL_W * (CONV_S - 1) - 1) / STRIDE_W + 1)  // output width
+#endif
+
+// ---- tunables ----
+#ifndef MWG
+  #define MWG 32        // tile rows (GM) per work-group: a multiple of 16 * WARPS_M
+#endif
+#ifndef NWG
+  #define NWG 32        // tile columns (GN) per work-group: a multiple of 8 * WARPS_N
+#endif
+#ifndef KWG
+  #define KWG 16        // reduction step (GK) staged in local memory: 8, 16, 32
+#endif
+#ifndef WARPS_M
+  #define WARPS_M 1     // warps per work-group along GM
+#endif
+#ifndef WARPS_N
+  #define WARPS_N 1     // warps per work-group along GN
+#endif
+#ifndef KPAIR
+  #define KPAIR 1       // 1 = a lane holds k = 2t, 2t + 1 of each 8-deep step; 0 = k = t, t + 4
+#endif
+#ifndef PAD
+  #define PAD 1         // 1 = pad local rows against bank conflicts of the fragment reads
+#endif
+#ifndef STAGES
+  #define STAGES 2      // local-memory buffers per tile: 1, or 2 (register-prefetched double buffering)
+#endif
+#ifndef SPLIT
+  #define SPLIT 1       // work-groups sharing one reduction; > 1 writes partial sums to the workspace
+#endif
+#ifndef MMA_STUB
+  #define MMA_STUB 0    // host-internal: 1 = plain OpenCL C instead of PTX (tests without tensor cores)
+#endif
+
+// ---- derived: the GEMM ----
+#define CG (CONV_C / GROUPS)
+#define KG (CONV_K / GROUPS)
+#define RS (CONV_R * CONV_S)
+#define HW (CONV_H * CONV_W)
+#define PQ (CONV_P * CONV_Q)
+#if DIRECTION == 0
+  #define GM KG
+  #define GN (CONV_N * PQ)
+  #define GK (CG * RS)
+  #define OUT_SIZE (CONV_N * CONV_K * PQ)
+#elif DIRECTION == 1
+  #define GM CG
+  #define GN (CONV_N * HW)
+  #define GK (KG * RS)
+  #define OUT_SIZE (CONV_N * CONV_C * HW)
+#else
+  #define GM KG
+  #define GN (CG * RS)
+  #define GK (CONV_N * PQ)
+  #define OUT_SIZE (CONV_K * CG * RS)
+#endif
+#define KCHUNK ((((GK + SPLIT - 1) / SPLIT + KWG - 1) / KWG) * KWG)   // GK per split, whole steps
+
+// ---- derived: warps and mma tiles ----
+#define WGS (32 * WARPS_M * WARPS_N)   // threads per work-group
+#define WTM (MWG / WARPS_M)            // warp tile rows
+#define WTN (NWG / WARPS_N)            // warp tile columns
+#define MT (WTM / 16)                  // mma tiles per warp along GM
+#define NT (WTN / 8)                   // mma tiles per warp along GN
+
+// ---- derived: tile gathers (as conv_implicit_gemm.cl with THREADS = WGS) ----
+#define A_TK ((WGS < KWG) ? WGS : KWG)          // threads along GK
+#define A_TM (WGS / A_TK)                       // threads along GM
+#define A_LANES (KWG / A_TK)                    // GK indices per thread
+#define A_ROWS (MWG / A_TM)                     // GM indices per thread
+#if DIRECTION == 2
+  #define B_TK ((WGS < KWG) ? WGS : KWG)
+  #define B_TN (WGS / B_TK)
+#else
+  #define B_TN ((WGS < NWG) ? WGS : NWG)
+  #define B_TK (WGS / B_TN)
+#endif
+#define B_LANES (KWG / B_TK)                    // GK indices per thread
+#define B_COLS (NWG / B_TN)                     // GN indices per thread
+
+// ---- derived: local tiles (gemm_mma.cl's layouts: A GK-contiguous, B GN- or GK-contiguous) ----
+#define A_KCONTIG 1
+#if DIRECTION == 2
+  #define B_KCONTIG 1
+#else
+  #define B_KCONTIG 0
+#endif
+#if PAD
+  #define PADDING(kcontig) ((kcontig) ? (KPAIR ? ((KWG / 8) % 2 ? 0 : 8) : 4) : (KPAIR ? 4 : 8))
+#else
+  #define PADDING(kcontig) 0
+#endif
+#define ALD (KWG + PADDING(1))              // local row length of the A tile (MWG rows of GK)
+#if B_KCONTIG
+  #define BLD (KWG + PADDING(1))            // NWG rows of GK
+  #define B_TILE (NWG * BLD)
+  #define BLM(k, n) ((n) * BLD + (k))
+#else
+  #define BLD (NWG + PADDING(0))            // KWG rows of GN
+  #define B_TILE (KWG * BLD)
+  #define BLM(k, n) ((k) * BLD + (n))
+#endif
+#define A_TILE (MWG * ALD)
+#define ALM(m, k) ((m) * ALD + (k))
+
+#if KPAIR
+  #define K_LO(t) (2 * (t))
+  #define K_HI(t) (2 * (t) + 1)
+#else
+  #define K_LO(t) (t)
+  #define K_HI(t) ((t) + 4)
+#endif
+
+#define FAR_OUTSIDE (-(1 << 28))               // a coordinate that fails every bounds check
+
+// ---- the tensor-core instructions (as gemm_mma.cl) ----------------------------------------------
+
+#if MMA_STUB == 0
+// x rounded to TF32 (the bits of a float whose 13 low mantissa bits the mma ignores).
+uint ToTF32(const float x) {
+  uint r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+
+// c += A * B for one 16 x 8 x 8 tile, a warp-collective instruction.
+void Mma(float c[4], const uint a[4], const uint b[2]) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+  #define MMA_PARAMS
+  #define MMA_ARGS
+#else
+// The same two operations in plain OpenCL C (see gemm_mma.cl for how they mirror the PTX).
+uint ToTF32(const float x) {
+  const uint u = as_uint(x);
+  return (u & 0x7f800000u) == 0x7f800000u ? u : (u + 0x1000u) & 0xffffe000u;
+}
+
+#define MMA_WORDS 192   // local words per warp: 32 lanes x (4 A + 2 B) registers
+void Mma(float c[4], const uint a[4], const uint b[2], __local uint* wsm, const int lane) {
+  barrier(CLK_LOCAL_MEM_FENCE);  // the previous call's reads are done
+  #pragma unroll
+  for (int r = 0; r < 4; ++r) { wsm[lane * 4 + r] = a[r]; }
+  wsm[128 + lane * 2] = b[0];
+  wsm[128 + lane * 2 + 1] = b[1];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  const int g = lane >> 2, t = lane & 3;
+  for (int r = 0; r < 4; ++r) {
+    const int row = g + 8 * (r >> 1);
+    const int col = 2 * t + (r & 1);
+    float sum = c[r];
+    for (int k = 0; k < 8; ++k) {
+      const uint av = wsm[((row & 7) * 4 + (k & 3)) * 4 + (row >> 3) + 2 * (k >> 2)];
+      const uint bv = wsm[128 + (col * 4 + (k & 3)) * 2 + (k >> 2)];
+      sum = fma(as_float(av), as_float(bv), sum);
+    }
+    c[r] = sum;
+  }
+}
+  #define MMA_PARAMS , __local uint* wsm, const int lane
+  #define MMA_ARGS , wsm, lane
+#endif
+
+// ---- tensors -> registers (the im2col gathers of conv_implicit_gemm.cl) ----------------------------
+
+// GlobalToPrivateA: this thread's share of the A tile at reduction step k0, a_apm[l][i] =
+// A[m0 + a_row0 + i*A_TM][k0 + a_lane0 + l*A_TK] (zero outside A or past k_end)
+void GlobalToPrivateA(__global const float *a_agm, const int a_offset, const int g, const int m0,
+                      const int k0, const int k_end, const int a_lane0, const int a_row0,
+                      float a_apm[A_LANES][A_ROWS]) {
+  for (int l = 0; l < A_LANES; l++) {
+    const int gk = k0 + a_lane0 + l * A_TK;
+#if DIRECTION == 0
+    for (int i = 0; i < A_ROWS; i++) {
+      const int m = m0 + a_row0 + i * A_TM;
+      a_apm[l][i] = (gk < k_end && m < GM) ? a_agm[a_offset + (g * KG + m) * GK + gk] : 0.0f;
+    }
+#elif DIRECTION == 1
+    const int k = gk / RS, rs = gk % RS;
+    for (int i = 0; i < A_ROWS; i++) {
+      const int m = m0 + a_row0 + i * A_TM;
+      a_apm[l][i] = (gk < k_end && m < GM) ? a_agm[a_offset + ((g * KG + k) * CG + m) * RS + rs] : 0.0f;
+    }
+#else
+    const int n = gk / PQ, pq = gk % PQ;
+    for (int i = 0; i < A_ROWS; i++) {
+      const int m = m0 + a_row0 + i * A_TM;
+      a_apm[l][i] = (gk < k_end && m < GM) ? a_agm[a_offset + (n * CONV_K + g * KG + m) * PQ + pq] : 0.0f;
+    }
+#endif
+  }
+}
+
+// GlobalToPrivateB: this thread's share of the B tile at step k0, b_apm[l][j] =
+// B[k0 + b_lane0 + l*B_TK][n0 + b_col0 + j*B_TN], gathered from the tensor (zero outside it)
+void GlobalToPrivateB(__global const float *b_agm, const int b_offset, const int k0, const int k_end,
+                      const int b_lane0, const int *col_base_apm, const int *col_h_apm,
+                      const int *col_w_apm, float b_apm[B_LANES][B_COLS]) {
+  for (int l = 0; l < B_LANES; l++) {
+    const int gk = k0 + b_lane0 + l * B_TK;
+    const bool k_in = gk < k_end;
+#if DIRECTION == 0
+    const int c = gk / RS, r = (gk % RS) / CONV_S, s = gk % CONV_S;
+    const int delta = c * HW + r * DIL_H * CONV_W + s * DIL_W;
+    for (int j = 0; j < B_COLS; j++) {
+      const int ih = col_h_apm[j] + r * DIL_H, iw = col_w_apm[j] + s * DIL_W;
+      b_apm[l][j] = (k_in && ih >= 0 && ih < CONV_H && iw >= 0 && iw < CONV_W)
+                        ? b_agm[b_offset + col_base_apm[j] + delta] : 0.0f;
+    }
+#elif DIRECTION == 1
+    const int k = gk / RS, r = (gk % RS) / CONV_S, s = gk % CONV_S;
+    for (int j = 0; j < B_COLS; j++) {
+      const int hp = col_h_apm[j] - r * DIL_H, wp = col_w_apm[j] - s * DIL_W;
+      b_apm[l][j] = (k_in && hp >= 0 && wp >= 0 && hp % STRIDE_H == 0 && wp % STRIDE_W == 0 &&
+                     hp / STRIDE_H < CONV_P && wp / STRIDE_W < CONV_Q)
+          ? b_agm[b_offset + col_base_apm[j] + k * PQ + (hp / STRIDE_H) * CONV_Q + wp / STRIDE_W] : 0.0f;
+    }
+#else
+    const int n = gk / PQ, p = (gk % PQ) / CONV_Q, q = gk % CONV_Q;
+    const int h0 = p * STRIDE_H - PAD_H, w0 = q * STRIDE_W - PAD_W;
+    const int lane_base = n * CONV_C * HW + h0 * CONV_W + w0;
+    for (int j = 0; j < B_COLS; j++) {
+      const int ih = h0 + col_h_apm[j], iw = w0 + col_w_apm[j];
+      b_apm[l][j] = (k_in && ih >= 0 && ih < CONV_H && iw >= 0 && iw < CONV_W)
+                        ? b_agm[b_offset + lane_base + col_base_apm[j]] : 0.0f;
+    }
+#endif
+  }
+}
+
+// ---- registers -> local memory, rounded to TF32 ------------------------------------------------------
+
+void PrivateToLocalA(float a_apm[A_LANES][A_ROWS], __local uint *alm, const int a_lane0, const int a_row0) {
+  for (int l = 0; l < A_LANES; l++)
+    for (int i = 0; i < A_ROWS; i++) { alm[ALM(a_row0 + i * A_TM, a_lane0 + l * A_TK)] = ToTF32(a_apm[l][i]); }
+}
+
+void PrivateToLocalB(float b_apm[B_LANES][B_COLS], __local uint *blm, const int b_lane0, const int b_col0) {
+  for (int l = 0; l < B_LANES; l++)
+    for (int j = 0; j < B_COLS; j++) { blm[BLM(b_lane0 + l * B_TK, b_col0 + j * B_TN)] = ToTF32(b_apm[l][j]); }
+}
+
+// ---- local memory -> fragments -> mma (as gemm_mma.cl with ASYNC 0) ----------------------------------
+
+// This lane's A fragments of the warp's MT mma tiles (rows wm0 + i * 16 ...) at k step kk.
+void LocalToPrivateA(const __local uint* alm, uint apm[MT][4], const int wm0, const int kk, const int g,
+                     const int t) {
+  #pragma unroll
+  for (int i = 0; i < MT; ++i) {
+    const int m = wm0 + i * 16 + g;
+    #if KPAIR
+      const uint2 lo = *((const __local uint2*)(alm + ALM(m, kk + 2 * t)));
+      const uint2 hi = *((const __local uint2*)(alm + ALM(m + 8, kk + 2 * t)));
+      apm[i][0] = lo.x;
+      apm[i][2] = lo.y;
+      apm[i][1] = hi.x;
+      apm[i][3] = hi.y;
+    #else
+      apm[i][0] = alm[ALM(m, kk + K_LO(t))];
+      apm[i][1] = alm[ALM(m + 8, kk + K_LO(t))];
+      apm[i][2] = alm[ALM(m, kk + K_HI(t))];
+      apm[i][3] = alm[ALM(m + 8, kk + K_HI(t))];
+    #endif
+  }
+}
+
+// This lane's B fragments of the warp's NT mma tiles (columns wn0 + j * 8 ...) at k step kk.
+void LocalToPrivateB(const __local uint* blm, uint bpm[NT][2], const int wn0, const int kk, const int g,
+                     const int t) {
+  #pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int n = wn0 + j * 8 + g;
+    #if B_KCONTIG && KPAIR
+      const uint2 v = *((const __local uint2*)(blm + BLM(kk + 2 * t, n)));
+      bpm[j][0] = v.x;
+      bpm[j][1] = v.y;
+    #else
+      bpm[j][0] = blm[BLM(kk + K_LO(t), n)];
+      bpm[j][1] = blm[BLM(kk + K_HI(t), n)];
+    #endif
+  }
+}
+
+// One KWG-deep tile: the warp tile's accumulators += its A rows x its B columns, 8 k at a time.
+void MultiplyTile(float cpm[MT][NT][4], const __local uint* alm, const __local uint* blm, const int wm0,
+                  const int wn0, const int g, const int t MMA_PARAMS) {
+  // (The emulated mma keeps its loops rolled: unrolled, its barriers make PoCL's compile take minutes.)
+  #if MMA_STUB == 0
+  #pragma unroll
+  #endif
+  for (int kk = 0; kk < KWG; kk += 8) {
+    uint apm[MT][4];
+    uint bpm[NT][2];
+    LocalToPrivateA(alm, apm, wm0, kk, g, t);
+    LocalToPrivateB(blm, bpm, wn0, kk, g, t);
+    #if MMA_STUB == 0
+    #pragma unroll
+    #endif
+    for (int i = 0; i < MT; ++i) {
+      #if MMA_STUB == 0
+      #pragma unroll
+      #endif
+      for (int j = 0; j < NT; ++j) { Mma(cpm[i][j], apm[i], bpm[j] MMA_ARGS); }
+    }
+  }
+}
+
+// ---- the kernel -------------------------------------------------------------------------------------
+
+__kernel __attribute__((reqd_work_group_size(WGS, 1, 1)))
+void conv_implicit_gemm_mma_tf32(__global const float *a_agm, const int a_offset,
+                                 __global const float *b_agm, const int b_offset,
+                                 __global float *out_agm, const int out_offset,
+                                 __global float *ws_agm,
+                                 __global const float *bias_agm, const int bias_offset, const int use_bias,
+                                 const float beta) {
+  __local uint alm[STAGES * A_TILE] __attribute__((aligned(16)));
+  __local uint blm[STAGES * B_TILE] __attribute__((aligned(16)));
+
+  const int tid = get_local_id(0);
+  const int lane = tid % 32;
+  const int warp = tid / 32;
+  const int g8 = lane >> 2;   // the fragment row group (g in gemm_mma.cl; g is the conv group here)
+  const int t = lane & 3;
+  const int wm0 = (warp / WARPS_N) * WTM;   // the warp tile inside the work-group tile
+  const int wn0 = (warp % WARPS_N) * WTN;
+#if MMA_STUB
+  __local uint mma_words[WARPS_M * WARPS_N * MMA_WORDS];
+  __local uint* wsm = mma_words + warp * MMA_WORDS;
+#endif
+
+  const int n0 = get_group_id(0) * NWG, m0 = get_group_id(1) * MWG;
+  const int g = get_group_id(2) % GROUPS, split = get_group_id(2) / GROUPS;
+  const int k_begin = split * KCHUNK;
+  const int k_end = min(GK, k_begin + KCHUNK);
+
+  // ---- what stays fixed for this thread's gathers during the whole GK loop ----
+  const int a_lane0 = tid % A_TK, a_row0 = tid / A_TK;
+#if DIRECTION == 2
+  const int b_lane0 = tid % B_TK, b_col0 = tid / B_TK;
+#else
+  const int b_col0 = tid % B_TN, b_lane0 = tid / B_TN;
+#endif
+  int col_base_apm[B_COLS], col_h_apm[B_COLS], col_w_apm[B_COLS];
+  for (int j = 0; j < B_COLS; j++) {
+    const int col = n0 + b_col0 + j * B_TN;
+#if DIRECTION == 0
+    // B column = output pixel (n,p,q): its input window's top-left corner and base offset
+    const int n = col / PQ, p = (col % PQ) / CONV_Q, q = col % CONV_Q;
+    col_h_apm[j] = (col < GN) ? p * STRIDE_H - PAD_H : FAR_OUTSIDE;
+    col_w_apm[j] = q * STRIDE_W - PAD_W;
+    col_base_apm[j] = (n * CONV_C + g * CG) * HW + (p * STRIDE_H - PAD_H) * CONV_W + q * STRIDE_W - PAD_W;
+#elif DIRECTION == 1
+    // B column = input pixel (n,h,w)
+    const int n = col / HW, h = (col % HW) / CONV_W, w = col % CONV_W;
+    col_h_apm[j] = (col < GN) ? h + PAD_H : FAR_OUTSIDE;
+    col_w_apm[j] = w + PAD_W;
+    col_base_apm[j] = (n * CONV_K + g * KG) * PQ;
+#else
+    // B column = filter tap (c,r,s) of the weight gradient
+    const int c = col / RS, r = (col % RS) / CONV_S, s = col % CONV_S;
+    col_h_apm[j] = (col < GN) ? r * DIL_H : FAR_OUTSIDE;
+    col_w_apm[j] = s * DIL_W;
+    col_base_apm[j] = (g * CG + c) * HW + r * DIL_H * CONV_W + s * DIL_W;
+#endif
+  }
+
+  float cpm[MT][NT][4];
+  #pragma unroll
+  for (int i = 0; i < MT; ++i) {
+    #pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      #pragma unroll
+      for (int r = 0; r < 4; ++r) { cpm[i][j][r] = 0.0f; }
+    }
+  }
+
+  float a_reg[A_LANES][A_ROWS], b_reg[B_LANES][B_COLS];
+#if STAGES == 2
+  // Prologue: step 0 into buffer 0. Then per step: gather the next step into registers, multiply this
+  // one, store the next into the other buffer, one barrier (it also protects the buffer read before).
+  GlobalToPrivateA(a_agm, a_offset, g, m0, k_begin, k_end, a_lane0, a_row0, a_reg);
+  GlobalToPrivateB(b_agm, b_offset, k_begin, k_end, b_lane0, col_base_apm, col_h_apm, col_w_apm, b_reg);
+  PrivateToLocalA(a_reg, alm, a_lane0, a_row0);
+  PrivateToLocalB(b_reg, blm, b_lane0, b_col0);
+  barrier(CLK_LOCAL_MEM_FENCE);
+  int cur = 0;
+  for (int k0 = k_begin; k0 < k_end; k0 += KWG) {
+    const bool next = k0 + KWG < k_end;
+    if (next) {
+      GlobalToPrivateA(a_agm, a_offset, g, m0, k0 + KWG, k_end, a_lane0, a_row0, a_reg);
+      GlobalToPrivateB(b_agm, b_offset, k0 + KWG, k_end, b_lane0, col_base_apm, col_h_apm, col_w_apm, b_reg);
+    }
+    MultiplyTile(cpm, alm + cur * A_TILE, blm + cur * B_TILE, wm0, wn0, g8, t MMA_ARGS);
+    if (next) {
+      PrivateToLocalA(a_reg, alm + (cur ^ 1) * A_TILE, a_lane0, a_row0);
+      PrivateToLocalB(b_reg, blm + (cur ^ 1) * B_TILE, b_lane0, b_col0);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    cur ^= 1;
+  }
+#else
+  for (int k0 = k_begin; k0 < k_end; k0 += KWG) {
+    GlobalToPrivateA(a_agm, a_offset, g, m0, k0, k_end, a_lane0, a_row0, a_reg);
+    GlobalToPrivateB(b_agm, b_offset, k0, k_end, b_lane0, col_base_apm, col_h_apm, col_w_apm, b_reg);
+    PrivateToLocalA(a_reg, alm, a_lane0, a_row0);
+    PrivateToLocalB(b_reg, blm, b_lane0, b_col0);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    MultiplyTile(cpm, alm, blm, wm0, wn0, g8, t MMA_ARGS);
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+#endif
+
+  // ---- StoreC: accumulator r of mma tile (i, j) is C[m0 + wm0 + i*16 + g8 + 8*(r/2)][n0 + wn0 + j*8 + 2t + r%2]
+  #pragma unroll
+  for (int i = 0; i < MT; ++i) {
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int m = m0 + wm0 + i * 16 + g8 + 8 * h;
+      if (m >= GM) { continue; }
+      float b = 0.0f;
+#if DIRECTION == 0
+      if (SPLIT == 1 && use_bias) { b = bias_agm[bias_offset + g * KG + m]; }
+#endif
+      #pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        #pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = n0 + wn0 + j * 8 + 2 * t + e;
+          if (col >= GN) { continue; }
+#if DIRECTION == 0
+          const int index = ((col / PQ) * CONV_K + g * KG + m) * PQ + col % PQ;
+#elif DIRECTION == 1
+          const int index = ((col / HW) * CONV_C + g * CG + m) * HW + col % HW;
+#else
+          const int index = (g * KG + m) * GN + col;
+#endif
+          const float acc = cpm[i][j][2 * h + e];
+#if SPLIT > 1
+          ws_agm[split * OUT_SIZE + index] = acc;
+#else
+          const float value = acc + b;
+          out_agm[out_offset + index] = (beta != 0.0f) ? value + beta * out_agm[out_offset + index] : value;
+#endif
+        }
+      }
+    }
+  }
+}
