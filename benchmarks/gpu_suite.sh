@@ -42,9 +42,12 @@ run() {
 run devices 30 "$PY" -m tunecl devices
 for step in $steps; do
   case $step in
-    mma)       # tensor-core GEMM: probes, correctness, timings next to torch.mm with TF32 on and off
+    mma)       # tensor cores: GEMM (probes, correctness, timings next to torch.mm with TF32 on and off),
+               # then the implicit-GEMM conv (correctness, timings next to cuDNN with TF32 on and off)
       run gemm_mma 240 "$PY" benchmarks/gemm_mma.py --device "$TUNECL_DEVICE" --budget 180 \
-        --json "$out/gemm_mma.json" ;;
+        --json "$out/gemm_mma.json"
+      run conv_mma 180 "$PY" benchmarks/conv_mma.py --device "$TUNECL_DEVICE" --budget 150 \
+        --json "$out/conv_mma.json" ;;
     bench)     # the seed's table: ms per batch next to torch CUDA fp32, TF32 off
       for spec in resnet50:16 resnet18:16 mobilenet_v2:16 alexnet:16 vgg16:16 \
                   resnet50:64 resnet18:64 mobilenet_v2:64 alexnet:64 vgg16:64; do
