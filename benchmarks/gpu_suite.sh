@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUTDIR BUDGET_SECONDS [STEP ...]
 #
-# Steps (default: all, in this order): mma bench validate conv tests. Each step gets what is left
+# Steps (default: all but convergence, in this order): mma bench validate conv tests; also convergence. Each step gets what is left
 # of the budget (a step that cannot start with at least MIN_STEP_S seconds left is skipped and
 # logged); every command writes its own file under OUTDIR, and OUTDIR.tar.gz is rewritten after
 # every command, so a run cut off from outside still leaves everything finished so far in one file.
@@ -66,9 +66,15 @@ for step in $steps; do
     conv)      # every conv layer of resnet50 in all three directions next to cuDNN (TF32 off)
       run conv-resnet50-b16-train 0 "$PY" benchmarks/conv.py --device "$TUNECL_DEVICE" --net resnet50 \
         --batch 16 --train --trials 6 --time-limit 6 --json "$out/conv-resnet50-b16-train.json" ;;
+    convergence)  # issue 3: trials until the tuner is within 5% of its best at 4096^3, per sampler
+      for sampler in tpe random; do
+        run "convergence-$sampler" 480 "$PY" benchmarks/tuner_convergence.py --device "$TUNECL_DEVICE" \
+          --shape 4096,4096,4096 --trials 300 --sampler "$sampler" --jobs 8 --time-limit 450 \
+          --json "$out/convergence-$sampler.json"
+      done ;;
     tests)     # GPU-only correctness: the device and torch test subsets on the GPU
       run pytest-device 0 "$PY" -m pytest -q -x tests/device tests/torch ;;
-    *) log "unknown step $step (steps: mma bench validate conv tests)" ;;
+    *) log "unknown step $step (steps: mma bench validate conv convergence tests)" ;;
   esac
 done
 log "done, $(left)s of the budget left"
