@@ -3,8 +3,8 @@
 #
 #   bash benchmarks/gpu_suite.sh OUTDIR BUDGET_SECONDS [STEP ...]
 #
-# Steps (default: all but convergence, in this order): mma bench validate conv tests; also convergence. Each step gets what is left
-# of the budget (a step that cannot start with at least MIN_STEP_S seconds left is skipped and
+# Steps: mma bench validate conv tests (the default, in this order) and convergence (~16 min, only
+# when named). Each step gets what is left of the budget (a step that cannot start with at least MIN_STEP_S seconds left is skipped and
 # logged); every command writes its own file under OUTDIR, and OUTDIR.tar.gz is rewritten after
 # every command, so a run cut off from outside still leaves everything finished so far in one file.
 # Steps run sequentially: concurrent GPU work (or CPU-heavy work next to a timing) skews timings.
