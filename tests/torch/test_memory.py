@@ -135,3 +135,15 @@ def test_printing(strict):
     big = torch.randn(300, 300)
     squeeze = lambda text: "".join(text.replace("device='opencl:0'", "").split()).replace(",)", ")")
     assert squeeze(repr(big.to("opencl"))) == squeeze(repr(big))
+
+
+def test_a_temporary_reuses_the_buffer_of_the_one_before_among_many_live_blocks():
+    keep = [torch.empty(100, device="opencl") for _ in range(300)]  # long-lived blocks (weights, say)
+    x = torch.empty(3000, device="opencl")
+    for _ in range(3):  # two results alternate: the old one dies after the new one exists
+        y = x * 2.0
+    created = memory.allocator.counts["buffers_created"]
+    for _ in range(100):
+        y = x * 2.0
+    assert memory.allocator.counts["buffers_created"] == created
+    assert len(keep) == 300 and y.numel() == 3000

@@ -10,7 +10,10 @@ Freeing: the allocator keeps a weak reference to each storage and recycles the b
 that has died when it next needs memory (a cache miss) or reports statistics. A DLPack deleter
 callback would be immediate, but a ctypes callback that runs while a Python exception is pending
 (a tensor freed during error propagation) replaces that exception with a SystemError; polling weak
-references has no such failure mode and costs ~0.1 µs per live block per sweep, amortised.
+references has no such failure mode. A poll costs ~0.1 µs per block, so a miss first looks at the
+newest blocks only (temporaries die young: the previous op's output is usually the one to reuse) and
+stops at a dead one of the class it needs; the full sweep over every live block (weights included)
+runs at most once per ``len(blocks) / 16`` allocations, so it stays O(1) amortised per allocation.
 
 Size classes: requests up to 1 MiB round up to a multiple of 512 B (at most 511 B wasted); larger
 requests round up to a multiple of 1/16 of the power of two at or below them (under 6.25 % wasted;
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import struct
 import threading
 from collections.abc import Sequence
 
@@ -29,7 +33,7 @@ import pyopencl as cl
 import torch
 
 from tunecl.backend import state
-from tunecl.backend.dtypes import DLPACK, ITEMSIZE, check_storable
+from tunecl.backend.dtypes import DLPACK, check_storable
 
 KIB, MIB = 1 << 10, 1 << 20
 SMALL_LIMIT = 1 * MIB      # up to here: 512-byte granules
@@ -38,6 +42,7 @@ LARGE_SHIFT = 4            # above: 2**4 = 16 classes per power of two
 _FIRST_ADDRESS = 1 << 56   # pseudo addresses lie above every user-space host pointer (< 2**57)
 _ADDRESS_ALIGN = 256
 MAX_DIMS_RECYCLED = 8      # DLPack structs with room for this many dims are recycled
+RECENT_BLOCKS = 16         # a cache miss first polls this many of the newest blocks
 
 
 def size_class(nbytes: int) -> int:
@@ -52,16 +57,20 @@ def storage_nbytes(size: Sequence[int], stride: Sequence[int], itemsize: int) ->
     """Bytes a tensor of ``size``/``stride`` spans from its first element (0 if it has none)."""
     span = 1
     for n, s in zip(size, stride):
-        if n == 0:
+        if not n:
             return 0
         span += (n - 1) * s
     return span * itemsize
 
 
 def contiguous_strides(size: Sequence[int]) -> list[int]:
-    strides = [1] * len(size)
-    for i in range(len(size) - 2, -1, -1):
-        strides[i] = strides[i + 1] * max(size[i + 1], 1)
+    strides = []
+    step = 1
+    for n in reversed(size):
+        strides.append(step)
+        if n > 1:  # a size-0 dim counts as 1, as in torch
+            step *= n
+    strides.reverse()
     return strides
 
 
@@ -88,7 +97,10 @@ _capsule_new = ctypes.pythonapi.PyCapsule_New
 _capsule_new.restype = ctypes.py_object
 _capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
 _KDL_EXT_DEV = 12
-_DL_DTYPES = {dtype: _DLDataType(code, bits, 1) for dtype, (code, bits) in DLPACK.items()}
+# data, device (type, id), ndim, dtype (code, bits, lanes): the DLTensor's first 24 bytes, written
+# in one call (three ctypes field stores cost twice as much)
+_DL_HEADER = struct.Struct("=QiiiBBH")
+assert (_DLTensor.device.offset, _DLTensor.ndim.offset, _DLTensor.dtype.offset, _DLTensor.shape.offset) == (8, 16, 20, 24)
 _weak_ref_expired = torch.UntypedStorage._expired
 _free_weak_ref = torch.UntypedStorage._free_weak_ref
 
@@ -147,16 +159,33 @@ class CachingAllocator:
     # called with the lock held
     def _sweep(self) -> None:
         """Recycle the blocks whose storages have died."""
-        dead = [(key, b) for key, b in self._blocks.items() if b.weak and _weak_ref_expired(b.weak)]
-        for key, block in dead:
-            del self._blocks[key]
+        dead = [key for key, b in self._blocks.items() if b.weak and _weak_ref_expired(b.weak)]
+        self._free_dead(dead)
+        self.counts["sweeps"] += 1
+        self._allocs_since_sweep = 0
+
+    # called with the lock held
+    def _reclaim_recent(self, reserved: int) -> None:
+        """Recycle dead blocks among the ``RECENT_BLOCKS`` newest, stopping at one of class ``reserved``."""
+        dead = []
+        for n, (key, b) in enumerate(reversed(self._blocks.items())):
+            if b.weak and _weak_ref_expired(b.weak):
+                dead.append(key)
+                if b.reserved == reserved:
+                    break
+            if n == RECENT_BLOCKS:
+                break
+        if dead:
+            self._free_dead(dead)
+
+    def _free_dead(self, keys: list[int]) -> None:
+        for key in keys:
+            block = self._blocks.pop(key)
             _free_weak_ref(block.weak)
             self._release(block)
             if len(block.slot.shape) == MAX_DIMS_RECYCLED:
                 self._free_slots.append(block.slot)
-        self.counts["frees"] += len(dead)
-        self.counts["sweeps"] += 1
-        self._allocs_since_sweep = 0
+        self.counts["frees"] += len(keys)
 
     def _new_buffer(self, reserved: int, requested: int) -> cl.Buffer:
         device = state.get().device
@@ -194,11 +223,13 @@ class CachingAllocator:
             if nbytes:
                 reserved = size_class(nbytes)
                 cached = self._cache.get(reserved)
-                # a miss: first reclaim dead storages, at most once per len(blocks)/16 allocations
-                # so that sweeps cost O(1) amortised per allocation
-                if not cached and self._allocs_since_sweep > len(self._blocks) // 16:
-                    self._sweep()
+                if not cached:  # a miss: reclaim dead storages first (see the module docstring)
+                    self._reclaim_recent(reserved)
                     cached = self._cache.get(reserved)
+                    if (not cached and len(self._blocks) > RECENT_BLOCKS
+                            and self._allocs_since_sweep > len(self._blocks) // 16):
+                        self._sweep()
+                        cached = self._cache.get(reserved)
                 if cached:
                     buffer = cached.pop()
                     self.cached -= reserved
@@ -208,7 +239,8 @@ class CachingAllocator:
             else:
                 reserved, buffer = 0, None
             address = self._next_address
-            self._next_address += -(-max(reserved, 1) // _ADDRESS_ALIGN) * _ADDRESS_ALIGN
+            # classes are multiples of the alignment (512 B granules, >= 64 KiB steps above 1 MiB)
+            self._next_address = address + (reserved or _ADDRESS_ALIGN)
             if ndim > MAX_DIMS_RECYCLED:  # rare: a one-off struct big enough for this rank
                 slot = _Slot(ndim)
             else:
@@ -218,7 +250,7 @@ class CachingAllocator:
             self.allocated += reserved
             self.requested += nbytes
             self.peak_allocated = max(self.peak_allocated, self.allocated)
-            self.peak_reserved = max(self.peak_reserved, self.reserved)
+            self.peak_reserved = max(self.peak_reserved, self.allocated + self.cached)
             self.counts["allocs"] += 1
             _buffers[address] = buffer
             return block
@@ -286,22 +318,16 @@ _buffers: dict[int, cl.Buffer | None] = {}   # pseudo address -> buffer of every
 # -- tensors ---------------------------------------------------------------------------------------
 def empty(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     """A new, uninitialised opencl tensor with exactly ``size`` and ``stride``."""
-    itemsize = ITEMSIZE.get(dtype)
-    if itemsize is None:
+    dl_dtype = DLPACK.get(dtype)
+    if dl_dtype is None:
         check_storable(dtype)
-    dl_dtype = _DL_DTYPES[dtype]
     ndim = len(size)
-    nbytes = storage_nbytes(size, stride, itemsize)
+    nbytes = storage_nbytes(size, stride, dl_dtype[1] >> 3)
     block = allocator.allocate(nbytes, ndim)
     slot = block.slot
-    shape, strides = slot.shape, slot.strides
-    for i in range(ndim):
-        shape[i] = size[i]
-        strides[i] = stride[i]
-    tensor = slot.tensor
-    tensor.data = block.address
-    tensor.ndim = ndim
-    tensor.dtype = dl_dtype
+    slot.shape[:ndim] = size
+    slot.strides[:ndim] = stride
+    _DL_HEADER.pack_into(slot.managed, 0, block.address, _KDL_EXT_DEV, 0, ndim, dl_dtype[0], dl_dtype[1], 1)
     try:
         result = torch._C._from_dlpack(_capsule_new(slot.address, b"dltensor", None))
     except BaseException:

@@ -207,14 +207,20 @@ class _Plan(NamedTuple):
     extents: tuple[int, ...]  # per operand: the largest element offset it reaches past its own offset
     cast: type                # Python type of scalar arguments (float or int)
     global_size: tuple[int]
+    local_size: tuple[int]
     wide: bool                # compiled with 64-bit indices
+    meta: bytes               # the packed ``meta`` when every offset is 0 (the common case)
+    scalar_args: tuple[int, ...]  # positions in the argument list of scalar inputs
+    signature: tuple          # (op, shape, out, inputs) without buffers: rebuilds the plan 64-bit wide
 
 
 class Pointwise:
     """Launches ``EXPRESSIONS`` ops on one device; compiles each op signature once.
 
     The hot path is a dict lookup keyed by the op's signature (op, shape, dtypes, strides, scalar
-    kinds): dim merging, compute type and ``meta`` layout are worked out once per signature.
+    kinds): dim merging, compute type and ``meta`` layout are worked out once per signature. Callers
+    that can key the signature more cheaply themselves keep the :meth:`prepare` result and call
+    :meth:`launch` per op.
     """
 
     MAX_PLANS = 8192  # a safety valve for programs with ever-changing shapes
@@ -240,6 +246,27 @@ class Pointwise:
         Raises:
             Unsupported: a dtype or rank this family does not handle.
         """
+        plan = self.prepare(op, shape, out, inputs)
+        if plan is None:
+            return None
+        args = [out.buffer]
+        offsets = [out.offset]
+        for x in inputs:
+            if isinstance(x, Operand):
+                args.append(x.buffer)
+                offsets.append(x.offset)
+            else:
+                args.append(x)
+                offsets.append(0)
+        return self.launch(plan, args, params, offsets)
+
+    def prepare(self, op: str, shape: Sequence[int], out: Operand, inputs: Sequence[Input]) -> _Plan | None:
+        """The plan of this op signature (only strides, dtypes and scalar kinds matter, not buffers or
+        offsets); None when ``shape`` has no elements.
+
+        Raises:
+            Unsupported: a dtype or rank this family does not handle.
+        """
         key = (op, shape, out.dtype, out.strides,
                *[(x.dtype, x.strides) if isinstance(x, Operand) else type(x) for x in inputs])
         plan = self._plans.get(key)
@@ -247,17 +274,25 @@ class Pointwise:
             if 0 in shape:
                 return None
             plan = self._plan(key, op, shape, out, inputs, wide=False)
-        offsets = [out.offset] + [x.offset if isinstance(x, Operand) else 0 for x in inputs]
-        if not plan.wide and any(o + e > INT32_MAX for o, e in zip(offsets, plan.extents)):
-            plan = self._plan(None, op, shape, out, inputs, wide=True)
+        return plan
+
+    def launch(self, plan: _Plan, args: list, params: Sequence[float | int | bool],
+               offsets: Sequence[int]) -> cl.Event:
+        """Enqueue ``plan`` on ``args`` (out's buffer, then each input's buffer or scalar) with element
+        ``offsets`` (out's, then each input's: 0 for scalars). ``args`` is extended in place."""
+        if any(offsets):
+            if not plan.wide and any(o + e > INT32_MAX for o, e in zip(offsets, plan.extents)):
+                plan = self._plan(None, *plan.signature, wide=True)
+            meta = pack_meta(plan.prefix + list(offsets), "long" if plan.wide else "int")
+        else:  # offsets of 0 need no range check: a 32-bit plan's extents all fit
+            meta = plan.meta
         cast = plan.cast
-        args = [out.buffer]
-        for x in inputs:
-            args.append(x.buffer if isinstance(x, Operand) else cast(x))
+        for i in plan.scalar_args:
+            args[i] = cast(args[i])
         for p in params:
             args.append(cast(p))
-        args.append(pack_meta(plan.prefix + offsets, "long" if plan.wide else "int"))
-        return plan.kernel(self.queue, plan.global_size, (self.local,), *args)
+        args.append(meta)
+        return plan.kernel(self.queue, plan.global_size, plan.local_size, *args)
 
     def _plan(self, key: tuple | None, op: str, shape: Sequence[int], out: Operand, inputs: Sequence[Input],
               wide: bool) -> _Plan:
@@ -279,8 +314,8 @@ class Pointwise:
         extents = tuple(sum((n - 1) * s for n, s in zip(mshape, st)) for st in mstrides)
         wide = wide or count > INT32_MAX or any(e > INT32_MAX for e in extents)
         idx = "long" if wide else "int"
-        signature = tuple(x.dtype if isinstance(x, Operand) else None for x in inputs)
-        kernel_key = (op, tc, out.dtype, signature, rank, idx)
+        dtypes = tuple(x.dtype if isinstance(x, Operand) else None for x in inputs)
+        kernel_key = (op, tc, out.dtype, dtypes, rank, idx)
         kernel = self.cache.get(kernel_key)
         if kernel is None:
             kernel = self._build(kernel_key, expr, 1 + rank + (expr.nin + 1) * (rank + 1))
@@ -294,8 +329,12 @@ class Pointwise:
             else:
                 prefix += [0] * rank
                 operand_extents.append(0)
+        scalar_args = tuple(i + 1 for i, x in enumerate(inputs) if not isinstance(x, Operand))
+        signature = (op, shape, out._replace(buffer=None, offset=0),
+                     [x._replace(buffer=None, offset=0) if isinstance(x, Operand) else type(x)() for x in inputs])
         plan = _Plan(kernel, prefix, tuple(operand_extents), float if tc == "float" else int,
-                     (round_up(count, self.local),), wide)
+                     (round_up(count, self.local),), (self.local,), wide,
+                     pack_meta(prefix + [0] * len(operand_extents), idx), scalar_args, signature)
         if key is not None:
             if len(self._plans) >= self.MAX_PLANS:
                 self._plans.clear()

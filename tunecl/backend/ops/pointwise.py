@@ -14,13 +14,47 @@ from typing import Any
 import torch
 
 from tunecl.backend import memory, state
+from tunecl.backend.memory import _buffers
 from tunecl.backend.operands import dense_strides_like, operand, scalar_or_operand
+from tunecl.kernels.strided import Operand, Unsupported
 
 Number = bool | int | float
 
 
 def run(expr: str, out: torch.Tensor, inputs: Sequence[Any], params: Sequence[Number] = ()) -> torch.Tensor:
     """Enqueue ``out = expr(inputs, params)``; inputs broadcast to ``out``'s shape."""
+    # The kernel plan depends only on this key (shapes, strides, dtypes, what each input is), so a
+    # repeated signature skips building operands and keying the plan again: buffers, element
+    # offsets and scalar values are all that is read per call.
+    key = (expr, out.shape, out.stride(), out.dtype,
+           *[(x.shape, x.stride(), x.dtype, x.is_cpu) if isinstance(x, torch.Tensor) else type(x) for x in inputs])
+    launch = _launches.get(key)
+    if launch is None:
+        return _run_uncached(key, expr, out, inputs, params)
+    plan, kinds = launch
+    try:
+        args = [_buffers[out.untyped_storage().data_ptr()]]
+        offsets = [out.storage_offset()]
+        for x, kind in zip(inputs, kinds):
+            if kind is _TENSOR:
+                args.append(_buffers[x.untyped_storage().data_ptr()])
+                offsets.append(x.storage_offset())
+            else:
+                args.append(x.item() if kind is _WRAPPED else x)
+                offsets.append(0)
+    except KeyError:  # a tensor that is not one of our storages (meta, ...)
+        raise Unsupported("a tensor without an opencl storage among opencl operands") from None
+    state.get().pointwise.launch(plan, args, params, offsets)
+    return out
+
+
+_TENSOR, _WRAPPED, _NUMBER = "tensor", "wrapped number", "number"
+_launches: dict[tuple, tuple[Any, tuple[str, ...]]] = {}  # run()'s key -> (pointwise plan, input kinds)
+MAX_LAUNCHES = 8192  # a safety valve for programs with ever-changing shapes
+
+
+def _run_uncached(key: tuple, expr: str, out: torch.Tensor, inputs: Sequence[Any],
+                  params: Sequence[Number]) -> torch.Tensor:
     shape = out.shape
     for x in inputs:
         if isinstance(x, torch.Tensor) and x.shape != shape and x.dim():
@@ -28,7 +62,20 @@ def run(expr: str, out: torch.Tensor, inputs: Sequence[Any], params: Sequence[Nu
             break
     operands = [operand(x) if isinstance(x, torch.Tensor) and x.shape == shape else scalar_or_operand(x, shape)
                 for x in inputs]
-    state.get().pointwise(expr, shape, operand(out), operands, params)
+    pointwise = state.get().pointwise
+    out_operand = operand(out)
+    plan = pointwise.prepare(expr, shape, out_operand, operands)
+    if plan is None:  # no elements
+        return out
+    if shape == key[1]:  # (not after a resize of out: then the key no longer describes this call)
+        kinds = tuple(_TENSOR if isinstance(x, Operand) else _WRAPPED if isinstance(given, torch.Tensor) else _NUMBER
+                      for x, given in zip(operands, inputs))
+        if len(_launches) >= MAX_LAUNCHES:
+            _launches.clear()
+        _launches[key] = (plan, kinds)
+    args = [out_operand.buffer, *(x.buffer if isinstance(x, Operand) else x for x in operands)]
+    offsets = [out_operand.offset, *(x.offset if isinstance(x, Operand) else 0 for x in operands)]
+    pointwise.launch(plan, args, params, offsets)
     return out
 
 
