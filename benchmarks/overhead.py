@@ -76,7 +76,6 @@ def _cases(size: int) -> dict[str, Callable[[torch.device], Callable[[], object]
 def _breakdown(args: argparse.Namespace, dev: torch.device) -> None:
     """Split ``a.add_(b)`` into the backend's Python work and the OpenCL enqueue itself."""
     from tunecl.backend import state
-    from tunecl.backend.ops import pointwise as pointwise_ops
 
     pointwise = state.get().pointwise
     a, b = torch.randn(args.size, device=dev), torch.randn(args.size, device=dev)
@@ -91,12 +90,12 @@ def _breakdown(args: argparse.Namespace, dev: torch.device) -> None:
         # the backend keeps the plans it launches by its own key too: forget them so that it picks
         # up the stubbed ones (and the real ones again afterwards)
         pointwise._plans = {key: p._replace(kernel=lambda *_, **__: None) for key, p in plans.items()}
-        pointwise_ops._launches.clear()
+        pointwise.launches.clear()
         try:
             python_times.append(_time(lambda: a.add_(b, alpha=1e-6), args.ops, lambda: None)[0])
         finally:
             pointwise._plans = plans
-            pointwise_ops._launches.clear()
+            pointwise.launches.clear()
     print(f"a.add_(b) breakdown: backend Python (dispatch to launch, enqueue stubbed) "
           f"{statistics.median(python_times):.2f} µs + OpenCL enqueue of the same kernel "
           f"{statistics.median(enqueue_times):.2f} µs")

@@ -135,6 +135,22 @@ def test_a_dry_run_allocates_and_launches_nothing_and_leaves_no_trace(fresh_stat
     assert (torch.ones(3, device="opencl") * 2).sum().item() == 6   # the real device still works
 
 
+def test_pointwise_launch_caches_never_cross_a_dry_run():
+    """The backend's per-signature pointwise launch cache once lived in a module global: a dry run then
+    launched the real kernels it held on fake buffers (a segfault), and a real run after a dry run would
+    have launched the dry run's do-nothing kernels."""
+    a, b = torch.arange(6.0, device="opencl"), torch.ones(6, device="opencl")
+    assert (a + b).cpu().tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]   # the signature is now cached
+    with dry_run() as run:
+        x, y = torch.empty(6, device="opencl"), torch.empty(6, device="opencl")
+        launches = run.launches
+        z = x + y
+        assert run.launches == launches + 1   # the dry family's kernel, counted, not the real one
+        del x, y, z
+    c = torch.arange(6.0, device="opencl") * 2
+    assert (c + b).cpu().tolist() == [1.0, 3.0, 5.0, 7.0, 9.0, 11.0]   # the real kernels again
+
+
 def test_a_tensor_must_not_outlive_its_dry_run():
     memory.empty_cache()   # else the dry run may hand out a cached (real) buffer, which is harmless
     with pytest.raises(RuntimeError, match=r"1 storage\(s\) made in a dry run outlived it"), dry_run():

@@ -231,6 +231,11 @@ class Pointwise:
         self.cache = KernelCache(device, __package__, "pointwise.cl")
         self.local = work_group(device, 256)
         self._plans: dict[tuple, _Plan] = {}
+        # The backend's per-call launch cache (tunecl.backend.ops.pointwise.run: its own signature key ->
+        # (plan, input kinds)). It lives here, not in a module global, because its plans hold this
+        # instance's kernels: a new family (another context, or the coverage dry run's stubbed one)
+        # must never launch another instance's kernels.
+        self.launches: dict[tuple, tuple[_Plan, tuple[str, ...]]] = {}
 
     def __call__(self, op: str, shape: Sequence[int], out: Operand, inputs: Sequence[Input] = (),
                  params: Sequence[float | int | bool] = ()) -> cl.Event | None:

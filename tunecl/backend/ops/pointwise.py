@@ -28,7 +28,8 @@ def run(expr: str, out: torch.Tensor, inputs: Sequence[Any], params: Sequence[Nu
     # offsets and scalar values are all that is read per call.
     key = (expr, out.shape, out.stride(), out.dtype,
            *[(x.shape, x.stride(), x.dtype, x.is_cpu) if isinstance(x, torch.Tensor) else type(x) for x in inputs])
-    launch = _launches.get(key)
+    pointwise = state.get().pointwise
+    launch = pointwise.launches.get(key)
     if launch is None:
         return _run_uncached(key, expr, out, inputs, params)
     plan, kinds = launch
@@ -44,12 +45,11 @@ def run(expr: str, out: torch.Tensor, inputs: Sequence[Any], params: Sequence[Nu
                 offsets.append(0)
     except KeyError:  # a tensor that is not one of our storages (meta, ...)
         raise Unsupported("a tensor without an opencl storage among opencl operands") from None
-    state.get().pointwise.launch(plan, args, params, offsets)
+    pointwise.launch(plan, args, params, offsets)
     return out
 
 
 _TENSOR, _WRAPPED, _NUMBER = "tensor", "wrapped number", "number"
-_launches: dict[tuple, tuple[Any, tuple[str, ...]]] = {}  # run()'s key -> (pointwise plan, input kinds)
 MAX_LAUNCHES = 8192  # a safety valve for programs with ever-changing shapes
 
 
@@ -70,9 +70,10 @@ def _run_uncached(key: tuple, expr: str, out: torch.Tensor, inputs: Sequence[Any
     if shape == key[1]:  # (not after a resize of out: then the key no longer describes this call)
         kinds = tuple(_TENSOR if isinstance(x, Operand) else _WRAPPED if isinstance(given, torch.Tensor) else _NUMBER
                       for x, given in zip(operands, inputs))
-        if len(_launches) >= MAX_LAUNCHES:
-            _launches.clear()
-        _launches[key] = (plan, kinds)
+        launches = pointwise.launches
+        if len(launches) >= MAX_LAUNCHES:
+            launches.clear()
+        launches[key] = (plan, kinds)
     args = [out_operand.buffer, *(x.buffer if isinstance(x, Operand) else x for x in operands)]
     offsets = [out_operand.offset, *(x.offset if isinstance(x, Operand) else 0 for x in operands)]
     pointwise.launch(plan, args, params, offsets)
