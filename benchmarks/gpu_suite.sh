@@ -9,7 +9,8 @@
 # every command, so a run cut off from outside still leaves everything finished so far in one file.
 # Steps run sequentially: concurrent GPU work (or CPU-heavy work next to a timing) skews timings.
 #
-# Environment: TUNECL_DEVICE selects the GPU (default: nvidia). The user DB is a fresh file under
+# Environment: PACK names the archive (default OUTDIR.tar.gz; e.g. a folder that is copied back while
+# OUTDIR's many small files stay behind). TUNECL_DEVICE selects the GPU (default: nvidia). The user DB is a fresh file under
 # OUTDIR unless TUNECL_DB is set; the shipped results in tuning_db/ are used as in a user's install.
 set -u
 out=${1:?usage: gpu_suite.sh OUTDIR BUDGET_SECONDS [STEP ...]}
@@ -24,7 +25,7 @@ export TUNECL_DB=${TUNECL_DB:-$out/tuning.sqlite}
 export TUNECL_STORAGE=${TUNECL_STORAGE:-$out/studies.sqlite}
 deadline=$(( $(date +%s) + budget ))
 left() { echo $(( deadline - $(date +%s) )); }
-pack() { tar czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")" 2>/dev/null; }
+pack() { tar czf "${PACK:-$out.tar.gz}" -C "$(dirname "$out")" "$(basename "$out")" 2>/dev/null; }
 log() { echo "$*" | tee -a "$out/log.txt"; }
 
 # run NAME TIMEOUT_CAP COMMAND...: one command, stdout+stderr to OUTDIR/NAME.txt, logged and packed
