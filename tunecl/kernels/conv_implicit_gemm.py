@@ -135,13 +135,8 @@ class ConvImplicitGemm(ConvAlgorithm):
         i32, f32 = np.int32, np.float32
         kernel = device.kernel(program, "conv_implicit_gemm",
                                [None, i32, None, i32, None, i32, None, None, i32, i32, f32])
-        gm, gn, _ = gemm_shape(problem)
-        threads = config["MDIMC"] * config["NDIMC"]
-        global_size = (ceil_div(gn, config["NWG"]) * threads, ceil_div(gm, config["MWG"]),
-                       problem.groups * config["SPLIT"])
-        workspace = config["SPLIT"] * out_elements(problem) * FLOAT_BYTES if config["SPLIT"] > 1 else 0
-        return ImplicitGemmPlan(self.name, dict(config), problem, device, workspace, kernel=kernel,
-                                global_size=global_size, local_size=(threads, 1, 1))
+        return ImplicitGemmPlan.launching(self.name, problem, device, config, kernel,
+                                          config["MDIMC"] * config["NDIMC"])
 
 
 @dataclasses.dataclass
@@ -151,6 +146,18 @@ class ImplicitGemmPlan(ConvPlan):
     kernel: cl.Kernel | None = None
     global_size: tuple[int, ...] = ()
     local_size: tuple[int, ...] = ()
+
+    @classmethod
+    def launching(cls, name: str, problem: ConvProblem, device: Device, config: Config, kernel: cl.Kernel,
+                  threads: int) -> ImplicitGemmPlan:
+        """A plan of ``kernel`` with ``threads`` work-items per MWG x NWG tile of the GEMM view, one
+        grid layer per group and SPLIT part, and a workspace for the partial sums when SPLIT > 1."""
+        gm, gn, _ = gemm_shape(problem)
+        split = config["SPLIT"]
+        global_size = (ceil_div(gn, config["NWG"]) * threads, ceil_div(gm, config["MWG"]), problem.groups * split)
+        workspace = split * out_elements(problem) * FLOAT_BYTES if split > 1 else 0
+        return cls(name, dict(config), problem, device, workspace, kernel=kernel, global_size=global_size,
+                   local_size=(threads, 1, 1))
 
     def enqueue(self, a: cl.Buffer, b: cl.Buffer, out: cl.Buffer, a_offset: int, b_offset: int,
                 out_offset: int, bias: cl.Buffer | None, bias_offset: int, beta: float,

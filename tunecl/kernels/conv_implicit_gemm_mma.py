@@ -249,13 +249,7 @@ class ConvImplicitGemmMmaTF32(ConvAlgorithm):
         program = self.program(device, problem, config, ["-DMMA_STUB=1"] if emulate else [])
         i32, f32 = np.int32, np.float32
         kernel = device.kernel(program, NAME, [None, i32, None, i32, None, i32, None, None, i32, i32, f32])
-        gm, gn, _ = gemm_shape(problem)
-        threads = 32 * warps(config)
-        global_size = (ceil_div(gn, config["NWG"]) * threads, ceil_div(gm, config["MWG"]),
-                       problem.groups * config["SPLIT"])
-        workspace = config["SPLIT"] * out_elements(problem) * FLOAT_BYTES if config["SPLIT"] > 1 else 0
-        return MmaConvPlan(self.name, dict(config), problem, device, workspace, kernel=kernel,
-                           global_size=global_size, local_size=(threads, 1, 1))
+        return MmaConvPlan.launching(self.name, problem, device, config, kernel, 32 * warps(config))
 
 
 @dataclasses.dataclass
