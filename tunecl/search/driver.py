@@ -323,23 +323,16 @@ class StudyDriver:
                 algorithm, config = self._suggest(trial)
                 key = config_key(algorithm, config)
                 self.pending.discard(key)
-                if not self.space.is_valid(algorithm, config):
-                    broken = ", ".join(self.space.violations(algorithm, config))
-                    self._tell(trial, "invalid", Result(algorithm, config, Status.INVALID,
-                                                        message=f"violates {broken}"))
+                if self._refused_invalid(trial, algorithm, config):
                     told = True
-                    self.invalid += 1
                     skipped += 1
-                    self._repair(algorithm, config)
                     continue
                 self._sync()  # after the params are written: see _claim
                 why = self._claim(trial.number, key)
                 if why == "duplicate":
-                    self._tell(trial, "duplicate", self.seen[key])
+                    self._tell_duplicate(trial, key, algorithm, config)
                     told = True
-                    self.duplicates += 1
                     skipped += 1
-                    self._repair(algorithm, config)
                     continue
                 if why is not None:
                     self._yield(trial, why, algorithm, config)
@@ -366,6 +359,22 @@ class StudyDriver:
         self._sync()  # the winner is chosen from every worker's results
         final = self._final_round()
         return self._log(final, stop or "trials")
+
+    def _refused_invalid(self, trial: Trial, algorithm: str, config: Config) -> bool:
+        """Tell an invalid proposal at once (never compiled) and steer the sampler away; False if valid."""
+        if self.space.is_valid(algorithm, config):
+            return False
+        broken = ", ".join(self.space.violations(algorithm, config))
+        self._tell(trial, "invalid", Result(algorithm, config, Status.INVALID, message=f"violates {broken}"))
+        self.invalid += 1
+        self._repair(algorithm, config)
+        return True
+
+    def _tell_duplicate(self, trial: Trial, key: Key, algorithm: str, config: Config) -> None:
+        """Tell a proposal of an already measured config with that measurement (never measured again)."""
+        self._tell(trial, "duplicate", self.seen[key])
+        self.duplicates += 1
+        self._repair(algorithm, config)
 
     def _batch_size(self) -> int:
         """How many trials to ask at once: ``jobs``, but no more than the trial budget or space has left."""
@@ -408,19 +417,12 @@ class StudyDriver:
                         algorithm, config = self._suggest(trial)
                         key = config_key(algorithm, config)
                         self.pending.discard(key)
-                        if not self.space.is_valid(algorithm, config):
-                            broken = ", ".join(self.space.violations(algorithm, config))
-                            self._tell(trial, "invalid", Result(algorithm, config, Status.INVALID,
-                                                                message=f"violates {broken}"))
-                            self.invalid += 1
+                        if self._refused_invalid(trial, algorithm, config):
                             skipped += 1
-                            self._repair(algorithm, config)
                             continue
                         if key in self.seen:
-                            self._tell(trial, "duplicate", self.seen[key])
-                            self.duplicates += 1
+                            self._tell_duplicate(trial, key, algorithm, config)
                             skipped += 1
-                            self._repair(algorithm, config)
                         elif key in self.inflight:
                             later_or_batch = True
                             later.append((trial, key, algorithm, config))
