@@ -3,8 +3,8 @@
 #
 #   bash benchmarks/gpu_suite.sh OUTDIR BUDGET_SECONDS [STEP ...]
 #
-# Steps: mma bench validate conv tests (the default, in this order) and convergence (~16 min, only
-# when named). Each step gets what is left of the budget (a step that cannot start with at least MIN_STEP_S seconds left is skipped and
+# Steps: mma bench validate conv tests (the default, in this order); when named: gemm_mma or conv_mma
+# (one half of mma), space (~3 min) and convergence (~16 min). Each step gets what is left of the budget (a step that cannot start with at least MIN_STEP_S seconds left is skipped and
 # logged); every command writes its own file under OUTDIR, and OUTDIR.tar.gz is rewritten after
 # every command, so a run cut off from outside still leaves everything finished so far in one file.
 # Steps run sequentially: concurrent GPU work (or CPU-heavy work next to a timing) skews timings.
@@ -43,12 +43,16 @@ run() {
 run devices 30 "$PY" -m tunecl devices
 for step in $steps; do
   case $step in
-    mma)       # tensor cores: GEMM (probes, correctness, timings next to torch.mm with TF32 on and off),
+    mma|gemm_mma|conv_mma)
+               # tensor cores: GEMM (probes, correctness, timings next to torch.mm with TF32 on and off),
                # then the implicit-GEMM conv (correctness, timings next to cuDNN with TF32 on and off)
-      run gemm_mma 240 "$PY" benchmarks/gemm_mma.py --device "$TUNECL_DEVICE" --budget 180 \
-        --json "$out/gemm_mma.json"
-      run conv_mma 180 "$PY" benchmarks/conv_mma.py --device "$TUNECL_DEVICE" --budget 150 \
-        --json "$out/conv_mma.json" ;;
+      [ "$step" = conv_mma ] || run gemm_mma 240 "$PY" benchmarks/gemm_mma.py --device "$TUNECL_DEVICE" \
+        --budget 180 --json "$out/gemm_mma.json"
+      [ "$step" = gemm_mma ] || run conv_mma 180 "$PY" benchmarks/conv_mma.py --device "$TUNECL_DEVICE" \
+        --budget 150 --json "$out/conv_mma.json" ;;
+    space)     # issue 3: exhaustive search of a reduced fp32 GEMM space at 4096^3, to judge the tuner
+      run gemm_space-4096 200 "$PY" benchmarks/gemm_space.py --device "$TUNECL_DEVICE" \
+        --shape 4096,4096,4096 --time-limit 170 --json "$out/gemm_space-4096.json" ;;
     bench)     # the seed's table: ms per batch next to torch CUDA fp32, TF32 off
       for spec in resnet50:16 resnet18:16 mobilenet_v2:16 alexnet:16 vgg16:16 \
                   resnet50:64 resnet18:64 mobilenet_v2:64 alexnet:64 vgg16:64; do
@@ -74,8 +78,8 @@ for step in $steps; do
           --json "$out/convergence-$sampler.json"
       done ;;
     tests)     # GPU-only correctness: the device and torch test subsets on the GPU
-      run pytest-device 0 "$PY" -m pytest -q -x tests/device tests/torch ;;
-    *) log "unknown step $step (steps: mma bench validate conv convergence tests)" ;;
+      run pytest-device 0 "$PY" -m pytest -q tests/device tests/torch ;;
+    *) log "unknown step $step (steps: mma gemm_mma conv_mma bench validate conv space convergence tests)" ;;
   esac
 done
 log "done, $(left)s of the budget left"
