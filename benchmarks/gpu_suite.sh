@@ -9,7 +9,7 @@
 # every command, so a run cut off from outside still leaves everything finished so far in one file.
 # Steps run sequentially: concurrent GPU work (or CPU-heavy work next to a timing) skews timings.
 #
-# Environment: PACK names the archive (default OUTDIR.tar.gz; e.g. a folder that is copied back while
+# Environment: NETS replaces the validate step's net list, TESTS the test step's paths. PACK names the archive (default OUTDIR.tar.gz; e.g. a folder that is copied back while
 # OUTDIR's many small files stay behind). TUNECL_DEVICE selects the GPU (default: nvidia). The user DB is a fresh file under
 # OUTDIR unless TUNECL_DB is set; the shipped results in tuning_db/ are used as in a user's install.
 set -u
@@ -62,9 +62,9 @@ for step in $steps; do
           --compare cuda --json
       done ;;
     validate)  # issue 7 on the GPU: all 18 nets, a training step, nothing on the CPU fallback
-      for net in squeezenet1_0 mobilenet_v3_small shufflenet_v2_x1_0 resnet18 alexnet mnasnet1_0 \
+      for net in ${NETS:-squeezenet1_0 mobilenet_v3_small shufflenet_v2_x1_0 resnet18 alexnet mnasnet1_0 \
                  mobilenet_v2 mobilenet_v3_large efficientnet_b0 regnet_y_400mf googlenet vgg16 \
-                 resnet50 resnext50_32x4d inception_v3 wide_resnet50_2 densenet161 efficientnet_b4; do
+                 resnet50 resnext50_32x4d inception_v3 wide_resnet50_2 densenet161 efficientnet_b4}; do
         TUNECL_FALLBACK=error run "validate-$net" 300 "$PY" -m tunecl validate --net "$net" --train \
           --batch 4 --image-size 224 --json
       done ;;
@@ -78,7 +78,7 @@ for step in $steps; do
           --json "$out/convergence-$sampler.json"
       done ;;
     tests)     # GPU-only correctness: the device and torch test subsets on the GPU
-      run pytest-device 0 "$PY" -m pytest -q tests/device tests/torch ;;
+      run pytest-device 0 "$PY" -m pytest -q -rfE --tb=short ${TESTS:-tests/device tests/torch} ;;
     *) log "unknown step $step (steps: mma gemm_mma conv_mma bench validate conv space convergence tests)" ;;
   esac
 done
