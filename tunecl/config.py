@@ -35,6 +35,11 @@ class Config:
         tune: what the backend does for a conv/GEMM shape without a stored result (``TUNECL_TUNE``):
             ``off`` (run the heuristic default) or ``on-miss`` (tune it with a small budget, store
             the result in the user DB and run it, like ``cudnn.benchmark``).
+        winograd_cache: when the backend keeps a Winograd convolution's transformed weight between calls
+            (``TUNECL_WINOGRAD_CACHE``): ``auto`` (weights that are plausibly not being trained: the
+            forward without grad mode, or a weight that does not require grad), ``on`` (every weight)
+            or ``off``; see :mod:`tunecl.backend.weight_cache`.
+        winograd_cache_mb: the most MiB the transformed weights may hold (``TUNECL_WINOGRAD_CACHE_MB``).
     """
 
     device: str = "0"
@@ -44,6 +49,8 @@ class Config:
     fallback: str = "warn"
     shipped_db: str = ""
     tune: str = "off"
+    winograd_cache: str = "auto"
+    winograd_cache_mb: int = 512
 
     @staticmethod
     def from_env(env: dict[str, str] | None = None) -> Config:
@@ -59,10 +66,21 @@ class Config:
             # unset means the default folder, set-but-empty means "no shipped results"
             shipped_db=env.get("TUNECL_SHIPPED_DB", str(_DEFAULT_SHIPPED_DB)),
             tune=(env.get("TUNECL_TUNE") or "off").lower(),
+            winograd_cache=(env.get("TUNECL_WINOGRAD_CACHE") or "auto").lower(),
+            winograd_cache_mb=_int(env, "TUNECL_WINOGRAD_CACHE_MB", 512),
         )
 
 
 TUNE_MODES = ("off", "on-miss")
+WINOGRAD_CACHE_MODES = ("auto", "on", "off")
+
+
+def _int(env: dict[str, str], name: str, default: int) -> int:
+    value = env.get(name) or ""
+    try:
+        return int(value) if value.strip() else default
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, not {value!r}") from None
 
 
 def normalize_db_url(value: str) -> str:
@@ -78,6 +96,12 @@ _override: Config | None = None
 def get() -> Config:
     """The current configuration: an active :func:`override`, else the environment."""
     return _override if _override is not None else Config.from_env()
+
+
+def active_override() -> Config | None:
+    """The configuration of the innermost :func:`override` block, or None outside one (lets hot paths
+    cache what they derived from :func:`get`, which reads the environment each time, ~25 µs)."""
+    return _override
 
 
 @contextlib.contextmanager

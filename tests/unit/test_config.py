@@ -1,3 +1,5 @@
+import pytest
+
 from tunecl import config
 
 
@@ -20,3 +22,11 @@ def test_override_is_scoped():
     with config.override(device="7") as cfg:
         assert cfg.device == "7" and config.get().device == "7"
     assert config.get() == before
+
+
+def test_winograd_cache_settings_from_env():
+    assert (config.Config.from_env({}).winograd_cache, config.Config.from_env({}).winograd_cache_mb) == ("auto", 512)
+    cfg = config.Config.from_env({"TUNECL_WINOGRAD_CACHE": "OFF", "TUNECL_WINOGRAD_CACHE_MB": "64"})
+    assert (cfg.winograd_cache, cfg.winograd_cache_mb) == ("off", 64)
+    with pytest.raises(ValueError, match="TUNECL_WINOGRAD_CACHE_MB"):
+        config.Config.from_env({"TUNECL_WINOGRAD_CACHE_MB": "lots"})

@@ -24,9 +24,10 @@ def stats() -> dict[str, Any]:
     chain that chose it and its precision, ``"fp32"`` or ``"tf32"``),
     ``plan_counts`` (cached plans per source, ``tunecl.backend.plans.SOURCES``: ``user``,
     ``user-other-driver``, ``shipped``, those three with ``-near-batch`` appended (tuned at another
-    batch), ``tuned-on-miss``, ``default``) and ``memory``.
+    batch), ``tuned-on-miss``, ``default``), ``memory`` and ``winograd_cache`` (transformed weights
+    held, their bytes, hits, misses, ...: :func:`tunecl.backend.weight_cache.stats`).
     """
-    from tunecl.backend import memory
+    from tunecl.backend import memory, weight_cache
 
     cached = {key: dict(value) for key, value in plans.items()}
     return {
@@ -36,11 +37,16 @@ def stats() -> dict[str, Any]:
         "plans": cached,
         "plan_counts": dict(Counter(value["source"] for value in cached.values())),
         "memory": memory.memory_stats(),
+        "winograd_cache": weight_cache.stats(),
     }
 
 
 def reset_stats() -> None:
-    """Zero the op, fallback and plan-use counters (plans stay cached, and so does their record)."""
+    """Zero the op, fallback and plan-use counters and those of the Winograd weight cache (plans and
+    cached weights stay, and so does the plans' record)."""
+    from tunecl.backend import weight_cache
+
+    weight_cache.reset_counts()
     op_counts.clear()
     fallback_counts.clear()
     plan_sources.clear()

@@ -18,14 +18,16 @@ from typing import Any
 import torch
 
 from tunecl import config
-from tunecl.backend import copies, counters
+from tunecl.backend import copies, counters, weight_cache
 from tunecl.backend.operands import is_device
 
 CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
 # Arguments some ops mutate without saying so in their schema (positional indices).
-_HIDDEN_MUTATIONS: dict[str, tuple[int, ...]] = {
+HIDDEN_MUTATIONS: dict[str, tuple[int, ...]] = {
     "aten::native_batch_norm": (3, 4),  # running_mean, running_var
+    "aten::_copy_from": (1,),           # dst (what Tensor.copy_ reaches for an opencl tensor)
+    "aten::_copy_from_and_resize": (1,),
 }
 
 _warned: set[str] = set()
@@ -88,7 +90,7 @@ def _involves_device(x: Any) -> bool:
 
 def _execute(op: torch._ops.OpOverload, args: tuple, kwargs: dict[str, Any]) -> Any:
     schema = op._schema
-    hidden = _HIDDEN_MUTATIONS.get(schema.name, ())
+    hidden = HIDDEN_MUTATIONS.get(schema.name, ())
     mutated: list[tuple[Any, Any]] = []   # (device argument, its CPU stand-in)
 
     def writes(index: int | None, arg_name: str | None) -> bool:
@@ -115,6 +117,8 @@ def _execute(op: torch._ops.OpOverload, args: tuple, kwargs: dict[str, Any]) -> 
 
     stand_ins: dict[int, torch.Tensor] = {}
     for dev, host in mutated:
+        if weight_cache.watched:   # a weight written here: its cached transforms are stale
+            weight_cache.note_write(dev)
         pairs = zip(dev, host) if isinstance(dev, (list, tuple)) else [(dev, host)]
         for d, h in pairs:
             if is_device(d):

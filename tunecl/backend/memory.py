@@ -27,7 +27,7 @@ import collections
 import ctypes
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pyopencl as cl
 import torch
@@ -151,6 +151,11 @@ class CachingAllocator:
         self.peak_reserved = 0
         self.counts = collections.Counter()
         self._allocs_since_sweep = 0
+        # caches of derived tensors (weight_cache): let go of those of dead tensors before a full sweep
+        # (statistics, empty_cache), of everything before an allocation fails (called with the
+        # allocator's lock held: must not wait)
+        self.before_sweep: list[Callable[[], None]] = []
+        self.under_pressure: list[Callable[[], None]] = []
 
     @property
     def reserved(self) -> int:
@@ -195,6 +200,7 @@ class CachingAllocator:
         for attempt in range(2):
             if self.reserved + reserved > device.cl_device.global_mem_size:
                 if attempt == 0:
+                    self._relieve()
                     self._sweep()
                     self._release_cache()
                     continue
@@ -204,6 +210,7 @@ class CachingAllocator:
             except cl.Error as error:  # MEM_OBJECT_ALLOCATION_FAILURE, OUT_OF_RESOURCES, ...
                 if attempt == 0:
                     self.counts["oom_retries"] += 1
+                    self._relieve()
                     self._sweep()
                     self._release_cache()
                     continue
@@ -211,6 +218,11 @@ class CachingAllocator:
             self.counts["buffers_created"] += 1
             return buffer
         raise AssertionError("unreachable")
+
+    def _relieve(self) -> None:
+        """Ask the caches of derived tensors to let go (the sweep that follows reclaims their blocks)."""
+        for release in self.under_pressure:
+            release()
 
     def _release_cache(self) -> None:
         self._cache.clear()
@@ -277,11 +289,17 @@ class CachingAllocator:
 
     def empty_cache(self) -> None:
         """Give every cached (unused) buffer back to the driver."""
+        self._sweep_derived()
         with self._lock:
             self._sweep()
             self._release_cache()
 
+    def _sweep_derived(self) -> None:
+        for sweep in self.before_sweep:
+            sweep()
+
     def stats(self) -> dict[str, int]:
+        self._sweep_derived()
         with self._lock:
             self._sweep()
             return {"allocated_bytes": self.allocated, "requested_bytes": self.requested,
@@ -290,6 +308,7 @@ class CachingAllocator:
                     "live_blocks": len(self._blocks), **self.counts}
 
     def reset_peak(self) -> None:
+        self._sweep_derived()
         with self._lock:
             self._sweep()
             self.peak_allocated = self.allocated

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from tunecl.backend import autocast, copies, counters, fallback, memory, state
+from tunecl.backend import autocast, copies, counters, fallback, memory, state, weight_cache
 from tunecl.kernels.strided import Unsupported
 
 BACKEND = "opencl"
@@ -76,15 +76,30 @@ def register() -> None:
         _registered = True
 
 
+def _written(op: torch._ops.OpOverload) -> tuple[tuple[int, str], ...]:
+    """(position, name) of every argument ``op`` writes into: ``Tensor(a!)`` in its schema, and the
+    destinations its schema does not mark (``_copy_from``'s ``dst``, :data:`fallback.HIDDEN_MUTATIONS`)."""
+    hidden = fallback.HIDDEN_MUTATIONS.get(op._schema.name, ())
+    return tuple((i, a.name) for i, a in enumerate(op._schema.arguments)
+                 if (a.alias_info is not None and a.alias_info.is_write) or i in hidden)
+
+
 def _kernel(name: str, adapter: Callable[..., Any]) -> Callable[..., Any]:
-    """Count calls of ``name``; route an :class:`Unsupported` case to the CPU fallback."""
+    """Count calls of ``name``; route an :class:`Unsupported` case to the CPU fallback. A kernel that
+    writes into its arguments first tells :mod:`weight_cache` (transforms of a written weight are stale
+    even when its version counter does not move, e.g. through ``w.data``)."""
     base, _, overload = name.partition(".")
     op = getattr(getattr(torch.ops.aten, base), overload or "default")
     counts = counters.op_counts
     full_name = fallback.op_name(op)
+    written = _written(op)
+    watched = weight_cache.watched
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         counts[full_name] += 1
+        if written and watched:
+            for index, arg_name in written:
+                weight_cache.note_write(args[index] if index < len(args) else kwargs.get(arg_name))
         try:
             return adapter(*args, **kwargs)
         except Unsupported as why:

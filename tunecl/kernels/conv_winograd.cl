@@ -96,9 +96,11 @@ __constant float AT_acm[WINO_M][ALPHA] = {
     {0.0f, 1.0f, 1.0f, 4.0f, 4.0f, 0.0f}, {0.0f, 1.0f, -1.0f, 8.0f, -8.0f, 1.0f}};
 #endif
 
-// launch: (round_up(CO * CIG, IWG)); u_agm is the workspace
+// launch: (round_up(CO * CIG, IWG)); U starts at u_offset of u_agm (the workspace, or a buffer that
+// keeps the transformed filters of one weight version for later runs)
 __kernel __attribute__((reqd_work_group_size(IWG, 1, 1)))
-void winograd_filter(__global const float *w_agm, const int w_offset, __global float *u_agm) {
+void winograd_filter(__global const float *w_agm, const int w_offset, __global float *u_agm,
+                     const int u_offset) {
   const int id = get_global_id(0);
   if (id >= CO * CIG) { return; }
   const int co = id / CIG, ci = id % CIG;             // co over all groups, ci within the group
@@ -122,7 +124,7 @@ void winograd_filter(__global const float *w_agm, const int w_offset, __global f
   for (int i = 0; i < ALPHA; i++)                     // (G f) G^T
     for (int j = 0; j < ALPHA; j++) {
       const float u = gf_apm[i][0] * G_acm[j][0] + gf_apm[i][1] * G_acm[j][1] + gf_apm[i][2] * G_acm[j][2];
-      u_agm[(((i * ALPHA + j) * GROUPS + g) * COG + col) * CIG + ci] = u;
+      u_agm[u_offset + (((i * ALPHA + j) * GROUPS + g) * COG + col) * CIG + ci] = u;
     }
 }
 

@@ -4,12 +4,16 @@
 The transforms live in ``conv_winograd.cl``; the (M+2)²·G element-wise products are one batched
 GEMM of the GEMM family's ``gemm_tiled`` over the plan's workspace:
 
-    U = G·f·Gᵀ (filters, every run)   V = Bᵀ·d·B (input tiles)   Z[ξ] = U[ξ]·V[ξ]   out = Aᵀ·Z·A
+    U = G·f·Gᵀ (filters)   V = Bᵀ·d·B (input tiles)   Z[ξ] = U[ξ]·V[ξ]   out = Aᵀ·Z·A
 
 Backward-data is the forward convolution of dy with the transposed, 180°-rotated filters and padding
-2 − pad. Images go in chunks whose V and Z fit ``WORKSPACE_CAP``. The filter transform runs on every
-call: the plan contract carries no weight version to cache it by. The forward bias is fused into the
-output transform. F(4×4,3×3) does 2.25× fewer multiplications per output than F(2×2,3×3) but its
+2 − pad. Images go in chunks whose V and Z fit ``WORKSPACE_CAP``. ``run`` (the plan contract)
+transforms the filters into the workspace on every call; a caller that knows when a weight changes
+splits it in two: :meth:`WinogradPlan.transform_weight` writes U (``u_floats`` floats) into a buffer
+of its own, once per weight version, and :meth:`WinogradPlan.run_transformed` runs the rest from it
+(the PyTorch backend does, see :mod:`tunecl.backend.weight_cache`). U depends on the weight and on
+:attr:`WinogradPlan.transform_key` only (not on the batch or the config). The forward bias is fused
+into the output transform. F(4×4,3×3) does 2.25× fewer multiplications per output than F(2×2,3×3) but its
 transforms have larger coefficients, so its rounding errors are larger.
 
 Parameters: IWG (work-items per work-group of the transforms) and ``gemm_tiled``'s own parameters
@@ -133,7 +137,7 @@ class ConvWinograd(GemmBackedAlgorithm):
         program = self.program(device, problem, own, lay.defines(problem.direction == "bwd_data"))
         i32, f32 = np.int32, np.float32
         kernels = {
-            "filter": device.kernel(program, "winograd_filter", [None, i32, None]),
+            "filter": device.kernel(program, "winograd_filter", [None, i32, None, i32]),
             "input": device.kernel(program, "winograd_input", [None, i32, i32, None, i32]),
             "output": device.kernel(program, "winograd_output",
                                     [None, i32, i32, None, i32, None, i32, i32, f32]),
@@ -145,28 +149,68 @@ class ConvWinograd(GemmBackedAlgorithm):
 
 @dataclasses.dataclass
 class WinogradPlan(ConvPlan):
-    """Filter transform, then per chunk: input transform, the batched GEMM, output transform."""
+    """Filter transform, then per chunk: input transform, the batched GEMM, output transform.
+
+    ``run`` = :meth:`transform_weight` into the workspace + :meth:`run_transformed` from there.
+    """
 
     kernels: dict[str, cl.Kernel] = dataclasses.field(default_factory=dict)
     gemm_plan: object = None
     layout: Layout | None = None
 
+    @property
+    def u_floats(self) -> int:
+        """Floats of the transformed filters U (what :meth:`transform_weight` writes)."""
+        return self.layout.u_floats
+
+    @property
+    def transform_key(self) -> tuple:
+        """What U depends on besides the weight: plans with equal keys (any batch, any config) can share
+        one transformed weight. (F(m×m), flipped for bwd_data, in and out channels, groups.)"""
+        lay = self.layout
+        return ("winograd", lay.m, self.problem.direction == "bwd_data", lay.ci, lay.co, self.problem.groups)
+
+    def transform_weight(self, w: cl.Buffer, u: cl.Buffer, *, w_offset: int = 0, u_offset: int = 0,
+                         wait_for: list[cl.Event] | None = None) -> list[cl.Event]:
+        """Enqueue U = G·f·Gᵀ of the weight ``w`` (the plan contract's ``b``) into ``u`` at ``u_offset``
+        (``u_floats`` floats)."""
+        iwg, lay = self.config["IWG"], self.layout
+        cig = lay.ci // self.problem.groups
+        return [self.device.launch(self.kernels["filter"], (round_up(lay.co * cig, iwg),), (iwg,), w,
+                                   int(w_offset), u, int(u_offset), wait_for=wait_for)]
+
+    def run_transformed(self, a: cl.Buffer, u: cl.Buffer, out: cl.Buffer, *, a_offset: int = 0, u_offset: int = 0,
+                        out_offset: int = 0, bias: cl.Buffer | None = None, bias_offset: int = 0,
+                        beta: float = 0.0, wait_for: list[cl.Event] | None = None) -> list[cl.Event]:
+        """``run`` with the filters already transformed into ``u`` at ``u_offset`` by :meth:`transform_weight`
+        (the other arguments as in the plan contract)."""
+        if bias is not None and self.problem.direction != "fwd":
+            raise ValueError(f"bias is only defined for the forward direction, not {self.problem.direction}")
+        return self._rest(a, u, int(u_offset), out, int(a_offset), int(out_offset), bias, int(bias_offset),
+                          float(beta), list(wait_for) if wait_for else None)
+
     def enqueue(self, a: cl.Buffer, b: cl.Buffer, out: cl.Buffer, a_offset: int, b_offset: int,
                 out_offset: int, bias: cl.Buffer | None, bias_offset: int, beta: float,
                 wait_for: list[cl.Event] | None) -> list[cl.Event]:
+        events = self.transform_weight(b, self.workspace, w_offset=b_offset, wait_for=wait_for)
+        return events + self._rest(a, self.workspace, 0, out, a_offset, out_offset, bias, bias_offset, beta, None)
+
+    def _rest(self, a: cl.Buffer, u: cl.Buffer, u_offset: int, out: cl.Buffer, a_offset: int, out_offset: int,
+              bias: cl.Buffer | None, bias_offset: int, beta: float,
+              wait_for: list[cl.Event] | None) -> list[cl.Event]:
+        """Per chunk of images: input transform, the batched GEMM with U, output transform (in order)."""
         lay, ws, device = self.layout, self.workspace, self.device
         iwg = self.config["IWG"]
         g = self.problem.groups
         cig, cog = lay.ci // g, lay.co // g
         v_offset, z_offset = lay.u_floats, lay.u_floats + lay.v_floats
         bias_buf, bias_off, use_bias = self.bias_args(bias, bias_offset)
-        events = [device.launch(self.kernels["filter"], (round_up(lay.co * cig, iwg),), (iwg,), b, b_offset,
-                                ws, wait_for=wait_for)]
         tiles_grid = round_up(lay.tiles, iwg)
+        events = []
         for n0 in range(0, self.problem.n, lay.chunk):
             events.append(device.launch(self.kernels["input"], (tiles_grid, lay.ci), (iwg, 1), a, a_offset,
-                                        n0, ws, v_offset))
-            events += self.gemm_plan.run(ws, ws, ws, a_offset=0, stride_a=cog * cig, b_offset=v_offset,
+                                        n0, ws, v_offset, wait_for=wait_for if n0 == 0 else None))
+            events += self.gemm_plan.run(u, ws, ws, a_offset=u_offset, stride_a=cog * cig, b_offset=v_offset,
                                          ldb=lay.t_ld, stride_b=cig * lay.t_ld, c_offset=z_offset,
                                          ldc=lay.t_ld, stride_c=cog * lay.t_ld)
             events.append(device.launch(self.kernels["output"], (tiles_grid, lay.co), (iwg, 1), ws, z_offset,

@@ -6,6 +6,8 @@ first; float16 operands are converted to float32 scratch and the results rounded
 convolution runs the tuned float32 plan of the same shape, see :mod:`tunecl.backend.half`):
 
 - forward: ``y = conv(x, w) + bias`` by the ``fwd`` plan (bias fused into the plan's run);
+  a Winograd plan may run from the weight transformed by an earlier call
+  (:mod:`tunecl.backend.weight_cache`, ``TUNECL_WINOGRAD_CACHE``), as may the input gradient;
 - backward: ``grad_input`` by the ``bwd_data`` plan, ``grad_weight`` by the ``bwd_weight`` plan and
   ``grad_bias`` by the backend's sum reduction over (N, H, W) of the output gradient, each only
   when ``output_mask`` asks for it.
@@ -27,7 +29,7 @@ from collections.abc import Sequence
 
 import torch
 
-from tunecl.backend import fallback, half, memory, plans, state
+from tunecl.backend import fallback, half, memory, plans, state, weight_cache
 from tunecl.backend.memory import buffer_of
 from tunecl.backend.operands import operand
 from tunecl.backend.ops.reduction import reduce
@@ -96,15 +98,13 @@ def _forward(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     if n == 0:
         return half.cast(y, input.dtype)
     plan = plans.conv_plan(problem.with_direction("bwd_data") if transposed else problem)
-    x, w, bias = half.to_float32(input), half.to_float32(weight), half.to_float32(bias)
+    x, bias = half.to_float32(input), half.to_float32(bias)
     if transposed:
-        plan.run(buffer_of(x), buffer_of(w), buffer_of(y), a_offset=x.storage_offset(), b_offset=w.storage_offset())
+        weight_cache.run_conv(plan, x, weight, y)
         if bias is not None:
             _add_channel_bias(y, bias)
     else:
-        plan.run(buffer_of(x), buffer_of(w), buffer_of(y), a_offset=x.storage_offset(),
-                 b_offset=w.storage_offset(), bias=None if bias is None else buffer_of(bias),
-                 bias_offset=0 if bias is None else bias.storage_offset())
+        weight_cache.run_conv(plan, x, weight, y, bias=bias)
     return half.cast(y, input.dtype)
 
 
@@ -127,10 +127,8 @@ def _backward(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tens
     dy = half.to_float32(grad_output)
     grad_input = grad_weight = grad_bias = None
     if data_plan is not None:
-        w = half.to_float32(weight)
         grad_input = memory.empty_contiguous(input.shape, torch.float32)
-        data_plan.run(buffer_of(dy), buffer_of(w), buffer_of(grad_input), a_offset=dy.storage_offset(),
-                      b_offset=w.storage_offset())
+        weight_cache.run_conv(data_plan, dy, weight, grad_input, backward=True)
         grad_input = half.cast(grad_input, input.dtype)
     if weight_plan is not None:
         x = half.to_float32(input)
