@@ -8,6 +8,11 @@ valid configs at 4096^3 and 1024^3 (verified by the tuner's harness, timed by de
 same run with CUDA events? Also the fp32 ``gemm_tiled`` default, and ptxas's register report of the
 default and of the fastest config (``-cl-nv-verbose``).
 
+The fp16 rows: ``gemm_mma_f16`` (float16 A, B, C; ``mma.sync ... m16n8k16 ... f16``, fp32
+accumulation) where the probe grants "mma_f16": its default and the best of ``--configs`` random
+valid configs per shape (each verified by the tuner's harness at the float16 tolerance), next to
+``torch.mm`` on CUDA float16 tensors. Where the family does not apply the script says so.
+
     python benchmarks/gemm_mma.py --device nvidia --json gemm-mma.json
 
 OpenCL work runs in a child process: a kernel that faults leaves an NVIDIA context unusable, so after
@@ -42,6 +47,8 @@ from tunecl.kernels import gemm, gemm_mma
 from tunecl.problems import GemmProblem
 from tunecl.search.harness import gemm_spread, tf32_tolerance
 
+F16 = "float16"
+
 CHECK_SHAPES = [(1, 1, 1), (7, 33, 127), (257, 129, 65), (128, 128, 128)]
 TRANSPOSES = [(False, False), (False, True), (True, False), (True, True)]
 DRAW_SHAPE = (2048, 512, 256)  # random correctness configs come from this shape's space (tiles 16..256)
@@ -75,8 +82,8 @@ _harnesses: dict[GemmProblem, Any] = {}
 
 
 def _problem(spec: list) -> GemmProblem:
-    m, n, k, ta, tb, batch = spec
-    return GemmProblem(m, n, k, bool(ta), bool(tb), batch=batch)
+    m, n, k, ta, tb, batch, *dtype = spec
+    return GemmProblem(m, n, k, bool(ta), bool(tb), batch=batch, dtype=dtype[0] if dtype else "float32")
 
 
 def check_job(device: Any, job: dict[str, Any]) -> dict[str, Any]:
@@ -154,7 +161,11 @@ def time_job(device: Any, job: dict[str, Any]) -> dict[str, Any]:
     p = _problem(job["problem"])
     if p not in _harnesses:
         _harnesses[p] = harness_for(p, device)
-    algorithm = _mma(job) if job["algorithm"] == gemm_mma.NAME else gemm.GemmTiled()
+    algorithm = (
+        _mma(job)
+        if job["algorithm"] in (gemm_mma.NAME, gemm_mma.F16_NAME)
+        else gemm.GemmTiled()
+    )
     policy = TimingPolicy(warmup=2, min_time=job["min_time"], min_repeats=5, max_repeats=200, timeout=30.0)
     result = evaluate(algorithm, p, device, job["config"], harness=_harnesses[p], policy=policy)
     return {
@@ -198,7 +209,18 @@ class _Emulated(gemm_mma.GemmMmaTF32):
         return super().build(problem, device, config, emulate=True)
 
 
+class _EmulatedF16(gemm_mma.GemmMmaF16):
+    """``--emulate`` for gemm_mma_f16."""
+
+    def build(
+        self, problem: GemmProblem, device: Any, config: dict[str, int], *, emulate: bool = True
+    ) -> Any:
+        return super().build(problem, device, config, emulate=True)
+
+
 def _mma(job: dict[str, Any]) -> gemm_mma.GemmMmaTF32:
+    if job.get("algorithm") == gemm_mma.F16_NAME:
+        return _EmulatedF16() if job.get("emulate") else gemm_mma.GemmMmaF16()
     return _Emulated() if job.get("emulate") else gemm_mma.GemmMmaTF32()
 
 
@@ -322,6 +344,85 @@ def torch_peers(problem: GemmProblem, min_time: float) -> dict[str, float]:
     return peers
 
 
+def torch_f16_peer(problem: GemmProblem, min_time: float) -> dict[str, float]:
+    """Seconds per ``torch.mm`` of float16 tensors on CUDA (CUDA events, median); {} without CUDA."""
+    try:
+        import torch
+    except ImportError:
+        return {}
+    if not torch.cuda.is_available():
+        return {}
+    a = (torch.rand(problem.m, problem.k, device="cuda") * 2 - 1).half()
+    b = (torch.rand(problem.k, problem.n, device="cuda") * 2 - 1).half()
+    c = torch.empty(problem.m, problem.n, device="cuda", dtype=torch.float16)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(3):
+        torch.mm(a, b, out=c)
+    torch.cuda.synchronize()
+    samples: list[float] = []
+    while len(samples) < 5 or (sum(samples) < min_time and len(samples) < 500):
+        start.record()
+        torch.mm(a, b, out=c)
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e-3)
+    return {"torch.mm fp16": statistics.median(samples)}
+
+
+def fp16_rows(args: Any, selector: str, view: Any, granted: bool, deadline: float) -> list[dict[str, Any]]:
+    """Per shape: gemm_mma_f16's default and the best of ``args.configs`` random valid configs (each
+    verified and timed by the tuner's evaluation) next to torch.mm on float16 CUDA tensors."""
+    mma = gemm_mma.GemmMmaF16()
+    summaries = []
+    for spec in args.shapes:
+        p = GemmProblem.from_spec(f"{spec},dtype={F16}")
+        space = mma.space(p, view).configs()
+        default = mma.default(p, view)
+        pick = random.Random(args.seed + p.m + 1)
+        others = [c for c in space if c != default]
+        chosen = [default] + pick.sample(others, min(args.configs, len(others)))
+        key = [p.m, p.n, p.k, int(p.trans_a), int(p.trans_b), p.batch, F16]
+        jobs = [
+            {"kind": "time", "algorithm": gemm_mma.F16_NAME, "problem": key, "config": c,
+             "min_time": args.min_time, "emulate": args.emulate}
+            for c in chosen
+        ]
+        print(
+            f"\n{spec} fp16: gemm_mma_f16 default + {len(chosen) - 1} random of {len(space)} valid configs, "
+            "each verified (float16 tolerance) and timed",
+            flush=True,
+        )
+        outcomes = run_jobs(selector, jobs, args.job_timeout, deadline, f"{spec} fp16", granted)
+        peers = torch_f16_peer(p, args.min_time) if time.monotonic() < deadline + 30 else {}
+        peer = gflops(p, peers.get("torch.mm fp16"))
+        rows = [
+            {"config": j["config"], **o, "gflops": gflops(p, o.get("time_s"))}
+            for j, o in zip(jobs, outcomes, strict=True)
+        ]
+        best = max((r for r in rows if r["gflops"]), key=lambda r: r["gflops"], default=None)
+        statuses: dict[str, int] = {}
+        for row in rows:
+            statuses[row["status"]] = statuses.get(row["status"], 0) + 1
+        summary = {
+            "shape": spec, "dtype": F16, "space_size": len(space), "statuses": statuses, "peers_s": peers,
+            "peer_fp16_gflops": peer, "default_gflops": rows[0]["gflops"],
+            "default_vs_torch_fp16": rows[0]["gflops"] / peer if rows[0]["gflops"] and peer else None,
+            "best_gflops": best["gflops"] if best else None, "best_config": best["config"] if best else None,
+            "best_vs_torch_fp16": best["gflops"] / peer if best and peer else None, "rows": rows,
+        }
+        for row in rows:
+            if row["status"] != "ok":
+                print(f"  {row['status']}: {brief(row['config'])}  {failure_reason(row['message'])[:200]}")
+        print(
+            f"fp16 {spec}: gemm_mma_f16 default {_fmt(summary['default_gflops'])} GFLOP/s "
+            f"({_fmt(summary['default_vs_torch_fp16'], '.3f')} x torch.mm fp16), best of "
+            f"{len(rows)} {_fmt(summary['best_gflops'])} ({_fmt(summary['best_vs_torch_fp16'], '.3f')} x; "
+            f"{brief(best['config']) if best else '-'}); torch.mm fp16 {_fmt(peer)}; statuses {statuses}"
+        )
+        summaries.append(summary)
+    return summaries
+
+
 def gflops(problem: GemmProblem, seconds: float | None) -> float | None:
     return None if not seconds else problem.flops / seconds * 1e-9
 
@@ -364,6 +465,7 @@ def main(argv: list[str] | None = None) -> int:
         help="run even where the probe did not grant mma_tf32 (diagnosis: builds the PTX anyway)",
     )
     parser.add_argument("--skip-check", action="store_true", help="skip the correctness phase")
+    parser.add_argument("--skip-fp16", action="store_true", help="skip the gemm_mma_f16 rows")
     parser.add_argument(
         "--emulate",
         action="store_true",
@@ -388,6 +490,9 @@ def main(argv: list[str] | None = None) -> int:
     granted = runtime.MMA_TF32 not in capabilities and (args.force or args.emulate)
     if runtime.MMA_TF32 not in capabilities and not granted:
         print("gemm_mma_tf32 does not apply on this device; nothing to run (--force builds the PTX anyway)")
+        if not args.skip_fp16:
+            print(f"gemm_mma_f16 does not apply on this device either (probe mma_f16: "
+                  f"{probes.get(runtime.MMA_F16) or 'granted'})")
         _write(args.json, report)
         return 2
     # the device as the algorithm sees it (with --force: as if both probes had passed)
@@ -541,6 +646,17 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(f"  compiler report ({which}, {note['status']}): {text[:3000]}")
         report["shapes"].append(summary)
+
+    # -- fp16 ----------------------------------------------------------------------------------------
+    if not args.skip_fp16:
+        granted16 = runtime.MMA_F16 not in capabilities and (args.force or args.emulate)
+        if runtime.MMA_F16 in capabilities or granted16:
+            view16 = _Granted(device) if granted16 else device
+            report["fp16"] = fp16_rows(args, selector, view16, granted16, deadline + 120)
+        else:
+            print(f"\ngemm_mma_f16 does not apply on this device (probe mma_f16: {probes.get(runtime.MMA_F16)}); "
+                  "no fp16 rows (--force builds the PTX anyway)")
+            report["fp16"] = None
     report["elapsed_s"] = time.monotonic() - started
     print(f"\ndone in {report['elapsed_s']:.0f} s")
     _write(args.json, report)
@@ -548,11 +664,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 class _Granted:
-    """A device seen as if both probes had passed (``--force``)."""
+    """A device seen as if every probe had passed (``--force``)."""
 
     def __init__(self, device: Any):
         self._device = device
-        self.capabilities = frozenset({runtime.MMA_TF32, runtime.CP_ASYNC})
+        self.capabilities = frozenset({runtime.MMA_TF32, runtime.CP_ASYNC, runtime.MMA_F16})
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._device, name)

@@ -119,10 +119,15 @@ class GemmProblem:
 
     @classmethod
     def from_spec(cls, spec: str) -> GemmProblem:
-        """Parse the CLI form ``M,N,K[,ta,tb[,batch]]``, e.g. ``1024,1024,1024`` or ``64,1000,2048,0,1``."""
+        """Parse the CLI form ``M,N,K[,ta,tb[,batch]][,dtype=float16]``, e.g. ``1024,1024,1024``,
+        ``64,1000,2048,0,1`` or ``4096,4096,4096,dtype=float16`` (the dtype defaults to float32)."""
         parts = [p.strip() for p in spec.split(",")]
+        dtype = "float32"
+        if parts and parts[-1].startswith("dtype="):
+            dtype = parts.pop().removeprefix("dtype=")
+            _check_dtype(dtype)
         if len(parts) not in (3, 5, 6):
-            raise ValueError(f"expected M,N,K[,ta,tb[,batch]], got {spec!r}")
+            raise ValueError(f"expected M,N,K[,ta,tb[,batch]][,dtype=float16], got {spec!r}")
         try:
             nums = [int(p) for p in parts]
         except ValueError:
@@ -130,7 +135,8 @@ class GemmProblem:
         for name, value in zip(("ta", "tb"), nums[3:5]):
             if value not in (0, 1):
                 raise ValueError(f"{name} must be 0 or 1, got {value}")
-        return cls(nums[0], nums[1], nums[2], *(bool(v) for v in nums[3:5]), *nums[5:6])
+        flags = [bool(v) for v in nums[3:5]] or [False, False]
+        return cls(nums[0], nums[1], nums[2], *flags, *(nums[5:6] or [1]), dtype=dtype)
 
     @property
     def flops(self) -> int:

@@ -136,6 +136,7 @@ def _probe_compiler(device: cl.Device) -> str:
 
 
 MMA_TF32 = "mma_tf32"  # mma.sync m16n8k8 with TF32 operands and fp32 accumulation, via inline PTX
+MMA_F16 = "mma_f16"    # mma.sync m16n8k16 with f16 operands and fp32 accumulation, via inline PTX
 CP_ASYNC = "cp_async"  # cp.async global -> local copies (with zero fill) from a __local pointer, via PTX
 CAPABILITY_PROBE_VERSION = 1  # bump when a probe changes: cached verdicts of other versions are ignored
 
@@ -160,6 +161,19 @@ def _mma_probe_data() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     c = rng.integers(-4, 5, (16, 8)).astype(np.float32)
     a[3, 5] = 1 + 3 * 2.0**-12   # 0.75 TF32 ulp above 1: rounds to 1 + 2**-10
     b[5, 6] = -(2 + 3 * 2.0**-11)  # rounds to -(2 + 2**-9)
+    return a, b, c
+
+
+def _mma_f16_probe_data() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A (16 x 16), B (16 x 8) as float16 and C (16 x 8) as float32 of the f16 mma probe: small
+    integers (every sum exact in fp32), and in A and B one value each that needs all 10 fraction bits
+    of a half (bfloat16 or a lossy conversion would change D)."""
+    rng = np.random.default_rng(20240612)
+    a = rng.integers(-4, 5, (16, 16)).astype(np.float16)
+    b = rng.integers(-4, 5, (16, 8)).astype(np.float16)
+    c = rng.integers(-4, 5, (16, 8)).astype(np.float32)
+    a[5, 11] = 1 + 2.0**-10   # exact in half, not in bfloat16
+    b[13, 6] = -(3 + 2.0**-9)
     return a, b, c
 
 
@@ -227,6 +241,19 @@ def _probe_mma_tf32(cl_device: cl.Device) -> str:
     return _probe(cl_device, "PROBE_MMA_TF32", check)
 
 
+def _probe_mma_f16(cl_device: cl.Device) -> str:
+    """One m16n8k16 f16 mma on one warp: "" when D = A @ B + C exactly (fp32), else why not."""
+    def check(run: _ProbeRun) -> str:
+        a, b, c = _mma_f16_probe_data()
+        d_buf = run.buffer(c)
+        run.program.probe_mma_f16(run.queue, (32,), (32,), run.buffer(a), run.buffer(b), d_buf).wait()
+        d = run.read(d_buf, c)
+        expected = a.astype(np.float64) @ b.astype(np.float64) + c
+        return _mismatch(d, expected)
+
+    return _probe(cl_device, "PROBE_MMA_F16", check)
+
+
 def _probe_cp_async(cl_device: cl.Device) -> str:
     """cp.async copies of 16, 8 and 4 bytes with zero fill: "" when the local words come out right."""
     def check(run: _ProbeRun) -> str:
@@ -250,7 +277,8 @@ def _mismatch(got: np.ndarray, expected: np.ndarray) -> str:
 
 
 # capability -> its probe (given the cl.Device); each returns "" when present, else the reason it is not
-_PROBES: dict[str, Callable[[cl.Device], str]] = {MMA_TF32: _probe_mma_tf32, CP_ASYNC: _probe_cp_async}
+_PROBES: dict[str, Callable[[cl.Device], str]] = {MMA_TF32: _probe_mma_tf32, CP_ASYNC: _probe_cp_async,
+                                                   MMA_F16: _probe_mma_f16}
 
 
 def capability_probes(device: Device, *, force: bool = False) -> dict[str, str]:
@@ -364,7 +392,7 @@ class Device:
 
     @property
     def capabilities(self) -> frozenset[str]:
-        """Optional features a probe showed this device to have (``{"mma_tf32", "cp_async"}``; empty
+        """Optional features a probe showed this device to have (``{"mma_tf32", "cp_async", "mma_f16"}``; empty
         on PoCL).
 
         Not part of the fingerprint: the fingerprint key (model and driver) determines them, and the DB

@@ -25,4 +25,23 @@ static inline size_t shim_num_groups(uint d) {
 #define clamp(x, lo, hi) min(max((x), (lo)), (hi))
 #define max(a, b) ((a) > (b) ? (a) : (b))
 
+// Half conversions of C in gemm_mma_f16 (no OpenCL library is linked): PTX's cvt, which is what they
+// compile to on NVIDIA (global pointers only: the kernels use them on C).
+static inline float shim_half_to_float(const ushort h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+static inline ushort shim_float_to_half_rte(const float f) {
+  ushort h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+#define vload_half(off, p) shim_half_to_float(((const __global ushort*)(p))[off])
+#define vload_half2(off, p) \
+  ((float2)(vload_half(2 * (off), p), vload_half(2 * (off) + 1, p)))
+#define vstore_half_rte(x, off, p) (((__global ushort*)(p))[off] = shim_float_to_half_rte(x))
+#define vstore_half2_rte(v, off, p) \
+  (vstore_half_rte((v).x, 2 * (off), p), vstore_half_rte((v).y, 2 * (off) + 1, p))
+
 #include SOURCE

@@ -54,6 +54,8 @@ def test_good_arguments_parse_into_problems():
     assert args.gemm == GemmProblem(64, 1000, 2048, False, True)
     assert (args.trials, args.time_limit, args.sampler, args.json) == (20, 1.5, "random", True)
     assert args.jobs == 1
+    args = build_parser().parse_args(["tune", "--gemm", "64,64,64,dtype=float16"])
+    assert args.gemm == GemmProblem(64, 64, 64, dtype="float16")
     args = build_parser().parse_args(["tune", "--conv", "conv:n=2,c=8,h=9,w=9,k=4,r=3,pad=1", "--jobs", "3"])
     assert args.conv == ConvProblem(2, 8, 9, 9, 4, 3, 3, padding=1)
     assert args.jobs == 3

@@ -95,9 +95,13 @@ def test_a_transposed_convolution_without_a_regular_one_is_refused(kwargs, reaso
 def test_gemm_spec_and_validation():
     assert GemmProblem.from_spec("64,1000,2048,0,1") == GemmProblem(64, 1000, 2048, False, True)
     assert GemmProblem.from_spec("8,8,8,1,1,4").batch == 4
+    assert GemmProblem.from_spec("8,8,8,dtype=float16") == GemmProblem(8, 8, 8, dtype="float16")
+    assert GemmProblem.from_spec("8,8,8,0,1,2,dtype=float16").key == "gemm:m=8,n=8,k=8,ta=0,tb=1,batch=2,dtype=float16"
+    assert GemmProblem.from_spec("8,8,8,dtype=float32") == GemmProblem(8, 8, 8)
     assert GemmProblem(2, 3, 4, batch=5).flops == 2 * 2 * 3 * 4 * 5
     for spec, reason in [("0,4,4", "m must be a positive integer"), ("4,4", "expected M,N,K"),
-                         ("4,4,4,2,0", "ta must be 0 or 1"), ("a,4,4", "must be integers")]:
+                         ("4,4,4,2,0", "ta must be 0 or 1"), ("a,4,4", "must be integers"),
+                         ("4,4,4,dtype=int8", "dtype 'int8' is not supported"), ("4,4,dtype=float16", "expected M,N,K")]:
         with pytest.raises(ValueError, match=reason):
             GemmProblem.from_spec(spec)
     with pytest.raises(ValueError, match="k must be a positive integer"):

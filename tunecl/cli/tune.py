@@ -19,7 +19,7 @@ SAMPLERS = ("tpe", "random", "grid")  # the search layer's names (kept here so -
 
 
 def gemm_spec(text: str) -> GemmProblem:
-    """argparse type of ``--gemm M,N,K[,ta,tb[,batch]]``."""
+    """argparse type of ``--gemm M,N,K[,ta,tb[,batch]][,dtype=float16]``."""
     try:
         return GemmProblem.from_spec(text)
     except ValueError as error:
@@ -73,8 +73,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "each algorithm's best in the tuning DB. Interrupted runs resume from the Optuna "
                     "study (same device, problem, algorithm versions and sampler).")
     what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--gemm", metavar="M,N,K[,ta,tb[,batch]]", type=gemm_spec,
-                      help="C = op(A) @ op(B), row-major; ta/tb are 0 or 1 (e.g. 1024,1024,1024)")
+    what.add_argument("--gemm", metavar="M,N,K[,ta,tb[,batch]][,dtype=float16]", type=gemm_spec,
+                      help="C = op(A) @ op(B), row-major; ta/tb are 0 or 1 (e.g. 1024,1024,1024); "
+                           "dtype=float16: half A, B, C (default float32)")
     what.add_argument("--conv", metavar="SPEC", type=conv_spec,
                       help="n=16,c=64,h=56,w=56,k=64,r=3[,stride=1,pad=1,dil=1,groups=1,dir=fwd]")
     what.add_argument("--net", metavar="NAME",

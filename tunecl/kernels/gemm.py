@@ -41,7 +41,7 @@ import numpy as np
 import pyopencl as cl
 
 from tunecl.kernels.base import Config, Constraint, Space, build_options, read_source
-from tunecl.problems import GemmProblem
+from tunecl.problems import DTYPES, GemmProblem
 from tunecl.runtime import Device
 
 NAME = "gemm_tiled"
@@ -128,8 +128,9 @@ Variant = tuple[bool, bool, bool]  # (A, B, C) addresses aligned for the vector 
 
 
 def _operand(name: str, buffer: cl.Buffer, offset: int, ld: int | None, stride: int | None,
-             rows: int, cols: int, batch: int) -> tuple[int, int]:
-    """Check one operand's layout against its buffer; return (ld, stride) with defaults filled in."""
+             rows: int, cols: int, batch: int, itemsize: int = 4) -> tuple[int, int]:
+    """Check one operand's layout against its buffer (``itemsize`` bytes per element); return
+    (ld, stride) with defaults filled in."""
     if ld is None:
         ld = cols
     elif ld < cols:
@@ -144,8 +145,8 @@ def _operand(name: str, buffer: cl.Buffer, offset: int, ld: int | None, stride: 
     if extent > _INT32_MAX:
         raise ValueError(f"{name} spans {extent} elements; the kernels index matrices with 32 bits")
     needed = offset + (batch - 1) * stride + extent
-    if needed * 4 > buffer.size:
-        raise ValueError(f"buffer {name} holds {buffer.size // 4} floats, the layout needs {needed}")
+    if needed * itemsize > buffer.size:
+        raise ValueError(f"buffer {name} holds {buffer.size // itemsize} elements, the layout needs {needed}")
     return ld, stride
 
 
@@ -204,7 +205,7 @@ class GemmPlan:
         """Enqueue ``C = alpha * op(A) @ op(B) + beta * C`` without waiting.
 
         Args:
-            a, b, c: buffers of fp32 elements.
+            a, b, c: buffers of the problem's dtype (fp32; half for float16 problems).
             alpha, beta: scalars; ``beta == 0`` never reads C.
             a_offset, b_offset, c_offset: where matrix 0 starts in each buffer, in elements.
             lda, ldb, ldc: row strides in elements (≥ the row length); None = packed rows.
@@ -219,11 +220,12 @@ class GemmPlan:
             ValueError: a layout that does not fit its buffer or is malformed.
         """
         p = self.problem
+        size = DTYPES[p.dtype]
         lda, stride_a = _operand("a", a, a_offset, lda, stride_a, p.k if p.trans_a else p.m,
-                                 p.m if p.trans_a else p.k, p.batch)
+                                 p.m if p.trans_a else p.k, p.batch, size)
         ldb, stride_b = _operand("b", b, b_offset, ldb, stride_b, p.n if p.trans_b else p.k,
-                                 p.k if p.trans_b else p.n, p.batch)
-        ldc, stride_c = _operand("c", c, c_offset, ldc, stride_c, p.m, p.n, p.batch)
+                                 p.k if p.trans_b else p.n, p.batch, size)
+        ldc, stride_c = _operand("c", c, c_offset, ldc, stride_c, p.m, p.n, p.batch, size)
         if p.batch > 1 and stride_c < (p.m - 1) * ldc + p.n:
             raise ValueError(f"stride_c={stride_c} makes the {p.batch} C matrices overlap")
         variant = self._variant(a_offset, lda, stride_a, b_offset, ldb, stride_b, c_offset, ldc, stride_c)

@@ -1,5 +1,6 @@
-// gemm_mma.cl — gemm_mma_tf32: C = alpha * op(A) * op(B) + beta * C on NVIDIA tensor cores, TF32 inputs
-// and fp32 accumulation, row-major (like torch).
+// gemm_mma.cl — gemm_mma_tf32 and gemm_mma_f16: C = alpha * op(A) * op(B) + beta * C on NVIDIA tensor
+// cores with fp32 accumulation, row-major (like torch): fp32 A, B, C with TF32 inputs (gemm_mma_tf32), or
+// half A, B, C (gemm_mma_f16, MMA_F16 = 1).
 //
 // Layout: as gemm.cl. A is M x K (lda >= K) or, with TRANS_A, K x M (lda >= M); B is K x N (ldb >= N)
 // or, with TRANS_B, N x K (ldb >= K); C is M x N (ldc >= N); leading dimensions are row strides in
@@ -12,11 +13,15 @@
 // a lane reads it into a fragment; the products of two TF32 values are exact in fp32 and are summed in
 // fp32 by mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32. This is what torch's allow_tf32
 // permits; the host records results as precision "tf32".
+// MMA_F16: A and B are half (their bits are copied, never converted: every product of two halves is
+// exact in fp32), summed in fp32 by mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32; alpha * sum
+// + beta * C is computed in fp32 and rounded once to half, to nearest even (vstore_half_rte), as torch
+// does on CUDA.
 //
 // Decomposition. A work-group is WARPS_M x WARPS_N warps with a 1-D local size WGS = 32 * WARPS_M *
 // WARPS_N: warp = local id / 32 and lane = local id % 32 (NVIDIA groups consecutive linear ids into
 // warps). It computes one MWG x NWG tile of C. K is walked in KWG-deep steps: all threads copy the A
-// tile and the B tile into local memory, VWA/VWB floats at a time along the matrices' contiguous
+// tile and the B tile into local memory, VWA/VWB elements at a time along the matrices' contiguous
 // dimension, in the orientation they have in global memory (a row stays a row, so the stores are
 // vectors too) — through registers, rounded to TF32 on the way (ASYNC = 0), or with cp.async straight
 // into one of STAGES buffers (ASYNC = 1: no registers held; the copies of the next STAGES - 1 tiles
@@ -32,6 +37,15 @@
 //   A: a0 = (g, t)   a1 = (g + 8, t)   a2 = (g, t + 4)   a3 = (g + 8, t + 4)
 //   B: b0 = (t, g)   b1 = (t + 4, g)
 //   C: c0 = (g, 2t)  c1 = (g, 2t + 1)  c2 = (g + 8, 2t)  c3 = (g + 8, 2t + 1)
+// MMA_F16, mma.m16n8k16 with .f16 ("Matrix Fragments for mma.m16n8k16 with floating point type"):
+// each A and B register is an .f16x2 holding two neighbours in k (the lower 16 bits the even k), and
+// counting k in such pairs ("words", k = 2w, 2w + 1), the 16 x 16 A and 16 x 8 B tiles are 16 x 8 and
+// 8 x 8 tiles of words with exactly the TF32 table above: a0 = (g, word t), a1 = (g + 8, word t),
+// a2 = (g, word t + 4), a3 = (g + 8, word t + 4); b0 = (word t, g), b1 = (word t + 4, g); C as above.
+// So one index logic serves both: a k step is MMA_K = 8 * KPW deep (KPW = elements per register: 1
+// for TF32, 2 for f16) and every "k" below a fragment is counted in registers. A register of an
+// operand stored with K contiguous is one 32-bit local read; with M (N) contiguous it is packed from
+// two 16-bit reads of neighbouring rows.
 // KPAIR relabels k inside each 8-deep step for A and B alike (a sum over k does not depend on the
 // order of its terms): the registers of k = t and t + 4 then hold k = 2t and 2t + 1, so a lane's two k
 // values are neighbours and a tile stored with K contiguous is read with one 64-bit load instead of two.
@@ -47,6 +61,8 @@
 //            (the padding depends on the orientation and KPAIR, see PADDING); 0: no padding.
 //   TRANS_A/B  problem layout, set by the host from the problem (not tuned).
 //   CSCALAR  host-internal: 1 = scalar C accesses, for C offsets/ldc that are not even.
+//   MMA_F16  1: half A, B, C and the f16 mma (gemm_mma_f16; KWG counts halves: 16, 32, 64);
+//            0: fp32 A, B, C with TF32 inputs (gemm_mma_tf32).
 //   MMA_STUB host-internal, for tests on devices without tensor cores: the PTX (cvt, mma, cp.async)
 //            is replaced by plain OpenCL C that computes the same thing from the same per-lane
 //            registers through local memory and barriers, and copies synchronously (slow; it checks
@@ -69,8 +85,11 @@
 #ifndef NWG
   #define NWG 64      // tile size in N per work-group: 16 .. 256, a multiple of 8 * WARPS_N
 #endif
+#ifndef MMA_F16
+  #define MMA_F16 0   // 1 = half A, B, C with the f16 mma (gemm_mma_f16); 0 = fp32 with TF32 inputs
+#endif
 #ifndef KWG
-  #define KWG 16      // depth in K of one tile step (local-memory tile): 8, 16, 32
+  #define KWG 16      // depth in K of one tile step (local-memory tile): 8, 16, 32 (f16: 16, 32, 64)
 #endif
 #ifndef WARPS_M
   #define WARPS_M 2   // warps per work-group along M
@@ -79,7 +98,8 @@
   #define WARPS_N 2   // warps per work-group along N
 #endif
 #ifndef VWA
-  #define VWA 4       // vector width of global loads of A along its contiguous dim (K; M if TRANS_A)
+  #define VWA 4       // vector width of global loads of A along its contiguous dim (K; M if TRANS_A):
+                      // 1, 2, 4 (f16: also 8)
 #endif
 #ifndef VWB
   #define VWB 4       // vector width of global loads of B along its contiguous dim (N; K if TRANS_B)
@@ -112,6 +132,12 @@
 #define WTN (NWG / WARPS_N)            // warp tile columns
 #define MT (WTM / 16)                  // mma tiles per warp along M
 #define NT (WTN / 8)                   // mma tiles per warp along N
+#if MMA_F16
+  #define KPW 2                        // k values per fragment register (.f16x2)
+#else
+  #define KPW 1                        // (.tf32)
+#endif
+#define MMA_K (8 * KPW)                // depth of one mma
 
 // Local tiles keep the orientation of global memory: A_ROWS x A_COLS with A_COLS contiguous.
 #if TRANS_A
@@ -140,14 +166,20 @@
 //   M/N contiguous, KPAIR: reads at row 2t (and 2t + 1), column g: an odd multiple of 4.
 //   M/N contiguous, !KPAIR: reads at row t, column g: an odd multiple of 8.
 // Every padded row length stays a multiple of 4 words, so the 128-bit stores stay aligned.
-#if PAD
+// MMA_F16 (in halves): K contiguous, the same rules in words (a word is a k pair): 16 halves or none
+// (KPAIR), 8 (!KPAIR). M/N contiguous: 16-bit reads at rows 2t, 2t + 1 (!KPAIR: conflict-free when
+// the row is an odd multiple of 4 words) or 4t .. 4t + 3 (KPAIR: two lanes' rows share banks);
+// 8 halves serve both, keeping every row a multiple of 16 bytes for 128-bit stores and cp.async.
+#if PAD && MMA_F16
+  #define PADDING(kcontig) ((kcontig) ? (KPAIR ? ((KWG / 16) % 2 ? 0 : 16) : 8) : 8)
+#elif PAD
   #define PADDING(kcontig) ((kcontig) ? (KPAIR ? ((KWG / 8) % 2 ? 0 : 8) : 4) : (KPAIR ? 4 : 8))
 #else
   #define PADDING(kcontig) 0
 #endif
 #define ALD (A_COLS + PADDING(A_KCONTIG))   // local row length of the A tile
 #define BLD (B_COLS + PADDING(B_KCONTIG))   // local row length of the B tile
-#define A_TILE (A_ROWS * ALD)               // words of one A tile in local memory
+#define A_TILE (A_ROWS * ALD)               // elements (LTYPE) of one A tile in local memory
 #define B_TILE (B_ROWS * BLD)
 #if A_KCONTIG
   #define ALM(m, k) ((m) * ALD + (k))       // element (m, k) of op(A) in the local A tile
@@ -164,7 +196,7 @@
 #define A_LOADS (A_ROWS * A_VECS_PER_ROW / WGS)   // vectors of the A tile per thread
 #define B_LOADS (B_ROWS * B_VECS_PER_ROW / WGS)
 
-// The k of a lane's low and high registers inside an 8-deep step.
+// The register (k / KPW) of a lane's low and high registers inside an MMA_K-deep step.
 #if KPAIR
   #define K_LO(t) (2 * (t))
   #define K_HI(t) (2 * (t) + 1)
@@ -173,32 +205,63 @@
   #define K_HI(t) ((t) + 4)
 #endif
 
+// Element types: GTYPE of A and B in global memory, LTYPE of the local tiles, CTYPE of C. MMA_F16 moves
+// the bits of halves as ushort (no conversion before the mma), and vectors of them as 32-bit words
+// (PTX has no 8-wide vectors of 16-bit values: a ushort8 would become two 64-bit accesses instead of
+// one 128-bit one); C is half for vload/vstore_half.
+#if MMA_F16
+  #define GTYPE ushort
+  #define LTYPE ushort
+  #define CTYPE half
+  #define VTYPE_1 ushort
+  #define VTYPE_2 uint
+  #define VTYPE_4 uint2
+  #define VTYPE_8 uint4
+  #define UTYPE_1 ushort
+  #define UTYPE_2 uint
+  #define UTYPE_4 uint2
+  #define UTYPE_8 uint4
+#else
+  #define GTYPE float
+  #define LTYPE uint
+  #define CTYPE float
+  #define VTYPE_1 float
+  #define VTYPE_2 float2
+  #define VTYPE_4 float4
+  #define UTYPE_1 uint
+  #define UTYPE_2 uint2
+  #define UTYPE_4 uint4
+#endif
 // Vector types by width; a union with an array reads and writes lanes with constant indices.
-#define VTYPE_1 float
-#define VTYPE_2 float2
-#define VTYPE_4 float4
-#define UTYPE_1 uint
-#define UTYPE_2 uint2
-#define UTYPE_4 uint4
 #define VTYPE_(w) VTYPE_##w
 #define VTYPE(w) VTYPE_(w)
 #define UTYPE_(w) UTYPE_##w
 #define UTYPE(w) UTYPE_(w)
-typedef VTYPE(VWA) floatA;
+typedef VTYPE(VWA) floatA;   // (words of halves with MMA_F16: the name says "global side")
 typedef VTYPE(VWB) floatB;
-typedef UTYPE(VWA) uintA;
+typedef UTYPE(VWA) uintA;    // (local side)
 typedef UTYPE(VWB) uintB;
-typedef union { floatA v; float s[VWA]; } vecA;
-typedef union { floatB v; float s[VWB]; } vecB;
-typedef union { uintA v; uint s[VWA]; } uvecA;
-typedef union { uintB v; uint s[VWB]; } uvecB;
+typedef union { floatA v; GTYPE s[VWA]; } vecA;
+typedef union { floatB v; GTYPE s[VWB]; } vecB;
+typedef union { uintA v; LTYPE s[VWA]; } uvecA;
+typedef union { uintB v; LTYPE s[VWB]; } uvecB;
 
 // Element (row, col) of a row-major matrix; the caller checks the bounds.
 #define AT(p, row, col, ld) (p)[(row) * (ld) + (col)]
 
 // ---- the tensor-core instructions ------------------------------------------------------------------
 
-#if MMA_STUB == 0
+#if MMA_STUB == 0 && MMA_F16
+// c += A * B for one 16 x 8 x 16 tile of halves, a warp-collective instruction (fragments: banner).
+void Mma(float c[4], const uint a[4], const uint b[2]) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+  #define MMA_PARAMS
+  #define MMA_ARGS
+#elif MMA_STUB == 0
 // x rounded to TF32 (the bits of a float whose 13 low mantissa bits the mma ignores).
 uint ToTF32(const float x) {
   uint r;
@@ -228,6 +291,9 @@ uint ToTF32(const float x) {
 // the registers of the lanes that hold the needed A and B elements, by the fragment tables (A(row, k)
 // is register (row >= 8) + 2 (k >= 4) of lane (row % 8) * 4 + k % 4; B(k, col) is register k >= 4 of
 // lane col * 4 + k % 4). Every lane of the work-group calls it the same number of times (barriers).
+// MMA_F16: the same tables for register w = k / 2 of the pair; the half k % 2 of that register is
+// converted exactly with vload_half from the little-endian word (lower 16 bits: even k), as the
+// hardware reads an .f16x2; products are exact in fp32 and summed with fma like the TF32 ones.
 void Mma(float c[4], const uint a[4], const uint b[2], __local uint* wsm, const int lane) {
   barrier(CLK_LOCAL_MEM_FENCE);  // the previous call's reads are done
   #pragma unroll
@@ -240,11 +306,22 @@ void Mma(float c[4], const uint a[4], const uint b[2], __local uint* wsm, const 
     const int row = g + 8 * (r >> 1);
     const int col = 2 * t + (r & 1);
     float sum = c[r];
+    #if MMA_F16
+    for (int k = 0; k < 16; ++k) {
+      const int w = k >> 1;
+      const int aw = ((row & 7) * 4 + (w & 3)) * 4 + (row >> 3) + 2 * (w >> 2);
+      const int bw = 128 + (col * 4 + (w & 3)) * 2 + (w >> 2);
+      const float av = vload_half(2 * aw + (k & 1), (const __local half*)wsm);
+      const float bv = vload_half(2 * bw + (k & 1), (const __local half*)wsm);
+      sum = fma(av, bv, sum);
+    }
+    #else
     for (int k = 0; k < 8; ++k) {
       const uint av = wsm[((row & 7) * 4 + (k & 3)) * 4 + (row >> 3) + 2 * (k >> 2)];
       const uint bv = wsm[128 + (col * 4 + (k & 3)) * 2 + (k >> 2)];
       sum = fma(as_float(av), as_float(bv), sum);
     }
+    #endif
     c[r] = sum;
   }
 }
@@ -254,9 +331,9 @@ void Mma(float c[4], const uint a[4], const uint b[2], __local uint* wsm, const 
 
 // ---- global memory -> registers -> local memory (ASYNC 0) -----------------------------------------
 
-// VWA consecutive floats of row `row` from column `col`; zeros outside rows x cols. The aligned
+// VWA consecutive elements of row `row` from column `col`; zeros outside rows x cols. The aligned
 // vector load is taken whenever the whole vector lies inside the matrix.
-floatA GlobalToPrivateVecA(const __global float* restrict agm, const int row, const int col,
+floatA GlobalToPrivateVecA(const __global GTYPE* restrict agm, const int row, const int col,
                            const int ld, const int rows, const int cols) {
   vecA r;
   if (row < rows && col + VWA <= cols) {
@@ -264,13 +341,13 @@ floatA GlobalToPrivateVecA(const __global float* restrict agm, const int row, co
   } else {
     #pragma unroll
     for (int e = 0; e < VWA; ++e) {
-      r.s[e] = (row < rows && col + e < cols) ? AT(agm, row, col + e, ld) : 0.0f;
+      r.s[e] = (row < rows && col + e < cols) ? AT(agm, row, col + e, ld) : (GTYPE)0;
     }
   }
   return r.v;
 }
 
-floatB GlobalToPrivateVecB(const __global float* restrict bgm, const int row, const int col,
+floatB GlobalToPrivateVecB(const __global GTYPE* restrict bgm, const int row, const int col,
                            const int ld, const int rows, const int cols) {
   vecB r;
   if (row < rows && col + VWB <= cols) {
@@ -278,7 +355,7 @@ floatB GlobalToPrivateVecB(const __global float* restrict bgm, const int row, co
   } else {
     #pragma unroll
     for (int e = 0; e < VWB; ++e) {
-      r.s[e] = (row < rows && col + e < cols) ? AT(bgm, row, col + e, ld) : 0.0f;
+      r.s[e] = (row < rows && col + e < cols) ? AT(bgm, row, col + e, ld) : (GTYPE)0;
     }
   }
   return r.v;
@@ -287,7 +364,7 @@ floatB GlobalToPrivateVecB(const __global float* restrict bgm, const int row, co
 #if ASYNC == 0
 // The A tile at (m0, k0) into this thread's registers: vector v = tid + i * WGS of the tile, row
 // v / A_VECS_PER_ROW (neighbouring threads read neighbouring vectors of a row).
-void GlobalToPrivateA(const __global float* restrict agm, floatA areg[A_LOADS], const int tid,
+void GlobalToPrivateA(const __global GTYPE* restrict agm, floatA areg[A_LOADS], const int tid,
                       const int m0, const int k0, const int M, const int K, const int lda) {
   #pragma unroll
   for (int i = 0; i < A_LOADS; ++i) {
@@ -302,24 +379,29 @@ void GlobalToPrivateA(const __global float* restrict agm, floatA areg[A_LOADS], 
   }
 }
 
-// This thread's vectors of the A tile, rounded to TF32, into local memory (same rows and columns).
-void PrivateToLocalA(const floatA areg[A_LOADS], __local uint* alm, const int tid) {
+// This thread's vectors of the A tile, rounded to TF32 (MMA_F16: as they are), into local memory (same
+// rows and columns).
+void PrivateToLocalA(const floatA areg[A_LOADS], __local LTYPE* alm, const int tid) {
   #pragma unroll
   for (int i = 0; i < A_LOADS; ++i) {
     const int v = tid + i * WGS;
     const int r = v / A_VECS_PER_ROW;
     const int c = (v % A_VECS_PER_ROW) * VWA;
-    vecA u;
-    uvecA w;
-    u.v = areg[i];
-    #pragma unroll
-    for (int e = 0; e < VWA; ++e) { w.s[e] = ToTF32(u.s[e]); }
-    *((__local uintA*)(alm + r * ALD + c)) = w.v;
+    #if MMA_F16
+      *((__local uintA*)(alm + r * ALD + c)) = areg[i];
+    #else
+      vecA u;
+      uvecA w;
+      u.v = areg[i];
+      #pragma unroll
+      for (int e = 0; e < VWA; ++e) { w.s[e] = ToTF32(u.s[e]); }
+      *((__local uintA*)(alm + r * ALD + c)) = w.v;
+    #endif
   }
 }
 
 // The B tile at (k0, n0) into this thread's registers.
-void GlobalToPrivateB(const __global float* restrict bgm, floatB breg[B_LOADS], const int tid,
+void GlobalToPrivateB(const __global GTYPE* restrict bgm, floatB breg[B_LOADS], const int tid,
                       const int n0, const int k0, const int N, const int K, const int ldb) {
   #pragma unroll
   for (int i = 0; i < B_LOADS; ++i) {
@@ -334,18 +416,22 @@ void GlobalToPrivateB(const __global float* restrict bgm, floatB breg[B_LOADS], 
   }
 }
 
-void PrivateToLocalB(const floatB breg[B_LOADS], __local uint* blm, const int tid) {
+void PrivateToLocalB(const floatB breg[B_LOADS], __local LTYPE* blm, const int tid) {
   #pragma unroll
   for (int i = 0; i < B_LOADS; ++i) {
     const int v = tid + i * WGS;
     const int r = v / B_VECS_PER_ROW;
     const int c = (v % B_VECS_PER_ROW) * VWB;
-    vecB u;
-    uvecB w;
-    u.v = breg[i];
-    #pragma unroll
-    for (int e = 0; e < VWB; ++e) { w.s[e] = ToTF32(u.s[e]); }
-    *((__local uintB*)(blm + r * BLD + c)) = w.v;
+    #if MMA_F16
+      *((__local uintB*)(blm + r * BLD + c)) = breg[i];
+    #else
+      vecB u;
+      uvecB w;
+      u.v = breg[i];
+      #pragma unroll
+      for (int e = 0; e < VWB; ++e) { w.s[e] = ToTF32(u.s[e]); }
+      *((__local uintB*)(blm + r * BLD + c)) = w.v;
+    #endif
   }
 }
 #endif  // ASYNC == 0
@@ -353,34 +439,43 @@ void PrivateToLocalB(const floatB breg[B_LOADS], __local uint* blm, const int ti
 // ---- global memory -> local memory with cp.async (ASYNC) --------------------------------------------
 
 #if ASYNC
-// Copy `width` floats (4, 2 or 1) of row `row` from column `col` to local memory at `dst`; elements
-// outside rows x cols become zeros (cp.async copies `bytes` from the source and zero-fills the rest).
-// cp.async takes the .shared address of the destination: the integer value of a __local pointer.
-void AsyncCopy(__local uint* dst, const __global float* restrict src, const int row, const int col,
+// Copy `width` elements (4, 2 or 1 floats; 8, 4, 2 or 1 halves) of row `row` from column `col` to
+// local memory at `dst`; elements outside rows x cols become zeros (cp.async copies `bytes` from the
+// source and zero-fills the rest). cp.async takes the .shared address of the destination: the integer
+// value of a __local pointer. It copies 4, 8 or 16 bytes: a single half is copied synchronously (the
+// barrier before its tile is read orders it like the asynchronous copies).
+void AsyncCopy(__local LTYPE* dst, const __global GTYPE* restrict src, const int row, const int col,
                const int ld, const int rows, const int cols, const int width) {
   const int inside = row < rows ? clamp(cols - col, 0, width) : 0;
   // with nothing to read, any valid address will do: the matrix's first element
-  const __global float* from = inside ? src + row * ld + col : src;
+  const __global GTYPE* from = inside ? src + row * ld + col : src;
   #if MMA_STUB
-    for (int e = 0; e < width; ++e) { dst[e] = e < inside ? as_uint(from[e]) : 0u; }
+    #if MMA_F16
+      for (int e = 0; e < width; ++e) { dst[e] = e < inside ? from[e] : (ushort)0; }
+    #else
+      for (int e = 0; e < width; ++e) { dst[e] = e < inside ? as_uint(from[e]) : 0u; }
+    #endif
   #else
     const uint to = (uint)(size_t)dst;
-    const uint bytes = 4 * inside;
-    if (width == 4) {
+    const uint bytes = sizeof(GTYPE) * inside;
+    const int size = sizeof(GTYPE) * width;
+    if (size == 16) {
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
                    :: "r"(to), "l"((ulong)from), "r"(bytes) : "memory");
-    } else if (width == 2) {
+    } else if (size == 8) {
       asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;"
                    :: "r"(to), "l"((ulong)from), "r"(bytes) : "memory");
-    } else {
+    } else if (size == 4) {
       asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;"
                    :: "r"(to), "l"((ulong)from), "r"(bytes) : "memory");
+    } else {
+      *dst = inside ? *from : (LTYPE)0;
     }
   #endif
 }
 
 // Start copying the A tile at (m0, k0) into `alm` (this thread's vectors, as GlobalToPrivateA).
-void GlobalToLocalAsyncA(const __global float* restrict agm, __local uint* alm, const int tid,
+void GlobalToLocalAsyncA(const __global GTYPE* restrict agm, __local LTYPE* alm, const int tid,
                          const int m0, const int k0, const int M, const int K, const int lda) {
   #pragma unroll
   for (int i = 0; i < A_LOADS; ++i) {
@@ -395,7 +490,7 @@ void GlobalToLocalAsyncA(const __global float* restrict agm, __local uint* alm, 
   }
 }
 
-void GlobalToLocalAsyncB(const __global float* restrict bgm, __local uint* blm, const int tid,
+void GlobalToLocalAsyncB(const __global GTYPE* restrict bgm, __local LTYPE* blm, const int tid,
                          const int n0, const int k0, const int N, const int K, const int ldb) {
   #pragma unroll
   for (int i = 0; i < B_LOADS; ++i) {
@@ -433,62 +528,81 @@ void AsyncWaitOldest(void) {
 
 // ---- local memory -> fragments ----------------------------------------------------------------------
 
-// A local word as a fragment register: already TF32 (ASYNC 0), or an fp32 value to round (ASYNC 1).
-#if ASYNC
+// A local word as a fragment register: already TF32 (ASYNC 0), or an fp32 value to round (ASYNC 1);
+// (MMA_F16) a pair of halves as they are.
+#if ASYNC && !MMA_F16
   #define FRAG(word) ToTF32(as_float(word))
 #else
   #define FRAG(word) (word)
 #endif
 
+// The fragment register of op(A) row m holding k .. k + KPW - 1 (op(B) column n: FRAG_B), k a multiple
+// of KPW. MMA_F16: one 32-bit read where K is contiguous, else two halves of neighbouring rows packed
+// (the even k in the lower 16 bits).
+#if MMA_F16 && A_KCONTIG
+  #define FRAG_A(alm, m, k) (*((const __local uint*)((alm) + ALM(m, k))))
+#elif MMA_F16
+  #define FRAG_A(alm, m, k) ((uint)(alm)[ALM(m, k)] | ((uint)(alm)[ALM(m, (k) + 1)] << 16))
+#else
+  #define FRAG_A(alm, m, k) FRAG((alm)[ALM(m, k)])
+#endif
+#if MMA_F16 && B_KCONTIG
+  #define FRAG_B(blm, k, n) (*((const __local uint*)((blm) + BLM(k, n))))
+#elif MMA_F16
+  #define FRAG_B(blm, k, n) ((uint)(blm)[BLM(k, n)] | ((uint)(blm)[BLM((k) + 1, n)] << 16))
+#else
+  #define FRAG_B(blm, k, n) FRAG((blm)[BLM(k, n)])
+#endif
+
 // This lane's A fragments of the warp's MT mma tiles (rows wm0 + i * 16 ...) at k step kk.
-void LocalToPrivateA(const __local uint* alm, uint apm[MT][4], const int wm0, const int kk, const int g,
+void LocalToPrivateA(const __local LTYPE* alm, uint apm[MT][4], const int wm0, const int kk, const int g,
                      const int t) {
   #pragma unroll
   for (int i = 0; i < MT; ++i) {
     const int m = wm0 + i * 16 + g;
     #if A_KCONTIG && KPAIR
-      const uint2 lo = *((const __local uint2*)(alm + ALM(m, kk + 2 * t)));
-      const uint2 hi = *((const __local uint2*)(alm + ALM(m + 8, kk + 2 * t)));
+      const uint2 lo = *((const __local uint2*)(alm + ALM(m, kk + KPW * 2 * t)));
+      const uint2 hi = *((const __local uint2*)(alm + ALM(m + 8, kk + KPW * 2 * t)));
       apm[i][0] = FRAG(lo.x);
       apm[i][2] = FRAG(lo.y);
       apm[i][1] = FRAG(hi.x);
       apm[i][3] = FRAG(hi.y);
     #else
-      apm[i][0] = FRAG(alm[ALM(m, kk + K_LO(t))]);
-      apm[i][1] = FRAG(alm[ALM(m + 8, kk + K_LO(t))]);
-      apm[i][2] = FRAG(alm[ALM(m, kk + K_HI(t))]);
-      apm[i][3] = FRAG(alm[ALM(m + 8, kk + K_HI(t))]);
+      apm[i][0] = FRAG_A(alm, m, kk + KPW * K_LO(t));
+      apm[i][1] = FRAG_A(alm, m + 8, kk + KPW * K_LO(t));
+      apm[i][2] = FRAG_A(alm, m, kk + KPW * K_HI(t));
+      apm[i][3] = FRAG_A(alm, m + 8, kk + KPW * K_HI(t));
     #endif
   }
 }
 
 // This lane's B fragments of the warp's NT mma tiles (columns wn0 + j * 8 ...) at k step kk.
-void LocalToPrivateB(const __local uint* blm, uint bpm[NT][2], const int wn0, const int kk, const int g,
+void LocalToPrivateB(const __local LTYPE* blm, uint bpm[NT][2], const int wn0, const int kk, const int g,
                      const int t) {
   #pragma unroll
   for (int j = 0; j < NT; ++j) {
     const int n = wn0 + j * 8 + g;
     #if B_KCONTIG && KPAIR
-      const uint2 v = *((const __local uint2*)(blm + BLM(kk + 2 * t, n)));
+      const uint2 v = *((const __local uint2*)(blm + BLM(kk + KPW * 2 * t, n)));
       bpm[j][0] = FRAG(v.x);
       bpm[j][1] = FRAG(v.y);
     #else
-      bpm[j][0] = FRAG(blm[BLM(kk + K_LO(t), n)]);
-      bpm[j][1] = FRAG(blm[BLM(kk + K_HI(t), n)]);
+      bpm[j][0] = FRAG_B(blm, kk + KPW * K_LO(t), n);
+      bpm[j][1] = FRAG_B(blm, kk + KPW * K_HI(t), n);
     #endif
   }
 }
 
 // ---- the multiply ---------------------------------------------------------------------------------
 
-// One KWG-deep tile: the warp tile's accumulators += its A rows x its B columns, 8 k at a time.
-void MultiplyTile(float cpm[MT][NT][4], const __local uint* alm, const __local uint* blm, const int wm0,
+// One KWG-deep tile: the warp tile's accumulators += its A rows x its B columns, MMA_K k at a time.
+void MultiplyTile(float cpm[MT][NT][4], const __local LTYPE* alm, const __local LTYPE* blm, const int wm0,
                   const int wn0, const int g, const int t MMA_PARAMS) {
   // (The emulated mma keeps its loops rolled: unrolled, its barriers make PoCL's compile take minutes.)
   #if MMA_STUB == 0
   #pragma unroll
   #endif
-  for (int kk = 0; kk < KWG; kk += 8) {
+  for (int kk = 0; kk < KWG; kk += MMA_K) {
     uint apm[MT][4];
     uint bpm[NT][2];
     LocalToPrivateA(alm, apm, wm0, kk, g, t);
@@ -507,9 +621,22 @@ void MultiplyTile(float cpm[MT][NT][4], const __local uint* alm, const __local u
 
 // ---- registers -> global memory (C) ----------------------------------------------------------------
 
+// C elements: fp32, or (MMA_F16) half, converted exactly on loads and rounded to nearest even on stores.
+#if MMA_F16
+  #define LOAD_C(p) vload_half(0, p)
+  #define STORE_C(x, p) vstore_half_rte(x, 0, p)
+  #define LOAD_C2(p) vload_half2(0, p)
+  #define STORE_C2(v, p) vstore_half2_rte(v, 0, p)
+#else
+  #define LOAD_C(p) (*(p))
+  #define STORE_C(x, p) (*(p) = (x))
+  #define LOAD_C2(p) (*((__global float2*)(p)))
+  #define STORE_C2(v, p) (*((__global float2*)(p)) = (v))
+#endif
+
 // C = alpha * cpm + beta * C for this lane's outputs inside the matrix (c0, c1 and c2, c3 are pairs of
 // neighbours in a row); beta == 0 never reads C.
-void PrivateToGlobalC(float cpm[MT][NT][4], __global float* restrict cgm, const int mw, const int nw,
+void PrivateToGlobalC(float cpm[MT][NT][4], __global CTYPE* restrict cgm, const int mw, const int nw,
                       const int g, const int t, const int M, const int N, const int ldc, const float alpha,
                       const float beta) {
   #pragma unroll
@@ -518,7 +645,7 @@ void PrivateToGlobalC(float cpm[MT][NT][4], __global float* restrict cgm, const 
     for (int h = 0; h < 2; ++h) {
       const int m = mw + i * 16 + g + 8 * h;
       if (m < M) {
-        __global float* crow = cgm + m * ldc;
+        __global CTYPE* crow = cgm + m * ldc;
         #pragma unroll
         for (int j = 0; j < NT; ++j) {
           const int n = nw + j * 8 + 2 * t;
@@ -527,21 +654,21 @@ void PrivateToGlobalC(float cpm[MT][NT][4], __global float* restrict cgm, const 
           #if CSCALAR == 0
           if (n + 2 <= N) {
             if (beta != 0.0f) {
-              const float2 old = *((__global float2*)(crow + n));
+              const float2 old = LOAD_C2(crow + n);
               r0 = fma(beta, old.x, r0);
               r1 = fma(beta, old.y, r1);
             }
-            *((__global float2*)(crow + n)) = (float2)(r0, r1);
+            STORE_C2((float2)(r0, r1), crow + n);
           } else
           #endif
           {
             if (n < N) {
-              if (beta != 0.0f) { r0 = fma(beta, crow[n], r0); }
-              crow[n] = r0;
+              if (beta != 0.0f) { r0 = fma(beta, LOAD_C(crow + n), r0); }
+              STORE_C(r0, crow + n);
             }
             if (n + 1 < N) {
-              if (beta != 0.0f) { r1 = fma(beta, crow[n + 1], r1); }
-              crow[n + 1] = r1;
+              if (beta != 0.0f) { r1 = fma(beta, LOAD_C(crow + n + 1), r1); }
+              STORE_C(r1, crow + n + 1);
             }
           }
         }
@@ -552,14 +679,18 @@ void PrivateToGlobalC(float cpm[MT][NT][4], __global float* restrict cgm, const 
 
 // ---- the kernel -------------------------------------------------------------------------------------
 
-__kernel void gemm_mma_tf32(const int M, const int N, const int K, const float alpha,
-                                            const float beta,
-                                            const __global float* restrict agm, const long a_offset,
-                                            const int lda, const long stride_a,
-                                            const __global float* restrict bgm, const long b_offset,
-                                            const int ldb, const long stride_b,
-                                            __global float* restrict cgm, const long c_offset,
-                                            const int ldc, const long stride_c) {
+#if MMA_F16
+__kernel void gemm_mma_f16(
+#else
+__kernel void gemm_mma_tf32(
+#endif
+                            const int M, const int N, const int K, const float alpha, const float beta,
+                            const __global GTYPE* restrict agm, const long a_offset, const int lda,
+                            const long stride_a,
+                            const __global GTYPE* restrict bgm, const long b_offset, const int ldb,
+                            const long stride_b,
+                            __global CTYPE* restrict cgm, const long c_offset, const int ldc,
+                            const long stride_c) {
   const long batch = get_group_id(2);
   agm += a_offset + batch * stride_a;
   bgm += b_offset + batch * stride_b;
@@ -590,8 +721,8 @@ __kernel void gemm_mma_tf32(const int M, const int N, const int K, const float a
   const int wm0 = (warp / WARPS_N) * WTM;   // the warp tile inside the work-group tile
   const int wn0 = (warp % WARPS_N) * WTN;
 
-  __local uint alm[STAGES * A_TILE] __attribute__((aligned(16)));
-  __local uint blm[STAGES * B_TILE] __attribute__((aligned(16)));
+  __local LTYPE alm[STAGES * A_TILE] __attribute__((aligned(16)));
+  __local LTYPE blm[STAGES * B_TILE] __attribute__((aligned(16)));
   #if MMA_STUB
     __local uint mma_words[WARPS_M * WARPS_N * MMA_WORDS];
     __local uint* wsm = mma_words + warp * MMA_WORDS;

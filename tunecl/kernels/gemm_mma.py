@@ -1,4 +1,10 @@
-"""gemm_mma_tf32: GEMM on NVIDIA tensor cores through inline PTX, TF32 inputs, fp32 accumulation.
+"""gemm_mma_tf32 and gemm_mma_f16: GEMM on NVIDIA tensor cores through inline PTX, fp32 accumulation.
+
+``gemm_mma_tf32`` computes fp32 GEMMs with TF32 inputs; ``gemm_mma_f16`` computes float16 GEMMs
+(``GemmProblem(dtype="float16")``: half A, B and C) with ``mma.sync ... m16n8k16 ... f16``, fp32
+accumulation and one rounding of ``alpha * sum + beta * C`` to half (to nearest even). Both are the
+same kernel, ``gemm_mma.cl`` (``MMA_F16`` selects the variant), with the same tunables; the notes
+below say where the f16 family differs.
 
 Same semantics, problem coverage and :class:`~tunecl.kernels.gemm.GemmPlan` (``run`` signature) as
 ``gemm_tiled``, so it can replace it anywhere a TF32 result is acceptable: its ``precision`` is
@@ -10,10 +16,11 @@ the decomposition and the fragment layout). Tunables, with the values searched:
 
 =======  ================  ========================================================================
 MWG/NWG  16 .. 256         C tile per work-group along M / N
-KWG      8 16 32           depth of one K step (the local-memory tiles)
+KWG      8 16 32           depth of one K step (the local-memory tiles); f16: 16 32 64
 WARPS_M  1 2 4             warps along M (WARPS_N: along N); a warp computes (MWG/WARPS_M) x
                            (NWG/WARPS_N) as a grid of 16 x 8 mma tiles
-VW       1 2 4             vector width of global loads of A and B along their contiguous dimension
+VW       1 2 4             vector width of global loads of A and B along their contiguous dimension;
+                           f16: 1 2 4 8 (8 halves: 128-bit loads)
 KPAIR    0 1               1: a lane holds k = 2t, 2t+1 (64-bit local reads of K-contiguous tiles)
 PAD      0 1               pad local rows so that fragment reads are free of bank conflicts
 ASYNC    0 (1)             1: cp.async copies into local memory (devices with ``"cp_async"``);
@@ -28,6 +35,12 @@ Constraints (named) cover the warp-tile shape (multiples of 16 x 8), at most 128
 lane, even tile loads, device limits (work-group size, local memory) — all checked before compiling.
 Pruning rules keep the searched space to a few thousand configs; pruned configs remain valid.
 
+``gemm_mma_f16`` applies only to float16 problems on devices whose probe granted ``"mma_f16"``
+(``mma.sync ... m16n8k16 ... f16`` computes correctly); its results are stored at precision ``"fp32"``:
+its inputs are not rounded (they are halves already) and it sums in fp32 like the converted-operand
+route of the backend, so a strict request may be served by it. The verification tolerance of float16
+problems adds the rounding of the output to half (``tunecl.search.harness``).
+
 Tests on devices without tensor cores build with ``emulate=True``: the kernel then computes the same
 fragments with plain OpenCL C instead of PTX (``MMA_STUB`` in the ``.cl``), which checks every index
 of the kernel except the two PTX instructions.
@@ -35,6 +48,7 @@ of the kernel except the two PTX instructions.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -50,25 +64,76 @@ from tunecl.kernels.gemm import (
     make_space,
     pow2_ceil,
 )
+from tunecl.precision import FP32, TF32
 from tunecl.problems import GemmProblem
-from tunecl.runtime import CP_ASYNC, MMA_TF32, Device
+from tunecl.runtime import CP_ASYNC, MMA_F16, MMA_TF32, Device
 
 NAME = "gemm_mma_tf32"
 VERSION = 1
-PRECISION = "tf32"
+PRECISION = TF32
 CAPABILITY = MMA_TF32
+
+F16_NAME = "gemm_mma_f16"
+F16_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class MmaVariant:
+    """What tells the two families apart (``MMA_F16`` in ``gemm_mma.cl``)."""
+
+    name: str
+    version: int
+    precision: str    # what results are stored under (tunecl.precision)
+    capability: str   # the probe that must have granted the instruction
+    dtype: str        # GemmProblem.dtype of the problems it computes
+    f16: bool         # MMA_F16
+    element_bytes: int  # of A, B, C and of the local tiles
+    kwg: tuple[int, ...]  # KWG values: multiples of the mma depth
+    widths: tuple[int, ...]  # VW values
+    # default tile shapes, best first: (MWG, NWG, KWG, WARPS_M, WARPS_N)
+    presets: tuple[tuple[int, int, int, int, int], ...]
+
+    @property
+    def mma_k(self) -> int:
+        """Depth of one mma: 8 (TF32), 16 (f16)."""
+        return self.kwg[0]
+
+
+# Default tile shapes, best first: (MWG, NWG, KWG, WARPS_M, WARPS_N). 128 x 128 x 16 with 2 x 4 warps
+# gives 64 x 32 warp tiles (4 x 4 mma tiles, 64 accumulators per lane): with 2 x 2 warps (64 x 64, as
+# CUTLASS does with cp.async) the register-staged double buffering needs ~255 registers and spills
+# (ptxas for sm_90, TN/TT layouts). Smaller tiles when the big one would leave compute units idle.
+# The default copies through registers (ASYNC 0): it needs only the mma capability.
+# f16: the same warp tiles, 32 halves deep (two m16n8k16 steps per tile, the same bytes per tile as
+# TF32's 16; two stages of 128 x 128 x 32 take at most the 48 KiB an H200 work-group gets).
+TF32_VARIANT = MmaVariant(
+    name=NAME, version=VERSION, precision=TF32, capability=MMA_TF32, dtype="float32", f16=False,
+    element_bytes=4, kwg=(8, 16, 32), widths=(1, 2, 4),
+    presets=((128, 128, 16, 2, 4), (64, 64, 16, 2, 2), (32, 32, 16, 1, 1), (16, 16, 8, 1, 1)),
+)
+F16_VARIANT = MmaVariant(
+    name=F16_NAME, version=F16_VERSION, precision=FP32, capability=MMA_F16, dtype="float16", f16=True,
+    element_bytes=2, kwg=(16, 32, 64), widths=(1, 2, 4, 8),
+    presets=((128, 128, 32, 2, 4), (64, 64, 32, 2, 2), (32, 32, 32, 1, 1), (16, 16, 16, 1, 1)),
+)
+
+
+def variant_of(problem: GemmProblem) -> MmaVariant:
+    """The family that computes ``problem``'s dtype (float16: gemm_mma_f16, else gemm_mma_tf32)."""
+    return F16_VARIANT if problem.dtype == F16_VARIANT.dtype else TF32_VARIANT
+
 
 _TILES = (16, 32, 64, 128, 256)
 
 
-def _params(async_copies: bool, nvidia: bool) -> dict[str, tuple[int, ...]]:
+def _params(async_copies: bool, nvidia: bool, variant: MmaVariant = TF32_VARIANT) -> dict[str, tuple[int, ...]]:
     return {
         "MWG": _TILES,
         "NWG": _TILES,
-        "KWG": (8, 16, 32),
+        "KWG": variant.kwg,
         "WARPS_M": (1, 2, 4),
         "WARPS_N": (1, 2, 4),
-        "VW": (1, 2, 4),
+        "VW": variant.widths,
         "KPAIR": (0, 1),
         "PAD": (0, 1),
         "ASYNC": (0, 1) if async_copies else (0,),
@@ -95,28 +160,35 @@ def accumulators(config: Mapping[str, int]) -> int:
     return (config["MWG"] // config["WARPS_M"] // 16) * (config["NWG"] // config["WARPS_N"] // 8) * 4
 
 
-def padding(config: Mapping[str, int], k_contiguous: bool) -> int:
-    """Words of padding per local row (mirrors PADDING in ``gemm_mma.cl``)."""
+def padding(config: Mapping[str, int], k_contiguous: bool, f16: bool = False) -> int:
+    """Elements of padding per local row (mirrors PADDING in ``gemm_mma.cl``): words, halves with f16."""
     if not config["PAD"]:
         return 0
+    if f16:
+        if k_contiguous:
+            return (0 if (config["KWG"] // 16) % 2 else 16) if config["KPAIR"] else 8
+        return 8
     if k_contiguous:
         return (0 if (config["KWG"] // 8) % 2 else 8) if config["KPAIR"] else 4
     return 4 if config["KPAIR"] else 8
 
 
 def local_memory_bytes(config: Mapping[str, int], problem: GemmProblem, emulate: bool = False) -> int:
-    """Bytes of local memory ``gemm_mma.cl`` declares for ``config`` (mirrors A_TILE / B_TILE there)."""
+    """Bytes of local memory ``gemm_mma.cl`` declares for ``config`` (mirrors A_TILE / B_TILE there;
+    the family is the one of ``problem``'s dtype)."""
     c = config
+    variant = variant_of(problem)
+    f16 = variant.f16
     if problem.trans_a:  # A tile: KWG rows of MWG (M contiguous)
-        a_words = c["KWG"] * (c["MWG"] + padding(c, False))
+        a_elements = c["KWG"] * (c["MWG"] + padding(c, False, f16))
     else:
-        a_words = c["MWG"] * (c["KWG"] + padding(c, True))
+        a_elements = c["MWG"] * (c["KWG"] + padding(c, True, f16))
     if problem.trans_b:  # B tile: NWG rows of KWG (K contiguous)
-        b_words = c["NWG"] * (c["KWG"] + padding(c, True))
+        b_elements = c["NWG"] * (c["KWG"] + padding(c, True, f16))
     else:
-        b_words = c["KWG"] * (c["NWG"] + padding(c, False))
-    stub = warps(c) * MMA_STUB_WORDS if emulate else 0
-    return 4 * (c["STAGES"] * (a_words + b_words) + stub)
+        b_elements = c["KWG"] * (c["NWG"] + padding(c, False, f16))
+    stub = warps(c) * MMA_STUB_WORDS * 4 if emulate else 0
+    return variant.element_bytes * c["STAGES"] * (a_elements + b_elements) + stub
 
 
 def _constraints(problem: GemmProblem, device: Any) -> list[Rule]:
@@ -152,9 +224,9 @@ def _constraints(problem: GemmProblem, device: Any) -> list[Rule]:
     ]
 
 
-def _widest(ld: int) -> int:
-    """The widest global vector (4, 2, 1) that a leading dimension of ``ld`` keeps aligned."""
-    return next(w for w in (4, 2, 1) if ld % w == 0)
+def _widest(ld: int, widths: tuple[int, ...] = (1, 2, 4)) -> int:
+    """The widest global vector (of ``widths``) that a leading dimension of ``ld`` keeps aligned."""
+    return next(w for w in sorted(widths, reverse=True) if ld % w == 0)
 
 
 def _pruning(problem: GemmProblem, device: Any) -> list[Rule]:
@@ -162,17 +234,19 @@ def _pruning(problem: GemmProblem, device: Any) -> list[Rule]:
 
     A pruned config is still valid: it builds and computes correctly, it is just not searched.
     """
+    variant = variant_of(problem)
     m_cap, n_cap, k_cap = (
         max(16, pow2_ceil(problem.m)),
         max(16, pow2_ceil(problem.n)),
-        max(8, pow2_ceil(problem.k)),
+        max(variant.mma_k, pow2_ceil(problem.k)),
     )
     # The widest vector the packed layout keeps aligned for A or B (the plan runs a scalar variant for
     # an operand that is not): narrower vectors would only re-measure slower loads.
     wide = max(
-        _widest(problem.m if problem.trans_a else problem.k),
-        _widest(problem.k if problem.trans_b else problem.n),
+        _widest(problem.m if problem.trans_a else problem.k, variant.widths),
+        _widest(problem.k if problem.trans_b else problem.n, variant.widths),
     )
+    widths = sorted(variant.widths, reverse=True)
     units = compute_units(device)
 
     def groups(c: Mapping[str, int]) -> int:
@@ -183,7 +257,7 @@ def _pruning(problem: GemmProblem, device: Any) -> list[Rule]:
         return next(
             (
                 w
-                for w in (4, 2, 1)
+                for w in widths
                 if w <= wide
                 and (c["MWG"] * c["KWG"]) % (w * threads) == 0
                 and (c["NWG"] * c["KWG"]) % (w * threads) == 0
@@ -240,22 +314,13 @@ def _pruning(problem: GemmProblem, device: Any) -> list[Rule]:
     ]
 
 
-# Default tile shapes, best first: (MWG, NWG, KWG, WARPS_M, WARPS_N). 128 x 128 x 16 with 2 x 4 warps
-# gives 64 x 32 warp tiles (4 x 4 mma tiles, 64 accumulators per lane): with 2 x 2 warps (64 x 64, as
-# CUTLASS does with cp.async) the register-staged double buffering needs ~255 registers and spills
-# (ptxas for sm_90, TN/TT layouts). Smaller tiles when the big one would leave compute units idle.
-# The default copies through registers (ASYNC 0): it needs only the mma capability.
-_PRESETS = [
-    (128, 128, 16, 2, 4),
-    (64, 64, 16, 2, 2),
-    (32, 32, 16, 1, 1),
-    (16, 16, 8, 1, 1),
-]
+_PRESETS = list(TF32_VARIANT.presets)
 
 
 class GemmMmaTF32:
     """The ``gemm_mma_tf32`` algorithm (see the module docstring for its tunables)."""
 
+    variant = TF32_VARIANT
     name = NAME
     version = VERSION
     kind = "gemm"
@@ -265,18 +330,24 @@ class GemmMmaTF32:
         """Only fp32 GEMMs on devices whose probe granted ``mma_tf32``."""
         return (
             isinstance(problem, GemmProblem)
-            and problem.dtype == "float32"
-            and CAPABILITY in capabilities(device)
+            and problem.dtype == self.variant.dtype
+            and self.variant.capability in capabilities(device)
         )
 
     def space(self, problem: GemmProblem, device: Device) -> Space:
         return self._space(problem, device, CP_ASYNC in capabilities(device), is_nvidia(device))
 
-    @staticmethod
-    def _space(problem: GemmProblem, device: Device, async_copies: bool, nvidia: bool) -> Space:
+    def _space(self, problem: GemmProblem, device: Device, async_copies: bool, nvidia: bool) -> Space:
+        self._check_dtype(problem)
         return make_space(
-            _params(async_copies, nvidia), _constraints(problem, device), _pruning(problem, device)
+            _params(async_copies, nvidia, self.variant),
+            _constraints(problem, device),
+            _pruning(problem, device),
         )
+
+    def _check_dtype(self, problem: GemmProblem) -> None:
+        if problem.dtype != self.variant.dtype:
+            raise ValueError(f"{self.name} computes {self.variant.dtype} GEMMs, not {problem.key}")
 
     def default(self, problem: GemmProblem, device: Device) -> Config:
         """The largest preset tile that still gives every compute unit a work-group, double buffered
@@ -285,9 +356,10 @@ class GemmMmaTF32:
         space = self.space(problem, device)
         rules = _constraints(problem, device) + _pruning(problem, device)
         units = compute_units(device)
-        for index, (mwg, nwg, kwg, warps_m, warps_n) in enumerate(_PRESETS):
+        presets = self.variant.presets
+        for index, (mwg, nwg, kwg, warps_m, warps_n) in enumerate(presets):
             groups = -(-problem.m // mwg) * -(-problem.n // nwg) * problem.batch
-            if index + 1 < len(_PRESETS) and groups < units:
+            if index + 1 < len(presets) and groups < units:
                 continue
             for config in self._refinements(
                 {
@@ -310,13 +382,15 @@ class GemmMmaTF32:
         if searched:
             return searched[0]
         # Pruning emptied the searched space: any valid config still computes correctly.
-        return next(iter(enumerate_space(_params(False, False), _constraints(problem, device))))
+        return next(
+            iter(enumerate_space(_params(False, False, self.variant), _constraints(problem, device)))
+        )
 
-    @staticmethod
-    def _refinements(base: dict[str, int]) -> Iterator[dict[str, int]]:
+    def _refinements(self, base: dict[str, int]) -> Iterator[dict[str, int]]:
         """``base`` with the widest vectors first, then giving up its refinements one by one."""
-        for relax in ({}, {"GM": 1}, {"GM": 1, "KWG": 8}, {"GM": 1, "STAGES": 1}):
-            for width in (4, 2, 1):
+        shallow = self.variant.kwg[0]
+        for relax in ({}, {"GM": 1}, {"GM": 1, "KWG": shallow}, {"GM": 1, "STAGES": 1}):
+            for width in sorted(self.variant.widths, reverse=True):
                 yield {**base, **relax, "VW": width}
 
     def build(
@@ -329,14 +403,17 @@ class GemmMmaTF32:
                 without tensor cores (cp.async and register-capped configs included; the cap is not
                 passed). Such a plan is slow and says nothing about speed.
         """
+        name = self.name
         space = self._space(problem, device, True, True) if emulate else self.space(problem, device)
-        check_config(space, config, NAME)
+        check_config(space, config, name)
         if emulate and local_memory_bytes(config, problem, emulate=True) > device.local_mem_size:
             raise ValueError(
-                f"invalid {NAME} config {dict(config)}: the emulated mma needs more local memory"
+                f"invalid {name} config {dict(config)}: the emulated mma needs more local memory"
             )
         source = read_source(__package__, "gemm_mma.cl")
         layout = [f"-DTRANS_A={int(problem.trans_a)}", f"-DTRANS_B={int(problem.trans_b)}"]
+        if self.variant.f16:
+            layout.append("-DMMA_F16=1")
         if emulate:
             layout.append("-DMMA_STUB=1")
         elif config["MAXRREG"]:
@@ -354,7 +431,8 @@ class GemmMmaTF32:
         threads = 32 * warps(config)
         glob = (-(-problem.n // config["NWG"]) * threads, -(-problem.m // config["MWG"]), problem.batch)
         return MmaPlan(
-            algorithm=NAME,
+            precision=self.precision,
+            algorithm=name,
             problem=problem,
             device=device,
             config=config,
@@ -367,9 +445,27 @@ class GemmMmaTF32:
 
 
 class MmaPlan(GemmPlan):
-    """A :class:`GemmPlan` whose results are TF32-accurate (verification uses the TF32 tolerance)."""
+    """A :class:`GemmPlan` that carries its family's precision: ``"tf32"`` (verification uses the TF32
+    tolerance) or ``"fp32"`` (gemm_mma_f16)."""
 
-    precision = PRECISION
+    def __init__(self, *, precision: str = PRECISION, **kwargs: Any):
+        self.precision = precision
+        super().__init__(**kwargs)
 
 
-ALGORITHMS = [GemmMmaTF32()]
+class GemmMmaF16(GemmMmaTF32):
+    """The ``gemm_mma_f16`` algorithm: float16 GEMMs (half A, B, C) with ``mma.sync ... m16n8k16 ...
+    f16``, fp32 accumulation, one rounding to half; the tunables of ``gemm_mma_tf32`` (module
+    docstring), KWG and VW counted in halves."""
+
+    variant = F16_VARIANT
+    name = F16_NAME
+    version = F16_VERSION
+    precision = F16_VARIANT.precision
+
+    def applies(self, problem: GemmProblem, device: Device) -> bool:
+        """Only float16 GEMMs on devices whose probe granted ``mma_f16``."""
+        return super().applies(problem, device)
+
+
+ALGORITHMS = [GemmMmaTF32(), GemmMmaF16()]

@@ -27,8 +27,13 @@ from tunecl.runtime import Device
 
 # A quiet NaN with a recognizable payload: any write over it shows up in a bitwise compare.
 GUARD_BITS = np.uint32(0x7FC0BAD5)
+HALF_GUARD_BITS = np.uint16(0x7E5D)  # the same for float16 buffers
+# buffer dtype -> (the unsigned integer type of its bits, its guard pattern)
+_BITS = {np.dtype(np.float32): (np.uint32, GUARD_BITS), np.dtype(np.float16): (np.uint16, HALF_GUARD_BITS)}
 GUARD_ELEMENTS = 64  # 256 bytes: keeps the matrices aligned for float4 loads and 128-byte transactions
 EPS32 = UNIT_ROUNDOFF[FP32]  # unit roundoff of float32
+HALF_UNIT_ROUNDOFF = 2.0**-11  # of float16 (10 explicit mantissa bits, to nearest)
+HALF_SUBNORMAL_HALF_SPACING = 2.0**-25  # the largest rounding error of a float16 subnormal result
 TF32_ROUNDING_FACTOR = 8.0  # see tf32_tolerance
 
 
@@ -100,6 +105,21 @@ def tf32_tolerance(spread: np.ndarray | float) -> np.ndarray | float:
     return TF32_ROUNDING_FACTOR * UNIT_ROUNDOFF[TF32] * spread
 
 
+def half_output_tolerance(expected: np.ndarray, tolerance: np.ndarray) -> np.ndarray:
+    """The tolerance of a result computed within ``tolerance`` of ``expected`` and then rounded once to
+    float16, to nearest even: ``tolerance + u_h * (|expected| + tolerance) + 2**-25``.
+
+    Why: rounding ``y`` to half moves it by at most ``u_h * |y|`` (``u_h = 2**-11``) in the normal
+    range and by at most half the subnormal spacing, ``2**-25``, below it; ``|y| <= |expected| +
+    tolerance``. Half inputs need no term of their own: they are the exact inputs of the reference
+    (the data is half already), and a product of two halves is exact in fp32, so the fp32 ``tolerance``
+    (:func:`reduction_tolerance`) covers the accumulation. What it still catches: a misplaced or lost
+    term moves an output by about ``|a b|`` (~0.25 for inputs uniform in [-1, 1]) against a half
+    rounding of at most ``2**-11 * |C|`` (~0.01 at K = 4096).
+    """
+    return tolerance + HALF_UNIT_ROUNDOFF * (np.abs(expected) + tolerance) + HALF_SUBNORMAL_HALF_SPACING
+
+
 def gemm_spread(op_a: np.ndarray, op_b: np.ndarray) -> np.ndarray:
     """``min(max_k |a_ik| * ||b_j||_2, ||a_i||_2 * max_k |b_kj|)`` per output of batched
     ``op_a @ op_b`` (batch x M x K times batch x K x N): an upper bound of ``sqrt(sum_k (a_ik b_kj)**2)``
@@ -121,7 +141,7 @@ def compare_guarded(out: np.ndarray, guard: int, expected: np.ndarray, tolerance
     """Check a downloaded guarded output buffer: guards untouched, every element within tolerance.
 
     Args:
-        out: the whole buffer (guard, values, guard) as float32.
+        out: the whole buffer (guard, values, guard) as float32 (or float16).
         guard: guard elements on each side.
         expected: the float64 reference, shaped as the output.
         tolerance: per-element absolute tolerance, same shape.
@@ -130,9 +150,10 @@ def compare_guarded(out: np.ndarray, guard: int, expected: np.ndarray, tolerance
     Returns:
         None when correct, else one line saying what is wrong and where.
     """
-    bits = out.view(np.uint32)
+    unsigned, pattern = _BITS[out.dtype]
+    bits = out.view(unsigned)
     for name, region in (("before", bits[:guard]), ("after", bits[out.size - guard:])):
-        touched = int(np.count_nonzero(region != GUARD_BITS))
+        touched = int(np.count_nonzero(region != pattern))
         if touched:
             return f"wrote {touched} element(s) into the guard region {name} the output ({case})"
     got = out[guard:out.size - guard].reshape(expected.shape).astype(np.float64)
@@ -147,11 +168,12 @@ def compare_guarded(out: np.ndarray, guard: int, expected: np.ndarray, tolerance
             f"got {got[worst]:.6g}, expected {expected[worst]:.6g}, tolerance {tolerance[worst]:.2g}")
 
 
-def guarded(values: np.ndarray, guard: int) -> np.ndarray:
-    """``values`` flattened between two guard regions of ``guard`` NaN elements."""
-    out = np.empty(values.size + 2 * guard, dtype=np.float32)
-    out.view(np.uint32)[:guard] = GUARD_BITS
-    out.view(np.uint32)[guard + values.size:] = GUARD_BITS
+def guarded(values: np.ndarray, guard: int, dtype: Any = np.float32) -> np.ndarray:
+    """``values`` flattened between two guard regions of ``guard`` NaN elements (float32 or float16)."""
+    out = np.empty(values.size + 2 * guard, dtype=dtype)
+    unsigned, pattern = _BITS[out.dtype]
+    out.view(unsigned)[:guard] = pattern
+    out.view(unsigned)[guard + values.size:] = pattern
     out[guard:guard + values.size] = values.ravel()
     return out
 
@@ -170,6 +192,10 @@ class GemmHarness:
     O(MK + KN + MN) instead of a second float64 matrix product. A plan whose ``precision`` is
     ``"tf32"`` is checked with :func:`tf32_tolerance` of :func:`gemm_spread` added (its inputs are
     rounded to TF32); plans without one are strict fp32.
+
+    float16 problems (``dtype="float16"``): A, B and C are half buffers (the inputs drawn as above and
+    rounded to half; the reference uses those half values), and the tolerance adds the one rounding of
+    the output to half (:func:`half_output_tolerance`).
     """
 
     kind: ClassVar[str] = "gemm"
@@ -187,11 +213,12 @@ class GemmHarness:
         if self._data is None:
             p = self.problem
             rng = np.random.default_rng(self.seed)
+            dtype = np.dtype(p.dtype)
             a_shape = (p.batch, p.k, p.m) if p.trans_a else (p.batch, p.m, p.k)
             b_shape = (p.batch, p.n, p.k) if p.trans_b else (p.batch, p.k, p.n)
-            a = rng.uniform(-1.0, 1.0, a_shape).astype(np.float32)
-            b = rng.uniform(-1.0, 1.0, b_shape).astype(np.float32)
-            c = rng.uniform(-1.0, 1.0, (p.batch, p.m, p.n)).astype(np.float32)
+            a = rng.uniform(-1.0, 1.0, a_shape).astype(dtype)
+            b = rng.uniform(-1.0, 1.0, b_shape).astype(dtype)
+            c = rng.uniform(-1.0, 1.0, (p.batch, p.m, p.n)).astype(dtype)
             op_a = a.astype(np.float64)
             op_b = b.astype(np.float64)
             if p.trans_a:
@@ -200,8 +227,9 @@ class GemmHarness:
                 op_b = op_b.transpose(0, 2, 1)
             product = np.matmul(op_a, op_b)
             bound = (np.linalg.norm(op_a, axis=2)[:, :, None] * np.linalg.norm(op_b, axis=1)[:, None, :])
-            self._data = {"a": guarded(a, self.guard), "b": guarded(b, self.guard),
-                          "c": guarded(c, self.guard), "c_nan": guarded(np.full_like(c, np.nan), self.guard),
+            g = self.guard
+            self._data = {"a": guarded(a, g, dtype), "b": guarded(b, g, dtype), "c": guarded(c, g, dtype),
+                          "c_nan": guarded(np.full_like(c, np.nan), g, dtype),
                           "c0": c.astype(np.float64), "product": product, "bound": bound,
                           "row_stats": (*_row_stats(op_a, 2), *_row_stats(op_b, 1))}
         return self._data
@@ -232,6 +260,9 @@ class GemmHarness:
             case += ", tf32"
         elif precision != FP32:
             raise ValueError(f"no GEMM tolerance for precision {precision!r}")
+        if p.dtype == "float16":
+            tol = half_output_tolerance(expected, tol)
+            case += ", float16"
         return compare_guarded(out, self.guard, expected, tol, case)
 
 
@@ -264,12 +295,15 @@ class GemmBinding:
             if events:
                 events[-1].wait()
             device.synchronize()
-            message = h.compare(device.download(self.c, data["c"].shape), alpha, beta, precision)
+            message = h.compare(device.download(self.c, data["c"].shape, data["c"].dtype), alpha, beta,
+                                precision)
             if message:
                 return message
         for name, buffer in (("A", self.a), ("B", self.b)):
-            after = device.download(buffer, data[name.lower()].shape)
-            if not np.array_equal(after.view(np.uint32), data[name.lower()].view(np.uint32)):
+            before = data[name.lower()]
+            after = device.download(buffer, before.shape, before.dtype)
+            unsigned = _BITS[before.dtype][0]
+            if not np.array_equal(after.view(unsigned), before.view(unsigned)):
                 return f"the plan modified its input {name} (or the guards around it)"
         return None
 

@@ -3,8 +3,10 @@
 Each call becomes a :class:`~tunecl.problems.GemmProblem` (row-major; a transposed view is passed as
 ``trans_a``/``trans_b`` with its leading dimension instead of being copied) and runs the cached plan
 from :mod:`tunecl.backend.plans`. Without a registered GEMM algorithm these ops take the CPU fallback.
-float16 products run the float32 plan of the same shape on converted operands (float32
-accumulation, one rounding of the result; :mod:`tunecl.backend.half`).
+float16 products run a float16 plan where an algorithm computes float16 GEMMs on the device
+(``gemm_mma_f16`` on tensor cores, where the probe granted ``mma_f16``: half operands read as they
+are, fp32 accumulation, one rounding of the result), else the float32 plan of the same shape on
+converted operands (the same numerics; :mod:`tunecl.backend.half`).
 """
 
 from __future__ import annotations
@@ -46,16 +48,17 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, alpha: float, bet
     """out = alpha * a @ b + beta * out for 2-d or batched 3-d device tensors (out already sized)."""
     if a.dtype != b.dtype or a.dtype != out.dtype or kernel_dtype(a) not in DTYPES:
         raise Unsupported(f"matrix product of {a.dtype} and {b.dtype} into {out.dtype}")
-    if a.dtype == torch.float16:  # the float32 plan on converted operands, rounded once at the end
-        c = half.to_float32(out) if beta != 0 else half.empty_like_float32(out.dtype, out.shape)
-        _gemm(half.to_float32(a), half.to_float32(b), c, alpha, beta)
-        copies.device_copy(out, c)
-        return
     batch = a.shape[0] if a.dim() == 3 else 1
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     a, trans_a, lda = _layout(a)
     b, trans_b, ldb = _layout(b)
-    plan = plans.gemm_plan(GemmProblem(m, n, k, trans_a, trans_b, batch, kernel_dtype(a)))
+    problem = GemmProblem(m, n, k, trans_a, trans_b, batch, kernel_dtype(a))
+    plan = _half_plan(problem) if a.dtype == torch.float16 else plans.gemm_plan(problem)
+    if plan is None:  # float16: the float32 plan on converted operands, rounded once at the end
+        c = half.to_float32(out) if beta != 0 else half.empty_like_float32(out.dtype, out.shape)
+        _gemm(half.to_float32(a), half.to_float32(b), c, alpha, beta)
+        copies.device_copy(out, c)
+        return
     row_major = out.stride()[-1] == 1 and (m == 1 or out.stride()[-2] >= n) and (batch == 1 or out.is_contiguous())
     c = out if row_major else memory.empty_contiguous(out.shape, out.dtype)
     if not row_major and beta != 0:
@@ -66,6 +69,19 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, alpha: float, bet
              stride_a=_batch_stride(a), stride_b=_batch_stride(b), stride_c=_batch_stride(c))
     if c is not out:
         copies.device_copy(out, c)
+
+
+def _half_plan(problem: GemmProblem) -> Any | None:
+    """The plan of a float16 GEMM where a registered algorithm computes it on this device, else None
+    (the caller converts). Asking costs a few µs: ``applies`` checks the dtype and the device's probed
+    capabilities; a plan that cannot be chosen also leaves the product to the float32 route."""
+    device = state.get().device
+    if not any(a.applies(problem, device) for a in plans.gemm_algorithms()):
+        return None
+    try:
+        return plans.gemm_plan(problem)
+    except Unsupported:
+        return None
 
 
 def _product(self: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, beta: float, alpha: float,
