@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import threading
 import warnings
 from collections.abc import Callable, Sequence
@@ -429,7 +430,13 @@ class Device:
         cache_dir = Path(config.get().cache_dir) / "pyopencl"
         cache_dir.mkdir(parents=True, exist_ok=True)
         try:
-            program = cl.Program(self.context, source).build(options=list(options), cache_dir=str(cache_dir))
+            with warnings.catch_warnings():
+                # NVIDIA's compiler logs on every build ("Non-empty compiler output" warnings, one per
+                # program, say nothing to a user); PYOPENCL_COMPILER_OUTPUT=1 shows the logs again.
+                if not os.environ.get("PYOPENCL_COMPILER_OUTPUT"):
+                    warnings.simplefilter("ignore", cl.CompilerWarning)
+                program = cl.Program(self.context, source).build(options=list(options),
+                                                                 cache_dir=str(cache_dir))
         except cl.Error as error:
             raise BuildError(f"OpenCL build failed on {self.name} with options {' '.join(options)}:\n"
                              f"{error}") from None

@@ -132,9 +132,13 @@ def test_tune_on_miss_tunes_at_the_precision_the_flags_accept(fake_tf32, monkeyp
             torch.backends.cuda.matmul.allow_tf32 = allow
             with pytest.warns(UserWarning, match="on a miss failed"):
                 plans.plan(GemmProblem(8, 8, 8 + allow))
-    tiled_only = sorted(a.name for a in kernels.algorithms("gemm")
-                        if a.name != "gemm_fake_tf32" and a.applies(GemmProblem(8, 8, 8), device))
-    assert asked == [("fp32", tiled_only), ("tf32", sorted([*tiled_only, "gemm_fake_tf32"]))]
+    applicable = [a for a in kernels.algorithms("gemm") if a.applies(GemmProblem(8, 8, 8), device)]
+
+    def computing_at(*accepted):  # on a GPU with tensor cores the real gemm_mma_tf32 is one of them
+        return sorted(a.name for a in applicable if getattr(a, "precision", "fp32") in accepted)
+
+    assert "gemm_fake_tf32" in computing_at("tf32") and "gemm_tiled" in computing_at("fp32")
+    assert asked == [("fp32", computing_at("fp32")), ("tf32", computing_at("fp32", "tf32"))]
 
 
 def test_convolutions_follow_cudnn_allow_tf32_and_still_get_their_fp32_results(fresh_plans, fresh_stats,
