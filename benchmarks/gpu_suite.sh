@@ -9,7 +9,7 @@
 # every command, so a run cut off from outside still leaves everything finished so far in one file.
 # Steps run sequentially: concurrent GPU work (or CPU-heavy work next to a timing) skews timings.
 #
-# Environment: NETS replaces the validate step's net list, TESTS the test step's paths. PACK names the archive (default OUTDIR.tar.gz; e.g. a folder that is copied back while
+# Environment: NETS replaces the validate step's net list, BENCH the bench step's net:batch list, TESTS the test step's paths. PACK names the archive (default OUTDIR.tar.gz; e.g. a folder that is copied back while
 # OUTDIR's many small files stay behind). TUNECL_DEVICE selects the GPU (default: nvidia). The user DB is a fresh file under
 # OUTDIR unless TUNECL_DB is set; the shipped results in tuning_db/ are used as in a user's install.
 set -u
@@ -54,8 +54,8 @@ for step in $steps; do
       run gemm_space-4096 200 "$PY" benchmarks/gemm_space.py --device "$TUNECL_DEVICE" \
         --shape 4096,4096,4096 --time-limit 170 --json "$out/gemm_space-4096.json" ;;
     bench)     # the seed's table: ms per batch next to torch CUDA fp32, TF32 off
-      for spec in resnet50:16 resnet18:16 mobilenet_v2:16 alexnet:16 vgg16:16 \
-                  resnet50:64 resnet18:64 mobilenet_v2:64 alexnet:64 vgg16:64; do
+      for spec in ${BENCH:-resnet50:16 resnet18:16 mobilenet_v2:16 alexnet:16 vgg16:16 \
+                  resnet50:64 resnet18:64 mobilenet_v2:64 alexnet:64 vgg16:64}; do
         net=${spec%%:*}; batch=${spec##*:}
         run "bench-$net-b$batch" 120 "$PY" -m tunecl bench --net "$net" --batch "$batch" --compare cuda --json
         run "bench-$net-b$batch-train" 150 "$PY" -m tunecl bench --net "$net" --batch "$batch" --train \
