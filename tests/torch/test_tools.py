@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -139,6 +140,38 @@ def test_the_fp64_rule_passes_a_device_as_far_from_float64_as_the_cpu_and_fails_
     assert fine.passed_by == "fp64"
     (wrong,) = _checks({"output": rounded}, {"output": rounded * (1 + 1e-4)}, strict, {"output": exact})
     assert not wrong.passed
+
+
+def test_the_perturbed_rule_passes_a_gradient_as_far_as_perturbed_cpu_runs_and_fails_a_worse_one():
+    """Criterion 5: a gradient behind a flipped ReLU is judged against CPU runs perturbed at the
+    device's forward error; a gradient further off than those still fails."""
+    from tunecl.tools.validate import Check, _judge_perturbed
+
+    tol = Tolerances()
+    assert tol.perturbation(5e-6, 1e-7) == pytest.approx(8 * 1e-7 + 1e-6)   # capped by criterion 2's bound
+    assert tol.perturbation(2e-7, 1e-7) == 2e-7 and tol.perturbation(None, 1e-7) == 0.0
+    generator = torch.Generator().manual_seed(0)
+    exact = torch.randn(4096, generator=generator, dtype=torch.float64)
+
+    def off(scale):
+        return (exact + scale * exact.norm() / 64 * torch.randn(4096, generator=generator,
+                                                                 dtype=torch.float64)).float()
+
+    perturbed = [{"grads": {"w": off(1e-3)}}, {"grads": {"w": off(2e-3)}}]
+    ref64 = {"grads": {"w": exact}}
+
+    def failed(dev):
+        error = float((dev.double() - exact).norm() / exact.norm())
+        return Check("grad", "w", 1.0, 1.0, tol.grad, False, fp64_error=error, cpu_fp64_error=1e-7)
+
+    close = _judge_perturbed(failed(off(3e-3)), {}, perturbed, ref64, 3e-6, tol)
+    assert close.passed and close.passed_by == "perturbed" and "perturbed by 3.0e-06" in close.note
+    far = _judge_perturbed(failed(off(2e-2)), {}, perturbed, ref64, 3e-6, tol)
+    assert not far.passed and far.passed_by == "" and "CPU float32 errs" in far.note
+    passed = dataclasses.replace(failed(off(2e-2)), passed=True, passed_by="fp32")
+    assert _judge_perturbed(passed, {}, perturbed, ref64, 3e-6, tol) is passed
+    output = dataclasses.replace(failed(off(2e-2)), kind="output")
+    assert _judge_perturbed(output, {}, perturbed, ref64, 3e-6, tol) is output
 
 
 def test_normwise_error_and_sign_masks_agree_with_whole_tensor_formulas_across_chunks():
