@@ -2,17 +2,24 @@
 
 For each unique convolution of the net (forward; ``--train`` adds backward-data and backward-weight)
 the tuned plan (the tuning DB's entry for this device, else a fresh ``tune`` stored in the DB), the
-untuned default (the first applicable algorithm's heuristic default) and a peer are timed in the same
-run: torch's CPU convolution for a CPU device, cuDNN through torch CUDA with TF32 off for an NVIDIA
-device. Per layer and summed over the net (times × occurrences), with the ratios.
+untuned default (the first applicable fp32 algorithm's heuristic default) and a peer are timed in the
+same run: torch's CPU convolution for a CPU device, cuDNN through torch CUDA for an NVIDIA device. Per
+layer and summed over the net (times × occurrences), with the ratios.
+
+``--precision`` picks what tunecl may compute at and what the peer runs: ``fp32`` (default; cuDNN with
+TF32 off), ``tf32`` (tunecl may choose TF32 tensor-core algorithms where the device has them, results
+looked up and tuned at TF32; cuDNN with TF32 on), ``fp16`` (float16 tensors: float16 algorithms only,
+fp32 accumulation; cuDNN on float16 tensors). The algorithm column carries the precision it computed at.
 
     python benchmarks/conv.py --device 0 --net resnet18 --batch 1 --image-size 64 --trials 6
     python benchmarks/conv.py --device nvidia --net resnet50 --batch 16 --trials 12 --json out.json
+    python benchmarks/conv.py --device nvidia --net resnet50 --batch 16 --precision tf32
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -28,6 +35,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
 from tunecl import runtime
 from tunecl.db import TuningDB
 from tunecl.kernels import algorithms
+from tunecl.precision import algorithm_precision, at_least
 from tunecl.problems import ConvProblem
 from tunecl.search.evaluate import evaluate
 from tunecl.search.harness import harness_for
@@ -36,20 +44,25 @@ from tunecl.search.workload import net_problems
 from tunecl.tune import tune_problem
 
 
-def torch_peer(problem: ConvProblem, device_kind: str, min_time: float) -> tuple[str, float] | None:
-    """Seconds of torch's own convolution for ``problem`` on ``device_kind`` ("cpu" or "cuda")."""
+def torch_peer(problem: ConvProblem, device_kind: str, min_time: float,
+               precision: str = "fp32") -> tuple[str, float] | None:
+    """Seconds of torch's own convolution for ``problem`` on ``device_kind`` ("cpu" or "cuda"), at
+    ``precision`` (TF32 allowed or not; float16 tensors for "fp16")."""
     import torch
     import torch.nn.functional as F
 
     if device_kind == "cuda":
         if not torch.cuda.is_available():
             return None
-        torch.backends.cudnn.allow_tf32 = False  # strict fp32, like tunecl's kernels
+        torch.backends.cudnn.allow_tf32 = precision == "tf32"  # what tunecl was allowed
         torch.backends.cudnn.benchmark = True  # cuDNN's own algorithm search, as a fair peer
+    elif precision == "fp16":
+        return None   # torch's CPU convolution in float16 is no peer anyone uses
     dev = torch.device(device_kind)
-    x = torch.randn(problem.input_shape, device=dev)
-    w = torch.randn(problem.weight_shape, device=dev)
-    dy = torch.randn(problem.output_shape, device=dev)
+    dtype = torch.float16 if problem.dtype == "float16" else torch.float32
+    x = torch.randn(problem.input_shape, device=dev, dtype=dtype)
+    w = torch.randn(problem.weight_shape, device=dev, dtype=dtype)
+    dy = torch.randn(problem.output_shape, device=dev, dtype=dtype)
     kw = dict(stride=problem.stride, padding=problem.padding, dilation=problem.dilation, groups=problem.groups)
     if problem.direction == "fwd":
         def op() -> Any:
@@ -78,7 +91,8 @@ def torch_peer(problem: ConvProblem, device_kind: str, min_time: float) -> tuple
     samples = [once() for _ in range(3)]
     while sum(samples) < min_time and len(samples) < 200:
         samples.append(once())
-    name = "cuDNN (torch CUDA, TF32 off)" if device_kind == "cuda" else "torch CPU"
+    name = (f"cuDNN (torch CUDA, {dict(fp32='TF32 off', tf32='TF32 on', fp16='float16')[precision]})"
+            if device_kind == "cuda" else "torch CPU")
     return name, statistics.median(samples)
 
 
@@ -93,28 +107,37 @@ def peer_kind(device: runtime.Device) -> str | None:
 
 def bench_problem(device: runtime.Device, db: TuningDB, problem: ConvProblem, args: argparse.Namespace,
                   policy: TimingPolicy) -> dict[str, Any]:
-    candidates = [a for a in algorithms("conv") if a.applies(problem, device)]
+    accepted = at_least("tf32" if args.precision == "tf32" else "fp32")
+    candidates = [a for a in algorithms("conv")
+                  if algorithm_precision(a) in accepted and a.applies(problem, device)]
+    if not candidates:
+        return {"problem": problem.key, "direction": problem.direction,
+                "error": f"no {problem.dtype} conv algorithm applies on this device"}
+    # the untuned default: the first applicable algorithm that computes at fp32
+    baseline = next((a for a in candidates if algorithm_precision(a) == "fp32"), candidates[0])
     by_name = {a.name: a for a in candidates}
     harness = harness_for(problem, device)
     versions = {a.name: a.version for a in candidates}
-    hit = None if args.retune else db.lookup(device.fingerprint, problem, versions=versions)
+    hit = None if args.retune else db.lookup(device.fingerprint, problem, versions=versions, precision=accepted)
     source = f"db ({hit.source})" if hit else "tuned now"
     if hit is None:
         outcome = tune_problem(problem, device, db, trials=args.trials, time_limit=args.time_limit,
-                               storage_url=args.storage, policy=policy)
+                               storage_url=args.storage, policy=policy,
+                               precision="tf32" if args.precision == "tf32" else "fp32")
         if outcome.winner is None:
             return {"problem": problem.key, "error": "no verified candidate"}
         name, config = outcome.winner.algorithm, dict(outcome.winner.config)
     else:
         name, config = hit.algorithm, dict(hit.params)
-    default = evaluate(candidates[0], problem, device, candidates[0].default(problem, device),
+    default = evaluate(baseline, problem, device, baseline.default(problem, device),
                        harness=harness, policy=policy)
     tuned = evaluate(by_name[name], problem, device, config, harness=harness, policy=policy)
     kind = peer_kind(device)
-    found = torch_peer(problem, kind, policy.min_time) if kind else None
+    found = torch_peer(problem, kind, policy.min_time, args.precision) if kind else None
     return {"problem": problem.key, "direction": problem.direction,
-            "default_s": default.time if default.ok else None, "default_algorithm": candidates[0].name,
-            "tuned_s": tuned.time if tuned.ok else None, "tuned_algorithm": name, "tuned_config": config,
+            "default_s": default.time if default.ok else None, "default_algorithm": baseline.name,
+            "tuned_s": tuned.time if tuned.ok else None, "tuned_algorithm": name,
+            "tuned_precision": algorithm_precision(by_name[name]), "tuned_config": config,
             "tuned_from": source, "peer": found[0] if found else None, "peer_s": found[1] if found else None}
 
 
@@ -135,15 +158,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--retune", action="store_true")
     parser.add_argument("--db", metavar="URL")
     parser.add_argument("--storage", metavar="URL")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "fp16"),
+                        help="what tunecl may compute at and the peer runs (default fp32; see above)")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
 
     device = runtime.select_device(args.device)
     counts = net_problems(args.net, args.batch, args.image_size, train=args.train)
     problems = [(p, n) for p, n in counts.items() if isinstance(p, ConvProblem)]
+    if args.precision == "fp16":
+        problems = [(dataclasses.replace(p, dtype="float16"), n) for p, n in problems]
     policy = TimingPolicy(min_time=args.min_time)
     print(f"device: {device.fingerprint.label}; {args.net} batch {args.batch} image {args.image_size}: "
-          f"{len(problems)} unique convolutions ({sum(n for _, n in problems)} calls)", flush=True)
+          f"{len(problems)} unique convolutions ({sum(n for _, n in problems)} calls); precision "
+          f"{args.precision}", flush=True)
     print(f"{'#':>3} {'dir':>10} {'shape':<44} {'default':>9} {'tuned':>9} {'peer':>9} {'tuned/peer':>10}  "
           f"algorithm")
     rows = []
@@ -158,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
                      else "-")
             print(f"{i:>3} {problem.direction:>10} {shape:<44} {_ms(row.get('default_s')):>9} "
                   f"{_ms(row.get('tuned_s')):>9} {_ms(row.get('peer_s')):>9} {ratio:>10}  "
-                  f"{row.get('tuned_algorithm', row.get('error'))} x{count}", flush=True)
+                  f"{row.get('tuned_algorithm', row.get('error'))}"
+                  f"{' [' + row['tuned_precision'] + ']' if 'tuned_precision' in row else ''} x{count}", flush=True)
     summary = {}
     for direction in ("fwd", "bwd_data", "bwd_weight"):
         sel = [r for r in rows if r.get("direction") == direction and r.get("tuned_s") and r.get("default_s")]
@@ -177,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"device": device.fingerprint.to_dict(), "net": args.net,
                                                "batch": args.batch, "image_size": args.image_size,
+                                               "precision": args.precision,
                                                "rows": rows, "summary": summary}, indent=2, default=str))
     return 0
 

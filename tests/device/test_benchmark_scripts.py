@@ -52,3 +52,27 @@ def test_convergence_points():
     assert script.first_within(curve, 5.0, 0.05) == 4  # 5.2 s is within 5% of 5.0 s's speed
     assert script.first_within(curve, 5.0, 0.01) == 5
     assert script.first_within(curve, 1.0, 0.05) is None
+
+
+def test_conv_benchmark_states_each_precision(tmp_path, capsys, monkeypatch):
+    """conv.py at fp32 and tf32 times every layer with its precision; at fp16 it says, per layer, when no
+    float16 algorithm applies (PoCL) instead of timing something else."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # tiny_net as a user model
+    monkeypatch.setenv("TUNECL_DB", str(tmp_path / "db.sqlite"))
+    script = load_script("conv")
+    common = ["--net", "tiny_net:build", "--batch", "1", "--image-size", "6", "--trials", "2",
+              "--min-time", "0.001", "--storage", f"sqlite:///{tmp_path / 'studies.sqlite'}"]
+    for precision in ("fp32", "tf32"):
+        out = tmp_path / f"{precision}.json"
+        assert script.main([*common, "--precision", precision, "--json", str(out)]) == 0
+        data = json.loads(out.read_text())
+        assert data["precision"] == precision and data["rows"]
+        assert all(r["tuned_precision"] in ("fp32", "tf32") and r["tuned_s"] > 0 for r in data["rows"])
+        if precision == "fp32":
+            assert all(r["tuned_precision"] == "fp32" for r in data["rows"])
+        assert f"precision {precision}" in capsys.readouterr().out
+    out = tmp_path / "fp16.json"
+    assert script.main([*common, "--precision", "fp16", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    if not any(r.get("tuned_s") for r in rows):   # no float16 conv algorithm on this device
+        assert all("float16" in r["problem"] and "no float16 conv algorithm applies" in r["error"] for r in rows)
