@@ -4,7 +4,8 @@
 #   bash benchmarks/gpu_suite.sh OUTDIR BUDGET_SECONDS [STEP ...]
 #
 # Steps: mma bench validate conv tests (the default, in this order); when named: gemm_mma or conv_mma
-# (one half of mma), space (~3 min) and convergence (~16 min). Each step gets what is left of the budget (a step that cannot start with at least MIN_STEP_S seconds left is skipped and
+# (one half of mma), space (~3 min), ship (tunes resnet18/50 batch 16 with --train for tuning_db/;
+# SHIP_TIME_LIMIT seconds per problem, default 8) and convergence (~16 min). Each step gets what is left of the budget (a step that cannot start with at least MIN_STEP_S seconds left is skipped and
 # logged); every command writes its own file under OUTDIR, and OUTDIR.tar.gz is rewritten after
 # every command, so a run cut off from outside still leaves everything finished so far in one file.
 # Steps run sequentially: concurrent GPU work (or CPU-heavy work next to a timing) skews timings.
@@ -77,9 +78,17 @@ for step in $steps; do
           --shape 4096,4096,4096 --trials 300 --sampler "$sampler" --jobs 8 --time-limit 450 \
           --json "$out/convergence-$sampler.json"
       done ;;
+    ship)      # issue 6: the shipped H200 results - resnet18 and resnet50 at batch 16, forward and train,
+               # tuned into the suite's DB (shipped results are skipped) and exported for tuning_db/
+      for spec in resnet18:16 resnet50:16; do
+        net=${spec%%:*}; batch=${spec##*:}
+        run "ship-$net-b$batch-train" 0 "$PY" -m tunecl tune --net "$net" --batch "$batch" --train \
+          --device "$TUNECL_DEVICE" --time-limit "${SHIP_TIME_LIMIT:-8}" --jobs 8 --json --no-progress
+      done
+      run ship-export 60 "$PY" -m tunecl db export --device "$TUNECL_DEVICE" -o "$out/ship-export.json" ;;
     tests)     # GPU-only correctness: the device and torch test subsets on the GPU
       run pytest-device 0 "$PY" -m pytest -q -rfE --tb=short ${TESTS:-tests/device tests/torch} ;;
-    *) log "unknown step $step (steps: mma gemm_mma conv_mma bench validate conv space convergence tests)" ;;
+    *) log "unknown step $step (steps: mma gemm_mma conv_mma bench validate conv space ship convergence tests)" ;;
   esac
 done
 log "done, $(left)s of the budget left"
