@@ -1,7 +1,7 @@
 // capabilities.cl — probes of optional device features; runtime.py runs each once per device model and
-// driver, built alone (-DPROBE_MMA_TF32, -DPROBE_MMA_F16 or -DPROBE_CP_ASYNC) in a context of its own (a probe that
-// faults cannot harm the device's working context), and grants the feature only when the probe
-// compiles, runs and computes the expected result.
+// driver, built alone (-DPROBE_MMA_TF32, -DPROBE_MMA_F16, -DPROBE_CP_ASYNC or -DPROBE_WGMMA) in a
+// context of its own (a probe that faults cannot harm the device's working context), and grants the
+// feature only when the probe compiles, runs and computes the expected result.
 //
 // probe_mma_tf32: one warp (a work-group of 32) computes D = A * B + C with one
 // mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32, the operands rounded with cvt.rna.tf32.f32.
@@ -25,6 +25,15 @@
 // for fewer source bytes than it copies where `lane % 3 == 1`, so the rest must be zero-filled),
 // waits for the copies, and writes the local words back out. It checks that a __local pointer cast to
 // an integer is the .shared address cp.async wants, and the zero fill the GEMM uses at matrix edges.
+//
+// probe_wgmma: one warpgroup (a work-group of 128) computes D = A * B^T (64 x 64, fp32) with
+// wgmma.mma_async m64n64k8 .tf32 or m64n64k16 .f16 from local memory, K = 128 bytes of k per row
+// (32 TF32 / 64 halves: 4 wgmma), in the local layout and with the descriptors gemm_wgmma.cl builds
+// (its banner): K-major or (f16, wgmma's transpose flags) MN-major tiles, no swizzle or a 32-, 64- or
+// 128-byte swizzle, chosen per launch. a and b hold op(A) as 64 x K and op(B) as 64 (n) x K, row-major
+// bytes; d receives D through the accumulator fragment (row 16 w + l / 4 + 8 ((i % 4) / 2), column
+// 8 (i / 4) + 2 (l % 4) + i % 2 of thread 32 w + l); info[0] the local array's address modulo 1024
+// (the swizzle assumes 1024-byte alignment).
 
 #ifdef PROBE_MMA_TF32
 uint ProbeToTF32(const float x) {
@@ -118,3 +127,99 @@ __kernel void probe_cp_async(__global const float* src, __global float* dst) {
   for (int i = lane; i < 128; i += 32) { dst[i] = words[i]; }
 }
 #endif  // PROBE_CP_ASYNC
+
+#ifdef PROBE_WGMMA
+#define PK 128  // bytes of k per row of each operand
+
+// Byte offset of element (r, k) (r: row of A or column of B) in a 64-row tile, as gemm_wgmma.cl lays
+// it out: K-major (rows of PK bytes) or MN-major (64 * elt bytes of r per k, kp rows of k).
+uint ProbeOffset(const int r, const int k, const int mn, const int sw, const int elt) {
+  const int kp = PK / elt;
+  uint off;
+  if (!mn) {
+    const uint kb = k * elt;
+    off = sw ? (kb / sw) * 64 * sw + r * sw + kb % sw
+             : ((r / 8) * (PK / 16) + kb / 16) * 128 + (r % 8) * 16 + kb % 16;
+  } else {
+    const uint mb = r * elt;
+    off = sw ? (mb / sw) * kp * sw + k * sw + mb % sw
+             : (mb / 16) * kp * 16 + (k / 8) * 128 + (k % 8) * 16 + mb % 16;
+  }
+  return sw ? off ^ (((off >> 7) & (sw / 16 - 1)) << 4) : off;
+}
+
+// The descriptor of wgmma step s (k0 = s * 32 bytes of k) of the tile at shared address `tile`.
+ulong ProbeDescriptor(const uint tile, const int s, const int mn, const int sw, const int elt) {
+  const int kp = PK / elt;
+  const int k0 = s * (32 / elt);
+  const uint start = tile + ProbeOffset(0, k0, mn, sw, elt);
+  const uint lbo = mn ? (sw ? kp * sw : 128) : (sw ? 16 : 128);
+  const uint sbo = mn ? (sw ? 8 * sw : kp * 16) : (sw ? 8 * sw : (PK / 16) * 128);
+  const ulong mode = sw == 128 ? 1 : sw == 64 ? 2 : sw == 32 ? 3 : 0;
+  return (ulong)((start >> 4) & 0x3FFF) | ((ulong)((lbo >> 4) & 0x3FFF) << 16)
+         | ((ulong)((sbo >> 4) & 0x3FFF) << 32) | (mode << 62);
+}
+
+#define PROBE_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), \
+                    "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define PROBE_D32 PROBE_D8(0), PROBE_D8(8), PROBE_D8(16), PROBE_D8(24)
+#define PROBE_WGMMA_ASM(shape_types, flags)                                                           \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                         \
+               "wgmma.mma_async.sync.aligned." shape_types " "                                      \
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "             \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "   \
+               "%32, %33, p, 1, 1" flags ";\n}\n"                                                    \
+               : PROBE_D32 : "l"(desc_a), "l"(desc_b), "r"(1))
+
+__kernel void probe_wgmma(__global const uchar* a, __global const uchar* b, __global float* out,
+                          __global uint* info, const int f16, const int sw, const int a_mn,
+                          const int b_mn) {
+  __local uchar smem[2 * 64 * PK] __attribute__((aligned(1024)));
+  const int tid = get_local_id(0);
+  const int elt = f16 ? 2 : 4;
+  const int kp = PK / elt;
+  for (int e = tid; e < 64 * kp; e += 128) {
+    const int r = e / kp, k = e % kp;
+    const uint oa = ProbeOffset(r, k, a_mn, sw, elt), ob = 64 * PK + ProbeOffset(r, k, b_mn, sw, elt);
+    for (int byte = 0; byte < elt; ++byte) {
+      smem[oa + byte] = a[e * elt + byte];
+      smem[ob + byte] = b[e * elt + byte];
+    }
+  }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  barrier(CLK_LOCAL_MEM_FENCE);
+  const uint base = (uint)(size_t)smem;
+  float d[32];
+  #pragma unroll  // d stays in registers: the asynchronous wgmma writes them
+  for (int i = 0; i < 32; ++i) { d[i] = 0.0f; }
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+  #pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    const ulong desc_a = ProbeDescriptor(base, s, a_mn, sw, elt);
+    const ulong desc_b = ProbeDescriptor(base + 64 * PK, s, b_mn, sw, elt);
+    if (!f16) {
+      PROBE_WGMMA_ASM("m64n64k8.f32.tf32.tf32", "");
+    } else if (!a_mn && !b_mn) {
+      PROBE_WGMMA_ASM("m64n64k16.f32.f16.f16", ", 0, 0");
+    } else if (!a_mn) {
+      PROBE_WGMMA_ASM("m64n64k16.f32.f16.f16", ", 0, 1");
+    } else if (!b_mn) {
+      PROBE_WGMMA_ASM("m64n64k16.f32.f16.f16", ", 1, 0");
+    } else {
+      PROBE_WGMMA_ASM("m64n64k16.f32.f16.f16", ", 1, 1");
+    }
+  }
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  #pragma unroll
+  for (int i = 0; i < 32; ++i) { asm volatile("" : "+f"(d[i]) :: "memory"); }
+  const int warp = tid / 32, lane = tid % 32;
+  #pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int row = 16 * warp + lane / 4 + 8 * ((i % 4) / 2);
+    const int col = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+    out[row * 64 + col] = d[i];
+  }
+  if (tid == 0) { info[0] = base & 1023; }
+}
+#endif  // PROBE_WGMMA

@@ -139,7 +139,8 @@ def _probe_compiler(device: cl.Device) -> str:
 MMA_TF32 = "mma_tf32"  # mma.sync m16n8k8 with TF32 operands and fp32 accumulation, via inline PTX
 MMA_F16 = "mma_f16"    # mma.sync m16n8k16 with f16 operands and fp32 accumulation, via inline PTX
 CP_ASYNC = "cp_async"  # cp.async global -> local copies (with zero fill) from a __local pointer, via PTX
-CAPABILITY_PROBE_VERSION = 1  # bump when a probe changes: cached verdicts of other versions are ignored
+WGMMA = "wgmma"        # wgmma.mma_async (sm_90a), TF32 and f16, operands in local memory, via PTX
+CAPABILITY_PROBE_VERSION = 2  # bump when a probe changes: cached verdicts of other versions are ignored
 
 
 def _compile_error(error: cl.Error) -> str:
@@ -267,6 +268,48 @@ def _probe_cp_async(cl_device: cl.Device) -> str:
     return _probe(cl_device, "PROBE_CP_ASYNC", check)
 
 
+# The layouts probe_wgmma runs: (f16, swizzle bytes, A MN-major, B MN-major): TF32 K-major with every
+# swizzle, f16 with every swizzle and every pair of transpose flags (all that gemm_wgmma builds).
+WGMMA_PROBE_CASES = [(0, sw, 0, 0) for sw in (0, 32, 64, 128)] + [
+    (1, sw, a_mn, b_mn) for sw in (0, 32, 64, 128) for a_mn in (0, 1) for b_mn in (0, 1)
+]
+
+
+def _wgmma_probe_data(f16: bool, case: int) -> tuple[np.ndarray, np.ndarray]:
+    """op(A) (64 x K) and op(B)^T (64 x K) of one probe_wgmma launch, K = 128 bytes of k: small
+    integers, so every product and sum is exact in fp32 and any misplaced element changes D."""
+    rng = np.random.default_rng(20240613 + case)
+    k = 64 if f16 else 32
+    a = rng.integers(-4, 5, (64, k))
+    b = rng.integers(-4, 5, (64, k))
+    dtype = np.float16 if f16 else np.float32
+    return a.astype(dtype), b.astype(dtype)
+
+
+def _probe_wgmma(cl_device: cl.Device) -> str:
+    """64 x 64 wgmma products through every layout gemm_wgmma uses: "" when all are exact."""
+    def check(run: _ProbeRun) -> str:
+        for case, (f16, swizzle, a_mn, b_mn) in enumerate(WGMMA_PROBE_CASES):
+            a, b = _wgmma_probe_data(bool(f16), case)
+            out = np.zeros((64, 64), np.float32)
+            info = np.full(1, 7, np.uint32)
+            out_buf, info_buf = run.buffer(out), run.buffer(info)
+            run.program.probe_wgmma(run.queue, (128,), (128,), run.buffer(a), run.buffer(b), out_buf,
+                                    info_buf, np.int32(f16), np.int32(swizzle), np.int32(a_mn),
+                                    np.int32(b_mn)).wait()
+            label = f"{'f16' if f16 else 'tf32'} swizzle {swizzle} A {'MN' if a_mn else 'K'}-major " \
+                    f"B {'MN' if b_mn else 'K'}-major"
+            misaligned = int(run.read(info_buf, info)[0])
+            if misaligned:
+                return f"local array not 1024-byte aligned (address % 1024 = {misaligned})"
+            wrong = _mismatch(run.read(out_buf, out), a.astype(np.float64) @ b.astype(np.float64).T)
+            if wrong:
+                return f"{label}: {wrong}"
+        return ""
+
+    return _probe(cl_device, "PROBE_WGMMA", check)
+
+
 def _mismatch(got: np.ndarray, expected: np.ndarray) -> str:
     """"" when ``got`` equals ``expected`` (up to 1e-6 relative), else where it does not."""
     wrong = ~(np.abs(got - expected) <= 1e-6 * (1 + np.abs(expected)))
@@ -279,7 +322,7 @@ def _mismatch(got: np.ndarray, expected: np.ndarray) -> str:
 
 # capability -> its probe (given the cl.Device); each returns "" when present, else the reason it is not
 _PROBES: dict[str, Callable[[cl.Device], str]] = {MMA_TF32: _probe_mma_tf32, CP_ASYNC: _probe_cp_async,
-                                                   MMA_F16: _probe_mma_f16}
+                                                   MMA_F16: _probe_mma_f16, WGMMA: _probe_wgmma}
 
 
 def capability_probes(device: Device, *, force: bool = False) -> dict[str, str]:
@@ -393,7 +436,7 @@ class Device:
 
     @property
     def capabilities(self) -> frozenset[str]:
-        """Optional features a probe showed this device to have (``{"mma_tf32", "cp_async", "mma_f16"}``; empty
+        """Optional features a probe showed this device to have (``{"mma_tf32", "cp_async", "mma_f16", "wgmma"}``; empty
         on PoCL).
 
         Not part of the fingerprint: the fingerprint key (model and driver) determines them, and the DB
