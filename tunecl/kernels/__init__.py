@@ -19,10 +19,11 @@ from tunecl.kernels.base import Algorithm
 # only where the device's probe granted "mma_tf32", and a strict fp32 default must never be TF32.
 # gemm_wgmma (Hopper's warpgroup MMA, where the probe granted "wgmma") comes after gemm_mma: a tuned
 # result picks it where it is faster; untuned float16 defaults stay with gemm_mma_f16.
+# gemm_simt (CUTLASS-style warp tiling, fp32) comes after gemm_tiled and gemm_direct so that untuned fp32
+# defaults do not change; the tuner picks it where it is faster.
 _REGISTRY: dict[str, tuple[str, ...]] = {
     "gemm": ("tunecl.kernels.gemm", "tunecl.kernels.gemm_direct", "tunecl.kernels.gemm_simt",
-             "tunecl.kernels.gemm_mma",
-             "tunecl.kernels.gemm_wgmma"),
+             "tunecl.kernels.gemm_mma", "tunecl.kernels.gemm_wgmma"),
     "conv": ("tunecl.kernels.conv_depthwise", "tunecl.kernels.conv_1x1", "tunecl.kernels.conv_winograd",
              "tunecl.kernels.conv_implicit_gemm", "tunecl.kernels.conv_im2col", "tunecl.kernels.conv_direct",
              "tunecl.kernels.conv_implicit_gemm_mma"),

@@ -1,0 +1,439 @@
+// gemm_simt.cl — gemm_simt: C = alpha * op(A) * op(B) + beta * C, fp32, row-major (like torch),
+// decomposed the way CUTLASS's SIMT SGEMM is (thread block -> warps -> lanes -> 4x4 sub-blocks).
+//
+// Layout. A is M x K (lda >= K) or, with TRANS_A, K x M (lda >= M); B is K x N (ldb >= N) or, with
+// TRANS_B, N x K (ldb >= K); C is M x N (ldc >= N). Leading dimensions are row strides in elements.
+// Matrix b of a batch starts at buffer + offset + b * stride (elements; a stride of 0 broadcasts).
+// Any M, N, K >= 1: loads outside the matrices read zeros and stores outside are skipped, so the
+// caller never pads. beta == 0 never reads C (it may hold NaN garbage).
+//
+// Decomposition. A work-group (1-D, THREADS work-items) computes one MWG x NWG tile of C. Its threads
+// form WARPS_M x WARPS_N warps of LM x LN lanes; warp (wm, wn) owns the WM x WN warp tile at
+// (wm * WM, wn * WN). A lane owns TM x TN = (WM / LM) x (WN / LN) outputs, not contiguous but split
+// into VW x VW sub-blocks strided by the lane arrangement: along M its rows are
+//     lane_m * VW + i * (LM * VW) + e,   i < TM / VW, e < VW
+// (along N likewise), so that per k step a warp reads LM (LN) *adjacent* VW-vectors of the A (B) row
+// from local memory: 128-bit reads (VW = 4), every bank once, broadcast between lanes. K is walked in
+// KWG-deep tiles kept K-major in local memory (alm[k][m], blm[k][n]): A is transposed on its way in
+// when it is stored M x K, B when it is stored N x K (scalar local stores; PAD skews those rows).
+// Global loads: the A tile is MWG x KWG elements, read as VWA-wide vectors along A's contiguous
+// dimension, vector v of the tile by thread v % THREADS (consecutive threads read consecutive
+// vectors, so rows are read coalesced); likewise B with VWB. The lane layout inside a warp is
+// row-major (LIL = 1) or CUTLASS's RowMajorInterleaved<2> (LIL = 2: lanes 2i, 2i+1 share a column
+// of lanes), which narrows the addresses one quarter-warp touches.
+// Pipelining. The next K tile is read from global memory into registers while the current one is
+// multiplied, and stored to local memory before the last k step of the current tile. Fragments are
+// register double-buffered: the operands of step k+1 are read from local memory before the FMAs of
+// step k. DB = 1 double-buffers local memory too: one barrier per K tile.
+// Grid: dimension 0 = N tiles (x THREADS work-items), 1 = M tiles, 2 = batch; GM re-orders the
+// work-groups in bands of GM tile rows (L2 reuse).
+//
+// Variants (named #if branches; the host passes -DNAME=VALUE):
+//   DB           1: two local buffers, one barrier per K tile; 0: one buffer, two barriers.
+//   PAD          1: local rows are MWG + 4 (NWG + 4) floats long, so the transposed scalar stores of
+//                one warp do not collide in a bank (CUTLASS's simt_transpose_padding for KWG = 8).
+//   LIL          lane interleave (1 or 2), see above.
+//   RWGS         1: declare reqd_work_group_size (NVIDIA then ignores -cl-nv-maxrregcount).
+//   TRANS_A/B    problem layout, set by the host from the problem (not tuned).
+//   CSCALAR      host-internal: 1 = scalar C accesses, for C offsets/ldc that are not VW-aligned.
+// Global vector loads dereference floatN pointers (that is what makes compilers emit 128-bit loads),
+// so they need aligned addresses: the host compiles VWA=1 / VWB=1 / CSCALAR=1 variants for calls whose
+// offset, leading dimension or batch stride is not a multiple of the vector width.
+
+// ---- problem layout (from the problem, not tuned) -----------------------------------------------
+#ifndef TRANS_A
+  #define TRANS_A 0   // 1 = A is stored K x M (op(A) = A^T)
+#endif
+#ifndef TRANS_B
+  #define TRANS_B 0   // 1 = B is stored N x K (op(B) = B^T)
+#endif
+
+// ---- tunables ------------------------------------------------------------------------------------
+#ifndef MWG
+  #define MWG 128     // C tile per work-group along M
+#endif
+#ifndef NWG
+  #define NWG 128     // C tile per work-group along N
+#endif
+#ifndef KWG
+  #define KWG 8       // depth of one K tile (local memory): 8, 16, 32
+#endif
+#ifndef WM
+  #define WM 32       // warp tile along M (divides MWG)
+#endif
+#ifndef WN
+  #define WN 64       // warp tile along N (divides NWG)
+#endif
+#ifndef LM
+  #define LM 4        // lanes of a warp along M
+#endif
+#ifndef LN
+  #define LN 8        // lanes of a warp along N (LM * LN lanes per warp; 32 on NVIDIA)
+#endif
+#ifndef LIL
+  #define LIL 2       // lane interleave: 1 row-major lanes, 2 CUTLASS's RowMajorInterleaved<2>
+#endif
+#ifndef VW
+  #define VW 4        // sub-block width: local reads of fragments and C accesses, 1, 2, 4
+#endif
+#ifndef VWA
+  #define VWA 4       // global vector width of A along its contiguous dimension (K; M if TRANS_A)
+#endif
+#ifndef VWB
+  #define VWB 4       // global vector width of B along its contiguous dimension (N; K if TRANS_B)
+#endif
+#ifndef DB
+  #define DB 1        // double-buffered local memory
+#endif
+#ifndef PAD
+  #define PAD 1       // pad local rows by 4 floats
+#endif
+#ifndef GM
+  #define GM 8        // work-group order: bands of GM tile rows (1 = plain order)
+#endif
+#ifndef RWGS
+  #define RWGS 0      // declare reqd_work_group_size
+#endif
+#ifndef CSCALAR
+  #define CSCALAR 0   // host-internal: scalar C accesses
+#endif
+
+// ---- derived ----------------------------------------------------------------------------------------
+#define LANES (LM * LN)
+#define WARPS_M (MWG / WM)
+#define WARPS_N (NWG / WN)
+#define THREADS (WARPS_M * WARPS_N * LANES)
+#define TM (WM / LM)                         // outputs per thread along M
+#define TN (WN / LN)                         // outputs per thread along N
+#define SUBM (TM / VW)                       // sub-blocks per thread along M
+#define SUBN (TN / VW)
+#define ALD (MWG + 4 * PAD)                  // local row length of A (K-major) and B
+#define BLD (NWG + 4 * PAD)
+#define A_LOADS (MWG * KWG / (VWA * THREADS)) // global vectors of the A tile per thread
+#define B_LOADS (NWG * KWG / (VWB * THREADS))
+#if TRANS_A
+  #define A_ROW_VECTORS (MWG / VWA)          // vectors per stored row of the tile (rows along K)
+#else
+  #define A_ROW_VECTORS (KWG / VWA)          // rows along M
+#endif
+#if TRANS_B
+  #define B_ROW_VECTORS (KWG / VWB)          // rows along N
+#else
+  #define B_ROW_VECTORS (NWG / VWB)          // rows along K
+#endif
+
+#if VW == 1
+  typedef float floatV;
+#elif VW == 2
+  typedef float2 floatV;
+#else
+  typedef float4 floatV;
+#endif
+#if VWA == 1
+  typedef float floatA;
+#elif VWA == 2
+  typedef float2 floatA;
+#else
+  typedef float4 floatA;
+#endif
+#if VWB == 1
+  typedef float floatB;
+#elif VWB == 2
+  typedef float2 floatB;
+#else
+  typedef float4 floatB;
+#endif
+typedef union { floatV v; float s[VW]; } vecV;
+typedef union { floatA v; float s[VWA]; } vecA;
+typedef union { floatB v; float s[VWB]; } vecB;
+
+// ---- global memory -> registers -> local memory ------------------------------------------------------
+
+// VWA floats of row `row` from column `col` of a rows x cols matrix; zeros outside. The vector load
+// is taken whenever the whole vector lies inside the matrix.
+floatA GlobalToPrivateVecA(const __global float* restrict agm, const int row, const int col,
+                           const int ld, const int rows, const int cols) {
+  vecA r;
+  if (row < rows && col + VWA <= cols) {
+    r.v = *((const __global floatA*)(agm + row * ld + col));
+  } else {
+    #pragma unroll
+    for (int e = 0; e < VWA; ++e) {
+      r.s[e] = (row < rows && col + e < cols) ? agm[row * ld + col + e] : 0.0f;
+    }
+  }
+  return r.v;
+}
+
+floatB GlobalToPrivateVecB(const __global float* restrict bgm, const int row, const int col,
+                           const int ld, const int rows, const int cols) {
+  vecB r;
+  if (row < rows && col + VWB <= cols) {
+    r.v = *((const __global floatB*)(bgm + row * ld + col));
+  } else {
+    #pragma unroll
+    for (int e = 0; e < VWB; ++e) {
+      r.s[e] = (row < rows && col + e < cols) ? bgm[row * ld + col + e] : 0.0f;
+    }
+  }
+  return r.v;
+}
+
+// The A tile at (m0, k0): this thread's A_LOADS vectors into registers.
+void GlobalToPrivateA(const __global float* restrict agm, floatA areg[A_LOADS], const int tid,
+                      const int m0, const int k0, const int M, const int K, const int lda) {
+  #pragma unroll
+  for (int l = 0; l < A_LOADS; ++l) {
+    const int v = tid + l * THREADS;
+    const int row = v / A_ROW_VECTORS;
+    const int col = (v % A_ROW_VECTORS) * VWA;
+    #if TRANS_A
+      areg[l] = GlobalToPrivateVecA(agm, k0 + row, m0 + col, lda, K, M);
+    #else
+      areg[l] = GlobalToPrivateVecA(agm, m0 + row, k0 + col, lda, M, K);
+    #endif
+  }
+}
+
+// This thread's A vectors into local memory, K-major: alm[k * ALD + m].
+void PrivateToLocalA(const floatA areg[A_LOADS], __local float* alm, const int tid) {
+  #pragma unroll
+  for (int l = 0; l < A_LOADS; ++l) {
+    const int v = tid + l * THREADS;
+    const int row = v / A_ROW_VECTORS;
+    const int col = (v % A_ROW_VECTORS) * VWA;
+    #if TRANS_A
+      *((__local floatA*)(alm + row * ALD + col)) = areg[l];   // a row of the tile is a k row
+    #else
+      vecA u;
+      u.v = areg[l];
+      #pragma unroll
+      for (int e = 0; e < VWA; ++e) { alm[(col + e) * ALD + row] = u.s[e]; }   // transposed
+    #endif
+  }
+}
+
+// The B tile at (k0, n0): this thread's B_LOADS vectors into registers.
+void GlobalToPrivateB(const __global float* restrict bgm, floatB breg[B_LOADS], const int tid,
+                      const int n0, const int k0, const int N, const int K, const int ldb) {
+  #pragma unroll
+  for (int l = 0; l < B_LOADS; ++l) {
+    const int v = tid + l * THREADS;
+    const int row = v / B_ROW_VECTORS;
+    const int col = (v % B_ROW_VECTORS) * VWB;
+    #if TRANS_B
+      breg[l] = GlobalToPrivateVecB(bgm, n0 + row, k0 + col, ldb, N, K);
+    #else
+      breg[l] = GlobalToPrivateVecB(bgm, k0 + row, n0 + col, ldb, K, N);
+    #endif
+  }
+}
+
+// This thread's B vectors into local memory, K-major: blm[k * BLD + n].
+void PrivateToLocalB(const floatB breg[B_LOADS], __local float* blm, const int tid) {
+  #pragma unroll
+  for (int l = 0; l < B_LOADS; ++l) {
+    const int v = tid + l * THREADS;
+    const int row = v / B_ROW_VECTORS;
+    const int col = (v % B_ROW_VECTORS) * VWB;
+    #if TRANS_B
+      vecB u;
+      u.v = breg[l];
+      #pragma unroll
+      for (int e = 0; e < VWB; ++e) { blm[(col + e) * BLD + row] = u.s[e]; }   // transposed
+    #else
+      *((__local floatB*)(blm + row * BLD + col)) = breg[l];
+    #endif
+  }
+}
+
+// ---- local memory -> fragments -------------------------------------------------------------------
+
+// Row k of the local A tile: this thread's TM values (SUBM vectors, LM * VW apart), from `abase`
+// (= its warp's first row + lane_m * VW).
+void LocalToPrivateA(const __local float* alm, float apm[TM], const int abase, const int k) {
+  #pragma unroll
+  for (int i = 0; i < SUBM; ++i) {
+    vecV u;
+    u.v = *((const __local floatV*)(alm + k * ALD + abase + i * (LM * VW)));
+    #pragma unroll
+    for (int e = 0; e < VW; ++e) { apm[i * VW + e] = u.s[e]; }
+  }
+}
+
+void LocalToPrivateB(const __local float* blm, float bpm[TN], const int bbase, const int k) {
+  #pragma unroll
+  for (int j = 0; j < SUBN; ++j) {
+    vecV u;
+    u.v = *((const __local floatV*)(blm + k * BLD + bbase + j * (LN * VW)));
+    #pragma unroll
+    for (int e = 0; e < VW; ++e) { bpm[j * VW + e] = u.s[e]; }
+  }
+}
+
+// ---- the multiply -----------------------------------------------------------------------------------
+
+// One k step: the outer product of this thread's A and B fragments.
+void MultiplyStep(float cpm[TM][TN], const float apm[TM], const float bpm[TN]) {
+  #pragma unroll
+  for (int mi = 0; mi < TM; ++mi) {
+    #pragma unroll
+    for (int ni = 0; ni < TN; ++ni) { cpm[mi][ni] = fma(apm[mi], bpm[ni], cpm[mi][ni]); }
+  }
+}
+
+// ---- registers -> global memory (C) ---------------------------------------------------------------
+
+// C = alpha * cpm + beta * C for this thread's outputs inside the matrix; beta == 0 never reads C.
+void PrivateToGlobalC(float cpm[TM][TN], __global float* restrict cgm, const int mbase,
+                      const int nbase, const int M, const int N, const int ldc,
+                      const float alpha, const float beta) {
+  #pragma unroll
+  for (int i = 0; i < SUBM; ++i) {
+    #pragma unroll
+    for (int e = 0; e < VW; ++e) {
+      const int m = mbase + i * (LM * VW) + e;
+      if (m < M) {
+        __global float* crow = cgm + m * ldc;
+        #pragma unroll
+        for (int j = 0; j < SUBN; ++j) {
+          const int n = nbase + j * (LN * VW);
+          #if CSCALAR == 0
+          if (n + VW <= N) {
+            vecV r;
+            #pragma unroll
+            for (int f = 0; f < VW; ++f) { r.s[f] = alpha * cpm[i * VW + e][j * VW + f]; }
+            if (beta != 0.0f) {
+              vecV old;
+              old.v = *((__global floatV*)(crow + n));
+              #pragma unroll
+              for (int f = 0; f < VW; ++f) { r.s[f] = fma(beta, old.s[f], r.s[f]); }
+            }
+            *((__global floatV*)(crow + n)) = r.v;
+          } else
+          #endif
+          {
+            #pragma unroll
+            for (int f = 0; f < VW; ++f) {
+              if (n + f < N) {
+                float r = alpha * cpm[i * VW + e][j * VW + f];
+                if (beta != 0.0f) { r = fma(beta, crow[n + f], r); }
+                crow[n + f] = r;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---- the kernel -------------------------------------------------------------------------------------
+
+#if RWGS
+  #define WORK_GROUP_SIZE __attribute__((reqd_work_group_size(THREADS, 1, 1)))
+#else
+  #define WORK_GROUP_SIZE
+#endif
+__kernel WORK_GROUP_SIZE
+void gemm_simt(const int M, const int N, const int K, const float alpha, const float beta,
+               const __global float* restrict agm, const long a_offset, const int lda,
+               const long stride_a,
+               const __global float* restrict bgm, const long b_offset, const int ldb,
+               const long stride_b,
+               __global float* restrict cgm, const long c_offset, const int ldc,
+               const long stride_c) {
+  const long batch = get_group_id(2);
+  agm += a_offset + batch * stride_a;
+  bgm += b_offset + batch * stride_b;
+  cgm += c_offset + batch * stride_c;
+
+  // Which tile: plain order (N tiles fastest), or bands of GM tile rows so that work-groups running
+  // at the same time share A rows and B columns in the L2 cache.
+  #if GM == 1
+    const int gn = get_group_id(0);
+    const int gm = get_group_id(1);
+  #else
+    const int ngn = get_num_groups(0);
+    const int ngm = get_num_groups(1);
+    const int linear = get_group_id(1) * ngn + get_group_id(0);
+    const int band = linear / (GM * ngn);
+    const int band_rows = min(ngm - band * GM, GM);
+    const int in_band = linear - band * GM * ngn;
+    const int gm = band * GM + in_band % band_rows;
+    const int gn = in_band / band_rows;
+  #endif
+  const int m0 = gm * MWG;
+  const int n0 = gn * NWG;
+
+  // Warp and lane coordinates; a thread's fragments start at abase (M) and bbase (N) of the tile.
+  const int tid = get_local_id(0);
+  const int warp = tid / LANES;
+  const int lane = tid % LANES;
+  const int warp_m = warp % WARPS_M;
+  const int warp_n = warp / WARPS_M;
+  const int lane_m = (lane / (LIL * LN)) * LIL + lane % LIL;
+  const int lane_n = (lane % (LIL * LN)) / LIL;
+  const int abase = warp_m * WM + lane_m * VW;
+  const int bbase = warp_n * WN + lane_n * VW;
+
+  __local float alm[(DB + 1) * KWG * ALD] __attribute__((aligned(16)));
+  __local float blm[(DB + 1) * KWG * BLD] __attribute__((aligned(16)));
+  floatA areg[A_LOADS];
+  floatB breg[B_LOADS];
+  float apm[2][TM];
+  float bpm[2][TN];
+  float cpm[TM][TN];
+  #pragma unroll
+  for (int mi = 0; mi < TM; ++mi) {
+    #pragma unroll
+    for (int ni = 0; ni < TN; ++ni) { cpm[mi][ni] = 0.0f; }
+  }
+
+  // Prologue: tile 0 into local buffer 0 and the fragments of its first k step into registers.
+  GlobalToPrivateA(agm, areg, tid, m0, 0, M, K, lda);
+  GlobalToPrivateB(bgm, breg, tid, n0, 0, N, K, ldb);
+  PrivateToLocalA(areg, alm, tid);
+  PrivateToLocalB(breg, blm, tid);
+  barrier(CLK_LOCAL_MEM_FENCE);
+  LocalToPrivateA(alm, apm[0], abase, 0);
+  LocalToPrivateB(blm, bpm[0], bbase, 0);
+
+  // Per K tile: fetch the next tile into registers, multiply k steps 0 .. KWG-2 reading the fragments
+  // of step k+1 before the FMAs of step k; then store the next tile into local memory (the other
+  // buffer with DB, else the same after a barrier), barrier, read the next tile's first fragments,
+  // and do the last k step. The last tile also "fetches" a tile past K: every load of it is outside
+  // the matrix, so it reads nothing and stores zeros, which keeps every barrier unconditional.
+  const int tiles = (K + KWG - 1) / KWG;
+  for (int t = 0; t < tiles; ++t) {
+    #if DB
+      const int cur = (t & 1) * KWG;
+      const int nxt = KWG - cur;
+    #else
+      const int cur = 0;
+      const int nxt = 0;
+    #endif
+    const __local float* acur = alm + cur * ALD;
+    const __local float* bcur = blm + cur * BLD;
+    GlobalToPrivateA(agm, areg, tid, m0, (t + 1) * KWG, M, K, lda);
+    GlobalToPrivateB(bgm, breg, tid, n0, (t + 1) * KWG, N, K, ldb);
+
+    #pragma unroll
+    for (int k = 0; k < KWG - 1; ++k) {
+      LocalToPrivateA(acur, apm[(k + 1) & 1], abase, k + 1);
+      LocalToPrivateB(bcur, bpm[(k + 1) & 1], bbase, k + 1);
+      MultiplyStep(cpm, apm[k & 1], bpm[k & 1]);
+    }
+    #if DB == 0
+      barrier(CLK_LOCAL_MEM_FENCE);   // every thread is done reading the single buffer
+    #endif
+    PrivateToLocalA(areg, alm + nxt * ALD, tid);
+    PrivateToLocalB(breg, blm + nxt * BLD, tid);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    LocalToPrivateA(alm + nxt * ALD, apm[0], abase, 0);   // KWG is even: the last step uses slot 1
+    LocalToPrivateB(blm + nxt * BLD, bpm[0], bbase, 0);
+    MultiplyStep(cpm, apm[1], bpm[1]);
+  }
+
+  PrivateToGlobalC(cpm, cgm, m0 + abase, n0 + bbase, M, N, ldc, alpha, beta);
+}
