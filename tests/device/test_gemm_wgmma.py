@@ -16,6 +16,7 @@ truncates the inputs to TF32, the larger error), f16 as ``test_gemm_mma_f16.py``
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import types
@@ -334,3 +335,19 @@ def test_local_memory_mirror_matches_the_kernel(device):
             [kernel] = plan._kernels.values()
             used = kernel.get_work_group_info(cl.kernel_work_group_info.LOCAL_MEM_SIZE, device.cl_device)
             assert used == gemm_wgmma.local_memory_bytes(config, p), config
+
+
+def test_the_benchmark_says_where_the_families_do_not_apply(device, tmp_path, capsys):
+    if has_capability(device):
+        pytest.skip("this device has the capability: the benchmark would time it")
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gemm_wgmma.py"
+    spec = importlib.util.spec_from_file_location("benchmark_gemm_wgmma", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "wgmma.json"
+    assert script.main(["--json", str(out)]) == 0
+    assert "do not apply on this device" in capsys.readouterr().out
+    assert json.loads(out.read_text())["rows"] == []

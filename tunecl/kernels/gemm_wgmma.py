@@ -43,7 +43,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from tunecl.kernels.base import Config, Space, build_options, read_source
-from tunecl.kernels.gemm import Rule, Variant, check_config, compute_units, enumerate_space, make_space, pow2_ceil
+from tunecl.kernels.gemm import (
+    Rule,
+    Variant,
+    check_config,
+    compute_units,
+    enumerate_space,
+    make_space,
+    pow2_ceil,
+)
 from tunecl.kernels.gemm_mma import MmaPlan, capabilities
 from tunecl.precision import FP32, TF32
 from tunecl.problems import GemmProblem
