@@ -13,6 +13,11 @@ this device when there is one (``--retune`` to tune anyway), else a fresh ``tune
     python benchmarks/gemm.py --device nvidia --trials 150    # the full list on a GPU
     python benchmarks/gemm.py --shapes 1024,1024,1024 --json out.json
     python benchmarks/gemm.py --device nvidia --precision tf32 --shapes 4096,4096,4096
+    python benchmarks/gemm.py --device nvidia --retune --algorithms gemm_simt gemm_simt:MAXRREG=0
+
+``--algorithms NAME[:KEY=VALUE,...]`` also times the named algorithms' default configs (with the given
+parameters changed) in the same interleaved rounds, one line each under the shape's row: a new family
+is measured untuned next to the tuned winner and the peer without a tuning run of its own.
 
 Shapes are M,N,K (C = A @ B, row-major, no transposes); the ResNet-like ones are convolutions as GEMMs
 (M = batch*P*Q, N = output channels, K = C*R*S).
@@ -120,6 +125,39 @@ def measure_config(device: runtime.Device, problem: GemmProblem, name: str, conf
     return evaluate(algorithm, problem, device, config, harness=harness, policy=policy)
 
 
+def parse_named(spec: str) -> tuple[str, dict[str, int]]:
+    """``NAME[:KEY=VALUE,...]`` -> (name, parameter overrides)."""
+    name, _, rest = spec.partition(":")
+    overrides = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"{spec!r}: expected KEY=VALUE after the algorithm name, got {item!r}")
+        overrides[key.strip()] = int(value)
+    return name.strip(), overrides
+
+
+def named_configs(device: runtime.Device, problem: GemmProblem,
+                  specs: list[str]) -> list[tuple[str, str, dict[str, int] | None, str]]:
+    """(label, algorithm, config or None, why not) for each ``--algorithms`` entry: the algorithm's
+    default for ``problem`` with the overrides applied; None where it does not apply or the config is
+    invalid (the reason is reported, nothing is compiled)."""
+    known = {a.name: a for a in algorithms("gemm")}
+    found = []
+    for spec in specs:
+        name, overrides = parse_named(spec)
+        algorithm = known.get(name)
+        if algorithm is None:
+            raise SystemExit(f"--algorithms: unknown GEMM algorithm {name!r}; known: {', '.join(sorted(known))}")
+        if not algorithm.applies(problem, device):
+            found.append((spec, name, None, "does not apply"))
+            continue
+        config = {**algorithm.default(problem, device), **overrides}
+        broken = algorithm.space(problem, device).violations(config)
+        found.append((spec, name, None if broken else config, f"invalid: {', '.join(broken)}" if broken else ""))
+    return found
+
+
 def bench_shape(device: runtime.Device, db: TuningDB, problem: GemmProblem, args: argparse.Namespace,
                 policy: TimingPolicy) -> dict[str, Any]:
     accepted = at_least(args.precision)
@@ -153,7 +191,13 @@ def bench_shape(device: runtime.Device, db: TuningDB, problem: GemmProblem, args
     # on a shared machine a burst of load hits whichever is measured at that moment, and all three get
     # the same treatment. Plans are verified again in every round.
     default_t, tuned_t, peer_t, peer_name = [], [], [], None
+    named = named_configs(device, problem, args.algorithms or [])
+    named_results: dict[str, list[Result]] = {label: [] for label, _, cfg, _ in named if cfg is not None}
     for _ in range(args.rounds):
+        for label, algorithm_name, named_config, _ in named:
+            if named_config is not None:
+                named_results[label].append(measure_config(device, problem, algorithm_name, named_config,
+                                                           harness, policy))
         default = measure_config(device, problem, baseline.name, dict(baseline.default(problem, device)),
                                  harness, policy)
         tuned = measure_config(device, problem, name, config, harness, policy)
@@ -179,6 +223,17 @@ def bench_shape(device: runtime.Device, db: TuningDB, problem: GemmProblem, args
                                if row["tuned_gflops"] and row["default_gflops"] else None)
     row["tuned_vs_peer"] = (row["tuned_gflops"] / row["peer_gflops"]
                             if row["tuned_gflops"] and row["peer_gflops"] else None)
+    row["named"] = []
+    for label, algorithm_name, named_config, why in named:
+        results = named_results.get(label, [])
+        best = min((r.time for r in results if r.ok), default=None)
+        status = "ok" if best is not None else (results[-1].status.value if results else "not run")
+        message = why or next((r.message for r in results if not r.ok and r.message), "")
+        speed = gflops(problem, best)
+        row["named"].append({
+            "label": label, "algorithm": algorithm_name, "config": named_config, "gflops": speed, "status": status,
+            "message": message, "vs_peer": speed / row["peer_gflops"] if speed and row["peer_gflops"] else None,
+            "vs_tuned": speed / row["tuned_gflops"] if speed and row["tuned_gflops"] else None})
     return row
 
 
@@ -207,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="fp32: strict, peer with TF32 off (default); tf32: TF32 algorithms allowed, "
                              "peer with TF32 on")
     parser.add_argument("--retune", action="store_true", help="tune even when the DB has the shape")
+    parser.add_argument("--algorithms", nargs="+", metavar="NAME[:K=V,...]",
+                        help="also time these algorithms' default configs (parameters K changed to V), e.g. "
+                             "gemm_simt gemm_simt:MAXRREG=0")
     parser.add_argument("--db", metavar="URL", help="tuning DB (default: TUNECL_DB)")
     parser.add_argument("--storage", metavar="URL", help="Optuna storage (default: TUNECL_STORAGE)")
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON to FILE")
@@ -235,6 +293,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"{_fmt(row['tuned_vs_default'], '.2f'):>9}  {row['tuned_algorithm']} "
                   f"[{row['tuned_precision']}] ({row['tuned_from']})",
                   flush=True)
+            for entry in row["named"]:
+                if entry["gflops"] is None:
+                    print(f"{'':16}   {entry['label']} default: {entry['status']} {entry['message']}", flush=True)
+                else:
+                    print(f"{'':16}   {entry['label']} default: {_fmt(entry['gflops'])} GFLOP/s, "
+                          f"{_fmt(entry['vs_peer'], '.2f')}x peer, {_fmt(entry['vs_tuned'], '.2f')}x tuned  "
+                          f"{entry['config']}", flush=True)
     peer_name = next((r["peer"] for r in rows if r["peer"]), "no peer for this device")
     vs_peer = geomean([r["tuned_vs_peer"] for r in rows])
     vs_default = geomean([r["tuned_vs_default"] for r in rows])

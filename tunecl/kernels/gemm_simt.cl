@@ -390,9 +390,24 @@ void gemm_simt(const int M, const int N, const int K, const float alpha, const f
     for (int ni = 0; ni < TN; ++ni) { cpm[mi][ni] = 0.0f; }
   }
 
+  // The tile's corner in A and B, so that the K loop only moves two pointers and counts K down:
+  // rows/columns are then relative to the tile (edges: mleft = M - m0, nleft = N - n0, kleft).
+  #if TRANS_A
+    agm += m0;
+  #else
+    agm += (long)m0 * lda;
+  #endif
+  #if TRANS_B
+    bgm += (long)n0 * ldb;
+  #else
+    bgm += n0;
+  #endif
+  const int mleft = M - m0;
+  const int nleft = N - n0;
+
   // Prologue: tile 0 into local buffer 0 and the fragments of its first k step into registers.
-  GlobalToPrivateA(agm, areg, tid, m0, 0, M, K, lda);
-  GlobalToPrivateB(bgm, breg, tid, n0, 0, N, K, ldb);
+  GlobalToPrivateA(agm, areg, tid, 0, 0, mleft, K, lda);
+  GlobalToPrivateB(bgm, breg, tid, 0, 0, nleft, K, ldb);
   PrivateToLocalA(areg, alm, tid);
   PrivateToLocalB(breg, blm, tid);
   barrier(CLK_LOCAL_MEM_FENCE);
@@ -415,8 +430,19 @@ void gemm_simt(const int M, const int N, const int K, const float alpha, const f
     #endif
     const __local float* acur = alm + cur * ALD;
     const __local float* bcur = blm + cur * BLD;
-    GlobalToPrivateA(agm, areg, tid, m0, (t + 1) * KWG, M, K, lda);
-    GlobalToPrivateB(bgm, breg, tid, n0, (t + 1) * KWG, N, K, ldb);
+    #if TRANS_A
+      agm += KWG * lda;
+    #else
+      agm += KWG;
+    #endif
+    #if TRANS_B
+      bgm += KWG;
+    #else
+      bgm += KWG * ldb;
+    #endif
+    const int kleft = K - (t + 1) * KWG;   // K left from the next tile on (<= 0 past the end)
+    GlobalToPrivateA(agm, areg, tid, 0, 0, mleft, kleft, lda);
+    GlobalToPrivateB(bgm, breg, tid, 0, 0, nleft, kleft, ldb);
 
     #pragma unroll
     for (int k = 0; k < KWG - 1; ++k) {
