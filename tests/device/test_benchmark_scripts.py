@@ -76,3 +76,22 @@ def test_conv_benchmark_states_each_precision(tmp_path, capsys, monkeypatch):
     rows = json.loads(out.read_text())["rows"]
     if not any(r.get("tuned_s") for r in rows):   # no float16 conv algorithm on this device
         assert all("float16" in r["problem"] and "no float16 conv algorithm applies" in r["error"] for r in rows)
+
+
+def test_gemm_benchmark_times_named_defaults(tmp_path, capsys):
+    """gemm.py --algorithms times each named algorithm's default (with parameters changed) next to the
+    tuned plan, and names an invalid change instead of compiling it."""
+    script = load_script("gemm")
+    out = tmp_path / "gemm.json"
+    assert script.main(["--shapes", "24,40,16", "--trials", "2", "--min-time", "0.001", "--rounds", "1",
+                        "--algorithms", "gemm_simt", "gemm_simt:KWG=16,DB=0", "gemm_simt:VW=3",
+                        "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    named = {entry["label"]: entry for entry in row["named"]}
+    assert named["gemm_simt"]["status"] == "ok" and named["gemm_simt"]["gflops"] > 0
+    assert named["gemm_simt"]["vs_tuned"] > 0
+    changed = named["gemm_simt:KWG=16,DB=0"]
+    assert changed["status"] == "ok" and (changed["config"]["KWG"], changed["config"]["DB"]) == (16, 0)
+    invalid = named["gemm_simt:VW=3"]
+    assert invalid["gflops"] is None and "VW=3 not in" in invalid["message"]
+    assert "gemm_simt default:" in capsys.readouterr().out
