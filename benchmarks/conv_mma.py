@@ -1,4 +1,4 @@
-"""conv_implicit_gemm_mma_tf32 on a GPU: correctness, and speed next to cuDNN with TF32 on and off.
+"""conv_implicit_gemm_mma_tf32 (or, with --fp16, _f16) on a GPU: correctness, and speed next to cuDNN.
 
 One run answers: does the device grant "mma_tf32"? Does the tensor-core implicit GEMM compute
 correctly in all three directions (the default and seeded random configs on the test shape list:
@@ -10,6 +10,11 @@ configs on resnet50 layers (verified, then timed by device events) next to the f
 child process that never touches OpenCL?
 
     python benchmarks/conv_mma.py --device nvidia --json conv-mma.json
+    python benchmarks/conv_mma.py --device nvidia --fp16 --json conv-mma-f16.json
+
+``--fp16`` checks and times ``conv_implicit_gemm_mma_f16`` on the float16 problems of the same shapes
+(capability "mma_f16"; the fp32 tolerance plus one rounding to half) next to the fp32
+``conv_implicit_gemm`` default on the float32 problem and cuDNN on float16 tensors.
 
 Without the capability it says so and checks nothing (``--emulate`` runs the correctness part with the
 plain-C mma, e.g. on PoCL). Without torch CUDA the cuDNN columns stay empty. A launch error is
@@ -20,6 +25,7 @@ H200; ``--budget`` stops the timing part early.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import multiprocessing
 import random
@@ -36,7 +42,7 @@ import pyopencl as cl
 
 from tunecl import runtime
 from tunecl.kernels.conv_implicit_gemm import ConvImplicitGemm
-from tunecl.kernels.conv_implicit_gemm_mma import ConvImplicitGemmMmaTF32
+from tunecl.kernels.conv_implicit_gemm_mma import ConvImplicitGemmMmaF16, ConvImplicitGemmMmaTF32
 from tunecl.problems import DIRECTIONS, ConvProblem
 from tunecl.search.harness_conv import ConvHarness
 
@@ -56,15 +62,23 @@ RANDOM_CHECKS = 8     # random configs per direction (correctness)
 RANDOM_TIMED = 6      # random configs per timed problem
 
 
-def check(device: Any, emulate: bool, seed: int) -> list[dict[str, Any]]:
-    mma = ConvImplicitGemmMmaTF32()
+def family(fp16: bool) -> Any:
+    """The tensor-core family measured: TF32 on fp32 problems, or f16 on float16 ones."""
+    return ConvImplicitGemmMmaF16() if fp16 else ConvImplicitGemmMmaTF32()
+
+
+def parse(spec: str, direction: str, mma: Any) -> ConvProblem:
+    return ConvProblem.parse(f"{spec},dtype={mma.variant.dtype}").with_direction(direction)
+
+
+def check(device: Any, emulate: bool, seed: int, mma: Any) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     rows = []
     for direction in DIRECTIONS:
         jobs = [(spec, "default") for spec in CHECK_SHAPES]
         jobs += [(CHECK_SHAPES[i % len(CHECK_SHAPES)], "random") for i in range(RANDOM_CHECKS)]
         for spec, kind in jobs:
-            p = ConvProblem.parse(spec).with_direction(direction)
+            p = parse(spec, direction, mma)
             space_device = device
             config = mma.default(p, space_device) if kind == "default" else rng.choice(
                 mma.space(p, space_device).configs())
@@ -86,28 +100,32 @@ def brief(config: dict[str, int]) -> str:
     return " ".join(f"{k}={v}" for k, v in config.items())
 
 
-def time_configs(device: Any, p: ConvProblem, seed: int, min_time: float) -> dict[str, Any]:
+def time_configs(device: Any, p: ConvProblem, seed: int, min_time: float, mma: Any) -> dict[str, Any]:
     from tunecl.search.evaluate import evaluate
     from tunecl.search.measure import TimingPolicy
 
-    mma, fp32 = ConvImplicitGemmMmaTF32(), ConvImplicitGemm()
+    fp32 = ConvImplicitGemm()
     harness = ConvHarness(p, device)
+    p32 = dataclasses.replace(p, dtype="float32")   # the fp32 family's problem (fp16: the converted route)
+    harness32 = harness if p32 == p else ConvHarness(p32, device)
     policy = TimingPolicy(warmup=2, min_time=min_time, min_repeats=5, max_repeats=200, timeout=30.0)
     space = mma.space(p, device).configs()
     candidates = [("default", mma, mma.default(p, device))]
     candidates += [("random", mma, c) for c in random.Random(seed).sample(space, min(RANDOM_TIMED, len(space)))]
-    candidates += [("fp32 default", fp32, fp32.default(p, device))]
+    candidates += [("fp32 default", fp32, fp32.default(p32, device))]
     rows = []
     for label, algorithm, config in candidates:
-        result = evaluate(algorithm, p, device, config, harness=harness, policy=policy)
+        problem, bound = (p32, harness32) if algorithm is fp32 else (p, harness)
+        result = evaluate(algorithm, problem, device, config, harness=bound, policy=policy)
         rows.append({"label": label, "algorithm": algorithm.name, "config": config,
                      "status": result.status.value, "message": result.message,
                      "time_s": result.time if result.ok else None})
     return {"problem": p.key, "tflops": p.flops / 1e12, "runs": rows}
 
 
-def cudnn_times(specs: list[str], min_time: float, results: Any) -> None:
-    """ms of conv2d / its two gradients on CUDA with cuDNN, TF32 on and off (child process)."""
+def cudnn_times(specs: list[str], min_time: float, results: Any, fp16: bool = False) -> None:
+    """ms of conv2d / its two gradients on CUDA with cuDNN, TF32 on and off, or on float16 tensors
+    (``fp16``; child process)."""
     try:
         import torch
     except ImportError:
@@ -120,13 +138,15 @@ def cudnn_times(specs: list[str], min_time: float, results: Any) -> None:
     out = {}
     for spec in specs:
         for direction in DIRECTIONS:
-            p = ConvProblem.parse(spec).with_direction(direction)
-            x = torch.rand(p.input_shape, device="cuda") * 2 - 1
-            w = torch.rand(p.weight_shape, device="cuda") * 2 - 1
-            dy = torch.rand(p.output_shape, device="cuda") * 2 - 1
+            p = ConvProblem.parse(spec + (",dtype=float16" if fp16 else "")).with_direction(direction)
+            dtype = torch.float16 if fp16 else torch.float32
+            x = torch.rand(p.input_shape, device="cuda", dtype=dtype) * 2 - 1
+            w = torch.rand(p.weight_shape, device="cuda", dtype=dtype) * 2 - 1
+            dy = torch.rand(p.output_shape, device="cuda", dtype=dtype) * 2 - 1
             call = _cudnn_call(torch, p, x, w, dy)
-            for tf32 in (True, False):
-                torch.backends.cudnn.allow_tf32 = tf32
+            for tf32 in ((None,) if fp16 else (True, False)):
+                if tf32 is not None:
+                    torch.backends.cudnn.allow_tf32 = tf32
                 for _ in range(3):
                     call()
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -138,7 +158,7 @@ def cudnn_times(specs: list[str], min_time: float, results: Any) -> None:
                     torch.cuda.synchronize()
                     total += start.elapsed_time(end) / 1e3
                     repeats += 1
-                out[f"{p.key}|{'tf32' if tf32 else 'fp32'}"] = total / repeats
+                out[f"{p.key}|{'fp16' if fp16 else 'tf32' if tf32 else 'fp32'}"] = total / repeats
     results.put(out)
 
 
@@ -159,14 +179,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=150.0, help="seconds for the whole run")
     parser.add_argument("--min-time", type=float, default=0.05, help="seconds of timed repeats per config")
     parser.add_argument("--json", default=None, help="write the report here")
+    parser.add_argument("--fp16", action="store_true",
+                        help="conv_implicit_gemm_mma_f16 on float16 problems, next to cuDNN in float16")
     args = parser.parse_args(argv)
     deadline = time.monotonic() + args.budget
     device = runtime.select_device(args.device)
-    granted = runtime.MMA_TF32 in device.capabilities
+    mma = family(args.fp16)
+    capability = mma.variant.capability
+    granted = capability in device.capabilities
     print(f"device: {device.fingerprint.label}; capabilities: {sorted(device.capabilities) or 'none'}")
-    report: dict[str, Any] = {"device": device.fingerprint.label, "mma_tf32": granted}
+    report: dict[str, Any] = {"device": device.fingerprint.label, "algorithm": mma.name, capability: granted}
     if not granted and not args.emulate:
-        print("no mma_tf32 capability: nothing to check here (--emulate checks the plain-C mma)")
+        print(f"no {capability} capability: nothing to check here (--emulate checks the plain-C mma)")
         _write(args.json, report)
         return 0
 
@@ -175,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     if granted:  # cuDNN in a child process (CUDA and the OpenCL driver never share a process here)
         ctx = multiprocessing.get_context("spawn")
         queue_ = ctx.Queue()
-        child = ctx.Process(target=cudnn_times, args=(TIME_SHAPES, args.min_time, queue_), daemon=True)
+        child = ctx.Process(target=cudnn_times, args=(TIME_SHAPES, args.min_time, queue_, args.fp16),
+                            daemon=True)
         child.start()
         try:
             peers = queue_.get(timeout=max(10.0, deadline - time.monotonic() - 60))
@@ -183,30 +208,36 @@ def main(argv: list[str] | None = None) -> int:
             print(f"cuDNN peer unavailable: {type(error).__name__} {error}")
         child.join(timeout=5)
 
-    print("correctness (tuner's harness, TF32 tolerance):")
-    report["checks"] = check(device, emulate=not granted, seed=20240613)
+    tolerance = "fp32 tolerance + one rounding to half" if args.fp16 else "TF32 tolerance"
+    print(f"correctness of {mma.name} (tuner's harness, {tolerance}):")
+    report["checks"] = check(device, emulate=not granted, seed=20240613, mma=mma)
     bad = [r for r in report["checks"] if not r["ok"]]
     print(f"correctness: {len(report['checks']) - len(bad)}/{len(report['checks'])} ok")
     report["timings"] = []
     if granted:
-        print(f"{'problem':78s} {'mma def':>8s} {'mma best':>8s} {'fp32 def':>8s} {'cuDNN tf32':>10s} "
-              f"{'cuDNN fp32':>10s}  (ms)")
+        peer_columns = ("cuDNN fp16", "") if args.fp16 else ("cuDNN tf32", "cuDNN fp32")
+        print(f"{'problem':78s} {'mma def':>8s} {'mma best':>8s} {'fp32 def':>8s} {peer_columns[0]:>10s} "
+              f"{peer_columns[1]:>10s}  (ms)")
         for spec in TIME_SHAPES:
             for direction in DIRECTIONS:
                 if time.monotonic() > deadline:
                     print("budget spent: timings stop here")
                     break
-                p = ConvProblem.parse(spec).with_direction(direction)
-                row = time_configs(device, p, seed=len(report["timings"]), min_time=args.min_time)
-                row["cudnn_tf32_s"] = peers.get(f"{p.key}|tf32")
-                row["cudnn_fp32_s"] = peers.get(f"{p.key}|fp32")
+                p = parse(spec, direction, mma)
+                row = time_configs(device, p, seed=len(report["timings"]), min_time=args.min_time, mma=mma)
+                if args.fp16:
+                    row["cudnn_fp16_s"] = peers.get(f"{p.key}|fp16")
+                else:
+                    row["cudnn_tf32_s"] = peers.get(f"{p.key}|tf32")
+                    row["cudnn_fp32_s"] = peers.get(f"{p.key}|fp32")
                 report["timings"].append(row)
                 mma_times = [r["time_s"] for r in row["runs"] if r["algorithm"] != "conv_implicit_gemm"
                              and r["time_s"]]
                 default = row["runs"][0]["time_s"]
                 fp32 = row["runs"][-1]["time_s"]
-                cells = [default, min(mma_times) if mma_times else None, fp32, row["cudnn_tf32_s"],
-                         row["cudnn_fp32_s"]]
+                peer_cells = ([row["cudnn_fp16_s"], None] if args.fp16
+                              else [row["cudnn_tf32_s"], row["cudnn_fp32_s"]])
+                cells = [default, min(mma_times) if mma_times else None, fp32, *peer_cells]
                 print(f"{spec + ' ' + direction:78s} " + " ".join(
                     f"{c * 1e3:8.3f}" if c else f"{'-':>8s}" for c in cells), flush=True)
                 failed = [r for r in row["runs"] if r["status"] != "ok"]

@@ -88,8 +88,10 @@ def check_plan(device, p: ConvProblem, config, emulate: bool, seed: int = 0) -> 
 def test_registered_after_every_fp32_conv_family():
     algorithms = kernels.algorithms("conv")
     names = [a.name for a in algorithms]
-    assert names[-1] == MMA.name and kernels.algorithm(MMA.name).precision == TF32
-    assert all(not hasattr(a, "precision") for a in algorithms[:-1])   # fp32 families are implicitly fp32
+    # the TF32 family, then only its float16 sibling (which never applies to fp32 problems)
+    assert names[-2:] == [MMA.name, "conv_implicit_gemm_mma_f16"]
+    assert kernels.algorithm(MMA.name).precision == TF32
+    assert all(not hasattr(a, "precision") for a in algorithms[:-2])   # fp32 families are implicitly fp32
 
 
 def test_applies_only_with_the_capability():

@@ -59,6 +59,8 @@ def test_good_arguments_parse_into_problems():
     args = build_parser().parse_args(["tune", "--conv", "conv:n=2,c=8,h=9,w=9,k=4,r=3,pad=1", "--jobs", "3"])
     assert args.conv == ConvProblem(2, 8, 9, 9, 4, 3, 3, padding=1)
     assert args.jobs == 3
+    args = build_parser().parse_args(["tune", "--conv", "n=2,c=8,h=9,w=9,k=4,r=3,dir=bwd_weight,dtype=float16"])
+    assert args.conv == ConvProblem(2, 8, 9, 9, 4, 3, 3, direction="bwd_weight", dtype="float16")
 
 
 class _FakeDevice:
@@ -71,6 +73,18 @@ def test_no_algorithms_is_a_clean_error(monkeypatch, capsys):
     code = main(["tune", "--conv", "n=1,c=3,h=8,w=8,k=4,r=3", "--no-progress"])
     assert code == 1
     assert capsys.readouterr().err.strip() == "tunecl: error: no convolution algorithms are available yet"
+
+
+def test_a_float16_conv_without_its_capability_says_what_it_needs(monkeypatch, capsys):
+    """The registered families on a device without capabilities: none computes float16 convolutions,
+    and the error names the tensor-core family that would and the probe it needs."""
+    monkeypatch.setattr(runtime, "select_device", lambda selector=None: _FakeDevice())
+    code = main(["tune", "--conv", "n=1,c=8,h=9,w=9,k=8,r=3,pad=1,dtype=float16", "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert code == 1
+    assert err.startswith("tunecl: error: no convolution algorithm applies to conv:n=1,"), err
+    assert "dtype=float16 on Fake device" in err, err
+    assert err.endswith("; conv_implicit_gemm_mma_f16 needs the mma_f16 capability, which this device lacks"), err
 
 
 def _outcome() -> TuneOutcome:

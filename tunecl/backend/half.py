@@ -6,7 +6,10 @@ others (GEMM, convolution, pooling, softmax, batch norm) keep a single float32 k
 operands through these helpers: each float16 input becomes a contiguous float32 copy (exact), the
 float32 kernel or tuned plan runs unchanged (so GEMM and conv plans are looked up as the float32
 problems they compute), and each float16 output is rounded once, to nearest even, when it is
-copied back. Any other dtype raises :class:`Unsupported`, which routes the call to the counted CPU
+copied back. GEMMs and convolutions first ask for a float16 plan (an algorithm that reads half operands
+itself, such as the tensor-core families where the device's probe granted ``mma_f16``) and come here
+only where none applies (:mod:`tunecl.backend.ops.linalg`, :mod:`tunecl.backend.ops.conv`). Any
+other dtype raises :class:`Unsupported`, which routes the call to the counted CPU
 fallback instead of computing something wrong.
 """
 

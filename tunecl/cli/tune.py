@@ -27,7 +27,8 @@ def gemm_spec(text: str) -> GemmProblem:
 
 
 def conv_spec(text: str) -> ConvProblem:
-    """argparse type of ``--conv n=..,c=..,h=..,w=..,k=..,r=..[,stride=..,pad=..,dil=..,groups=..,dir=..]``."""
+    """argparse type of ``--conv n=..,c=..,h=..,w=..,k=..,r=..[,stride=..,pad=..,dil=..,groups=..,dir=..,
+    dtype=float16]``."""
     body = text.removeprefix("conv:")
     try:
         return ConvProblem.parse(body)
@@ -77,7 +78,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="C = op(A) @ op(B), row-major; ta/tb are 0 or 1 (e.g. 1024,1024,1024); "
                            "dtype=float16: half A, B, C (default float32)")
     what.add_argument("--conv", metavar="SPEC", type=conv_spec,
-                      help="n=16,c=64,h=56,w=56,k=64,r=3[,stride=1,pad=1,dil=1,groups=1,dir=fwd]")
+                      help="n=16,c=64,h=56,w=56,k=64,r=3[,stride=1,pad=1,dil=1,groups=1,dir=fwd]"
+                           "[,dtype=float16] (float16: half x, w, dy and outputs; default float32)")
     what.add_argument("--net", metavar="NAME",
                       help="every conv and GEMM problem of a torchvision model (resnet50) or of "
                            "package.module:factory")

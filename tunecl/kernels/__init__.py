@@ -17,6 +17,8 @@ from tunecl.kernels.base import Algorithm
 # H200 the old order (conv_direct first) made the untuned resnet50 forward 4.4x slower than tuned.
 # The TF32 families (tensor cores: gemm_mma_tf32, conv_implicit_gemm_mma_tf32) come last: they apply
 # only where the device's probe granted "mma_tf32", and a strict fp32 default must never be TF32.
+# conv_implicit_gemm_mma_f16 follows its TF32 sibling (same module): it computes float16 convolutions
+# only ("mma_f16"), which no other family does, so it is their default wherever it applies.
 # gemm_wgmma (Hopper's warpgroup MMA, where the probe granted "wgmma") comes after gemm_mma: a tuned
 # result picks it where it is faster; untuned float16 defaults stay with gemm_mma_f16.
 # gemm_simt (CUTLASS-style warp tiling, fp32) comes after gemm_tiled and gemm_direct so that untuned fp32

@@ -2,7 +2,8 @@
 class that implements the fixed ``run`` contract, and the small helper kernels of ``conv_common.cl``.
 
 The conv plan contract (the tuner's harness and the PyTorch backend call it exactly so); all tensors
-are contiguous NCHW fp32, the weight is K×(C/groups)×R×S::
+are contiguous NCHW fp32 (for float16 problems ``a``, ``b`` and ``out`` are half, the bias stays fp32),
+the weight is K×(C/groups)×R×S::
 
     plan.run(a, b, out, *, a_offset=0, b_offset=0, out_offset=0,   # offsets in elements
              bias=None, bias_offset=0,   # forward only: K floats added per output channel
@@ -56,9 +57,10 @@ def geometry_options(problem: ConvProblem) -> list[str]:
     return [f"-D{name}={value}" for name, value in values.items()]
 
 
-def supported(problem: ConvProblem) -> bool:
-    """What every family needs: fp32, and every tensor index fits a signed 32-bit int."""
-    if problem.dtype != "float32":
+def supported(problem: ConvProblem, dtype: str = "float32") -> bool:
+    """What every family needs: its dtype (fp32 unless it says otherwise), and every tensor index fits a
+    signed 32-bit int."""
+    if problem.dtype != dtype:
         return False
     largest = max(np.prod(problem.input_shape), np.prod(problem.output_shape),
                   np.prod(problem.weight_shape))
@@ -163,9 +165,11 @@ class ConvPlan:
     def split_reduce(self, out: cl.Buffer, out_offset: int, parts: int, bias: cl.Buffer | None,
                      bias_offset: int, beta: float, wait_for: list[cl.Event] | None) -> cl.Event:
         """Sum ``parts`` partial results of the workspace into ``out`` in a fixed order (deterministic),
-        adding the bias (forward) and ``beta * out``."""
+        adding the bias (forward) and ``beta * out`` (a float16 problem's ``out`` is half: the fp32 sum
+        is rounded once)."""
         n = out_elements(self.problem)
-        kernel = common_kernel(self.device, "split_reduce")
+        half_out = ["-DOUT_HALF=1"] if self.problem.dtype == "float16" else []
+        kernel = common_kernel(self.device, "split_reduce", half_out)
         bias_buf, bias_off, use_bias = self.bias_args(bias, bias_offset)
         return self.device.launch(kernel, (round_up(n, 256),), None, out, out_offset, self.workspace,
                                   parts, n, n, bias_buf, bias_off, use_bias,

@@ -1,8 +1,9 @@
-// conv_implicit_gemm_mma.cl — conv_implicit_gemm_mma_tf32: convolution as an implicit GEMM on NVIDIA
-// tensor cores (TF32 inputs, fp32 accumulation), NCHW fp32 tensors, any stride, padding, dilation and
-// groups, all three directions. Per group g (dimension 2 of the launch), C[GM x GN] = A[GM x GK] *
-// B[GK x GN], exactly as conv_implicit_gemm.cl (same geometry macros, same gathers, same kernel
-// arguments, same epilogue):
+// conv_implicit_gemm_mma.cl — conv_implicit_gemm_mma_tf32 and conv_implicit_gemm_mma_f16: convolution as
+// an implicit GEMM on NVIDIA tensor cores with fp32 accumulation, NCHW tensors, any stride, padding,
+// dilation and groups, all three directions: fp32 tensors with TF32 inputs (conv_implicit_gemm_mma_tf32),
+// or half tensors (conv_implicit_gemm_mma_f16, MMA_F16 = 1; the bias stays fp32). Per group g
+// (dimension 2 of the launch), C[GM x GN] = A[GM x GK] * B[GK x GN], exactly as conv_implicit_gemm.cl
+// (same geometry macros, same gathers, same kernel arguments, same epilogue):
 //
 //   DIRECTION 0 fwd:        GM = K/G (k),  GN = N*P*Q (n,p,q), GK = C/G*R*S (c,r,s)
 //                           A = w[k, c,r,s]        B = x[n, c, p*SH-PH+r*DH, q*SW-PW+s*DW]   C = y
@@ -31,6 +32,16 @@
 // Numerics: each element of A and B is rounded to TF32 (cvt.rna.tf32.f32) once, when stored into
 // local memory; products of TF32 values are exact in fp32 and summed in fp32 by the mma. The bias and
 // beta * out are added in fp32. The host records results as precision "tf32".
+// MMA_F16: the half bits of A and B are gathered and stored unconverted (a product of two halves is
+// exact in fp32) and summed in fp32 by mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32; the result
+// (+ bias, + beta * out read with vload_half) is computed in fp32 and rounded once to half, to nearest
+// even (vstore_half_rte); SPLIT partial sums stay fp32 in the workspace and split_reduce (OUT_HALF)
+// rounds their sum once. The fragments are gemm_mma.cl's MMA_F16 ones: counted in k pairs (one .f16x2
+// register: the even k in the lower 16 bits), the m16n8k16 tables are the m16n8k8 TF32 ones, so the
+// index logic below is shared — an mma step is MMA_K = 8 * KPW deep (KPW = 2 halves per register) and
+// every k below a fragment counts registers. A GK-contiguous tile gives a register in one 32-bit read
+// (KPAIR: two in one 64-bit read); the GN-contiguous B tile packs two halves of neighbouring rows.
+// The host records results as precision "fp32" (exact inputs, fp32 sums, as the converted route).
 //
 // Variants (named #if branches; the host passes -DNAME=VALUE):
 //   STAGES   1: gather, barrier, multiply, barrier; 2: double buffering, the next tile is gathered into
@@ -38,10 +49,13 @@
 //   KPAIR    1: a lane holds k = 2t, 2t + 1 of each 8-deep step (64-bit reads of GK-contiguous tiles);
 //            0: k = t, t + 4.
 //   PAD      1: local rows padded so that a warp's fragment reads hit 32 different banks; 0: none.
+//   MMA_F16  1: half x, w, dy and outputs with the f16 mma (conv_implicit_gemm_mma_f16; KWG counts
+//            halves: 16, 32, 64); 0: fp32 tensors with TF32 inputs (conv_implicit_gemm_mma_tf32).
 //   MMA_STUB host-internal, for tests on devices without tensor cores: plain OpenCL C computes the same
 //            fragments instead of the PTX (slow; checks every index of this file except the PTX).
 //
-// The kernel ends with out = result (+ bias[k] in fwd) (+ beta * out; beta == 0 never reads out).
+// The kernel ends with out = result (+ bias[k] in fwd) (+ beta * out; beta == 0 never reads out),
+// rounded once to half with MMA_F16.
 
 // ---- problem geometry (the host passes all of them; defaults only let the file compile alone) ----
 #ifndef CONV_N
@@ -103,8 +117,11 @@
 #ifndef NWG
   #define NWG 32        // tile columns (GN) per work-group: a multiple of 8 * WARPS_N
 #endif
+#ifndef MMA_F16
+  #define MMA_F16 0     // 1 = half tensors with the f16 mma (conv_implicit_gemm_mma_f16); 0 = fp32, TF32
+#endif
 #ifndef KWG
-  #define KWG 16        // reduction step (GK) staged in local memory: 8, 16, 32
+  #define KWG 16        // reduction step (GK) staged in local memory: 8, 16, 32 (f16: 16, 32, 64)
 #endif
 #ifndef WARPS_M
   #define WARPS_M 1     // warps per work-group along GM
@@ -158,6 +175,12 @@
 #define WTN (NWG / WARPS_N)            // warp tile columns
 #define MT (WTM / 16)                  // mma tiles per warp along GM
 #define NT (WTN / 8)                   // mma tiles per warp along GN
+#if MMA_F16
+  #define KPW 2                        // k values per fragment register (.f16x2)
+#else
+  #define KPW 1                        // (.tf32)
+#endif
+#define MMA_K (8 * KPW)                // depth of one mma
 
 // ---- derived: tile gathers (as conv_implicit_gemm.cl with THREADS = WGS) ----
 #define A_TK ((WGS < KWG) ? WGS : KWG)          // threads along GK
@@ -181,7 +204,10 @@
 #else
   #define B_KCONTIG 0
 #endif
-#if PAD
+// Padding in elements (words; halves with MMA_F16), gemm_mma.cl's rules for the same orientations.
+#if PAD && MMA_F16
+  #define PADDING(kcontig) ((kcontig) ? (KPAIR ? ((KWG / 16) % 2 ? 0 : 16) : 8) : 8)
+#elif PAD
   #define PADDING(kcontig) ((kcontig) ? (KPAIR ? ((KWG / 8) % 2 ? 0 : 8) : 4) : (KPAIR ? 4 : 8))
 #else
   #define PADDING(kcontig) 0
@@ -199,6 +225,7 @@
 #define A_TILE (MWG * ALD)
 #define ALM(m, k) ((m) * ALD + (k))
 
+// The register (k / KPW) of a lane's low and high registers inside an MMA_K-deep step.
 #if KPAIR
   #define K_LO(t) (2 * (t))
   #define K_HI(t) (2 * (t) + 1)
@@ -207,11 +234,48 @@
   #define K_HI(t) ((t) + 4)
 #endif
 
+// Element types: GTYPE of the gathered tensors (and of the registers the gathers fill), LTYPE of the
+// local tiles, CTYPE of the output. MMA_F16 moves the bits of halves as ushort (no conversion before
+// the mma); the output is half for vload/vstore_half.
+#if MMA_F16
+  #define GTYPE ushort
+  #define LTYPE ushort
+  #define CTYPE half
+  #define LOAD_OUT(p, i) vload_half(i, p)
+  #define STORE_OUT(x, p, i) vstore_half_rte(x, i, p)
+#else
+  #define GTYPE float
+  #define LTYPE uint
+  #define CTYPE float
+  #define LOAD_OUT(p, i) ((p)[i])
+  #define STORE_OUT(x, p, i) ((p)[i] = (x))
+#endif
+#define ZERO ((GTYPE)0)                        // +0 in either type
+
+// MMA_F16 unrolls the gathers (and the loops over a thread's gathered columns) explicitly: with twice
+// as many elements per tile, clang for NVPTX left their registers in local memory (a stack frame in
+// ptxas's report); TF32 keeps the loops it was verified and timed with.
+#if MMA_F16
+  #define UNROLL_F16 _Pragma("unroll")
+#else
+  #define UNROLL_F16
+#endif
+
 #define FAR_OUTSIDE (-(1 << 28))               // a coordinate that fails every bounds check
 
 // ---- the tensor-core instructions (as gemm_mma.cl) ----------------------------------------------
 
-#if MMA_STUB == 0
+#if MMA_STUB == 0 && MMA_F16
+// c += A * B for one 16 x 8 x 16 tile of halves, a warp-collective instruction.
+void Mma(float c[4], const uint a[4], const uint b[2]) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+  #define MMA_PARAMS
+  #define MMA_ARGS
+#elif MMA_STUB == 0
 // x rounded to TF32 (the bits of a float whose 13 low mantissa bits the mma ignores).
 uint ToTF32(const float x) {
   uint r;
@@ -229,7 +293,8 @@ void Mma(float c[4], const uint a[4], const uint b[2]) {
   #define MMA_PARAMS
   #define MMA_ARGS
 #else
-// The same two operations in plain OpenCL C (see gemm_mma.cl for how they mirror the PTX).
+// The same two operations in plain OpenCL C (see gemm_mma.cl for how they mirror the PTX; MMA_F16:
+// register w = k / 2 of the tables, its half k % 2 read exactly with vload_half, as gemm_mma.cl).
 uint ToTF32(const float x) {
   const uint u = as_uint(x);
   return (u & 0x7f800000u) == 0x7f800000u ? u : (u + 0x1000u) & 0xffffe000u;
@@ -248,11 +313,22 @@ void Mma(float c[4], const uint a[4], const uint b[2], __local uint* wsm, const 
     const int row = g + 8 * (r >> 1);
     const int col = 2 * t + (r & 1);
     float sum = c[r];
+    #if MMA_F16
+    for (int k = 0; k < 16; ++k) {
+      const int w = k >> 1;
+      const int aw = ((row & 7) * 4 + (w & 3)) * 4 + (row >> 3) + 2 * (w >> 2);
+      const int bw = 128 + (col * 4 + (w & 3)) * 2 + (w >> 2);
+      const float av = vload_half(2 * aw + (k & 1), (const __local half*)wsm);
+      const float bv = vload_half(2 * bw + (k & 1), (const __local half*)wsm);
+      sum = fma(av, bv, sum);
+    }
+    #else
     for (int k = 0; k < 8; ++k) {
       const uint av = wsm[((row & 7) * 4 + (k & 3)) * 4 + (row >> 3) + 2 * (k >> 2)];
       const uint bv = wsm[128 + (col * 4 + (k & 3)) * 2 + (k >> 2)];
       sum = fma(as_float(av), as_float(bv), sum);
     }
+    #endif
     c[r] = sum;
   }
 }
@@ -264,27 +340,31 @@ void Mma(float c[4], const uint a[4], const uint b[2], __local uint* wsm, const 
 
 // GlobalToPrivateA: this thread's share of the A tile at reduction step k0, a_apm[l][i] =
 // A[m0 + a_row0 + i*A_TM][k0 + a_lane0 + l*A_TK] (zero outside A or past k_end)
-void GlobalToPrivateA(__global const float *a_agm, const int a_offset, const int g, const int m0,
+void GlobalToPrivateA(__global const GTYPE *a_agm, const int a_offset, const int g, const int m0,
                       const int k0, const int k_end, const int a_lane0, const int a_row0,
-                      float a_apm[A_LANES][A_ROWS]) {
+                      GTYPE a_apm[A_LANES][A_ROWS]) {
+  UNROLL_F16
   for (int l = 0; l < A_LANES; l++) {
     const int gk = k0 + a_lane0 + l * A_TK;
 #if DIRECTION == 0
+    UNROLL_F16
     for (int i = 0; i < A_ROWS; i++) {
       const int m = m0 + a_row0 + i * A_TM;
-      a_apm[l][i] = (gk < k_end && m < GM) ? a_agm[a_offset + (g * KG + m) * GK + gk] : 0.0f;
+      a_apm[l][i] = (gk < k_end && m < GM) ? a_agm[a_offset + (g * KG + m) * GK + gk] : ZERO;
     }
 #elif DIRECTION == 1
     const int k = gk / RS, rs = gk % RS;
+    UNROLL_F16
     for (int i = 0; i < A_ROWS; i++) {
       const int m = m0 + a_row0 + i * A_TM;
-      a_apm[l][i] = (gk < k_end && m < GM) ? a_agm[a_offset + ((g * KG + k) * CG + m) * RS + rs] : 0.0f;
+      a_apm[l][i] = (gk < k_end && m < GM) ? a_agm[a_offset + ((g * KG + k) * CG + m) * RS + rs] : ZERO;
     }
 #else
     const int n = gk / PQ, pq = gk % PQ;
+    UNROLL_F16
     for (int i = 0; i < A_ROWS; i++) {
       const int m = m0 + a_row0 + i * A_TM;
-      a_apm[l][i] = (gk < k_end && m < GM) ? a_agm[a_offset + (n * CONV_K + g * KG + m) * PQ + pq] : 0.0f;
+      a_apm[l][i] = (gk < k_end && m < GM) ? a_agm[a_offset + (n * CONV_K + g * KG + m) * PQ + pq] : ZERO;
     }
 #endif
   }
@@ -292,102 +372,132 @@ void GlobalToPrivateA(__global const float *a_agm, const int a_offset, const int
 
 // GlobalToPrivateB: this thread's share of the B tile at step k0, b_apm[l][j] =
 // B[k0 + b_lane0 + l*B_TK][n0 + b_col0 + j*B_TN], gathered from the tensor (zero outside it)
-void GlobalToPrivateB(__global const float *b_agm, const int b_offset, const int k0, const int k_end,
+void GlobalToPrivateB(__global const GTYPE *b_agm, const int b_offset, const int k0, const int k_end,
                       const int b_lane0, const int *col_base_apm, const int *col_h_apm,
-                      const int *col_w_apm, float b_apm[B_LANES][B_COLS]) {
+                      const int *col_w_apm, GTYPE b_apm[B_LANES][B_COLS]) {
+  UNROLL_F16
   for (int l = 0; l < B_LANES; l++) {
     const int gk = k0 + b_lane0 + l * B_TK;
     const bool k_in = gk < k_end;
 #if DIRECTION == 0
     const int c = gk / RS, r = (gk % RS) / CONV_S, s = gk % CONV_S;
     const int delta = c * HW + r * DIL_H * CONV_W + s * DIL_W;
+    UNROLL_F16
     for (int j = 0; j < B_COLS; j++) {
       const int ih = col_h_apm[j] + r * DIL_H, iw = col_w_apm[j] + s * DIL_W;
       b_apm[l][j] = (k_in && ih >= 0 && ih < CONV_H && iw >= 0 && iw < CONV_W)
-                        ? b_agm[b_offset + col_base_apm[j] + delta] : 0.0f;
+                        ? b_agm[b_offset + col_base_apm[j] + delta] : ZERO;
     }
 #elif DIRECTION == 1
     const int k = gk / RS, r = (gk % RS) / CONV_S, s = gk % CONV_S;
+    UNROLL_F16
     for (int j = 0; j < B_COLS; j++) {
       const int hp = col_h_apm[j] - r * DIL_H, wp = col_w_apm[j] - s * DIL_W;
       b_apm[l][j] = (k_in && hp >= 0 && wp >= 0 && hp % STRIDE_H == 0 && wp % STRIDE_W == 0 &&
                      hp / STRIDE_H < CONV_P && wp / STRIDE_W < CONV_Q)
-          ? b_agm[b_offset + col_base_apm[j] + k * PQ + (hp / STRIDE_H) * CONV_Q + wp / STRIDE_W] : 0.0f;
+          ? b_agm[b_offset + col_base_apm[j] + k * PQ + (hp / STRIDE_H) * CONV_Q + wp / STRIDE_W] : ZERO;
     }
 #else
     const int n = gk / PQ, p = (gk % PQ) / CONV_Q, q = gk % CONV_Q;
     const int h0 = p * STRIDE_H - PAD_H, w0 = q * STRIDE_W - PAD_W;
     const int lane_base = n * CONV_C * HW + h0 * CONV_W + w0;
+    UNROLL_F16
     for (int j = 0; j < B_COLS; j++) {
       const int ih = h0 + col_h_apm[j], iw = w0 + col_w_apm[j];
       b_apm[l][j] = (k_in && ih >= 0 && ih < CONV_H && iw >= 0 && iw < CONV_W)
-                        ? b_agm[b_offset + lane_base + col_base_apm[j]] : 0.0f;
+                        ? b_agm[b_offset + lane_base + col_base_apm[j]] : ZERO;
     }
 #endif
   }
 }
 
-// ---- registers -> local memory, rounded to TF32 ------------------------------------------------------
+// ---- registers -> local memory, rounded to TF32 (MMA_F16: the half bits as they are) -------------------
 
-void PrivateToLocalA(float a_apm[A_LANES][A_ROWS], __local uint *alm, const int a_lane0, const int a_row0) {
+#if MMA_F16
+  #define TO_LOCAL(x) (x)
+#else
+  #define TO_LOCAL(x) ToTF32(x)
+#endif
+
+void PrivateToLocalA(GTYPE a_apm[A_LANES][A_ROWS], __local LTYPE *alm, const int a_lane0, const int a_row0) {
+  UNROLL_F16
   for (int l = 0; l < A_LANES; l++)
-    for (int i = 0; i < A_ROWS; i++) { alm[ALM(a_row0 + i * A_TM, a_lane0 + l * A_TK)] = ToTF32(a_apm[l][i]); }
+    UNROLL_F16
+    for (int i = 0; i < A_ROWS; i++) { alm[ALM(a_row0 + i * A_TM, a_lane0 + l * A_TK)] = TO_LOCAL(a_apm[l][i]); }
 }
 
-void PrivateToLocalB(float b_apm[B_LANES][B_COLS], __local uint *blm, const int b_lane0, const int b_col0) {
+void PrivateToLocalB(GTYPE b_apm[B_LANES][B_COLS], __local LTYPE *blm, const int b_lane0, const int b_col0) {
+  UNROLL_F16
   for (int l = 0; l < B_LANES; l++)
-    for (int j = 0; j < B_COLS; j++) { blm[BLM(b_lane0 + l * B_TK, b_col0 + j * B_TN)] = ToTF32(b_apm[l][j]); }
+    UNROLL_F16
+    for (int j = 0; j < B_COLS; j++) { blm[BLM(b_lane0 + l * B_TK, b_col0 + j * B_TN)] = TO_LOCAL(b_apm[l][j]); }
 }
 
 // ---- local memory -> fragments -> mma (as gemm_mma.cl with ASYNC 0) ----------------------------------
 
+// The fragment register of A row m holding k .. k + KPW - 1 (B column n: FRAG_B), k a multiple of KPW.
+// MMA_F16: one 32-bit read where GK is contiguous, else two halves of neighbouring rows packed (the even
+// k in the lower 16 bits).
+#if MMA_F16
+  #define FRAG_A(alm, m, k) (*((const __local uint*)((alm) + ALM(m, k))))
+#else
+  #define FRAG_A(alm, m, k) ((alm)[ALM(m, k)])
+#endif
+#if MMA_F16 && B_KCONTIG
+  #define FRAG_B(blm, k, n) (*((const __local uint*)((blm) + BLM(k, n))))
+#elif MMA_F16
+  #define FRAG_B(blm, k, n) ((uint)(blm)[BLM(k, n)] | ((uint)(blm)[BLM((k) + 1, n)] << 16))
+#else
+  #define FRAG_B(blm, k, n) ((blm)[BLM(k, n)])
+#endif
+
 // This lane's A fragments of the warp's MT mma tiles (rows wm0 + i * 16 ...) at k step kk.
-void LocalToPrivateA(const __local uint* alm, uint apm[MT][4], const int wm0, const int kk, const int g,
+void LocalToPrivateA(const __local LTYPE* alm, uint apm[MT][4], const int wm0, const int kk, const int g,
                      const int t) {
   #pragma unroll
   for (int i = 0; i < MT; ++i) {
     const int m = wm0 + i * 16 + g;
     #if KPAIR
-      const uint2 lo = *((const __local uint2*)(alm + ALM(m, kk + 2 * t)));
-      const uint2 hi = *((const __local uint2*)(alm + ALM(m + 8, kk + 2 * t)));
+      const uint2 lo = *((const __local uint2*)(alm + ALM(m, kk + KPW * 2 * t)));
+      const uint2 hi = *((const __local uint2*)(alm + ALM(m + 8, kk + KPW * 2 * t)));
       apm[i][0] = lo.x;
       apm[i][2] = lo.y;
       apm[i][1] = hi.x;
       apm[i][3] = hi.y;
     #else
-      apm[i][0] = alm[ALM(m, kk + K_LO(t))];
-      apm[i][1] = alm[ALM(m + 8, kk + K_LO(t))];
-      apm[i][2] = alm[ALM(m, kk + K_HI(t))];
-      apm[i][3] = alm[ALM(m + 8, kk + K_HI(t))];
+      apm[i][0] = FRAG_A(alm, m, kk + KPW * K_LO(t));
+      apm[i][1] = FRAG_A(alm, m + 8, kk + KPW * K_LO(t));
+      apm[i][2] = FRAG_A(alm, m, kk + KPW * K_HI(t));
+      apm[i][3] = FRAG_A(alm, m + 8, kk + KPW * K_HI(t));
     #endif
   }
 }
 
 // This lane's B fragments of the warp's NT mma tiles (columns wn0 + j * 8 ...) at k step kk.
-void LocalToPrivateB(const __local uint* blm, uint bpm[NT][2], const int wn0, const int kk, const int g,
+void LocalToPrivateB(const __local LTYPE* blm, uint bpm[NT][2], const int wn0, const int kk, const int g,
                      const int t) {
   #pragma unroll
   for (int j = 0; j < NT; ++j) {
     const int n = wn0 + j * 8 + g;
     #if B_KCONTIG && KPAIR
-      const uint2 v = *((const __local uint2*)(blm + BLM(kk + 2 * t, n)));
+      const uint2 v = *((const __local uint2*)(blm + BLM(kk + KPW * 2 * t, n)));
       bpm[j][0] = v.x;
       bpm[j][1] = v.y;
     #else
-      bpm[j][0] = blm[BLM(kk + K_LO(t), n)];
-      bpm[j][1] = blm[BLM(kk + K_HI(t), n)];
+      bpm[j][0] = FRAG_B(blm, kk + KPW * K_LO(t), n);
+      bpm[j][1] = FRAG_B(blm, kk + KPW * K_HI(t), n);
     #endif
   }
 }
 
-// One KWG-deep tile: the warp tile's accumulators += its A rows x its B columns, 8 k at a time.
-void MultiplyTile(float cpm[MT][NT][4], const __local uint* alm, const __local uint* blm, const int wm0,
+// One KWG-deep tile: the warp tile's accumulators += its A rows x its B columns, MMA_K k at a time.
+void MultiplyTile(float cpm[MT][NT][4], const __local LTYPE* alm, const __local LTYPE* blm, const int wm0,
                   const int wn0, const int g, const int t MMA_PARAMS) {
   // (The emulated mma keeps its loops rolled: unrolled, its barriers make PoCL's compile take minutes.)
   #if MMA_STUB == 0
   #pragma unroll
   #endif
-  for (int kk = 0; kk < KWG; kk += 8) {
+  for (int kk = 0; kk < KWG; kk += MMA_K) {
     uint apm[MT][4];
     uint bpm[NT][2];
     LocalToPrivateA(alm, apm, wm0, kk, g, t);
@@ -407,14 +517,19 @@ void MultiplyTile(float cpm[MT][NT][4], const __local uint* alm, const __local u
 // ---- the kernel -------------------------------------------------------------------------------------
 
 __kernel __attribute__((reqd_work_group_size(WGS, 1, 1)))
-void conv_implicit_gemm_mma_tf32(__global const float *a_agm, const int a_offset,
-                                 __global const float *b_agm, const int b_offset,
-                                 __global float *out_agm, const int out_offset,
+#if MMA_F16
+void conv_implicit_gemm_mma_f16(
+#else
+void conv_implicit_gemm_mma_tf32(
+#endif
+                                 __global const GTYPE *a_agm, const int a_offset,
+                                 __global const GTYPE *b_agm, const int b_offset,
+                                 __global CTYPE *out_agm, const int out_offset,
                                  __global float *ws_agm,
                                  __global const float *bias_agm, const int bias_offset, const int use_bias,
                                  const float beta) {
-  __local uint alm[STAGES * A_TILE] __attribute__((aligned(16)));
-  __local uint blm[STAGES * B_TILE] __attribute__((aligned(16)));
+  __local LTYPE alm[STAGES * A_TILE] __attribute__((aligned(16)));
+  __local LTYPE blm[STAGES * B_TILE] __attribute__((aligned(16)));
 
   const int tid = get_local_id(0);
   const int lane = tid % 32;
@@ -441,6 +556,7 @@ void conv_implicit_gemm_mma_tf32(__global const float *a_agm, const int a_offset
   const int b_col0 = tid % B_TN, b_lane0 = tid / B_TN;
 #endif
   int col_base_apm[B_COLS], col_h_apm[B_COLS], col_w_apm[B_COLS];
+  UNROLL_F16
   for (int j = 0; j < B_COLS; j++) {
     const int col = n0 + b_col0 + j * B_TN;
 #if DIRECTION == 0
@@ -474,7 +590,7 @@ void conv_implicit_gemm_mma_tf32(__global const float *a_agm, const int a_offset
     }
   }
 
-  float a_reg[A_LANES][A_ROWS], b_reg[B_LANES][B_COLS];
+  GTYPE a_reg[A_LANES][A_ROWS], b_reg[B_LANES][B_COLS];
 #if STAGES == 2
   // Prologue: step 0 into buffer 0. Then per step: gather the next step into registers, multiply this
   // one, store the next into the other buffer, one barrier (it also protects the buffer read before).
@@ -539,7 +655,8 @@ void conv_implicit_gemm_mma_tf32(__global const float *a_agm, const int a_offset
           ws_agm[split * OUT_SIZE + index] = acc;
 #else
           const float value = acc + b;
-          out_agm[out_offset + index] = (beta != 0.0f) ? value + beta * out_agm[out_offset + index] : value;
+          STORE_OUT((beta != 0.0f) ? value + beta * LOAD_OUT(out_agm, out_offset + index) : value, out_agm,
+                    out_offset + index);
 #endif
         }
       }

@@ -1,5 +1,6 @@
-"""``conv_implicit_gemm_mma_tf32``: the implicit-GEMM convolution on NVIDIA tensor cores through inline
-PTX (``conv_implicit_gemm_mma.cl``), TF32 inputs and fp32 accumulation.
+"""``conv_implicit_gemm_mma_tf32`` and ``conv_implicit_gemm_mma_f16``: the implicit-GEMM convolution on
+NVIDIA tensor cores through inline PTX (``conv_implicit_gemm_mma.cl``), fp32 accumulation: fp32 tensors
+with TF32 inputs, or (``_f16``) float16 tensors with ``mma.sync ... m16n8k16 ... f16``.
 
 The same per-group GEMM, im2col gathers, directions (fwd with bias and beta, bwd_data, bwd_weight),
 SPLIT with its fixed-order reduction and plan (``run`` contract) as ``conv_implicit_gemm``; the
@@ -21,6 +22,17 @@ STAGES   1 2               local-memory buffers per tile; 2 = gather the next st
                            while this one is multiplied
 SPLIT    1 .. 64           work-groups sharing one reduction (partial sums in the workspace)
 =======  ================  ========================================================================
+
+``conv_implicit_gemm_mma_f16`` is the same kernel with ``MMA_F16`` (as ``gemm_mma_f16`` is of
+``gemm_mma.cl``) for ``ConvProblem(dtype="float16")``: x, w, dy and the output are half, the bias (fwd)
+stays fp32; the half inputs go to the mma unconverted, the sums are fp32 and the result (+ bias, + beta *
+out) is rounded once to half, to nearest even (a SPLIT's fp32 partial sums are rounded once by
+``split_reduce``). Its tunables are the TF32 family's with KWG counted in halves (16 32 64: one to four
+m16n8k16 steps), its presets the same tiles twice as deep. It applies only to float16 problems on
+devices whose probe granted ``"mma_f16"``, and its ``precision`` is ``"fp32"`` (exact inputs, fp32
+sums: what the backend's converted route computes, so any request may be served by it); the harness
+adds the one rounding of the output to half to the fp32 tolerance. No other family computes float16
+problems, so its default is the untuned plan of a float16 convolution where it applies.
 
 Not (yet) searched, unlike ``gemm_mma_tf32``: cp.async copies (the gathers need a bounds check and
 index arithmetic per element, so they go through registers), vector global loads, GM raster order and
@@ -54,12 +66,16 @@ from tunecl.kernels.conv_common import (
 from tunecl.kernels.conv_implicit_gemm import WORKSPACE_CAP, ImplicitGemmPlan, gemm_shape, k_chunk
 from tunecl.kernels.gemm import compute_units
 from tunecl.kernels.gemm_mma import MMA_STUB_WORDS, capabilities
+from tunecl.precision import FP32, TF32
 from tunecl.problems import ConvProblem
-from tunecl.runtime import MMA_TF32, Device
+from tunecl.runtime import MMA_F16, MMA_TF32, Device
 
 NAME = "conv_implicit_gemm_mma_tf32"
 VERSION = 1
-PRECISION = "tf32"
+PRECISION = TF32
+
+F16_NAME = "conv_implicit_gemm_mma_f16"
+F16_VERSION = 1
 
 PARAMS: dict[str, tuple[int, ...]] = {
     "MWG": (16, 32, 64, 128, 256),
@@ -83,6 +99,42 @@ PRESETS = [
 ]
 
 
+@dataclasses.dataclass(frozen=True)
+class MmaConvVariant:
+    """What tells the two families apart (``MMA_F16`` in ``conv_implicit_gemm_mma.cl``)."""
+
+    name: str
+    version: int
+    precision: str      # what results are stored under (tunecl.precision)
+    capability: str     # the probe that must have granted the instruction
+    dtype: str          # ConvProblem.dtype of the problems it computes
+    f16: bool           # MMA_F16
+    element_bytes: int  # of the tensors and of the local tiles (the bias and the workspace stay fp32)
+    kwg: tuple[int, ...]  # KWG values: multiples of the mma depth
+    presets: tuple[tuple[int, int, int, int, int], ...]
+
+    @property
+    def mma_k(self) -> int:
+        """Depth of one mma: 8 (TF32), 16 (f16)."""
+        return self.kwg[0]
+
+    @property
+    def params(self) -> dict[str, tuple[int, ...]]:
+        return {**PARAMS, "KWG": self.kwg}
+
+
+# f16: the same tiles, twice as deep in halves (the same bytes per local tile as TF32's).
+TF32_VARIANT = MmaConvVariant(NAME, VERSION, PRECISION, MMA_TF32, "float32", False, 4, PARAMS["KWG"],
+                              tuple(PRESETS))
+F16_VARIANT = MmaConvVariant(F16_NAME, F16_VERSION, FP32, MMA_F16, "float16", True, 2, (16, 32, 64),
+                             tuple((m, n, 2 * k, wm, wn) for m, n, k, wm, wn in PRESETS))
+
+
+def variant_of(problem: ConvProblem) -> MmaConvVariant:
+    """The family that computes ``problem``'s dtype (float16: the f16 one, else the TF32 one)."""
+    return F16_VARIANT if problem.dtype == F16_VARIANT.dtype else TF32_VARIANT
+
+
 def warps(c: Mapping[str, int]) -> int:
     return c["WARPS_M"] * c["WARPS_N"]
 
@@ -92,24 +144,29 @@ def accumulators(c: Mapping[str, int]) -> int:
     return (c["MWG"] // c["WARPS_M"] // 16) * (c["NWG"] // c["WARPS_N"] // 8) * 4
 
 
-def padding(c: Mapping[str, int], k_contiguous: bool) -> int:
-    """Words of padding per local row (mirrors PADDING in the .cl)."""
+def padding(c: Mapping[str, int], k_contiguous: bool, f16: bool = False) -> int:
+    """Elements of padding per local row (mirrors PADDING in the .cl): words, halves with f16."""
     if not c["PAD"]:
         return 0
+    if f16:
+        if k_contiguous:
+            return (0 if (c["KWG"] // 16) % 2 else 16) if c["KPAIR"] else 8
+        return 8
     if k_contiguous:
         return (0 if (c["KWG"] // 8) % 2 else 8) if c["KPAIR"] else 4
     return 4 if c["KPAIR"] else 8
 
 
-def local_memory_bytes(c: Mapping[str, int], direction: str, emulate: bool = False) -> int:
-    """Bytes of local memory the kernel declares (mirrors A_TILE / B_TILE in the .cl)."""
-    a_words = c["MWG"] * (c["KWG"] + padding(c, True))
+def local_memory_bytes(c: Mapping[str, int], direction: str, emulate: bool = False, f16: bool = False) -> int:
+    """Bytes of local memory the kernel declares (mirrors A_TILE / B_TILE in the .cl; f16: tiles of
+    halves)."""
+    a_elements = c["MWG"] * (c["KWG"] + padding(c, True, f16))
     if direction == "bwd_weight":   # B kept GK-contiguous: NWG rows of KWG
-        b_words = c["NWG"] * (c["KWG"] + padding(c, True))
+        b_elements = c["NWG"] * (c["KWG"] + padding(c, True, f16))
     else:                           # B kept GN-contiguous: KWG rows of NWG
-        b_words = c["KWG"] * (c["NWG"] + padding(c, False))
-    stub = warps(c) * MMA_STUB_WORDS if emulate else 0
-    return FLOAT_BYTES * (c["STAGES"] * (a_words + b_words) + stub)
+        b_elements = c["KWG"] * (c["NWG"] + padding(c, False, f16))
+    stub = warps(c) * MMA_STUB_WORDS * FLOAT_BYTES if emulate else 0
+    return (2 if f16 else FLOAT_BYTES) * c["STAGES"] * (a_elements + b_elements) + stub
 
 
 def tiles(problem: ConvProblem, c: Mapping[str, int]) -> int:
@@ -119,10 +176,12 @@ def tiles(problem: ConvProblem, c: Mapping[str, int]) -> int:
 
 
 def constraints(problem: ConvProblem, device: Any, emulate: bool = False) -> list[Constraint]:
-    """What a config must satisfy to build and compute correctly (device limits included)."""
+    """What a config must satisfy to build and compute correctly (device limits included; the family
+    is the one of ``problem``'s dtype)."""
     limit_wg, limit_lm = max_group_size(device), local_mem_limit(device)
     _, _, gk = gemm_shape(problem)
-    out_bytes = out_elements(problem) * FLOAT_BYTES
+    out_bytes = out_elements(problem) * FLOAT_BYTES   # the split's partial sums are fp32
+    f16 = variant_of(problem).f16
 
     def loads_split_evenly(tile: int, c: Mapping[str, int]) -> bool:  # tile x KWG over the threads
         return (tile * c["KWG"]) % (32 * warps(c)) == 0
@@ -135,7 +194,7 @@ def constraints(problem: ConvProblem, device: Any, emulate: bool = False) -> lis
         Constraint("A_tile_loads_split_evenly", lambda c: loads_split_evenly(c["MWG"], c)),
         Constraint("B_tile_loads_split_evenly", lambda c: loads_split_evenly(c["NWG"], c)),
         Constraint("local_memory_within_device",
-                   lambda c: local_memory_bytes(c, problem.direction, emulate) <= limit_lm),
+                   lambda c: local_memory_bytes(c, problem.direction, emulate, f16) <= limit_lm),
         Constraint("split_has_work",
                    lambda c: c["SPLIT"] == 1 or (c["SPLIT"] - 1) * k_chunk(gk, c["SPLIT"], c["KWG"]) < gk),
         Constraint("workspace", lambda c: c["SPLIT"] == 1 or c["SPLIT"] * out_bytes <= WORKSPACE_CAP),
@@ -146,7 +205,8 @@ def pruning(problem: ConvProblem, device: Any) -> list[Constraint]:
     """Rules that drop configs which cannot pay off, so the space stays at a few hundred to a few
     thousand configs per problem (they would build and compute correctly)."""
     gm, gn, gk = gemm_shape(problem)
-    m_cap, n_cap, k_cap = max(16, next_pow2(gm)), max(16, next_pow2(gn)), max(8, next_pow2(gk))
+    m_cap, n_cap = max(16, next_pow2(gm)), max(16, next_pow2(gn))
+    k_cap = max(variant_of(problem).mma_k, next_pow2(gk))
     units = compute_units(device)
     spans = lambda c: c["MWG"] >= m_cap or c["NWG"] >= n_cap  # a tile spanning GM or GN cannot grow
     return [
@@ -173,6 +233,7 @@ def pruning(problem: ConvProblem, device: Any) -> list[Constraint]:
 class ConvImplicitGemmMmaTF32(ConvAlgorithm):
     """The ``conv_implicit_gemm_mma_tf32`` algorithm (see the module docstring for its tunables)."""
 
+    variant = TF32_VARIANT
     name = NAME
     version = VERSION
     precision = PRECISION
@@ -180,14 +241,18 @@ class ConvImplicitGemmMmaTF32(ConvAlgorithm):
 
     def applies(self, problem: ConvProblem, device: Device) -> bool:
         """fp32 convolutions (any geometry) on devices whose probe granted ``mma_tf32``."""
-        return problem.kind == "conv" and supported(problem) and MMA_TF32 in capabilities(device)
+        return self._computes(problem) and self.variant.capability in capabilities(device)
+
+    def _computes(self, problem: ConvProblem) -> bool:
+        """A convolution of this family's dtype whose indices fit (whatever the device)."""
+        return problem.kind == "conv" and supported(problem, self.variant.dtype)
 
     def space(self, problem: ConvProblem, device: Device) -> Space:
         return self._space(problem, device)
 
-    @staticmethod
-    def _space(problem: ConvProblem, device: Device, emulate: bool = False) -> Space:
-        return staged_space(dict(PARAMS), constraints(problem, device, emulate) + pruning(problem, device))
+    def _space(self, problem: ConvProblem, device: Device, emulate: bool = False) -> Space:
+        return staged_space(self.variant.params,
+                            constraints(problem, device, emulate) + pruning(problem, device))
 
     def default(self, problem: ConvProblem, device: Device) -> Config:
         """The largest preset tile that still gives every compute unit a work-group (clipped to the
@@ -202,13 +267,14 @@ class ConvImplicitGemmMmaTF32(ConvAlgorithm):
             needed = next_pow2(ceil_div(units, tiles(problem, c)))
             return needed <= 1 or (needed <= PARAMS["SPLIT"][-1] and gk >= needed * 8 * c["KWG"])
 
-        for index, (mwg, nwg, kwg, warps_m, warps_n) in enumerate(PRESETS):
+        presets, mma_k = self.variant.presets, self.variant.mma_k
+        for index, (mwg, nwg, kwg, warps_m, warps_n) in enumerate(presets):
             mwg, nwg = min(mwg, max(16, next_pow2(gm))), min(nwg, max(16, next_pow2(gn)))
             warps_m, warps_n = min(warps_m, mwg // 16), min(warps_n, nwg // 8)
-            preferred = {"MWG": mwg, "NWG": nwg, "KWG": min(kwg, max(8, next_pow2(gk))),
+            preferred = {"MWG": mwg, "NWG": nwg, "KWG": min(kwg, max(mma_k, next_pow2(gk))),
                          "WARPS_M": warps_m, "WARPS_N": warps_n, "KPAIR": 1, "PAD": 1, "STAGES": 2,
                          "SPLIT": 1}
-            if index + 1 == len(PRESETS) or fills(preferred):
+            if index + 1 == len(presets) or fills(preferred):
                 break
         split = 1
         while (tiles(problem, preferred) * split < units and split < PARAMS["SPLIT"][-1]
@@ -220,16 +286,17 @@ class ConvImplicitGemmMmaTF32(ConvAlgorithm):
         if space.configs():
             return fit_default(space, preferred)
         # pruning emptied the searched space: any config that satisfies the constraints still works
-        return fit_default(staged_space(dict(PARAMS), constraints(problem, device)), preferred)
+        return fit_default(staged_space(self.variant.params, constraints(problem, device)), preferred)
 
     def check_config(self, problem: ConvProblem, device: Device, config: Config, emulate: bool) -> None:
         """ValueError naming what is wrong (before compiling). Pruned configs are accepted: they
         compute correctly, they are only not searched."""
-        if not (problem.kind == "conv" and supported(problem)):
+        if not self._computes(problem):
             raise ValueError(f"{self.name} does not apply to {problem.key}")
         if not emulate and not self.applies(problem, device):
-            raise ValueError(f"{self.name} needs the {MMA_TF32} capability, which the device lacks")
-        rules = Space(dict(PARAMS), constraints(problem, device, emulate))
+            raise ValueError(f"{self.name} needs the {self.variant.capability} capability, which the device "
+                             f"lacks")
+        rules = Space(self.variant.params, constraints(problem, device, emulate))
         broken = rules.violations(config)
         if broken:
             raise ValueError(f"invalid {self.name} config {dict(config)}: {', '.join(broken)}")
@@ -246,10 +313,12 @@ class ConvImplicitGemmMmaTF32(ConvAlgorithm):
                 without tensor cores; such a plan is slow and says nothing about speed.
         """
         self.check_config(problem, device, config, emulate)
-        program = self.program(device, problem, config, ["-DMMA_STUB=1"] if emulate else [])
+        extra = (["-DMMA_F16=1"] if self.variant.f16 else []) + (["-DMMA_STUB=1"] if emulate else [])
+        program = self.program(device, problem, config, extra)
         i32, f32 = np.int32, np.float32
-        kernel = device.kernel(program, NAME, [None, i32, None, i32, None, i32, None, None, i32, i32, f32])
-        return MmaConvPlan.launching(self.name, problem, device, config, kernel, 32 * warps(config))
+        kernel = device.kernel(program, self.name, [None, i32, None, i32, None, i32, None, None, i32, i32, f32])
+        plan_class = F16ConvPlan if self.variant.f16 else MmaConvPlan
+        return plan_class.launching(self.name, problem, device, config, kernel, 32 * warps(config))
 
 
 @dataclasses.dataclass
@@ -259,4 +328,26 @@ class MmaConvPlan(ImplicitGemmPlan):
     precision = PRECISION
 
 
-ALGORITHMS = [ConvImplicitGemmMmaTF32()]
+@dataclasses.dataclass
+class F16ConvPlan(ImplicitGemmPlan):
+    """A ``conv_implicit_gemm_mma_f16`` plan: half tensors, fp32 bias; results at precision ``"fp32"``
+    (verified with the fp32 tolerance plus one rounding to half)."""
+
+    precision = FP32
+
+
+class ConvImplicitGemmMmaF16(ConvImplicitGemmMmaTF32):
+    """The ``conv_implicit_gemm_mma_f16`` algorithm: float16 convolutions with ``mma.sync ... m16n8k16
+    ... f16``, fp32 accumulation, one rounding to half; the TF32 family's tunables with KWG in halves."""
+
+    variant = F16_VARIANT
+    name = F16_NAME
+    version = F16_VERSION
+    precision = F16_VARIANT.precision
+
+    def applies(self, problem: ConvProblem, device: Device) -> bool:
+        """float16 convolutions (any geometry) on devices whose probe granted ``mma_f16``."""
+        return super().applies(problem, device)
+
+
+ALGORITHMS = [ConvImplicitGemmMmaTF32(), ConvImplicitGemmMmaF16()]

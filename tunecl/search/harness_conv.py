@@ -14,6 +14,12 @@ families whose transforms amplify rounding (Winograd) get a constant factor from
 :data:`ERROR_FACTOR`. A plan whose ``precision`` is ``"tf32"`` (its inputs are rounded to TF32) also gets
 :func:`~tunecl.search.harness.tf32_tolerance` of the exact 2-norm of each output's terms, the square
 root of the same convolution of ``a**2`` and ``b**2``, as the GEMM harness does with its bound of it.
+
+float16 problems (``dtype="float16"``): ``a``, ``b`` and ``out`` are half buffers (the inputs drawn as
+above and rounded to half; the reference uses those half values), the bias is an fp32 buffer of
+half-representable values (what the backend passes for a half bias), the NaN guards are half ones, and
+the tolerance adds the one rounding of the output to half
+(:func:`~tunecl.search.harness.half_output_tolerance`).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from tunecl.search.harness import (
     GUARD_ELEMENTS,
     compare_guarded,
     guarded,
+    half_output_tolerance,
     reduction_tolerance,
     tf32_tolerance,
 )
@@ -82,16 +89,19 @@ class ConvHarness:
             p = self.problem
             rng = np.random.default_rng(self.seed)
             a_shape, b_shape, out_shape = operand_shapes(p)
-            a = rng.uniform(-1, 1, a_shape).astype(np.float32)
-            b = rng.uniform(-1, 1, b_shape).astype(np.float32)
-            out0 = rng.uniform(-1, 1, out_shape).astype(np.float32)
-            bias = rng.uniform(-1, 1, p.k).astype(np.float32) if p.direction == "fwd" else None
+            dtype = np.dtype(p.dtype)   # of a, b and out (float32 or float16); the bias stays float32
+            a = rng.uniform(-1, 1, a_shape).astype(dtype)
+            b = rng.uniform(-1, 1, b_shape).astype(dtype)
+            out0 = rng.uniform(-1, 1, out_shape).astype(dtype)
+            bias = (rng.uniform(-1, 1, p.k).astype(dtype).astype(np.float32) if p.direction == "fwd"
+                    else None)
             plain = reference(p, a, b, None)
             magnitude = reference(p, np.abs(a), np.abs(b), None)
+            g = self.guard
             self._data = {
-                "a": guarded(a, self.guard), "b": guarded(b, self.guard), "out0": guarded(out0, self.guard),
-                "out_nan": guarded(np.full_like(out0, np.nan), self.guard),
-                "bias": None if bias is None else guarded(bias, self.guard), "plain": plain,
+                "a": guarded(a, g, dtype), "b": guarded(b, g, dtype), "out0": guarded(out0, g, dtype),
+                "out_nan": guarded(np.full_like(out0, np.nan), g, dtype),
+                "bias": None if bias is None else guarded(bias, g), "plain": plain,
                 "magnitude": magnitude, "out0_f64": out0.astype(np.float64),
                 "bias_f64": None if bias is None else bias.astype(np.float64)}
         return self._data
@@ -115,7 +125,8 @@ class ConvHarness:
     def compare(self, out: np.ndarray, beta: float, with_bias: bool, algorithm: str,
                 precision: str = FP32) -> str | None:
         """Check a downloaded guarded output buffer for one case of a plan computing at ``precision``
-        (``"fp32"`` or ``"tf32"``); ``None`` when correct."""
+        (``"fp32"`` or ``"tf32"``; float16 problems: a half buffer, one more rounding); ``None`` when
+        correct."""
         data = self._prepare()
         expected, magnitude = data["plain"], data["magnitude"]
         if beta:
@@ -133,6 +144,9 @@ class ConvHarness:
             case += ", tf32"
         elif precision != FP32:
             raise ValueError(f"no convolution tolerance for precision {precision!r}")
+        if self.problem.dtype == "float16":
+            tolerance = half_output_tolerance(expected, tolerance)
+            case += ", float16"
         return compare_guarded(out, self.guard, expected, tolerance, case)
 
 
@@ -161,7 +175,7 @@ class ConvBinding:
             device.copyin(self.out, data["out0"] if beta else data["out_nan"])
             self._run(beta, with_bias)
             device.synchronize()
-            out = device.download(self.out, data["out0"].shape)
+            out = device.download(self.out, data["out0"].shape, data["out0"].dtype)
             message = h.compare(out, beta, with_bias, getattr(self.plan, "algorithm", ""),
                                 getattr(self.plan, "precision", FP32))
             if message:
@@ -169,8 +183,9 @@ class ConvBinding:
         for name, key, buffer in (("a", "a", self.a), ("b", "b", self.b), ("bias", "bias", self.bias)):
             if buffer is None:
                 continue
-            after = device.download(buffer, data[key].shape)
-            if not np.array_equal(after.view(np.uint32), data[key].view(np.uint32)):
+            before = data[key]
+            after = device.download(buffer, before.shape, before.dtype)
+            if not np.array_equal(after.view(np.uint8), before.view(np.uint8)):   # bit for bit
                 return f"the plan modified its input {name} (or the guards around it)"
         return None
 

@@ -232,6 +232,21 @@ def _hide_password(url: str) -> str:
         return url
 
 
+def _lacking_capabilities(known: list[Algorithm], problem: Problem, device: Any) -> list[str]:
+    """"<algorithm> needs the <capability> capability, which this device lacks" for each known family
+    that computes problems of this dtype only where a runtime probe granted an instruction (the
+    tensor-core families' ``variant``): why, say, a float16 problem has no algorithm on a CPU device."""
+    have = frozenset(getattr(device, "capabilities", ()) or ())
+    lines = []
+    for algorithm in known:
+        variant = getattr(algorithm, "variant", None)
+        capability = getattr(variant, "capability", None)
+        computes = getattr(variant, "dtype", None) == getattr(problem, "dtype", None)
+        if capability and computes and capability not in have:
+            lines.append(f"{algorithm.name} needs the {capability} capability, which this device lacks")
+    return lines
+
+
 class Tuner:
     """Tunes problems on one device.
 
@@ -298,8 +313,9 @@ class Tuner:
                   and a.applies(problem, self.device)]
         if not usable:
             strict = "" if self.precision == FP32 else f" at {self.precision} precision"
+            lacking = "".join(f"; {need}" for need in _lacking_capabilities(known, problem, self.device))
             raise NoAlgorithmError(f"no {kind} algorithm applies to {problem.key} on {self.device.name}"
-                                   f"{strict} (known: {', '.join(a.name for a in known)})")
+                                   f"{strict} (known: {', '.join(a.name for a in known)}){lacking}")
         return usable
 
     def choose_strategy(self, space_size: int, trials: int | None) -> str:

@@ -2,8 +2,13 @@
 
 Each call becomes a :class:`~tunecl.problems.ConvProblem` and runs the cached conv plan of
 :mod:`tunecl.backend.plans` (NCHW contiguous fp32; strided inputs are made contiguous on the device
-first; float16 operands are converted to float32 scratch and the results rounded back, so a half
-convolution runs the tuned float32 plan of the same shape, see :mod:`tunecl.backend.half`):
+first). A float16 convolution runs, direction by direction, a float16 plan where a registered
+algorithm computes the float16 problem on the device (``conv_implicit_gemm_mma_f16`` on tensor cores,
+where the probe granted ``mma_f16``: half operands read as they are, fp32 accumulation and bias, one
+rounding of the result); otherwise its operands are converted to float32 scratch and the results
+rounded back, so it runs the tuned float32 plan of the same shape (the same numerics, see
+:mod:`tunecl.backend.half`). A transposed float16 convolution with a bias keeps the converted route for
+its output (the bias is added after a ``bwd_data`` plan, in float32):
 
 - forward: ``y = conv(x, w) + bias`` by the ``fwd`` plan (bias fused into the plan's run);
   a Winograd plan may run from the weight transformed by an earlier call
@@ -25,11 +30,13 @@ parameters, zero) results without launching a plan.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-from tunecl.backend import fallback, half, memory, plans, state, weight_cache
+from tunecl.backend import copies, fallback, half, memory, plans, state, weight_cache
 from tunecl.backend.memory import buffer_of
 from tunecl.backend.operands import operand
 from tunecl.backend.ops.reduction import reduce
@@ -87,6 +94,32 @@ def _add_channel_bias(y: torch.Tensor, bias: torch.Tensor) -> None:
     state.get().pointwise("add", tuple(y.shape), operand(y), (operand(y), along_channels), (1,))
 
 
+def _half_plan(problem: ConvProblem, *tensors: torch.Tensor | None) -> Any | None:
+    """The plan of ``problem`` as a float16 convolution where every given tensor is float16 and a
+    registered algorithm computes that problem on this device, else None (the caller converts). Asking
+    costs a few µs: each family's ``applies`` checks the dtype first and the device's probed
+    capabilities; a plan that cannot be chosen also leaves the convolution to the float32 route."""
+    if any(t is not None and t.dtype != torch.float16 for t in tensors):
+        return None
+    problem = dataclasses.replace(problem, dtype="float16")
+    device = state.get().device
+    if not any(a.applies(problem, device) for a in plans.conv_algorithms()):
+        return None
+    try:
+        return plans.conv_plan(problem)
+    except Unsupported:
+        return None
+
+
+def _run_half(plan: Any, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
+              bias: torch.Tensor | None = None) -> None:
+    """``plan.run`` of a float16 plan: ``a``, ``b`` half (made contiguous on the device where they are
+    not), ``out`` a contiguous half tensor, ``bias`` passed as float32 (exact)."""
+    a, b, bias = copies.contiguous_on_device(a), copies.contiguous_on_device(b), half.to_float32(bias)
+    plan.run(buffer_of(a), buffer_of(b), buffer_of(out), a_offset=a.storage_offset(), b_offset=b.storage_offset(),
+             bias=None if bias is None else buffer_of(bias), bias_offset=0 if bias is None else bias.storage_offset())
+
+
 def _forward(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: Sequence[int],
              padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int],
              groups: int) -> torch.Tensor:
@@ -94,10 +127,17 @@ def _forward(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     n = input.shape[0]
     # a transposed convolution is the bwd_data of the regular one: its output is that one's input
     shape = (n, problem.c, problem.h, problem.w) if transposed else (n, problem.k, problem.p, problem.q)
+    direction = problem.with_direction("bwd_data") if transposed else problem
+    if n and not (transposed and bias is not None):
+        plan16 = _half_plan(direction, input, weight, bias)
+        if plan16 is not None:
+            y = memory.empty_contiguous(shape, torch.float16)
+            _run_half(plan16, input, weight, y, bias)
+            return y
     y = memory.empty_contiguous(shape, torch.float32)
     if n == 0:
         return half.cast(y, input.dtype)
-    plan = plans.conv_plan(problem.with_direction("bwd_data") if transposed else problem)
+    plan = plans.conv_plan(direction)
     x, bias = half.to_float32(input), half.to_float32(bias)
     if transposed:
         weight_cache.run_conv(plan, x, weight, y)
@@ -122,10 +162,23 @@ def _backward(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tens
     # one the regular fwd. The weight gradient is the regular bwd_weight of (its input, its output
     # gradient): (input, grad_output), or (grad_output, input) for a transposed convolution.
     # Every plan is found first: an Unsupported problem then takes the CPU route before anything runs.
-    data_plan = plans.conv_plan(problem if transposed else problem.with_direction("bwd_data")) if want_input else None
-    weight_plan = plans.conv_plan(problem.with_direction("bwd_weight")) if want_weight else None
-    dy = half.to_float32(grad_output)
+    # float16: each direction runs a float16 plan where one computes it, else the converted route.
+    data_problem = problem if transposed else problem.with_direction("bwd_data")
+    weight_problem = problem.with_direction("bwd_weight")
+    data16 = _half_plan(data_problem, grad_output, input, weight) if want_input else None
+    weight16 = _half_plan(weight_problem, grad_output, input, weight) if want_weight else None
+    data_plan = plans.conv_plan(data_problem) if want_input and data16 is None else None
+    weight_plan = plans.conv_plan(weight_problem) if want_weight and weight16 is None else None
+    converted = grad_output.dtype == torch.float32 or data_plan is not None or weight_plan is not None
+    dy = half.to_float32(grad_output) if converted else None
     grad_input = grad_weight = grad_bias = None
+    if data16 is not None:
+        grad_input = memory.empty_contiguous(input.shape, torch.float16)
+        _run_half(data16, grad_output, weight, grad_input)
+    if weight16 is not None:
+        a, b = (grad_output, input) if transposed else (input, grad_output)
+        grad_weight = memory.empty_contiguous(weight.shape, torch.float16)
+        _run_half(weight16, a, b, grad_weight)
     if data_plan is not None:
         grad_input = memory.empty_contiguous(input.shape, torch.float32)
         weight_cache.run_conv(data_plan, dy, weight, grad_input, backward=True)
@@ -137,8 +190,9 @@ def _backward(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tens
         weight_plan.run(buffer_of(a), buffer_of(b), buffer_of(grad_weight), a_offset=a.storage_offset(),
                         b_offset=b.storage_offset())
         grad_weight = half.cast(grad_weight, weight.dtype)
-    if want_bias:  # summed in float32 from the float32 dy, rounded once
-        grad_bias = reduce("sum", dy, [0, 2, 3], False, memory.empty_contiguous((channels,), grad_output.dtype))
+    if want_bias:  # summed in float32 (from the float32 dy where there is one), rounded once
+        grad_bias = reduce("sum", grad_output if dy is None else dy, [0, 2, 3], False,
+                           memory.empty_contiguous((channels,), grad_output.dtype))
     return grad_input, grad_weight, grad_bias
 
 
