@@ -46,11 +46,16 @@ for step in $steps; do
   case $step in
     mma|gemm_mma|conv_mma)
                # tensor cores: GEMM (probes, correctness, timings next to torch.mm with TF32 on and off),
-               # then the implicit-GEMM conv (correctness, timings next to cuDNN with TF32 on and off)
+               # then the implicit-GEMM conv (correctness, timings next to cuDNN with TF32 on and off; then
+               # its float16 variant next to cuDNN in float16), then the wgmma GEMM (probe, correctness, timings)
       [ "$step" = conv_mma ] || run gemm_mma 240 "$PY" benchmarks/gemm_mma.py --device "$TUNECL_DEVICE" \
         --budget 180 --json "$out/gemm_mma.json"
       [ "$step" = gemm_mma ] || run conv_mma 180 "$PY" benchmarks/conv_mma.py --device "$TUNECL_DEVICE" \
-        --budget 150 --json "$out/conv_mma.json" ;;
+        --budget 150 --json "$out/conv_mma.json"
+      [ "$step" = gemm_mma ] || run conv_mma_f16 180 "$PY" benchmarks/conv_mma.py --device "$TUNECL_DEVICE" \
+        --fp16 --budget 150 --json "$out/conv_mma_f16.json"
+      [ "$step" = conv_mma ] || run gemm_wgmma 200 "$PY" benchmarks/gemm_wgmma.py --device "$TUNECL_DEVICE" \
+        --json "$out/gemm_wgmma.json" ;;
     space)     # issue 3: exhaustive search of a reduced fp32 GEMM space at 4096^3, to judge the tuner
       run gemm_space-4096 200 "$PY" benchmarks/gemm_space.py --device "$TUNECL_DEVICE" \
         --shape 4096,4096,4096 --time-limit 170 --json "$out/gemm_space-4096.json" ;;
