@@ -43,15 +43,26 @@ class Space:
     ``params`` maps each tunable to its candidate values; ``constraints`` (named) remove invalid
     combinations *before* anything is compiled, device limits (local memory, work-group size) included.
     Families with huge raw products may pass ``generate`` to enumerate valid configs with early pruning.
+
+    ``implied`` holds parameters a family gained after results were stored with its version: a config
+    without one means the value given here, which must build the very kernel the old config built, so
+    those stored results stay valid (and servable) without a version bump.
     """
 
     params: dict[str, tuple[int, ...]]
     constraints: list[Constraint] = dataclasses.field(default_factory=list)
     generate: Callable[[], Iterable[Config]] | None = None
+    implied: dict[str, int] = dataclasses.field(default_factory=dict)
     _configs: list[Config] | None = dataclasses.field(default=None, repr=False)
 
+    def complete(self, config: Mapping[str, int]) -> Config:
+        """``config`` with the ``implied`` parameters it leaves out filled in."""
+        return {**self.implied, **config}
+
     def violations(self, config: Mapping[str, int]) -> list[str]:
-        """Names of the constraints ``config`` breaks, plus unknown/missing/out-of-range parameters."""
+        """Names of the constraints ``config`` breaks, plus unknown/missing/out-of-range parameters
+        (an ``implied`` parameter may be left out)."""
+        config = self.complete(config)
         problems = [f"unknown parameter {k}" for k in config if k not in self.params]
         for name, values in self.params.items():
             if name not in config:

@@ -374,7 +374,9 @@ class GemmBackedAlgorithm(ConvAlgorithm):
                     for g in gemm_configs:
                         yield {**mine, **g}
 
-        return Space(params, constraints, generate)
+        # GEMM parameters added after results were stored (SPLITK) keep those results valid here too
+        implied = {GEMM_PREFIX + k: v for k, v in gemm_space_.implied.items()}
+        return Space(params, constraints, generate, implied)
 
     def default(self, problem: ConvProblem, device: Device) -> Config:
         gemm_default = gemm_algorithm().default(self.gemm_problem(problem), device)

@@ -14,7 +14,17 @@
 // re-shaped as MDIMA x KDIMA (NDIMB x KDIMB) threads so that neighbouring threads read neighbouring
 // addresses whatever the transposition; both tiles are stored K-major (alm[k][m], blm[k][n]) so the
 // inner loop reads VWM/VWN-wide vectors along M and N and does an outer-product update.
-// Grid: dimension 0 = N tiles, 1 = M tiles, 2 = batch; GM re-orders the work-groups in bands.
+// Grid: dimension 0 = N tiles, 1 = M tiles, 2 = batch (x SPLITK); GM re-orders the work-groups in
+// bands.
+//
+// Split K (SPLITK > 1, for outputs with too few tiles to fill the device): SPLITK work-groups per C
+// tile, slice s of the K range (whole KWG steps, KCHUNK = KWG * ceil(ceil(K / SPLITK) / KWG) each;
+// trailing slices may be short or empty) along grid dimension 2 = SPLITK x batch, slice-major. The
+// host then passes the plan's workspace as "C" (offset 0, ldc = N rounded up to 4, stride M * ldc,
+// alpha 1, beta 0): slice s of matrix b writes its raw partial sums to workspace matrix
+// s * batch + b. gemm_splitk_reduce then adds the SPLITK partial sums of each output in the fixed
+// order s = 0, 1, ... (bit-identical run to run, no atomics) and applies alpha and beta: C is read
+// once (beta != 0 only) and written once.
 //
 // Variants (named #if branches; the host passes -DNAME=VALUE):
 //   SA / SB      1: stage the A / B tile in local memory; 0: each thread reads its values from global
@@ -27,6 +37,7 @@
 //                stores).
 //   RWGS         1: declare reqd_work_group_size (NVIDIA then ignores -cl-nv-maxrregcount).
 //   TRANS_A/B    problem layout, set by the host from the problem (not tuned).
+//   SPLITK       work-groups along K per C tile (1: the plain kernel, no workspace, one launch).
 //   CSCALAR      host-internal: 1 = scalar C accesses, for C offsets/ldc that are not VWN-aligned.
 // Global vector loads dereference floatN pointers (what makes the compiler emit 128-bit loads), so
 // they need aligned addresses: the host compiles VWA=1 / VWB=1 / CSCALAR=1 variants for calls whose
@@ -100,6 +111,9 @@
 #endif
 #ifndef RWGS
   #define RWGS 0      // 1 = declare reqd_work_group_size(NDIMC, MDIMC, 1)
+#endif
+#ifndef SPLITK
+  #define SPLITK 1    // work-groups along K per C tile; > 1 writes partial sums to the workspace
 #endif
 #ifndef CSCALAR
   #define CSCALAR 0   // host-internal: 1 = scalar C accesses (unaligned C offset / ldc / stride)
@@ -470,10 +484,26 @@ __kernel WORK_GROUP_SIZE void gemm_tiled(const int M, const int N, const int K, 
                          const long stride_b,
                          __global float* restrict cgm, const long c_offset, const int ldc,
                          const long stride_c) {
-  const long batch = get_group_id(2);
+  #if SPLITK == 1
+    const long batch = get_group_id(2);
+    const int k_begin = 0;
+    const int k_end = K;
+  #else
+    // Slice-major: group z = slice * batches + batch; its partial C is workspace matrix z.
+    const int batches = get_num_groups(2) / SPLITK;
+    const int slice = get_group_id(2) / batches;
+    const long batch = get_group_id(2) - slice * batches;
+    const int kchunk = ((K + SPLITK - 1) / SPLITK + KWG - 1) / KWG * KWG;
+    const int k_begin = min(K, slice * kchunk);
+    const int k_end = min(K, k_begin + kchunk);
+  #endif
   agm += a_offset + batch * stride_a;
   bgm += b_offset + batch * stride_b;
-  cgm += c_offset + batch * stride_c;
+  #if SPLITK == 1
+    cgm += c_offset + batch * stride_c;
+  #else
+    cgm += c_offset + get_group_id(2) * stride_c;
+  #endif
 
   // Which tile: plain order (N tiles fastest), or bands of GM tile rows so that work-groups running
   // at the same time share A rows and B columns in the L2 cache.
@@ -524,32 +554,33 @@ __kernel WORK_GROUP_SIZE void gemm_tiled(const int M, const int N, const int K, 
     #define B_ARGS(buf) bgm, n0, N, ldb
   #endif
 
-  const int tiles = (K + KWG - 1) / KWG;
+  // This work-group's K range is [k_begin, k_end) (all of K unless split); loads past k_end read zeros.
+  const int tiles = (k_end - k_begin + KWG - 1) / KWG;
   #if DB && (SA || SB)
     // Prologue: tile 0 into buffer 0. Then per step: fetch tile t+1 into registers, multiply tile t,
     // store tile t+1 into the other buffer, one barrier (it also protects the buffer read at t-1).
     #if SA
-      GlobalToPrivateA(agm, areg, tid, m0, 0, M, K, lda);
+      GlobalToPrivateA(agm, areg, tid, m0, k_begin, M, k_end, lda);
       PrivateToLocalA(areg, alm, tid);
     #endif
     #if SB
-      GlobalToPrivateB(bgm, breg, tid, n0, 0, N, K, ldb);
+      GlobalToPrivateB(bgm, breg, tid, n0, k_begin, N, k_end, ldb);
       PrivateToLocalB(breg, blm, tid);
     #endif
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int t = 0; t < tiles; ++t) {
       const int cur = t & 1;
-      const int k0 = t * KWG;
+      const int k0 = k_begin + t * KWG;
       const bool next = t + 1 < tiles;
       if (next) {
         #if SA
-          GlobalToPrivateA(agm, areg, tid, m0, k0 + KWG, M, K, lda);
+          GlobalToPrivateA(agm, areg, tid, m0, k0 + KWG, M, k_end, lda);
         #endif
         #if SB
-          GlobalToPrivateB(bgm, breg, tid, n0, k0 + KWG, N, K, ldb);
+          GlobalToPrivateB(bgm, breg, tid, n0, k0 + KWG, N, k_end, ldb);
         #endif
       }
-      MultiplyTile(cpm, A_ARGS(cur), B_ARGS(cur), k0, K, tm, tn);
+      MultiplyTile(cpm, A_ARGS(cur), B_ARGS(cur), k0, k_end, tm, tn);
       if (next) {
         #if SA
           PrivateToLocalA(areg, alm + (cur ^ 1) * (KWG * ALD), tid);
@@ -562,19 +593,19 @@ __kernel WORK_GROUP_SIZE void gemm_tiled(const int M, const int N, const int K, 
     }
   #else
     for (int t = 0; t < tiles; ++t) {
-      const int k0 = t * KWG;
+      const int k0 = k_begin + t * KWG;
       #if SA
-        GlobalToPrivateA(agm, areg, tid, m0, k0, M, K, lda);
+        GlobalToPrivateA(agm, areg, tid, m0, k0, M, k_end, lda);
         PrivateToLocalA(areg, alm, tid);
       #endif
       #if SB
-        GlobalToPrivateB(bgm, breg, tid, n0, k0, N, K, ldb);
+        GlobalToPrivateB(bgm, breg, tid, n0, k0, N, k_end, ldb);
         PrivateToLocalB(breg, blm, tid);
       #endif
       #if SA || SB
         barrier(CLK_LOCAL_MEM_FENCE);
       #endif
-      MultiplyTile(cpm, A_ARGS(0), B_ARGS(0), k0, K, tm, tn);
+      MultiplyTile(cpm, A_ARGS(0), B_ARGS(0), k0, k_end, tm, tn);
       #if SA || SB
         barrier(CLK_LOCAL_MEM_FENCE);
       #endif
@@ -583,3 +614,30 @@ __kernel WORK_GROUP_SIZE void gemm_tiled(const int M, const int N, const int K, 
 
   PrivateToGlobalC(cpm, cgm, m0, n0, tm, tn, M, N, ldc, alpha, beta);
 }
+
+#if SPLITK > 1
+// C = alpha * (sum of the SPLITK partial results in the workspace) + beta * C, one output per thread,
+// the partial sums added in the fixed order s = 0, 1, ... Grid: dimension 0 = the M x N outputs
+// (rounded up; row-major, so neighbouring threads touch neighbouring addresses), 1 = batch.
+// Workspace matrix s * batches + b holds slice s of matrix b, with row stride ldw.
+__kernel void gemm_splitk_reduce(const int M, const int N, const float alpha, const float beta,
+                                 const __global float* restrict wgm, const int ldw,
+                                 __global float* restrict cgm, const long c_offset, const int ldc,
+                                 const long stride_c) {
+  const int i = get_global_id(0);
+  if (i >= M * N) { return; }
+  const int m = i / N;
+  const int n = i - m * N;
+  const long batch = get_global_id(1);
+  const long part = (long)M * ldw;                 // elements of one workspace matrix
+  const long slice_stride = get_global_size(1) * part;
+  const __global float* w = wgm + batch * part + m * ldw + n;
+  float sum = w[0];
+  #pragma unroll
+  for (int s = 1; s < SPLITK; ++s) { sum += w[s * slice_stride]; }
+  __global float* c = cgm + c_offset + batch * stride_c + m * ldc + n;
+  float r = alpha * sum;
+  if (beta != 0.0f) { r = fma(beta, *c, r); }
+  *c = r;
+}
+#endif

@@ -7,6 +7,7 @@ machinery both GEMM families share.
 =========  ==================  =================================================================
 MWG/NWG    16 32 64 128 256    C tile per work-group along M / N
 KWG        8 16 32             depth of one K step (the local-memory tiles)
+SPLITK     1 2 4 .. 32         work-groups along K per C tile (> 1: partial sums, then a reduction)
 MDIMC      8 16 32             threads along M (NDIMC: along N); MWI = MWG/MDIMC outputs per thread
 MDIMA      8 .. 256            threads along M when loading the A tile (NDIMB: along N for B)
 KWI        2 8                 unroll of the k loop inside a tile
@@ -24,6 +25,16 @@ MAXRREG    0 (128 168)         -cl-nv-maxrregcount (NVIDIA only; 0: not passed)
 Constraints (named; ``Space.violations`` reports them, ``build`` refuses before compiling) cover
 divisibility, tile-load layouts, device limits and duplicate configs. Pruning rules then keep the
 searched space to tens of thousands (see :func:`_pruning`); pruned configs remain valid.
+
+Split K: with SPLITK = S > 1 the plan owns a workspace of S x batch x M x N' floats (N' = N rounded
+up to 4), allocated when it is built and freed with it. The tiled kernel runs S work-groups per C tile,
+each over its own K slice (whole KWG steps), and writes raw partial sums into the workspace; then
+``gemm_splitk_reduce`` adds the S partial sums of each output in a fixed order and applies alpha and
+beta (C read once, written once): two launches, no host wait, bit-identical results run to run. The
+searched space offers S > 1 only where the output has few tiles for the device and every slice has
+K work; the default picks it on GPUs for such shapes (see :meth:`GemmTiled.default`). SPLITK = 1 is
+the plain kernel: results stored before SPLITK existed mean SPLITK = 1 (``Space.implied``) and stay
+valid, so the family's version did not change.
 
 Alignment: global vector loads need offsets, leading dimensions and batch strides that are multiples of
 the vector width. :class:`GemmPlan` checks that per call and runs a variant compiled with scalar
@@ -45,8 +56,10 @@ from tunecl.problems import DTYPES, GemmProblem
 from tunecl.runtime import Device
 
 NAME = "gemm_tiled"
-VERSION = 1
+VERSION = 1  # SPLITK was added without a bump: a stored config without it is SPLITK = 1, the same kernel
 _INT32_MAX = 2**31 - 1
+WORKSPACE_CAP = 256 * 2**20  # bytes the split-K partial sums of one plan may use
+SPLITS = (1, 2, 4, 8, 16, 32)
 
 # ---- helpers shared by the GEMM families ---------------------------------------------------------
 
@@ -103,12 +116,14 @@ def enumerate_space(params: Mapping[str, Sequence[int]], rules: Sequence[Rule]) 
 
 
 def make_space(params: dict[str, tuple[int, ...]], constraints: Sequence[Rule],
-               pruning: Sequence[Rule]) -> Space:
+               pruning: Sequence[Rule], implied: Mapping[str, int] | None = None) -> Space:
     """A :class:`Space` whose ``violations`` name the ``constraints`` and whose configs additionally
     pass ``pruning`` (rules that drop valid but pointless configs for this problem, e.g. tiles far
-    larger than the matrix; a pruned config still builds and runs correctly)."""
+    larger than the matrix; a pruned config still builds and runs correctly). ``implied``: see
+    :class:`Space`."""
     return Space(params=params, constraints=[Constraint(name, check) for name, _, check in constraints],
-                 generate=lambda: enumerate_space(params, list(constraints) + list(pruning)))
+                 generate=lambda: enumerate_space(params, list(constraints) + list(pruning)),
+                 implied=dict(implied or {}))
 
 
 def check_config(space: Space, config: Mapping[str, int], name: str) -> None:
@@ -125,6 +140,40 @@ SCALAR_DTYPES = [np.int32, np.int32, np.int32, np.float32, np.float32,
                  None, np.int64, np.int32, np.int64]
 
 Variant = tuple[bool, bool, bool]  # (A, B, C) addresses aligned for the vector accesses
+
+# gemm_splitk_reduce: M, N, alpha, beta, workspace, ldw, C, c_offset, ldc, stride_c
+REDUCE_SCALAR_DTYPES = [np.int32, np.int32, np.float32, np.float32, None, np.int32, None, np.int64, np.int32,
+                        np.int64]
+REDUCE_THREADS = 256  # work-group of the reduction (one output per thread)
+
+
+def workspace_ld(n: int) -> int:
+    """Row stride of the split-K partial sums: N rounded up to 4, so float4 stores stay aligned."""
+    return -(-n // 4) * 4
+
+
+def splitk_workspace_bytes(problem: GemmProblem, splitk: int) -> int:
+    """Bytes of the partial sums of ``splitk`` K slices of every output (0 without split K)."""
+    return 0 if splitk == 1 else 4 * splitk * problem.batch * problem.m * workspace_ld(problem.n)
+
+
+def k_chunk(k: int, splitk: int, kwg: int) -> int:
+    """K per split-K slice, in whole KWG steps (mirrors kchunk in gemm.cl)."""
+    per_slice = -(-k // splitk)
+    return -(-per_slice // kwg) * kwg
+
+
+def useful_splits(groups: int, units: int) -> tuple[int, ...]:
+    """The splits (> 1) searched for a tile with ``groups`` work-groups on ``units`` compute units: none
+    if the tiles alone occupy every unit, else the two largest that keep under 4 work-groups per unit."""
+    if groups >= units:
+        return ()
+    return tuple(s for s in SPLITS[1:] if groups * s < 4 * units)[-2:]
+
+
+def max_alloc_bytes(device: Any) -> int:
+    """The largest buffer the plan may allocate on ``device`` (test doubles: the workspace cap)."""
+    return min(WORKSPACE_CAP, int(getattr(device, "max_alloc_size", WORKSPACE_CAP)))
 
 
 def _operand(name: str, buffer: cl.Buffer, offset: int, ld: int | None, stride: int | None,
@@ -157,16 +206,19 @@ class GemmPlan:
         algorithm: the family's name (``gemm_tiled``, ``gemm_direct``).
         config: the tunables it was built with.
         problem: the :class:`GemmProblem` it computes.
-        workspace_bytes: device memory it needs besides A, B and C (0 for both GEMM families).
+        workspace_bytes: device memory it holds besides A, B and C (the split-K partial sums; 0 without
+            split K). Allocated when the plan is built, freed with the plan.
     """
 
     def __init__(self, *, algorithm: str, problem: GemmProblem, device: Device, config: Config,
                  source: str, options: Callable[[Variant], list[str]], widths: tuple[int, int, int],
-                 global_size: tuple[int, int, int], local_size: tuple[int, int, int]):
+                 global_size: tuple[int, int, int], local_size: tuple[int, int, int], splitk: int = 1):
         self.algorithm = algorithm
         self.problem = problem
         self.config = dict(config)
-        self.workspace_bytes = 0
+        self.splitk = splitk
+        self._ldw = workspace_ld(problem.n)
+        self.workspace_bytes = splitk_workspace_bytes(problem, splitk)
         self.device = device
         self._source = source
         self._options = options
@@ -176,9 +228,17 @@ class GemmPlan:
         self._kernels: dict[Variant, cl.Kernel] = {}
         p = problem
         # Compile now the variant the packed layout needs, so build errors surface in build().
-        self.kernel_for(self._variant(0, p.k if not p.trans_a else p.m, p.m * p.k,
-                                      0, p.n if not p.trans_b else p.k, p.k * p.n,
-                                      0, p.n, p.m * p.n))
+        packed = self._variant(0, p.k if not p.trans_a else p.m, p.m * p.k,
+                               0, p.n if not p.trans_b else p.k, p.k * p.n, 0, p.n, p.m * p.n)
+        self.kernel_for(packed)
+        self.workspace: cl.Buffer | None = None
+        if splitk > 1:
+            program = device.build(source, options(packed))  # the cached program of that variant
+            self._reduce = device.kernel(program, "gemm_splitk_reduce", REDUCE_SCALAR_DTYPES)
+            threads = min(REDUCE_THREADS, device.max_work_group_size)
+            self._reduce_local = (threads, 1)
+            self._reduce_global = (-(-(p.m * p.n) // threads) * threads, p.batch)
+            self.workspace = device.alloc(self.workspace_bytes)
 
     def kernel_for(self, variant: Variant) -> cl.Kernel:
         """The kernel of ``variant``, compiled on first use (the aligned one is the tuned one)."""
@@ -214,7 +274,7 @@ class GemmPlan:
             wait_for: events to wait for before the kernel starts.
 
         Returns:
-            The enqueued events (one kernel).
+            The enqueued events: one kernel, or with split K the partial products and the reduction.
 
         Raises:
             ValueError: a layout that does not fit its buffer or is malformed.
@@ -230,11 +290,20 @@ class GemmPlan:
             raise ValueError(f"stride_c={stride_c} makes the {p.batch} C matrices overlap")
         variant = self._variant(a_offset, lda, stride_a, b_offset, ldb, stride_b, c_offset, ldc, stride_c)
         kernel = self._kernels.get(variant) or self.kernel_for(variant)
-        event = kernel(self.device.queue, self._global_size, self._local_size,
-                       p.m, p.n, p.k, alpha, beta,
-                       a, a_offset, lda, stride_a, b, b_offset, ldb, stride_b, c, c_offset, ldc, stride_c,
-                       wait_for=wait_for)
-        return [event]
+        queue = self.device.queue
+        if self.splitk == 1:
+            return [kernel(queue, self._global_size, self._local_size, p.m, p.n, p.k, alpha, beta,
+                           a, a_offset, lda, stride_a, b, b_offset, ldb, stride_b, c, c_offset, ldc, stride_c,
+                           wait_for=wait_for)]
+        # Raw partial sums into the workspace (packed, aligned: "C" with alpha 1, beta 0), then the
+        # fixed-order reduction applies alpha and beta to C.
+        ldw = self._ldw
+        partial = kernel(queue, self._global_size, self._local_size, p.m, p.n, p.k, 1.0, 0.0,
+                         a, a_offset, lda, stride_a, b, b_offset, ldb, stride_b,
+                         self.workspace, 0, ldw, p.m * ldw, wait_for=wait_for)
+        reduced = self._reduce(queue, self._reduce_global, self._reduce_local, p.m, p.n, alpha, beta,
+                               self.workspace, ldw, c, c_offset, ldc, stride_c, wait_for=[partial])
+        return [partial, reduced]
 
 
 # ---- gemm_tiled ------------------------------------------------------------------------------------
@@ -246,8 +315,8 @@ _LOADERS = (8, 16, 32, 64, 128, 256)
 
 def _params(device: Any) -> dict[str, tuple[int, ...]]:
     return {
-        "MWG": _TILES, "NWG": _TILES, "KWG": (8, 16, 32), "MDIMC": _THREADS, "NDIMC": _THREADS,
-        "VWM": (1, 2, 4), "VWN": (1, 2, 4), "STRM": (0, 1), "STRN": (0, 1), "KWI": (2, 8),
+        "MWG": _TILES, "NWG": _TILES, "KWG": (8, 16, 32), "SPLITK": SPLITS, "MDIMC": _THREADS,
+        "NDIMC": _THREADS, "VWM": (1, 2, 4), "VWN": (1, 2, 4), "STRM": (0, 1), "STRN": (0, 1), "KWI": (2, 8),
         "SA": (0, 1), "SB": (0, 1), "MDIMA": _LOADERS, "NDIMB": _LOADERS, "VWA": (1, 2, 4),
         "VWB": (1, 2, 4), "DB": (0, 1), "PAD": (0, 1), "GM": (1, 8), "RWGS": (0, 1),
         "MAXRREG": (0, 128, 168) if is_nvidia(device) else (0,),
@@ -314,6 +383,8 @@ def _constraints(problem: GemmProblem, device: Any) -> list[Rule]:
          ("MWG", "NWG", "KWG", "VWM", "VWN", "SA", "SB", "VWA", "VWB", "DB", "PAD"),
          lambda c: local_memory_bytes(c, problem) <= device.local_mem_size),
         ("MAXRREG_ignored_with_RWGS", ("RWGS", "MAXRREG"), lambda c: not (c["RWGS"] and c["MAXRREG"])),
+        ("workspace_within_device", ("SPLITK",),
+         lambda c: splitk_workspace_bytes(problem, c["SPLITK"]) <= max_alloc_bytes(device)),
     ]
 
 
@@ -373,6 +444,12 @@ def _pruning(problem: GemmProblem, device: Any) -> list[Rule]:
     return [
         ("tile_within_problem", ("MWG", "NWG", "KWG"),
          lambda c: c["MWG"] <= m_cap and c["NWG"] <= n_cap and c["KWG"] <= k_cap),
+        # Split K only where the tiles alone leave compute units idle, and only the two largest splits
+        # that keep the work-groups under 4 per compute unit; every slice gets K work.
+        ("SPLITK_fills_the_device", ("MWG", "NWG", "SPLITK"),
+         lambda c: c["SPLITK"] == 1 or c["SPLITK"] in useful_splits(groups(c), units)),
+        ("SPLITK_slices_have_k_work", ("KWG", "SPLITK"),
+         lambda c: (c["SPLITK"] - 1) * k_chunk(problem.k, c["SPLITK"], c["KWG"]) < problem.k),
         ("tile_aspect_at_most_2", ("MWG", "NWG"),
          lambda c: max(c["MWG"], c["NWG"]) <= 2 * min(c["MWG"], c["NWG"])),
         ("register_tile_balanced",  # MWI/NWI in {1/2, 1, 2}, at least 4 outputs per thread
@@ -416,7 +493,8 @@ def _balanced(mwi: int, nwi: int) -> bool:
 def _grid(config: Mapping[str, int], problem: GemmProblem) -> tuple[tuple[int, ...], tuple[int, ...]]:
     c = config
     local = (c["NDIMC"], c["MDIMC"], 1)
-    glob = (-(-problem.n // c["NWG"]) * c["NDIMC"], -(-problem.m // c["MWG"]) * c["MDIMC"], problem.batch)
+    glob = (-(-problem.n // c["NWG"]) * c["NDIMC"], -(-problem.m // c["MWG"]) * c["MDIMC"],
+            problem.batch * c["SPLITK"])
     return glob, local
 
 
@@ -449,35 +527,86 @@ class GemmTiled:
         return isinstance(problem, GemmProblem) and problem.dtype == "float32"
 
     def space(self, problem: GemmProblem, device: Device) -> Space:
-        return make_space(_params(device), _constraints(problem, device), _pruning(problem, device))
+        return make_space(_params(device), _constraints(problem, device), _pruning(problem, device),
+                          implied={"SPLITK": 1})
 
     def default(self, problem: GemmProblem, device: Device) -> Config:
         """A heuristic config: the largest preset tile that still gives every compute unit a
-        work-group (GPU), with vector widths the packed layout can use; always valid and searched."""
+        work-group (GPU), with vector widths the packed layout can use; always valid and searched.
+
+        On a GPU, when even that leaves fewer than two work-groups per compute unit and the reduction
+        is long (split K's regime), K is split instead (:meth:`_split_default`); CPUs never split."""
         space = self.space(problem, device)
         gpu = device_type(device) == "gpu"
         presets = _GPU_PRESETS if gpu else _CPU_PRESETS
         rules = _constraints(problem, device) + _pruning(problem, device)
-        for index, (mwg, nwg, kwg, mdimc, ndimc, vwm, vwn) in enumerate(presets):
-            groups = -(-problem.m // mwg) * -(-problem.n // nwg) * problem.batch
+        plain = None
+        for index, preset in enumerate(presets):
+            groups = -(-problem.m // preset[0]) * -(-problem.n // preset[1]) * problem.batch
             if gpu and index + 1 < len(presets) and groups < compute_units(device):
                 continue
-            base = {"MWG": mwg, "NWG": nwg, "KWG": kwg, "MDIMC": mdimc, "NDIMC": ndimc, "VWM": vwm,
-                    "VWN": vwn, "STRM": int(gpu), "STRN": int(gpu), "KWI": 2 if gpu else 8, "SA": 1, "SB": 1,
-                    "DB": 1 if gpu else 0, "PAD": 0, "GM": 8 if gpu else 1, "RWGS": 0, "MAXRREG": 0}
-            for config in self._complete(base, problem):
-                # If the preset breaks a rule for this problem, give up its refinements one by one.
-                for relax in ({}, {"GM": 1}, {"GM": 1, "KWG": 8, "KWI": 2}, {"GM": 1, "STRM": 0, "STRN": 0}):
-                    candidate = {**config, **relax}
-                    candidate["STRM"] &= int(candidate["MWG"] // candidate["MDIMC"] > candidate["VWM"])
-                    candidate["STRN"] &= int(candidate["NWG"] // candidate["NDIMC"] > candidate["VWN"])
-                    if space.is_valid(candidate) and all(check(candidate) for _, _, check in rules):
-                        return candidate
-        searched = space.configs()
-        if searched:
-            return searched[0]
-        # Pruning emptied the searched space: any valid config still computes correctly.
-        return next(iter(enumerate_space(_params(device), _constraints(problem, device))))
+            plain = self._from_preset(preset, 1, problem, space, rules, gpu)
+            if plain is not None:
+                break
+        if plain is None:
+            searched = space.configs()
+            # Pruning emptied the searched space: any valid config still computes correctly.
+            plain = searched[0] if searched else next(iter(enumerate_space(_params(device),
+                                                                           _constraints(problem, device))))
+        if gpu:
+            return self._split_default(plain, problem, device, space, rules) or plain
+        return plain
+
+    def _from_preset(self, preset: tuple[int, ...], splitk: int, problem: GemmProblem, space: Space,
+                     rules: Sequence[Rule], gpu: bool) -> Config | None:
+        """The first valid, searched completion of a preset tile shape, or None."""
+        mwg, nwg, kwg, mdimc, ndimc, vwm, vwn = preset
+        base = {"MWG": mwg, "NWG": nwg, "KWG": kwg, "SPLITK": splitk, "MDIMC": mdimc, "NDIMC": ndimc,
+                "VWM": vwm, "VWN": vwn, "STRM": int(gpu), "STRN": int(gpu), "KWI": 2 if gpu else 8, "SA": 1,
+                "SB": 1, "DB": 1 if gpu else 0, "PAD": 0, "GM": 8 if gpu else 1, "RWGS": 0, "MAXRREG": 0}
+        for config in self._complete(base, problem):
+            # If the preset breaks a rule for this problem, give up its refinements one by one.
+            for relax in ({}, {"GM": 1}, {"GM": 1, "KWG": 8, "KWI": 2}, {"GM": 1, "STRM": 0, "STRN": 0}):
+                candidate = {**config, **relax}
+                candidate["STRM"] &= int(candidate["MWG"] // candidate["MDIMC"] > candidate["VWM"])
+                candidate["STRN"] &= int(candidate["NWG"] // candidate["NDIMC"] > candidate["VWN"])
+                if space.is_valid(candidate) and all(check(candidate) for _, _, check in rules):
+                    return candidate
+        return None
+
+    def _split_default(self, plain: Config, problem: GemmProblem, device: Any, space: Space,
+                       rules: Sequence[Rule]) -> Config | None:
+        """A split-K config when the unsplit default ``plain`` has fewer than 2 work-groups per compute
+        unit, K holds at least 8 of its K steps and K exceeds M and N (each output is a long dot
+        product: fc layers such as 64x1000x2048); else None, and ``plain`` stays the default.
+
+        Each preset tile (best first) whose tiles leave compute units idle is split S ways, S the power
+        of two (at most 32) that brings the work-groups nearest to 2 per compute unit, with at least 4
+        K steps per slice. The first that gives every compute unit a work-group wins, else the one
+        with the most work-groups (tiny outputs cannot fill the device)."""
+        units = compute_units(device)
+        p = problem
+
+        def groups(mwg: int, nwg: int) -> int:
+            return -(-p.m // mwg) * -(-p.n // nwg) * p.batch
+
+        if (groups(plain["MWG"], plain["NWG"]) >= 2 * units or p.k < 8 * plain["KWG"]
+                or p.k <= max(p.m, p.n)):
+            return None
+        best: Config | None = None
+        for preset in _GPU_PRESETS:
+            tiles, kwg = groups(preset[0], preset[1]), preset[2]
+            if tiles >= units:
+                continue
+            most = max(s for s in SPLITS if s == 1 or 4 * kwg * s <= p.k)
+            splitk = min(most, SPLITS[-1], 1 << round(math.log2(2 * units / tiles)))
+            config = self._from_preset(preset, splitk, problem, space, rules, gpu=True) if splitk > 1 else None
+            if config is not None:
+                if tiles * splitk >= units:
+                    return config
+                if best is None or tiles * splitk > groups(best["MWG"], best["NWG"]) * best["SPLITK"]:
+                    best = config
+        return best
 
     @staticmethod
     def _complete(base: dict[str, int], problem: GemmProblem) -> Iterator[dict[str, int]]:
@@ -502,7 +631,9 @@ class GemmTiled:
 
     def build(self, problem: GemmProblem, device: Device, config: Config) -> GemmPlan:
         """Compile ``config`` for ``problem``; ValueError (before compiling) if the config is invalid."""
-        check_config(self.space(problem, device), config, NAME)
+        space = self.space(problem, device)
+        check_config(space, config, NAME)
+        config = space.complete(config)  # results stored before SPLITK existed: SPLITK = 1
         source = read_source(__package__, "gemm.cl")
         layout = [f"-DTRANS_A={int(problem.trans_a)}", f"-DTRANS_B={int(problem.trans_b)}"]
         if config["MAXRREG"]:
@@ -515,9 +646,11 @@ class GemmTiled:
             return build_options(specialized, layout)
 
         glob, local = _grid(config, problem)
+        # With split K the kernel's "C" is the aligned workspace; the reduction accesses C by scalars.
+        width_c = config["VWN"] if config["SPLITK"] == 1 else 1
         return GemmPlan(algorithm=NAME, problem=problem, device=device, config=config, source=source,
-                        options=options, widths=(config["VWA"], config["VWB"], config["VWN"]),
-                        global_size=glob, local_size=local)
+                        options=options, widths=(config["VWA"], config["VWB"], width_c),
+                        global_size=glob, local_size=local, splitk=config["SPLITK"])
 
 
 ALGORITHMS = [GemmTiled()]
