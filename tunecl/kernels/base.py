@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from importlib import resources
 from typing import Any, Protocol
@@ -18,9 +19,36 @@ from tunecl.runtime import Device
 Config = dict[str, int]
 
 
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([\w.-]+\.cl)"[^\n]*$', re.MULTILINE)
+
+
 def read_source(package: str, filename: str) -> str:
-    """The text of a ``.cl`` file that lives next to a family's module (``read_source(__package__, ...)``)."""
-    return resources.files(package).joinpath(filename).read_text()
+    """The text of a ``.cl`` file that lives next to a family's module (``read_source(__package__, ...)``),
+    with its ``#include "other.cl"`` lines (files of the same folder) replaced by their text.
+
+    The expansion happens here, not in the OpenCL compiler, so the program text that the build caches
+    (ours, pyopencl's, the driver's) key on holds every included line: editing a shared ``.cl`` file
+    can never serve a stale binary. Each file is expanded once per program (later includes of it are
+    dropped), as with an include guard.
+
+    Raises:
+        FileNotFoundError: an included file does not exist next to the including one.
+    """
+    folder = resources.files(package)
+    seen: set[str] = set()
+
+    def expand(name: str) -> str:
+        seen.add(name)
+        text = folder.joinpath(name).read_text()
+
+        def include(match: re.Match[str]) -> str:
+            other = match.group(1)
+            if other in seen:
+                return f"// {other}: included above"
+            return f"// ---- {other} ----\n{expand(other)}\n// ---- end of {other} ----"
+        return _INCLUDE.sub(include, text)
+
+    return expand(filename)
 
 
 def build_options(config: Mapping[str, int | bool], extra: Iterable[str] = ()) -> list[str]:

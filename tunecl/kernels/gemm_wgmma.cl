@@ -108,6 +108,7 @@
 #ifndef GM
   #define GM 1        // work-group order: bands of GM tile rows along M (1 = plain row-by-row)
 #endif
+#include "gemm_common.cl"  // gemm_tile_of_group()
 #ifndef CSCALAR
   #define CSCALAR 0   // host-internal: 1 = scalar C accesses
 #endif
@@ -541,19 +542,9 @@ __kernel void gemm_wgmma_tf32(
   bgm += b_offset + batch * stride_b;
   cgm += c_offset + batch * stride_c;
 
-  #if GM == 1
-    const int gn = get_group_id(0);
-    const int gm = get_group_id(1);
-  #else
-    const int ngn = get_num_groups(0);
-    const int ngm = get_num_groups(1);
-    const int linear = get_group_id(1) * ngn + get_group_id(0);
-    const int band = linear / (GM * ngn);
-    const int band_rows = min(ngm - band * GM, GM);
-    const int in_band = linear - band * GM * ngn;
-    const int gm = band * GM + in_band % band_rows;
-    const int gn = in_band / band_rows;
-  #endif
+  const int2 tile = gemm_tile_of_group();  // gemm_common.cl: plain or GM-banded order
+  const int gm = tile.x;
+  const int gn = tile.y;
   const int m0 = gm * MWG;
   const int n0 = gn * NWG;
   const int tid = get_local_id(0);
