@@ -144,9 +144,13 @@ CAPABILITY_PROBE_VERSION = 2  # bump when a probe changes: cached verdicts of ot
 
 
 def _compile_error(error: cl.Error) -> str:
-    """The last line of a build log that mentions an error (or the first line), at most 200 characters."""
+    """What a failed build log says, in one line of at most 600 characters: its first three lines that
+    mention an error, leaving out summaries such as ptxas's "Ptx assembly aborted due to errors" when a
+    line says what the error is; the first line of the log when none mentions one."""
     lines = [ln.strip() for ln in str(error).splitlines() if "error" in ln.lower() and ln.strip()]
-    return (lines[-1] if lines else str(error).splitlines()[0] if str(error) else "")[:200] or "build failed"
+    specific = [ln for ln in lines if "aborted due to errors" not in ln.lower()]
+    text = " | ".join((specific or lines)[:3]) or (str(error).splitlines()[0] if str(error) else "")
+    return text[:600] or "build failed"
 
 
 def _may_compile_ptx(fingerprint: Fingerprint) -> bool:

@@ -41,3 +41,4 @@ def test_includes_expand_once_nest_and_name_a_missing_file(tmp_path, monkeypatch
     assert "// leaf.cl: included above" in text
     with pytest.raises(FileNotFoundError):
         read_source("clpkg", "broken.cl")
+
