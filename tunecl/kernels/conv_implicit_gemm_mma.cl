@@ -263,78 +263,8 @@
 
 #define FAR_OUTSIDE (-(1 << 28))               // a coordinate that fails every bounds check
 
-// ---- the tensor-core instructions (as gemm_mma.cl) ----------------------------------------------
-
-#if MMA_STUB == 0 && MMA_F16
-// c += A * B for one 16 x 8 x 16 tile of halves, a warp-collective instruction.
-void Mma(float c[4], const uint a[4], const uint b[2]) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-  #define MMA_PARAMS
-  #define MMA_ARGS
-#elif MMA_STUB == 0
-// x rounded to TF32 (the bits of a float whose 13 low mantissa bits the mma ignores).
-uint ToTF32(const float x) {
-  uint r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-  return r;
-}
-
-// c += A * B for one 16 x 8 x 8 tile, a warp-collective instruction.
-void Mma(float c[4], const uint a[4], const uint b[2]) {
-  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-  #define MMA_PARAMS
-  #define MMA_ARGS
-#else
-// The same two operations in plain OpenCL C (see gemm_mma.cl for how they mirror the PTX; MMA_F16:
-// register w = k / 2 of the tables, its half k % 2 read exactly with vload_half, as gemm_mma.cl).
-uint ToTF32(const float x) {
-  const uint u = as_uint(x);
-  return (u & 0x7f800000u) == 0x7f800000u ? u : (u + 0x1000u) & 0xffffe000u;
-}
-
-#define MMA_WORDS 192   // local words per warp: 32 lanes x (4 A + 2 B) registers
-void Mma(float c[4], const uint a[4], const uint b[2], __local uint* wsm, const int lane) {
-  barrier(CLK_LOCAL_MEM_FENCE);  // the previous call's reads are done
-  #pragma unroll
-  for (int r = 0; r < 4; ++r) { wsm[lane * 4 + r] = a[r]; }
-  wsm[128 + lane * 2] = b[0];
-  wsm[128 + lane * 2 + 1] = b[1];
-  barrier(CLK_LOCAL_MEM_FENCE);
-  const int g = lane >> 2, t = lane & 3;
-  for (int r = 0; r < 4; ++r) {
-    const int row = g + 8 * (r >> 1);
-    const int col = 2 * t + (r & 1);
-    float sum = c[r];
-    #if MMA_F16
-    for (int k = 0; k < 16; ++k) {
-      const int w = k >> 1;
-      const int aw = ((row & 7) * 4 + (w & 3)) * 4 + (row >> 3) + 2 * (w >> 2);
-      const int bw = 128 + (col * 4 + (w & 3)) * 2 + (w >> 2);
-      const float av = vload_half(2 * aw + (k & 1), (const __local half*)wsm);
-      const float bv = vload_half(2 * bw + (k & 1), (const __local half*)wsm);
-      sum = fma(av, bv, sum);
-    }
-    #else
-    for (int k = 0; k < 8; ++k) {
-      const uint av = wsm[((row & 7) * 4 + (k & 3)) * 4 + (row >> 3) + 2 * (k >> 2)];
-      const uint bv = wsm[128 + (col * 4 + (k & 3)) * 2 + (k >> 2)];
-      sum = fma(as_float(av), as_float(bv), sum);
-    }
-    #endif
-    c[r] = sum;
-  }
-}
-  #define MMA_PARAMS , __local uint* wsm, const int lane
-  #define MMA_ARGS , wsm, lane
-#endif
+// ---- the tensor-core instructions ------------------------------------------------------------------
+#include "mma_core.cl"  // Mma, ToTF32, MMA_PARAMS / MMA_ARGS (and their plain-C stand-ins with MMA_STUB)
 
 // ---- tensors -> registers (the im2col gathers of conv_implicit_gemm.cl) ----------------------------
 
