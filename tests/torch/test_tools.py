@@ -164,14 +164,14 @@ def test_the_perturbed_rule_passes_a_gradient_as_far_as_perturbed_cpu_runs_and_f
         error = float((dev.double() - exact).norm() / exact.norm())
         return Check("grad", "w", 1.0, 1.0, tol.grad, False, fp64_error=error, cpu_fp64_error=1e-7)
 
-    close = _judge_perturbed(failed(off(3e-3)), {}, perturbed, ref64, 3e-6, tol)
+    close = _judge_perturbed(failed(off(3e-3)), perturbed, ref64, 3e-6, tol)
     assert close.passed and close.passed_by == "perturbed" and "perturbed by 3.0e-06" in close.note
-    far = _judge_perturbed(failed(off(2e-2)), {}, perturbed, ref64, 3e-6, tol)
+    far = _judge_perturbed(failed(off(2e-2)), perturbed, ref64, 3e-6, tol)
     assert not far.passed and far.passed_by == "" and "CPU float32 errs" in far.note
     passed = dataclasses.replace(failed(off(2e-2)), passed=True, passed_by="fp32")
-    assert _judge_perturbed(passed, {}, perturbed, ref64, 3e-6, tol) is passed
+    assert _judge_perturbed(passed, perturbed, ref64, 3e-6, tol) is passed
     output = dataclasses.replace(failed(off(2e-2)), kind="output")
-    assert _judge_perturbed(output, {}, perturbed, ref64, 3e-6, tol) is output
+    assert _judge_perturbed(output, perturbed, ref64, 3e-6, tol) is output
 
 
 def test_normwise_error_and_sign_masks_agree_with_whole_tensor_formulas_across_chunks():
