@@ -243,12 +243,34 @@ def test_bench_tiny_net_against_cpu_gives_times_and_a_ratio():
     assert result["fallback_calls"] == sum(result["fallback_ops"].values())
 
 
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+def test_bench_sets_the_tf32_flags_of_its_precision_on_both_sides_and_restores_them(monkeypatch, precision):
+    from tunecl.tools import bench
+
+    seen = []
+    real = bench.time_iterations
+
+    def spy(model, x, y, device, **kwargs):
+        seen.append((device, torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32))
+        return real(model, x, y, device, **kwargs)
+
+    monkeypatch.setattr(bench, "time_iterations", spy)
+    before = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    result = bench.bench_net(TINY, compare="cpu", warmup=0, repeats=1, precision=precision, **SMALL)
+    tf32 = precision == "tf32"
+    assert seen == [("opencl", tf32, tf32), ("cpu", tf32, tf32)] and result["precision"] == precision
+    assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == before
+    with pytest.raises(ValueError, match="precision must be one of"):
+        bench.bench_net(TINY, compare="none", precision="fp16", **SMALL)
+
+
 def test_bench_cli_train_json(capsys):
     argv = ["bench", "--net", TINY, "--batch", "2", "--image-size", "16", "--train", "--compare", "cpu",
             "--warmup", "1", "--repeats", "2", "--json"]
     assert main(argv) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["mode"] == "train" and data["ours"]["median_ms"] > 0 and data["ratio"] > 0
+    assert data["precision"] == "fp32"   # strict fp32 unless --precision tf32
 
 
 def test_bench_cli_summary_without_peer(capsys):
@@ -287,6 +309,7 @@ def test_peer_subprocess_never_imports_the_backend():
     (["bench", "--net", "x", "--repeats", "0"], "expected a positive integer"),
     (["bench", "--net", "x", "--warmup", "-1"], "expected an integer ≥ 0"),
     (["bench", "--net", "x", "--batch", "many"], "expected a positive integer"),
+    (["bench", "--net", "x", "--precision", "fp16"], "invalid choice: 'fp16'"),
     (["validate"], "the following arguments are required: --net"),
     (["validate", "--net", "x", "--image-size", "0"], "expected a positive integer"),
     (["validate", "--net", "x", "--compare", "cpu"], "unrecognized arguments: --compare"),

@@ -14,6 +14,7 @@ from tunecl.cli.output import print_json
 from tunecl.cli.tune import non_negative_int, positive_int
 
 COMPARE = ("cpu", "cuda", "none")  # tunecl.tools.bench.COMPARE, repeated so --help imports no torch
+PRECISIONS = ("fp32", "tf32")      # tunecl.tools.bench.PRECISIONS, likewise
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,8 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "the device, forward (eval mode, no_grad), copy the result back. Train (--train): copy "
                     "batch and labels, zero_grad, forward, cross-entropy loss, backward, Adam step, wait "
                     "for the device. Prints the median of --repeats iterations after --warmup untimed ones "
-                    "for tunecl's opencl device and for the peer, and their ratio. The CUDA peer (fp32, "
-                    "TF32 off) runs in a separate process that never imports tunecl.backend: with a "
+                    "for tunecl's opencl device and for the peer, and their ratio. The CUDA peer "
+                    "runs in a separate process that never imports tunecl.backend: with a "
                     "PrivateUse1 backend loaded, CUDA backward() can fail (pytorch#161129). Weights are "
                     "random.")
     parser.add_argument("--net", metavar="NAME", required=True,
@@ -39,6 +40,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--compare", choices=COMPARE,
                         help="peer: torch CPU in this process, torch CUDA in a separate process, or none "
                              "(default: cuda when torch.cuda.is_available(), else cpu)")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                        help="torch's TF32 flags on both sides: fp32 (default; strict fp32, TF32 off) or "
+                             "tf32 (TF32 allowed for convolutions and matmuls: tunecl may serve tuned TF32 "
+                             "tensor-core plans, CUDA uses TF32)")
     parser.add_argument("--warmup", type=non_negative_int, default=3, metavar="N",
                         help="untimed iterations first (default 3)")
     parser.add_argument("--repeats", type=positive_int, default=10, metavar="N",
@@ -53,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
     result = bench_net(args.net, device=args.device, batch=args.batch, image_size=args.image_size,
                        train=args.train, compare=args.compare, warmup=args.warmup, repeats=args.repeats,
-                       seed=args.seed, progress=lambda line: print(line, file=sys.stderr, flush=True))
+                       seed=args.seed, precision=args.precision, progress=lambda line: print(line, file=sys.stderr, flush=True))
     if args.json:
         print_json(result)
     else:
@@ -73,7 +78,8 @@ def print_result(result: dict[str, Any], out: TextIO | None = None) -> None:
     def line(label: str, text: str) -> None:
         print(f"{label:<10}{text}", file=out)
 
-    print(f"{result['net']}, batch {result['batch']}, image {result['image_size']}, {result['mode']}: "
+    print(f"{result['net']}, batch {result['batch']}, image {result['image_size']}, {result['mode']}, "
+          f"{result.get('precision', 'fp32')}: "
           f"median ms per batch [min-max] of {result['repeats']} after {result['warmup']} warm-up", file=out)
     ours, peer = result["ours"], result["peer"]
     line("ours", f"{ours['median_ms']:10.3f} ms  {_spread(ours)}  {ours['device']}")

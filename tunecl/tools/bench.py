@@ -7,14 +7,20 @@ Measured the way the dlprimitives seed table did, one iteration per batch, timed
   wait for the device.
 
 The median of ``repeats`` iterations after ``warmup`` untimed ones is reported for our backend and for
-the peer: torch on the CPU in this process, or torch CUDA (fp32, TF32 off) in a child process that never
-imports ``tunecl.backend`` — with a PrivateUse1 backend loaded, CUDA ``backward()`` can fail
+the peer: torch on the CPU in this process, or torch CUDA in a child process that never imports
+``tunecl.backend`` — with a PrivateUse1 backend loaded, CUDA ``backward()`` can fail
 (pytorch#161129; backend notes §8). The child is this module run as ``python -m tunecl.tools.bench
 --peer JSON``; it prints one JSON line.
+
+``precision`` sets torch's TF32 flags (``torch.backends.cudnn.allow_tf32`` and
+``torch.backends.cuda.matmul.allow_tf32``) for both sides while they are timed: ``"fp32"`` turns them off
+(strict fp32: tunecl never serves a TF32 plan, CUDA never uses TF32), ``"tf32"`` turns them on (tunecl may
+serve tuned TF32 tensor-core plans; cuDNN and cuBLAS use TF32, PyTorch's default for convolutions).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -22,13 +28,14 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tunecl.errors import TuneclError
 from tunecl.tools import load_model, make_inputs, output_classes, synchronize, use_device
 
 COMPARE = ("cpu", "cuda", "none")
+PRECISIONS = ("fp32", "tf32")
 PEER_TIMEOUT_S = 3600.0
 
 
@@ -71,20 +78,35 @@ def time_iterations(model: Any, x: Any, y: Any, device: str, *, train: bool, war
     return times
 
 
+@contextlib.contextmanager
+def tf32_flags(allow: bool) -> Iterator[None]:
+    """torch's TF32 flags for convolutions and matmuls set to ``allow`` in the block, then restored."""
+    import torch
+
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = allow
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
 def _timing(times: list[float]) -> dict[str, Any]:
     return {"median_ms": statistics.median(times) * 1e3, "times_ms": [t * 1e3 for t in times]}
 
 
 def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_size: int = 224,
               train: bool = False, compare: str | None = None, warmup: int = 3, repeats: int = 10,
-              seed: int = 0, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+              seed: int = 0, precision: str = "fp32",
+              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Benchmark ``net`` on the opencl device and on a peer; return one JSON-ready dict.
 
     Args:
         net: torchvision model name or ``package.module:factory`` (random weights).
         device: OpenCL device selector for ``opencl:0`` (see :func:`tunecl.tools.use_device`).
-        compare: ``"cpu"`` (torch CPU, this process), ``"cuda"`` (torch CUDA, TF32 off, child process),
+        compare: ``"cpu"`` (torch CPU, this process), ``"cuda"`` (torch CUDA, child process),
             ``"none"``, or ``None`` for cuda when ``torch.cuda.is_available()`` else cpu.
+        precision: ``"fp32"`` or ``"tf32"``: torch's TF32 flags on both sides (module docstring).
         warmup: untimed iterations before the timed ones (compilation and plan building happen there).
         repeats: timed iterations; their median is the result.
         progress: called with a short line before each phase (the CLI prints them on stderr).
@@ -104,6 +126,8 @@ def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_siz
     compare = compare or ("cuda" if torch.cuda.is_available() else "cpu")
     if compare not in COMPARE:
         raise ValueError(f"compare must be one of {COMPARE}, not {compare!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
     if warmup < 0 or repeats < 1 or batch < 1 or image_size < 1:
         raise ValueError("need warmup >= 0 and repeats, batch, image_size >= 1")
     if compare == "cuda" and not torch.cuda.is_available():   # say so before the long measurement
@@ -120,10 +144,12 @@ def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_siz
 
     import tunecl.backend
 
-    say(f"measuring {net} on opencl:0 ({device_name}): {warmup} warm-up + {repeats} timed {mode} iterations")
+    say(f"measuring {net} on opencl:0 ({device_name}): {warmup} warm-up + {repeats} timed {mode} iterations"
+        f" at {precision}")
     try:   # the counters cover the timed iterations only
-        times = time_iterations(model, x, y, "opencl", train=train, warmup=warmup, repeats=repeats,
-                                after_warmup=tunecl.backend.reset_stats)
+        with tf32_flags(precision == "tf32"):
+            times = time_iterations(model, x, y, "opencl", train=train, warmup=warmup, repeats=repeats,
+                                    after_warmup=tunecl.backend.reset_stats)
     except tunecl.backend.FallbackError as error:   # TUNECL_FALLBACK=error and an op without a kernel
         raise TuneclError(f"{net} cannot run on opencl:0: {error}") from None
     stats = tunecl.backend.stats()
@@ -134,18 +160,21 @@ def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_siz
     peer = None
     if compare == "cpu":
         say(f"measuring the peer: torch CPU in this process ({torch.get_num_threads()} threads)")
-        peer_times = time_iterations(peer_model, x, y, "cpu", train=train, warmup=warmup, repeats=repeats)
+        with tf32_flags(precision == "tf32"):   # (no effect on the CPU)
+            peer_times = time_iterations(peer_model, x, y, "cpu", train=train, warmup=warmup, repeats=repeats)
         peer = {"kind": "cpu", "device": f"torch {torch.__version__} CPU", "process": "same",
                 "threads": torch.get_num_threads(), **_timing(peer_times)}
     elif compare == "cuda":
-        say("measuring the peer: torch CUDA (TF32 off) in a separate process without tunecl.backend")
+        say(f"measuring the peer: torch CUDA (TF32 {'on' if precision == 'tf32' else 'off'}) in a separate "
+            f"process without tunecl.backend")
         peer = measure_in_subprocess({"net": net, "batch": batch, "image_size": image_size, "train": train,
-                                      "warmup": warmup, "repeats": repeats, "seed": seed, "device": "cuda"})
+                                      "warmup": warmup, "repeats": repeats, "seed": seed, "device": "cuda",
+                                      "precision": precision})
     fallback = dict(sorted(stats["fallback_ops"].items(), key=lambda kv: -kv[1]))
     calls = sum(fallback.values())
     return {
-        "net": net, "batch": batch, "image_size": image_size, "mode": mode, "warmup": warmup,
-        "repeats": repeats, "ours": ours, "peer": peer,
+        "net": net, "batch": batch, "image_size": image_size, "mode": mode, "precision": precision,
+        "warmup": warmup, "repeats": repeats, "ours": ours, "peer": peer,
         "shared_cores": compare == "cpu" and device_type == "cpu",
         "ratio": ours["median_ms"] / peer["median_ms"] if peer else None,
         "fallback_ops": fallback, "fallback_calls": calls, "fallback_calls_per_batch": calls / repeats,
@@ -156,8 +185,8 @@ def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_siz
 def measure_in_subprocess(spec: dict[str, Any], timeout: float = PEER_TIMEOUT_S) -> dict[str, Any]:
     """Run :func:`peer_main` in a fresh Python that never imports ``tunecl.backend``; return its result.
 
-    ``spec`` holds ``net``, ``batch``, ``image_size``, ``train``, ``warmup``, ``repeats``, ``seed`` and
-    ``device`` (``cuda``, or ``cpu`` to exercise this path without a GPU). The child gets this process's
+    ``spec`` holds ``net``, ``batch``, ``image_size``, ``train``, ``warmup``, ``repeats``, ``seed``,
+    ``precision`` (optional, default fp32) and ``device`` (``cuda``, or ``cpu`` to exercise this path without a GPU). The child gets this process's
     ``sys.path`` so it imports the same ``package.module:factory``.
 
     Raises:
@@ -182,11 +211,12 @@ def peer_main(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     device = spec["device"]
+    tf32 = spec.get("precision", "fp32") == "tf32"
     if device == "cuda":
         if not torch.cuda.is_available():
             raise TuneclError("--compare cuda: torch.cuda.is_available() is False in this environment")
-        torch.backends.cuda.matmul.allow_tf32 = False   # plain fp32, as our kernels compute
-        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = tf32   # what tunecl's side was allowed
+        torch.backends.cudnn.allow_tf32 = tf32
         name = torch.cuda.get_device_name()
     else:
         name = "CPU"
@@ -202,7 +232,7 @@ def peer_main(spec: dict[str, Any]) -> dict[str, Any]:
                             repeats=spec["repeats"])
     if "tunecl.backend" in sys.modules:
         raise TuneclError("the peer process imported tunecl.backend while measuring")
-    settings = "fp32, TF32 off, cudnn.benchmark off" if device == "cuda" else "fp32"
+    settings = (f"fp32, TF32 {'on' if tf32 else 'off'}, cudnn.benchmark off" if device == "cuda" else "fp32")
     return {"kind": device, "device": f"torch {torch.__version__} {name}", "process": "separate",
             "settings": settings, "backend_imported": False, **_timing(times)}
 
