@@ -96,27 +96,7 @@
 #endif
 
 // ---- derived: the GEMM ----
-#define CG (CONV_C / GROUPS)
-#define KG (CONV_K / GROUPS)
-#define RS (CONV_R * CONV_S)
-#define HW (CONV_H * CONV_W)
-#define PQ (CONV_P * CONV_Q)
-#if DIRECTION == 0
-  #define GM KG
-  #define GN (CONV_N * PQ)
-  #define GK (CG * RS)
-  #define OUT_SIZE (CONV_N * CONV_K * PQ)
-#elif DIRECTION == 1
-  #define GM CG
-  #define GN (CONV_N * HW)
-  #define GK (KG * RS)
-  #define OUT_SIZE (CONV_N * CONV_C * HW)
-#else
-  #define GM KG
-  #define GN (CG * RS)
-  #define GK (CONV_N * PQ)
-  #define OUT_SIZE (CONV_K * CG * RS)
-#endif
+#include "conv_gemm_view.cl"  // CG, KG, RS, HW, PQ, GM, GN, GK, OUT_SIZE of DIRECTION
 #define KCHUNK ((((GK + SPLIT - 1) / SPLIT + KWG - 1) / KWG) * KWG)   // GK per split, whole steps
 
 // ---- derived: warps and mma tiles ----
