@@ -160,12 +160,21 @@ ulong ProbeDescriptor(const uint tile, const int s, const int mn, const int sw, 
          | ((ulong)((sbo >> 4) & 0x3FFF) << 32) | (mode << 62);
 }
 
+// ARCH_ASM goes before each sm_90a-only instruction: runtime.py builds this probe with TUNECL_ARCH_PTX=1,
+// which hides them from NVIDIA's OpenCL compiler (it assembles for sm_90) as PTX comments; it restores
+// them and assembles the PTX for sm_90a (runtime.ARCH_PTX_OPTION).
+#if TUNECL_ARCH_PTX
+  #define ARCH_ASM "//@arch "
+#else
+  #define ARCH_ASM ""
+#endif
+
 #define PROBE_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), \
                     "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 #define PROBE_D32 PROBE_D8(0), PROBE_D8(8), PROBE_D8(16), PROBE_D8(24)
 #define PROBE_WGMMA_ASM(shape_types, flags)                                                           \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                         \
-               "wgmma.mma_async.sync.aligned." shape_types " "                                      \
+               ARCH_ASM "wgmma.mma_async.sync.aligned." shape_types " "                                      \
                "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "             \
                "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "   \
                "%32, %33, p, 1, 1" flags ";\n}\n"                                                    \
@@ -192,7 +201,7 @@ __kernel void probe_wgmma(__global const uchar* a, __global const uchar* b, __gl
   float d[32];
   #pragma unroll  // d stays in registers: the asynchronous wgmma writes them
   for (int i = 0; i < 32; ++i) { d[i] = 0.0f; }
-  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+  asm volatile(ARCH_ASM "wgmma.fence.sync.aligned;" ::: "memory");
   #pragma unroll
   for (int s = 0; s < 4; ++s) {
     const ulong desc_a = ProbeDescriptor(base, s, a_mn, sw, elt);
@@ -209,8 +218,8 @@ __kernel void probe_wgmma(__global const uchar* a, __global const uchar* b, __gl
       PROBE_WGMMA_ASM("m64n64k16.f32.f16.f16", ", 1, 1");
     }
   }
-  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  asm volatile(ARCH_ASM "wgmma.commit_group.sync.aligned;" ::: "memory");
+  asm volatile(ARCH_ASM "wgmma.wait_group.sync.aligned 0;" ::: "memory");
   #pragma unroll
   for (int i = 0; i < 32; ++i) { asm volatile("" : "+f"(d[i]) :: "memory"); }
   const int warp = tid / 32, lane = tid % 32;

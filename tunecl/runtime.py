@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import threading
 import warnings
 from collections.abc import Callable, Sequence
@@ -140,7 +141,40 @@ MMA_TF32 = "mma_tf32"  # mma.sync m16n8k8 with TF32 operands and fp32 accumulati
 MMA_F16 = "mma_f16"    # mma.sync m16n8k16 with f16 operands and fp32 accumulation, via inline PTX
 CP_ASYNC = "cp_async"  # cp.async global -> local copies (with zero fill) from a __local pointer, via PTX
 WGMMA = "wgmma"        # wgmma.mma_async (sm_90a), TF32 and f16, operands in local memory, via PTX
-CAPABILITY_PROBE_VERSION = 2  # bump when a probe changes: cached verdicts of other versions are ignored
+CAPABILITY_PROBE_VERSION = 3  # bump when a probe changes: cached verdicts of other versions are ignored
+
+# Architecture-specific PTX. NVIDIA's OpenCL compiler assembles for the plain target (sm_90 on an H200),
+# which rejects sm_90a-only instructions such as wgmma, and takes no option to change the target. A
+# kernel that needs them writes each such instruction after the ARCH_ASM macro; built with
+# ARCH_PTX_OPTION, ARCH_ASM turns it into a PTX comment starting with ARCH_PTX_MARK, so the source
+# compiles; build_program then restores the instructions in the compiled PTX, retargets it to sm_XXa and
+# loads it as a program binary (NVIDIA's program binaries are PTX, which its driver assembles).
+ARCH_PTX_OPTION = "-DTUNECL_ARCH_PTX=1"
+ARCH_PTX_MARK = "//@arch "
+
+
+def retarget_ptx(ptx: str) -> str:
+    """``ptx`` (NVIDIA's compiled PTX of a program built with ARCH_PTX_OPTION) with its hidden
+    instructions restored and its ``.target sm_XX`` made ``sm_XXa``; BuildError if it has neither."""
+    if ARCH_PTX_MARK not in ptx:
+        raise BuildError("the compiled program has no architecture-specific PTX (is this NVIDIA's compiler, "
+                         "and does the kernel write its sm_90a instructions after ARCH_ASM?)")
+    text, found = re.subn(r"^(\.target sm_\d+)(?=[,\s])", r"\1a", ptx.replace(ARCH_PTX_MARK, ""),
+                          count=1, flags=re.MULTILINE)
+    if not found:
+        raise BuildError("the compiled PTX names no .target sm_XX to make architecture-specific")
+    return text
+
+
+def build_program(context: cl.Context, cl_device: cl.Device, source: str, options: Sequence[str],
+                  cache_dir: str | None = None) -> cl.Program:
+    """Compile ``source`` with ``options`` for one device; with ARCH_PTX_OPTION among them, by way of
+    its retargeted PTX (see retarget_ptx). Raises cl.Error as the compiler does."""
+    program = cl.Program(context, source).build(options=list(options), cache_dir=cache_dir)
+    if ARCH_PTX_OPTION not in options:
+        return program
+    ptx = program.binaries[0].decode("utf-8", errors="replace").rstrip("\x00")
+    return cl.Program(context, [cl_device], [retarget_ptx(ptx).encode() + b"\x00"]).build()
 
 
 def _compile_error(error: cl.Error) -> str:
@@ -210,7 +244,8 @@ class _ProbeRun:
         source = resources.files("tunecl").joinpath("capabilities.cl").read_text()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # pyopencl warns about any non-empty build log
-            self.program = cl.Program(self.context, source).build(options=[f"-D{define}"])
+            options = [f"-D{define}"] + ([ARCH_PTX_OPTION] if define in _ARCH_PTX_PROBES else [])
+            self.program = build_program(self.context, cl_device, source, options)
 
     def buffer(self, array: np.ndarray) -> cl.Buffer:
         flags = cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR
@@ -222,12 +257,17 @@ class _ProbeRun:
         return out
 
 
+_ARCH_PTX_PROBES = {"PROBE_WGMMA"}  # probes of architecture-specific instructions (see ARCH_PTX_OPTION)
+
+
 def _probe(cl_device: cl.Device, define: str, check: Callable[[_ProbeRun], str]) -> str:
     """Build the probe ``define`` selects in a context of its own and run ``check(run)`` on it."""
     try:
         run = _ProbeRun(cl_device, define)
     except cl.Error as error:
         return f"build failed: {_compile_error(error)}"
+    except BuildError as error:
+        return f"build failed: {error}"
     try:
         return check(run)
     except cl.Error as error:
@@ -482,8 +522,7 @@ class Device:
                 # program, say nothing to a user); PYOPENCL_COMPILER_OUTPUT=1 shows the logs again.
                 if not os.environ.get("PYOPENCL_COMPILER_OUTPUT"):
                     warnings.simplefilter("ignore", cl.CompilerWarning)
-                program = cl.Program(self.context, source).build(options=list(options),
-                                                                 cache_dir=str(cache_dir))
+                program = build_program(self.context, self.cl_device, source, options, str(cache_dir))
         except cl.Error as error:
             raise BuildError(f"OpenCL build failed on {self.name} with options {' '.join(options)}:\n"
                              f"{error}") from None

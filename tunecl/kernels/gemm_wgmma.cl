@@ -235,6 +235,15 @@ ulong Descriptor(const uint tile, const int r0, const int k0, const int rows, co
 // ---- the warpgroup MMA ---------------------------------------------------------------------------------
 
 #if WGMMA_STUB == 0
+// ARCH_ASM goes before each sm_90a-only instruction: GemmWgmma builds with TUNECL_ARCH_PTX=1, which hides
+// them from NVIDIA's OpenCL compiler (it assembles for sm_90) as PTX comments; runtime.build_program
+// restores them and assembles the PTX for sm_90a.
+#if TUNECL_ARCH_PTX
+  #define ARCH_ASM "//@arch "
+#else
+  #define ARCH_ASM ""
+#endif
+
 // The accumulator operand lists of one wgmma: d[0] .. d[NACC - 1] as "+f".
 #define D8(d, i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), \
                  "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
@@ -279,10 +288,10 @@ ulong Descriptor(const uint tile, const int r0, const int k0, const int rows, co
   #define WGMMA_OUTS(d) D128(d, 0)
 #endif
 #if WGMMA_F16
-  #define WGMMA_OP "wgmma.mma_async.sync.aligned.m64n" STR(NWG) "k16.f32.f16.f16 {"
+  #define WGMMA_OP ARCH_ASM "wgmma.mma_async.sync.aligned.m64n" STR(NWG) "k16.f32.f16.f16 {"
   #define WGMMA_FLAGS ", " STR(A_MN) ", " STR(B_MN) ";\n"
 #else
-  #define WGMMA_OP "wgmma.mma_async.sync.aligned.m64n" STR(NWG) "k8.f32.tf32.tf32 {"
+  #define WGMMA_OP ARCH_ASM "wgmma.mma_async.sync.aligned.m64n" STR(NWG) "k8.f32.tf32.tf32 {"
   #define WGMMA_FLAGS ";\n"
 #endif
 
@@ -304,9 +313,9 @@ void FenceAccumulators(float acc[MI][NACC]) {
   }
 }
 
-void WgmmaFence(void) { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-void WgmmaCommit(void) { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-void WgmmaWait(void) { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+void WgmmaFence(void) { asm volatile(ARCH_ASM "wgmma.fence.sync.aligned;" ::: "memory"); }
+void WgmmaCommit(void) { asm volatile(ARCH_ASM "wgmma.commit_group.sync.aligned;" ::: "memory"); }
+void WgmmaWait(void) { asm volatile(ARCH_ASM "wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
 // cp.async writes are generic-proxy writes; the tensor cores read through the async proxy.
 void ProxyFence(void) { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
   #define WGMMA_PARAMS

@@ -55,7 +55,7 @@ from tunecl.kernels.gemm import (
 from tunecl.kernels.gemm_mma import MmaPlan, capabilities
 from tunecl.precision import FP32, TF32
 from tunecl.problems import GemmProblem
-from tunecl.runtime import WGMMA, Device
+from tunecl.runtime import ARCH_PTX_OPTION, WGMMA, Device
 
 NAME = "gemm_wgmma_tf32"
 F16_NAME = "gemm_wgmma_f16"
@@ -266,8 +266,8 @@ class GemmWgmmaTF32:
         layout = [f"-DTRANS_A={int(problem.trans_a)}", f"-DTRANS_B={int(problem.trans_b)}"]
         if self.variant.f16:
             layout.append("-DWGMMA_F16=1")
-        if emulate:
-            layout.append("-DWGMMA_STUB=1")
+        # the real kernel's wgmma exists only on sm_90a: built by way of retargeted PTX (runtime.py)
+        layout.append("-DWGMMA_STUB=1" if emulate else ARCH_PTX_OPTION)
         width = config["VW"]
 
         def options(variant: Variant) -> list[str]:
