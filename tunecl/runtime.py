@@ -333,14 +333,14 @@ def _wgmma_probe_data(f16: bool, case: int) -> tuple[np.ndarray, np.ndarray]:
 def _probe_wgmma(cl_device: cl.Device) -> str:
     """64 x 64 wgmma products through every layout gemm_wgmma uses: "" when all are exact."""
     def check(run: _ProbeRun) -> str:
+        kernel = run.program.probe_wgmma  # one retrieval for all cases
         for case, (f16, swizzle, a_mn, b_mn) in enumerate(WGMMA_PROBE_CASES):
             a, b = _wgmma_probe_data(bool(f16), case)
             out = np.zeros((64, 64), np.float32)
             info = np.full(1, 7, np.uint32)
             out_buf, info_buf = run.buffer(out), run.buffer(info)
-            run.program.probe_wgmma(run.queue, (128,), (128,), run.buffer(a), run.buffer(b), out_buf,
-                                    info_buf, np.int32(f16), np.int32(swizzle), np.int32(a_mn),
-                                    np.int32(b_mn)).wait()
+            kernel(run.queue, (128,), (128,), run.buffer(a), run.buffer(b), out_buf, info_buf,
+                   np.int32(f16), np.int32(swizzle), np.int32(a_mn), np.int32(b_mn)).wait()
             label = f"{'f16' if f16 else 'tf32'} swizzle {swizzle} A {'MN' if a_mn else 'K'}-major " \
                     f"B {'MN' if b_mn else 'K'}-major"
             misaligned = int(run.read(info_buf, info)[0])
