@@ -8,6 +8,10 @@ tensors for f16) and to gemm_mma's default, timed in the same run? It prints rat
 throughput; the issue's targets at 4096^3: TF32 >= 0.80, f16 >= 0.70).
 
     python benchmarks/gemm_wgmma.py --device nvidia --json gemm-wgmma.json
+    python benchmarks/gemm_wgmma.py --device nvidia --shapes 4096,4096,4096 --layouts nn nt --check-configs 0
+
+For TF32 layouts with an MN-contiguous operand (nn, tn, tt) the default is also timed with PRETRANS
+flipped: the operand transposed first, or copied element by element inside the kernel.
 
 Where the capability is missing (PoCL, a GPU before Hopper) it says that the families do not apply and
 why. Each dtype runs in a child process: a kernel that faults leaves an NVIDIA context unusable, so the
@@ -40,12 +44,14 @@ from tunecl.search.measure import MeasureTimeout, TimingPolicy, measure
 
 CHECK_SHAPES = [(1, 1, 1), (7, 33, 127), (257, 129, 65), (300, 200, 1), (128, 256, 96)]
 TRANSPOSES = [(False, False), (False, True), (True, False), (True, True)]
+LAYOUTS = dict(zip(("nn", "nt", "tn", "tt"), TRANSPOSES))
 DTYPES = {"float32": (gemm_wgmma.GemmWgmmaTF32(), gemm_mma.GemmMmaTF32()),
           "float16": (gemm_wgmma.GemmWgmmaF16(), gemm_mma.GemmMmaF16())}
 
 
 def torch_peer(problem: GemmProblem, min_time: float) -> float | None:
-    """Seconds per ``torch.mm`` on CUDA (TF32 allowed for float32; float16 tensors), median of CUDA
+    """Seconds per ``torch.mm`` on CUDA (TF32 allowed for float32; float16 tensors) in the problem's
+    layout (a transposed operand is a transposed view, which cuBLAS reads as it is), median of CUDA
     event times; None without torch or CUDA."""
     try:
         import torch
@@ -54,8 +60,10 @@ def torch_peer(problem: GemmProblem, min_time: float) -> float | None:
     if not torch.cuda.is_available():
         return None
     dtype = torch.float16 if problem.dtype == "float16" else torch.float32
-    a = (torch.rand(problem.m, problem.k, device="cuda") * 2 - 1).to(dtype)
-    b = (torch.rand(problem.k, problem.n, device="cuda") * 2 - 1).to(dtype)
+    p = problem
+    a = (torch.rand(p.k, p.m, device="cuda").t() if p.trans_a else torch.rand(p.m, p.k, device="cuda")) * 2 - 1
+    b = (torch.rand(p.n, p.k, device="cuda").t() if p.trans_b else torch.rand(p.k, p.n, device="cuda")) * 2 - 1
+    a, b = a.to(dtype), b.to(dtype)  # (elementwise ops keep a transposed view's strides)
     c = torch.empty(problem.m, problem.n, device="cuda", dtype=dtype)
     saved = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -118,11 +126,16 @@ def run_dtype(args: argparse.Namespace, dtype: str) -> list[dict[str, Any]]:
                 rows.append({**row, "kind": "check"})
                 print(f"  check {dtype} {p.key} {row['status']} {config} {row.get('message', '')}", flush=True)
     policy = TimingPolicy(warmup=2, min_time=args.min_time, min_repeats=5, max_repeats=200, timeout=60.0)
-    for spec in args.shapes:
-        p = GemmProblem(*(int(v) for v in spec.split(",")), dtype=dtype)
+    for spec, layout in [(spec, layout) for spec in args.shapes for layout in args.layouts]:
+        p = GemmProblem(*(int(v) for v in spec.split(",")), *LAYOUTS[layout], dtype=dtype)
         peer = torch_peer(p, args.min_time)
         space = alg.space(p, device).configs()
-        configs = [("default", alg.default(p, device))] + [
+        default = alg.default(p, device)
+        configs = [("default", default)]
+        if "PRETRANS" in alg.space(p, device).params and gemm_wgmma.has_mn_operand(p):
+            # the other way to feed TF32's K-major wgmma an MN-contiguous operand, timed next to it
+            configs.append((f"default PRETRANS={1 - default['PRETRANS']}", {**default, "PRETRANS": 1 - default["PRETRANS"]}))
+        configs += [
             (f"random {i}", c) for i, c in enumerate(random.Random(args.seed + 1).sample(space, min(args.configs, len(space))))
         ]
         reference = evaluate(mma, p, device, mma.default(p, device), policy)
@@ -131,9 +144,10 @@ def run_dtype(args: argparse.Namespace, dtype: str) -> list[dict[str, Any]]:
             row = evaluate(alg, p, device, config, policy)
             rows.append({**row, "kind": "time", "label": label, "peer_seconds": peer})
         timed = [r for r in rows if r["kind"] == "time" and r["problem"] == p.key and "seconds" in r]
+        spec = f"{spec} {layout}"
         for r in timed:
             ratio = f"{peer / r['seconds']:.2f}x torch.mm" if peer else "no torch peer"
-            print(f"  {dtype} {spec} {r['algorithm']:16} {r['label']:16} {r['seconds'] * 1e3:8.3f} ms "
+            print(f"  {dtype} {spec} {r['algorithm']:16} {r['label']:19} {r['seconds'] * 1e3:8.3f} ms "
                   f"{r['tflops']:7.1f} TFLOP/s  {ratio}  {r['config']}", flush=True)
         for r in rows:
             if r["kind"] == "time" and r["problem"] == p.key and "seconds" not in r:
@@ -159,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default=None, help="device selector (index, name substring)")
     parser.add_argument("--shapes", nargs="+", default=["4096,4096,4096", "1024,1024,1024"], metavar="M,N,K")
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
+    parser.add_argument("--layouts", nargs="+", default=["nn"], choices=list(LAYOUTS),
+                        help="operand layouts timed (nn: torch's a @ b; nt: B transposed, as nn.Linear)")
     parser.add_argument("--configs", type=int, default=12, help="random configs timed per shape and dtype")
     parser.add_argument("--check-configs", type=int, default=3, help="random configs checked per shape")
     parser.add_argument("--min-time", type=float, default=0.2)

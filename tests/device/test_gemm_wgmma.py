@@ -217,8 +217,10 @@ def test_space_and_default_on_an_h200_like_device(dtype):
             assert all(gemm_wgmma.local_memory_bytes(c, p) <= 48 * 1024 for c in configs)
     p = GemmProblem(4096, 4096, 4096, dtype=dtype)
     default = alg.default(p, H200)
+    # the NN layout's B is MN-contiguous: TF32 transposes it first (PRETRANS), f16 reads it MN-major
     assert default == {"MWG": 128, "NWG": 128, "KWG": 16 if dtype == "float32" else 32, "WARPGROUPS": 2,
-                       "STAGES": 3, "SWIZZLE": 64, "VW": 4 if dtype == "float32" else 8, "GM": 8}
+                       "STAGES": 3, "SWIZZLE": 64, "VW": 4 if dtype == "float32" else 8, "GM": 8,
+                       **({"PRETRANS": 1} if dtype == "float32" else {})}
     assert gemm_wgmma.accumulators(default) == 64 and gemm_wgmma.local_memory_bytes(default, p) == 48 * 1024
     configs = alg.space(p, H200).configs()
     for name in ("MWG", "NWG", "KWG", "WARPGROUPS", "STAGES", "SWIZZLE", "GM"):
@@ -323,6 +325,40 @@ def test_random_config_matches_numpy(device, rng, dtype, index, mode):
                   emulate=mode == "emulated")
 
 
+PRETRANS_CONFIG = {"MWG": 64, "NWG": 64, "KWG": 32, "WARPGROUPS": 1, "STAGES": 2, "SWIZZLE": 128, "VW": 4,
+                   "GM": 1, "PRETRANS": 1}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("transposes", [(False, False), (True, False), (True, True)], ids=["nn", "tn", "tt"])
+def test_pretransposed_operands_match_numpy(device, rng, transposes, mode):
+    """TF32 with PRETRANS = 1: the MN-contiguous operands (B in nn, A and B in tn, A in tt) are
+    transposed into the plan's workspace first, from offsets, padded leading dimensions, gaps between
+    the matrices of a batch and broadcasts (a stride-0 operand is transposed once)."""
+    for layout, shape in zip([ALIGNED, UNALIGNED, BROADCAST_A, BROADCAST_B, PACKED_NAN_C],
+                             [(257, 129, 65), (7, 33, 127), (130, 300, 1), (65, 97, 40), (1, 1, 1)], strict=True):
+        p = problem(shape, transposes, "float32", layout.batch)
+        check_run(device, p, PRETRANS_CONFIG, layout, rng, emulate=mode == "emulated")
+    p = problem((300, 200, 100), transposes, "float32", batch=2)
+    plan = build(TF32_ALG, p, device, PRETRANS_CONFIG, emulate=True)
+    assert isinstance(plan, gemm_wgmma.PretransposedPlan)
+    assert (plan.inner.problem.trans_a, plan.inner.problem.trans_b) == (False, True)  # the K-major kernel
+    assert plan.workspace_bytes == 4 * 2 * 100 * ((300 if p.trans_a else 0) + (200 if not p.trans_b else 0))
+
+
+def test_pretrans_is_searched_only_where_an_operand_is_mn_contiguous():
+    for transposes in TRANSPOSES:
+        p = problem((2048, 512, 256), transposes, "float32")
+        values = {c["PRETRANS"] for c in TF32_ALG.space(p, H200).configs()}
+        assert values == ({0, 1} if gemm_wgmma.has_mn_operand(p) else {0}), transposes
+        violations = TF32_ALG.space(p, H200).violations(PRETRANS_CONFIG)
+        assert ("PRETRANS_only_with_an_MN_contiguous_operand" in violations) == (transposes == (False, True))
+    assert "PRETRANS" not in F16_ALG.space(problem((2048, 512, 256), (False, False), "float16"), H200).params
+    # a config stored before PRETRANS existed means the in-kernel path
+    old = {k: v for k, v in PRETRANS_CONFIG.items() if k != "PRETRANS"}
+    assert TF32_ALG.space(problem((64, 64, 64), (False, False), "float32"), H200).complete(old)["PRETRANS"] == 0
+
+
 def test_local_memory_mirror_matches_the_kernel(device):
     """``local_memory_bytes`` (what the constraint checks) is what the compiled kernel declares."""
     if device.fingerprint.device_type != "cpu":
@@ -332,7 +368,7 @@ def test_local_memory_mirror_matches_the_kernel(device):
             transposes, config = random_config(dtype, index)
             p = problem((64, 64, 64), transposes, dtype)
             plan = build(algorithm(dtype), p, device, config, emulate=True)
-            [kernel] = plan._kernels.values()
+            [kernel] = getattr(plan, "inner", plan)._kernels.values()  # (behind PRETRANS's transposes)
             used = kernel.get_work_group_info(cl.kernel_work_group_info.LOCAL_MEM_SIZE, device.cl_device)
             assert used == gemm_wgmma.local_memory_bytes(config, p), config
 

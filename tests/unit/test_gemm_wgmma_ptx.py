@@ -70,8 +70,10 @@ def assemble(source: Path, options: list[str], tmp_path: Path) -> tuple[str, str
 
 
 def kernel_options(problem: GemmProblem, config: dict[str, int], variant=(True, True, True)) -> list[str]:
-    """The -D options GemmWgmmaTF32.build passes for ``variant`` (aligned A, B, C)."""
-    options = {k: v for k, v in config.items() if k != "VW"}
+    """The -D options GemmWgmmaTF32.build passes for ``variant`` (aligned A, B, C): with PRETRANS, those
+    of the K-major kernel it runs behind the transposes."""
+    problem = gemm_wgmma.kernel_problem(problem, config)
+    options = {k: v for k, v in config.items() if k not in ("VW", "PRETRANS")}
     options.update(VWA=config["VW"] if variant[0] else 1, VWB=config["VW"] if variant[1] else 1,
                    CSCALAR=int(not variant[2]))
     layout = [f"-DTRANS_A={int(problem.trans_a)}", f"-DTRANS_B={int(problem.trans_b)}", runtime.ARCH_PTX_OPTION]

@@ -25,11 +25,16 @@ STAGES      2 3 4             local-memory buffers (cp.async pipeline depth)
 SWIZZLE     0 32 64 128       local layout: no swizzle (core-matrix interleave) or the B-byte swizzle
 VW          1 2 4 (8)         elements per cp.async along an operand's contiguous dimension
 GM          1 8               work-group order: bands of GM tile rows (L2 locality)
+PRETRANS    0 1               TF32 only, for a problem with an MN-contiguous operand: 1 = transpose it
+                              first (``transpose.cl``, into a packed workspace), then run the K-major kernel
 ==========  ================  ======================================================================
 
 Layouts: K-contiguous operands (A in NN/NT, B in NT/TT) are copied as vectors into K-major tiles. An
 MN-contiguous operand goes into an MN-major tile with wgmma's transpose flag (f16), or, for TF32
-(whose wgmma has no transpose), element by element into a K-major tile. All four transposes apply.
+(whose wgmma has no transpose), either element by element (4-byte cp.async, scattered local stores)
+into a K-major tile (PRETRANS = 0), or through a transposed copy of the operand made before the GEMM
+(PRETRANS = 1: one more kernel and batch x rows x cols floats of workspace, then the vector copies of
+the K-contiguous layout). All four transposes apply.
 
 Tests on devices without Hopper tensor cores build with ``emulate=True`` (``WGMMA_STUB``): cp.async
 becomes a plain copy and the wgmma a plain-C product that decodes the kernel's own descriptors by the
@@ -42,17 +47,22 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+import pyopencl as cl
+
 from tunecl.kernels.base import Config, Space, build_options, read_source
 from tunecl.kernels.gemm import (
     Rule,
     Variant,
+    _operand,
     check_config,
     compute_units,
     enumerate_space,
     make_space,
+    max_alloc_bytes,
     pow2_ceil,
 )
 from tunecl.kernels.gemm_mma import MmaPlan, capabilities
+from tunecl.kernels.transpose import Transpose
 from tunecl.precision import FP32, TF32
 from tunecl.problems import GemmProblem
 from tunecl.runtime import ARCH_PTX_OPTION, WGMMA, Device
@@ -101,7 +111,7 @@ def variant_of(problem: GemmProblem) -> WgmmaVariant:
 
 
 def _params(variant: WgmmaVariant) -> dict[str, tuple[int, ...]]:
-    return {
+    params = {
         "MWG": (64, 128, 256),
         "NWG": (32, 64, 128, 256),
         "KWG": variant.kwg,
@@ -111,6 +121,33 @@ def _params(variant: WgmmaVariant) -> dict[str, tuple[int, ...]]:
         "VW": variant.widths,
         "GM": (1, 8),
     }
+    if not variant.f16:
+        params["PRETRANS"] = (0, 1)
+    return params
+
+
+# Stored gemm_wgmma_tf32 configs from before PRETRANS existed built the in-kernel path.
+IMPLIED = {"PRETRANS": 0}
+
+
+def has_mn_operand(problem: GemmProblem) -> bool:
+    """Whether a TF32 problem has an operand that is MN-contiguous in memory (A with TRANS_A, B
+    without TRANS_B), which the K-major-only TF32 wgmma cannot take as it is."""
+    return not variant_of(problem).f16 and (problem.trans_a or not problem.trans_b)
+
+
+def kernel_problem(problem: GemmProblem, config: Mapping[str, int]) -> GemmProblem:
+    """The layout the kernel itself computes: with PRETRANS, both operands K-contiguous (A as M x K, B
+    as N x K), the MN-contiguous ones having been transposed into the workspace."""
+    if config.get("PRETRANS"):
+        return dataclasses.replace(problem, trans_a=False, trans_b=True)
+    return problem
+
+
+def pretrans_workspace_words(problem: GemmProblem) -> tuple[int, int]:
+    """Elements of the transposed copies of A and of B that PRETRANS = 1 needs (0 where none)."""
+    p = problem
+    return (p.batch * p.m * p.k if p.trans_a else 0, p.batch * p.n * p.k if not p.trans_b else 0)
 
 
 def accumulators(config: Mapping[str, int]) -> int:
@@ -162,7 +199,12 @@ def _constraints(problem: GemmProblem, device: Any) -> list[Rule]:
             ("MWG", "NWG", "KWG", "STAGES"),
             lambda c: local_memory_bytes(c, problem) <= device.local_mem_size,
         ),
-    ]
+    ] + ([] if variant.f16 else [
+        ("PRETRANS_only_with_an_MN_contiguous_operand", ("PRETRANS",),
+         lambda c: not c["PRETRANS"] or has_mn_operand(problem)),
+        ("PRETRANS_workspace_within_cap", ("PRETRANS",),
+         lambda c: not c["PRETRANS"] or 4 * max(pretrans_workspace_words(problem)) <= max_alloc_bytes(device)),
+    ])
 
 
 def _widest(ld: int, widths: tuple[int, ...]) -> int:
@@ -178,6 +220,7 @@ def _pruning(problem: GemmProblem, device: Any) -> list[Rule]:
         _widest(problem.m if problem.trans_a else problem.k, variant.widths),
         _widest(problem.k if problem.trans_b else problem.n, variant.widths),
     )
+    wide_pretransposed = _widest(problem.k, variant.widths)  # both operands K-contiguous, packed
     units = compute_units(device)
 
     def groups(c: Mapping[str, int]) -> int:
@@ -185,18 +228,20 @@ def _pruning(problem: GemmProblem, device: Any) -> list[Rule]:
 
     def widest_loads(c: Mapping[str, int]) -> int:
         threads = WARPGROUP * c["WARPGROUPS"]
+        widest = wide_pretransposed if c.get("PRETRANS") else wide
         return next(
             (
                 w
                 for w in sorted(variant.widths, reverse=True)
-                if w <= wide and (c["MWG"] * c["KWG"]) % (w * threads) == 0 and (c["NWG"] * c["KWG"]) % (w * threads) == 0
+                if w <= widest and (c["MWG"] * c["KWG"]) % (w * threads) == 0 and (c["NWG"] * c["KWG"]) % (w * threads) == 0
             ),
             1,
         )
 
     return [
         ("tile_within_problem", ("MWG", "NWG", "KWG"), lambda c: c["MWG"] <= m_cap and c["NWG"] <= n_cap and c["KWG"] <= k_cap),
-        ("VW_widest_for_tile_and_packed_layout", ("MWG", "NWG", "KWG", "WARPGROUPS", "VW"), lambda c: c["VW"] == widest_loads(c)),
+        ("VW_widest_for_tile_and_packed_layout", ("MWG", "NWG", "KWG", "WARPGROUPS", "VW")
+         + (() if variant.f16 else ("PRETRANS",)), lambda c: c["VW"] == widest_loads(c)),
         (
             "GM_only_with_several_bands",
             ("MWG", "NWG", "GM"),
@@ -227,7 +272,8 @@ class GemmWgmmaTF32:
     def space(self, problem: GemmProblem, device: Device) -> Space:
         if problem.dtype != self.variant.dtype:
             raise ValueError(f"{self.name} computes {self.variant.dtype} GEMMs, not {problem.key}")
-        return make_space(_params(self.variant), _constraints(problem, device), _pruning(problem, device))
+        return make_space(_params(self.variant), _constraints(problem, device), _pruning(problem, device),
+                          implied=None if self.variant.f16 else IMPLIED)
 
     def default(self, problem: GemmProblem, device: Device) -> Config:
         """The largest preset that gives every compute unit a work-group, with the widest copies and
@@ -242,6 +288,9 @@ class GemmWgmmaTF32:
                 continue
             base = {"MWG": mwg, "NWG": nwg, "KWG": kwg, "WARPGROUPS": warpgroups, "STAGES": stages,
                     "SWIZZLE": swizzle}
+            if not self.variant.f16:  # an MN-contiguous TF32 operand: transposed first (see PRETRANS)
+                base["PRETRANS"] = int(has_mn_operand(problem)
+                                       and 4 * max(pretrans_workspace_words(problem)) <= max_alloc_bytes(device))
             for gm in (8, 1):
                 for width in sorted(self.variant.widths, reverse=True):
                     config = {**base, "VW": width, "GM": gm}
@@ -254,14 +303,19 @@ class GemmWgmmaTF32:
 
     def build(
         self, problem: GemmProblem, device: Device, config: Config, *, emulate: bool = False
-    ) -> MmaPlan:
+    ) -> MmaPlan | PretransposedPlan:
         """Compile ``config`` for ``problem``; ValueError (before compiling) if the config is invalid.
 
         Args:
             emulate: compile the plain-C stand-in of the PTX (``WGMMA_STUB``), for tests on devices
                 without Hopper tensor cores. Slow; says nothing about speed.
         """
-        check_config(self.space(problem, device), config, self.name)
+        space = self.space(problem, device)
+        check_config(space, config, self.name)
+        config = space.complete(config)
+        if config.get("PRETRANS"):  # the K-major kernel, behind the transposes of the MN-contiguous operands
+            inner = self.build(kernel_problem(problem, config), device, {**config, "PRETRANS": 0}, emulate=emulate)
+            return PretransposedPlan(problem, inner, config, device)
         source = read_source(__package__, "gemm_wgmma.cl")
         layout = [f"-DTRANS_A={int(problem.trans_a)}", f"-DTRANS_B={int(problem.trans_b)}"]
         if self.variant.f16:
@@ -272,7 +326,7 @@ class GemmWgmmaTF32:
 
         def options(variant: Variant) -> list[str]:
             aligned_a, aligned_b, aligned_c = variant
-            specialized = {k: v for k, v in config.items() if k != "VW"}
+            specialized = {k: v for k, v in config.items() if k not in ("VW", "PRETRANS")}
             specialized.update(
                 VWA=width if aligned_a else 1, VWB=width if aligned_b else 1, CSCALAR=int(not aligned_c)
             )
@@ -292,6 +346,50 @@ class GemmWgmmaTF32:
             global_size=glob,
             local_size=(threads, 1, 1),
         )
+
+
+class PretransposedPlan:
+    """gemm_wgmma_tf32 with PRETRANS = 1: each MN-contiguous operand (A with TRANS_A, B without TRANS_B)
+    is transposed into a packed workspace (allocated with the plan), then ``inner`` — the K-major
+    kernel's plan (A as M x K, B as N x K) — runs on the copies. Same ``run`` as :class:`GemmPlan`."""
+
+    def __init__(self, problem: GemmProblem, inner: MmaPlan, config: Config, device: Device):
+        self.problem = problem
+        self.inner = inner
+        self.algorithm = inner.algorithm
+        self.precision = inner.precision
+        self.config = dict(config)
+        self.device = device
+        a_words, b_words = pretrans_workspace_words(problem)
+        self.workspace_bytes = 4 * (a_words + b_words)
+        self._transpose = Transpose(device)
+        self._a_copy = device.alloc(4 * a_words) if a_words else None
+        self._b_copy = device.alloc(4 * b_words) if b_words else None
+
+    def run(self, a: cl.Buffer, b: cl.Buffer, c: cl.Buffer, *, alpha: float = 1.0, beta: float = 0.0,
+            a_offset: int = 0, b_offset: int = 0, c_offset: int = 0,
+            lda: int | None = None, ldb: int | None = None, ldc: int | None = None,
+            stride_a: int | None = None, stride_b: int | None = None, stride_c: int | None = None,
+            wait_for: list | None = None) -> list[cl.Event]:
+        """As :meth:`GemmPlan.run`; returns the transposes' events, then the GEMM's. A broadcast operand
+        (stride 0) is transposed once."""
+        p = self.problem
+        lda, stride_a = _operand("a", a, a_offset, lda, stride_a, p.k if p.trans_a else p.m,
+                                 p.m if p.trans_a else p.k, p.batch)
+        ldb, stride_b = _operand("b", b, b_offset, ldb, stride_b, p.n if p.trans_b else p.k,
+                                 p.k if p.trans_b else p.n, p.batch)
+        events: list[cl.Event] = []
+        if self._a_copy is not None:  # A is K x M: its copy is M x K
+            events.append(self._transpose.run(a, a_offset, lda, stride_a, p.k, p.m, p.batch if stride_a else 1,
+                                              self._a_copy, wait_for=wait_for))
+            a, a_offset, lda, stride_a = self._a_copy, 0, p.k, p.m * p.k if stride_a else 0
+        if self._b_copy is not None:  # B is K x N: its copy is N x K
+            events.append(self._transpose.run(b, b_offset, ldb, stride_b, p.k, p.n, p.batch if stride_b else 1,
+                                              self._b_copy, wait_for=None if events else wait_for))
+            b, b_offset, ldb, stride_b = self._b_copy, 0, p.k, p.n * p.k if stride_b else 0
+        return events + self.inner.run(a, b, c, alpha=alpha, beta=beta, a_offset=a_offset, b_offset=b_offset,
+                                       c_offset=c_offset, lda=lda, ldb=ldb, ldc=ldc, stride_a=stride_a,
+                                       stride_b=stride_b, stride_c=stride_c)
 
 
 class GemmWgmmaF16(GemmWgmmaTF32):
