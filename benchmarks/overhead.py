@@ -14,6 +14,10 @@ the host thread; on a GPU ``host`` is what limits small ops.
 
     python benchmarks/overhead.py                 # default device (TUNECL_DEVICE)
     python benchmarks/overhead.py --ops 20000 --repeats 7
+    TUNECL_LAUNCH_BATCH=0 python benchmarks/overhead.py   # every launch enqueued at once (no batching)
+
+On CPU devices the backend's elementwise launches are enqueued in batches (``TUNECL_LAUNCH_BATCH``,
+``Device.defer``); the header says which batch this run used.
 """
 
 from __future__ import annotations
@@ -83,7 +87,8 @@ def _breakdown(args: argparse.Namespace, dev: torch.device) -> None:
     torch.opencl.synchronize()
     plans = dict(pointwise._plans)
     (plan,) = [p for key, p in plans.items() if key[0] == "add" and key[1] == a.shape]
-    enqueue = lambda: plan.kernel(pointwise.queue, plan.global_size, (pointwise.local,), *_launch_args(a, b))
+    launch_args, queue = _launch_args(a, b), pointwise.queue
+    enqueue = lambda: plan.kernel(queue, plan.global_size, (pointwise.local,), *launch_args)
     enqueue_times, python_times = [], []
     for _ in range(args.repeats):
         enqueue_times.append(_time(enqueue, args.ops, torch.opencl.synchronize)[0])
@@ -97,7 +102,7 @@ def _breakdown(args: argparse.Namespace, dev: torch.device) -> None:
             pointwise._plans = plans
             pointwise.launches.clear()
     print(f"a.add_(b) breakdown: backend Python (dispatch to launch, enqueue stubbed) "
-          f"{statistics.median(python_times):.2f} µs + OpenCL enqueue of the same kernel "
+          f"{statistics.median(python_times):.2f} µs; pyopencl call of the same kernel, back to back "
           f"{statistics.median(enqueue_times):.2f} µs")
 
 
@@ -119,8 +124,11 @@ def main(argv: list[str] | None = None) -> None:
 
     dev = torch.device("opencl")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    from tunecl.backend import state
+
     print(f"device: {torch.opencl.get_device_name()} | torch {torch.__version__} | {args.ops} ops of "
-          f"{args.size} floats, median of {args.repeats} | host load average {load:.2f} on {os.cpu_count()} CPUs")
+          f"{args.size} floats, median of {args.repeats} | host load average {load:.2f} on {os.cpu_count()} CPUs"
+          f" | launch batch {state.get().device.launch_batch}")
     print(f"{'case':24s} {'cpu µs':>8s} {'opencl µs':>10s} {'host µs':>8s} {'ratio':>7s}")
     torch.set_grad_enabled(True)
     for name, make in _cases(args.size).items():

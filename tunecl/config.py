@@ -40,6 +40,10 @@ class Config:
             forward without grad mode, or a weight that does not require grad), ``on`` (every weight)
             or ``off``; see :mod:`tunecl.backend.weight_cache`.
         winograd_cache_mb: the most MiB the transformed weights may hold (``TUNECL_WINOGRAD_CACHE_MB``).
+        launch_batch: how many of the backend's small elementwise launches may wait on the host to be
+            enqueued together (``TUNECL_LAUNCH_BATCH``): ``None`` (``auto``: 32 on CPU devices, whose
+            worker threads share the host's cores and are woken once per enqueue, off elsewhere), or
+            a number (0 or 1: off); see :meth:`tunecl.runtime.Device.defer`.
     """
 
     device: str = "0"
@@ -51,6 +55,7 @@ class Config:
     tune: str = "off"
     winograd_cache: str = "auto"
     winograd_cache_mb: int = 512
+    launch_batch: int | None = None
 
     @staticmethod
     def from_env(env: dict[str, str] | None = None) -> Config:
@@ -68,11 +73,24 @@ class Config:
             tune=(env.get("TUNECL_TUNE") or "off").lower(),
             winograd_cache=(env.get("TUNECL_WINOGRAD_CACHE") or "auto").lower(),
             winograd_cache_mb=_int(env, "TUNECL_WINOGRAD_CACHE_MB", 512),
+            launch_batch=_launch_batch(env.get("TUNECL_LAUNCH_BATCH") or "auto"),
         )
 
 
 TUNE_MODES = ("off", "on-miss")
 WINOGRAD_CACHE_MODES = ("auto", "on", "off")
+
+
+def _launch_batch(value: str) -> int | None:
+    if value.strip().lower() == "auto":
+        return None
+    try:
+        batch = int(value)
+    except ValueError:
+        raise ValueError(f"TUNECL_LAUNCH_BATCH must be 'auto' or a number of launches, not {value!r}") from None
+    if batch < 0:
+        raise ValueError(f"TUNECL_LAUNCH_BATCH must not be negative, not {value!r}")
+    return batch
 
 
 def _int(env: dict[str, str], name: str, default: int) -> int:

@@ -22,7 +22,11 @@ class State:
 
     def __init__(self, device: Device):
         self.device = device
-        self.queue = device.queue
+
+    @property
+    def queue(self):
+        """The device's queue (its deferred launches enqueued first: :meth:`Device.defer`)."""
+        return self.device.queue
 
     @functools.cached_property
     def pointwise(self):

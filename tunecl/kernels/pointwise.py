@@ -227,7 +227,6 @@ class Pointwise:
 
     def __init__(self, device: Device):
         self.device = device
-        self.queue = device.queue
         self.cache = KernelCache(device, __package__, "pointwise.cl")
         self.local = work_group(device, 256)
         self._plans: dict[tuple, _Plan] = {}
@@ -281,10 +280,16 @@ class Pointwise:
             plan = self._plan(key, op, shape, out, inputs, wide=False)
         return plan
 
+    @property
+    def queue(self) -> cl.CommandQueue:
+        return self.device.queue
+
     def launch(self, plan: _Plan, args: list, params: Sequence[float | int | bool],
-               offsets: Sequence[int]) -> cl.Event:
+               offsets: Sequence[int], defer: bool = False) -> cl.Event | None:
         """Enqueue ``plan`` on ``args`` (out's buffer, then each input's buffer or scalar) with element
-        ``offsets`` (out's, then each input's: 0 for scalars). ``args`` is extended in place."""
+        ``offsets`` (out's, then each input's: 0 for scalars). ``args`` is extended in place. With
+        ``defer``, by way of :meth:`Device.defer` (no event: the launch may be enqueued later, in
+        order, with the next use of the queue)."""
         if any(offsets):
             if not plan.wide and any(o + e > INT32_MAX for o, e in zip(offsets, plan.extents)):
                 plan = self._plan(None, *plan.signature, wide=True)
@@ -297,7 +302,10 @@ class Pointwise:
         for p in params:
             args.append(cast(p))
         args.append(meta)
-        return plan.kernel(self.queue, plan.global_size, plan.local_size, *args)
+        if defer:
+            self.device.defer(plan.kernel, plan.global_size, plan.local_size, args)
+            return None
+        return plan.kernel(self.device.queue, plan.global_size, plan.local_size, *args)
 
     def _plan(self, key: tuple | None, op: str, shape: Sequence[int], out: Operand, inputs: Sequence[Input],
               wide: bool) -> _Plan:

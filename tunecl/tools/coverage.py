@@ -309,8 +309,10 @@ def dry_run() -> Iterator[DryRun]:
         saved_memory = (allocator.peak_allocated, allocator.peak_reserved, collections.Counter(allocator.counts))
         dry_cl = _DryOpenCL(run)
         first_address = allocator._next_address  # pseudo addresses only grow: later ones are ours
+        run.device.flush()  # the real launches still waiting (Device.defer) go before the dry ones
         try:
             with _patched([
+                (run.device, "launch_batch", 0),  # the dry kernels run (are counted) when called
                 (state, "_state", _dry_state(run)),
                 (allocator, "_new_buffer", lambda reserved, requested: None),
                 (plans, "plan", run.plan),

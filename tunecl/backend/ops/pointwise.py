@@ -45,7 +45,7 @@ def run(expr: str, out: torch.Tensor, inputs: Sequence[Any], params: Sequence[Nu
                 offsets.append(0)
     except KeyError:  # a tensor that is not one of our storages (meta, ...)
         raise Unsupported("a tensor without an opencl storage among opencl operands") from None
-    pointwise.launch(plan, args, params, offsets)
+    pointwise.launch(plan, args, params, offsets, defer=True)
     return out
 
 
@@ -76,7 +76,7 @@ def _run_uncached(key: tuple, expr: str, out: torch.Tensor, inputs: Sequence[Any
         launches[key] = (plan, kinds)
     args = [out_operand.buffer, *(x.buffer if isinstance(x, Operand) else x for x in operands)]
     offsets = [out_operand.offset, *(x.offset if isinstance(x, Operand) else 0 for x in operands)]
-    pointwise.launch(plan, args, params, offsets)
+    pointwise.launch(plan, args, params, offsets, defer=True)
     return out
 
 

@@ -1,0 +1,103 @@
+"""Device.defer: small launches that wait on the host and are enqueued together (TUNECL_LAUNCH_BATCH),
+without ever changing the order of anything on the queue. The backend's elementwise ops go this way on
+PoCL by default, so every test in tests/torch runs with it too; these tests pin down the mechanism."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyopencl as cl
+import pytest
+
+from tunecl import config, runtime
+
+SOURCE = """
+__kernel void axpb(__global float* x, const float a, const float b) {
+  const int i = get_global_id(0);
+  x[i] = a * x[i] + b;
+}
+"""
+
+
+@pytest.fixture
+def batched(monkeypatch):
+    """A Device of its own (select_device's is shared by the process) with a batch of 4."""
+    monkeypatch.setenv("TUNECL_LAUNCH_BATCH", "4")
+    device = runtime.Device(runtime.resolve())
+    assert device.launch_batch == 4
+    return device
+
+
+def _kernel(device):
+    kernel = device.kernel(device.build(SOURCE), "axpb", [None, np.float32, np.float32])
+    return kernel
+
+
+def test_deferred_launches_wait_then_run_in_order(batched):
+    device = batched
+    kernel = _kernel(device)
+    x = np.arange(16, dtype=np.float32)
+    buf = device.upload(x)
+    expected = x.copy()
+    for step in range(3):  # fewer than the batch: nothing enqueued yet
+        device.defer(kernel, (16,), None, [buf, np.float32(2), np.float32(step)])
+        expected = 2 * expected + step
+    assert len(device._deferred) == 3
+    # a read goes through the queue: the three launches are enqueued first, in order (x -> 2x + s is
+    # not commutative across steps, so any reordering changes the result)
+    np.testing.assert_array_equal(device.download(buf, (16,)), expected)
+    assert not device._deferred
+
+
+def test_the_batch_is_enqueued_when_full(batched):
+    device = batched
+    kernel = _kernel(device)
+    buf = device.upload(np.ones(16, np.float32))
+    for _ in range(4):
+        device.defer(kernel, (16,), None, [buf, np.float32(1), np.float32(1)])
+    assert not device._deferred  # the fourth filled the batch
+    device._queue.finish()  # the raw queue: no flush involved
+    np.testing.assert_array_equal(device.download(buf, (16,)), np.full(16, 5, np.float32))
+
+
+def test_direct_enqueues_come_after_the_deferred_ones(batched):
+    device = batched
+    kernel = _kernel(device)
+    src = device.upload(np.zeros(16, np.float32))
+    device.defer(kernel, (16,), None, [src, np.float32(1), np.float32(7)])  # src = 7
+    dst = device.upload(np.zeros(16, np.float32))
+    cl.enqueue_copy(device.queue, dst, src)  # must copy the 7s, not the zeros
+    np.testing.assert_array_equal(device.download(dst, (16,)), np.full(16, 7, np.float32))
+
+
+def test_buffers_stay_alive_while_their_launch_waits(batched):
+    device = batched
+    kernel = _kernel(device)
+    out = device.upload(np.zeros(16, np.float32))
+    device.defer(kernel, (16,), None, [device.upload(np.full(16, 3, np.float32)), np.float32(1), np.float32(1)])
+    device.defer(kernel, (16,), None, [out, np.float32(0), np.float32(2)])
+    device.synchronize()  # the first buffer has no other reference: the waiting launch kept it
+    np.testing.assert_array_equal(device.download(out, (16,)), np.full(16, 2, np.float32))
+
+
+def test_batch_of_one_or_zero_enqueues_at_once(monkeypatch):
+    monkeypatch.setenv("TUNECL_LAUNCH_BATCH", "0")
+    device = runtime.Device(runtime.resolve())
+    kernel = _kernel(device)
+    buf = device.upload(np.zeros(16, np.float32))
+    device.defer(kernel, (16,), None, [buf, np.float32(1), np.float32(1)])
+    assert not device._deferred
+
+
+def test_launch_batch_setting():
+    assert config.Config.from_env({}).launch_batch is None
+    assert config.Config.from_env({"TUNECL_LAUNCH_BATCH": "AUTO"}).launch_batch is None
+    assert config.Config.from_env({"TUNECL_LAUNCH_BATCH": "16"}).launch_batch == 16
+    for bad in ("-1", "many"):
+        with pytest.raises(ValueError, match="TUNECL_LAUNCH_BATCH"):
+            config.Config.from_env({"TUNECL_LAUNCH_BATCH": bad})
+
+
+def test_auto_batches_on_cpu_devices_only(device):
+    expected = runtime.AUTO_LAUNCH_BATCH if device.fingerprint.device_type == "cpu" else 0
+    if config.get().launch_batch is None:
+        assert device.launch_batch == expected
