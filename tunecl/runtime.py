@@ -475,7 +475,7 @@ class Device:
         self.launch_batch = (AUTO_LAUNCH_BATCH if self.fingerprint.device_type == "cpu" else 0) \
             if batch is None else batch
         self._deferred: list[tuple[cl.Kernel, tuple[int, ...], tuple[int, ...] | None, list]] = []
-        self._deferred_lock = threading.Lock()
+        self._deferred_lock = threading.RLock()  # reentrant: a finalizer run by the GC mid-flush may flush
         self.local_mem_size = int(entry.cl_device.local_mem_size)
         self.max_work_group_size = int(entry.cl_device.max_work_group_size)
         self.max_alloc_size = int(entry.cl_device.max_mem_alloc_size)
