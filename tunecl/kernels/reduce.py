@@ -92,10 +92,11 @@ class Reduce:
         self._plans: dict[tuple, _Plan] = {}
 
     def __call__(self, op: str, shape: Sequence[int], inp: Operand, reduce_dims: Collection[int],
-                 out: Operand, out2: Operand | None = None, p0: float = 0.0) -> cl.Event | None:
+                 out: Operand, out2: Operand | None = None, p0: float = 0.0, defer: bool = False) -> cl.Event | None:
         """Enqueue ``out = op(inp)`` over ``reduce_dims`` of ``inp`` (shape ``shape``).
 
         Args:
+            defer: by way of :meth:`Device.defer` (then no event is returned).
             shape: the input's shape.
             reduce_dims: the dims reduced (others are kept and index the output).
             out, out2: outputs with strides given *for the input's dims* (reduced dims ignored);
@@ -117,6 +118,9 @@ class Reduce:
             plan = self._plan(None, op, shape, inp, reduce_dims, out, out2, wide=True)
         args = [out.buffer] + ([out2.buffer] if out2 is not None else []) + [
             inp.buffer, float(p0), pack_meta(plan.prefix + offsets, "long" if plan.wide else "int")]
+        if defer:
+            self.device.defer(plan.kernel, plan.global_size, plan.local_size, args)
+            return None
         return plan.kernel(self.device.queue, plan.global_size, plan.local_size, *args)
 
     def _plan(self, key: tuple | None, op: str, shape: Sequence[int], inp: Operand, reduce_dims: Collection[int],

@@ -52,7 +52,7 @@ def reduce(op: str, self: torch.Tensor, dim: DimArg, keepdim: bool, out: torch.T
     dims = reduced_dims(self, dim)
     o1 = aligned(out, self, dims, keepdim)
     o2 = aligned(out2, self, dims, keepdim) if out2 is not None else None
-    state.get().reduce(op, tuple(self.shape), operand(self), set(dims), o1, o2, p0)
+    state.get().reduce(op, tuple(self.shape), operand(self), set(dims), o1, o2, p0, defer=True)
     return out
 
 
