@@ -16,8 +16,9 @@ the host thread; on a GPU ``host`` is what limits small ops.
     python benchmarks/overhead.py --ops 20000 --repeats 7
     TUNECL_LAUNCH_BATCH=0 python benchmarks/overhead.py   # every launch enqueued at once (no batching)
 
-On CPU devices the backend's elementwise launches are enqueued in batches (``TUNECL_LAUNCH_BATCH``,
-``Device.defer``); the header says which batch this run used.
+On CPU devices the backend's elementwise launches and reductions are enqueued in batches
+(``TUNECL_LAUNCH_BATCH``, ``Device.defer``); the header says which batch this run used, and with a
+batch the ``unbatched`` column times each case with batching off in rounds interleaved with the others.
 """
 
 from __future__ import annotations
@@ -129,7 +130,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"device: {torch.opencl.get_device_name()} | torch {torch.__version__} | {args.ops} ops of "
           f"{args.size} floats, median of {args.repeats} | host load average {load:.2f} on {os.cpu_count()} CPUs"
           f" | launch batch {state.get().device.launch_batch}")
-    print(f"{'case':24s} {'cpu µs':>8s} {'opencl µs':>10s} {'host µs':>8s} {'ratio':>7s}")
+    device = state.get().device
+    batch = device.launch_batch
+    paired = batch > 1  # then every round is also run with batching off, interleaved (same machine load)
+    print(f"{'case':24s} {'cpu µs':>8s} {'opencl µs':>10s} {'host µs':>8s} {'ratio':>7s}"
+          + (f" {'unbatched µs':>13s}" if paired else ""))
     torch.set_grad_enabled(True)
     for name, make in _cases(args.size).items():
         if args.only and args.only not in name:
@@ -137,14 +142,21 @@ def main(argv: list[str] | None = None) -> None:
         cpu_fn, dev_fn = make(torch.device("cpu")), make(dev)
         for fn, sync in ((cpu_fn, lambda: None), (dev_fn, torch.opencl.synchronize)):
             _time(fn, min(500, args.ops), sync)  # warm-up: compiles, caches, allocator
-        cpu, host, total = [], [], []
-        for _ in range(args.repeats):  # interleaved, so both see the same machine load
+        cpu, host, total, unbatched = [], [], [], []
+        for _ in range(args.repeats):  # interleaved, so all see the same machine load
             cpu.append(_time(cpu_fn, args.ops, lambda: None)[1])
             h, t = _time(dev_fn, args.ops, torch.opencl.synchronize)
             host.append(h)
             total.append(t)
+            if paired:
+                device.launch_batch = 0
+                try:
+                    unbatched.append(_time(dev_fn, args.ops, torch.opencl.synchronize)[1])
+                finally:
+                    device.launch_batch = batch
         c, h, t = statistics.median(cpu), statistics.median(host), statistics.median(total)
-        print(f"{name:24s} {c:8.2f} {t:10.2f} {h:8.2f} {t / c:7.1f}x")
+        print(f"{name:24s} {c:8.2f} {t:10.2f} {h:8.2f} {t / c:7.1f}x"
+              + (f" {statistics.median(unbatched):13.2f}" if paired else ""))
     _breakdown(args, dev)
     fallbacks = tunecl.backend.stats()["fallback_ops"]
     print(f"ops served by the CPU fallback: {fallbacks or 'none'}")
