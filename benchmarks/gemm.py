@@ -3,7 +3,10 @@
 The peer is numpy (OpenBLAS/MKL sgemm) for a CPU OpenCL device and ``torch.mm`` on CUDA for an NVIDIA
 device (when torch sees CUDA), at the same precision: ``--precision fp32`` (default) compares strict fp32
 with TF32 off; ``--precision tf32`` lets tunecl choose TF32 algorithms (tensor cores, where the device
-grants them) and turns TF32 on for the peer. The default column is always the strict-fp32 default. Every tunecl number is a verified plan timed by device
+grants them) and turns TF32 on for the peer; ``--precision fp16`` makes every shape a float16 GEMM (half
+A, B and C, fp32 accumulation: the f16 tensor-core families, where the device grants them) and times
+``torch.mm`` on float16 tensors. The default column is the strict-fp32 default (for fp16: the first
+float16 family's default). Every tunecl number is a verified plan timed by device
 events (median, see ``tunecl/search/measure.py``); the peer is timed the same way (median of repeats
 until a minimum total time; CUDA events for torch). Default, tuned and peer are measured in
 ``--rounds`` interleaved rounds and each reports its best round median. "tuned" is the tuning DB's entry for the shape on
@@ -13,6 +16,7 @@ this device when there is one (``--retune`` to tune anyway), else a fresh ``tune
     python benchmarks/gemm.py --device nvidia --trials 150    # the full list on a GPU
     python benchmarks/gemm.py --shapes 1024,1024,1024 --json out.json
     python benchmarks/gemm.py --device nvidia --precision tf32 --shapes 4096,4096,4096
+    python benchmarks/gemm.py --device nvidia --precision fp16 --shapes 4096,4096,4096 1024,1024,1024
     python benchmarks/gemm.py --device nvidia --retune --algorithms gemm_simt gemm_simt:MAXRREG=0
 
 ``--algorithms NAME[:KEY=VALUE,...]`` also times the named algorithms' default configs (with the given
@@ -85,9 +89,10 @@ def torch_cuda_peer(problem: GemmProblem, min_time: float, precision: str = "fp3
     if not torch.cuda.is_available():
         return None
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"  # the precision tunecl was allowed
-    a = torch.rand(problem.m, problem.k, device="cuda") * 2 - 1
-    b = torch.rand(problem.k, problem.n, device="cuda") * 2 - 1
-    c = torch.empty(problem.m, problem.n, device="cuda")
+    dtype = torch.float16 if problem.dtype == "float16" else torch.float32
+    a = (torch.rand(problem.m, problem.k, device="cuda") * 2 - 1).to(dtype)
+    b = (torch.rand(problem.k, problem.n, device="cuda") * 2 - 1).to(dtype)
+    c = torch.empty(problem.m, problem.n, device="cuda", dtype=dtype)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     def once() -> float:
@@ -101,7 +106,8 @@ def torch_cuda_peer(problem: GemmProblem, min_time: float, precision: str = "fp3
     samples = [once() for _ in range(3)]
     while sum(samples) < min_time and len(samples) < 200:
         samples.append(once())
-    return f"torch.mm (CUDA, TF32 {'on' if precision == 'tf32' else 'off'})", statistics.median(samples)
+    kind = "float16" if problem.dtype == "float16" else f"TF32 {'on' if precision == 'tf32' else 'off'}"
+    return f"torch.mm (CUDA, {kind})", statistics.median(samples)
 
 
 def peer(device: runtime.Device, problem: GemmProblem, min_time: float,
@@ -109,7 +115,7 @@ def peer(device: runtime.Device, problem: GemmProblem, min_time: float,
     """The fastest library for this device's kind, timed now; None when there is none to compare."""
     fp = device.fingerprint
     if fp.device_type == "cpu":
-        return numpy_peer(problem, min_time)
+        return None if problem.dtype == "float16" else numpy_peer(problem, min_time)  # (no fast fp16 BLAS)
     if "nvidia" in fp.vendor.lower():
         return torch_cuda_peer(problem, min_time, precision)
     return None
@@ -160,11 +166,14 @@ def named_configs(device: runtime.Device, problem: GemmProblem,
 
 def bench_shape(device: runtime.Device, db: TuningDB, problem: GemmProblem, args: argparse.Namespace,
                 policy: TimingPolicy) -> dict[str, Any]:
-    accepted = at_least(args.precision)
+    tune_precision = tuning_precision(args.precision)
+    accepted = at_least(tune_precision)
     candidates = [a for a in algorithms("gemm")
                   if algorithm_precision(a) in accepted and a.applies(problem, device)]
-    if not candidates:
-        raise SystemExit("no GEMM algorithm is registered or applies; nothing to benchmark")
+    if not candidates:  # reported in the shape's row; the other shapes still run
+        return {"shape": f"{problem.m}x{problem.n}x{problem.k}", "problem": problem.key, "precision": args.precision,
+                "error": "no GEMM algorithm applies on this device"
+                         + (" (float16 GEMMs need the mma_f16 or wgmma capability)" if problem.dtype == "float16" else "")}
     harness = harness_for(problem, device)
     baseline = next(a for a in candidates if algorithm_precision(a) == "fp32")  # the untuned default
 
@@ -178,7 +187,7 @@ def bench_shape(device: runtime.Device, db: TuningDB, problem: GemmProblem, args
         try:
             outcome = tune_problem(problem, device, db, trials=args.trials, time_limit=args.time_limit,
                                    sampler=args.sampler, storage_url=args.storage, progress=progress,
-                                   policy=policy, precision=args.precision)
+                                   policy=policy, precision=tune_precision)
         finally:
             progress.close()
         tune_seconds = time.monotonic() - started
@@ -237,6 +246,12 @@ def bench_shape(device: runtime.Device, db: TuningDB, problem: GemmProblem, args
     return row
 
 
+def tuning_precision(precision: str) -> str:
+    """The precision the tuner is held to: fp16 shapes are float16 problems whose families verify at
+    fp32 (fp32 accumulation, one rounding to half)."""
+    return "fp32" if precision == "fp16" else precision
+
+
 def _fmt(value: float | None, spec: str = ".1f") -> str:
     return "-" if value is None else format(value, spec)
 
@@ -258,9 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3,
                         help="interleaved measurement rounds of default, tuned and peer; the best round "
                              "median of each is reported (default 3)")
-    parser.add_argument("--precision", default="fp32", choices=("fp32", "tf32"),
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "fp16"),
                         help="fp32: strict, peer with TF32 off (default); tf32: TF32 algorithms allowed, "
-                             "peer with TF32 on")
+                             "peer with TF32 on; fp16: float16 GEMMs, peer on float16 tensors")
     parser.add_argument("--retune", action="store_true", help="tune even when the DB has the shape")
     parser.add_argument("--algorithms", nargs="+", metavar="NAME[:K=V,...]",
                         help="also time these algorithms' default configs (parameters K changed to V), e.g. "
@@ -274,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     specs = args.shapes or (QUICK if args.quick else SHAPES)
     try:
         problems = [GemmProblem.from_spec(s) for s in specs]
+        if args.precision == "fp16":
+            problems = [dataclasses.replace(p, dtype="float16") for p in problems]
     except ValueError as error:
         parser.error(str(error))
 
@@ -288,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
         for problem in problems:
             row = bench_shape(device, db, problem, args, policy)
             rows.append(row)
+            if "error" in row:
+                print(f"{row['shape']:>16}   {row['error']}", flush=True)
+                continue
             print(f"{row['shape']:>16} {_fmt(row['default_gflops']):>9} {_fmt(row['tuned_gflops']):>9} "
                   f"{_fmt(row['peer_gflops']):>9} {_fmt(row['tuned_vs_peer'], '.2f'):>10} "
                   f"{_fmt(row['tuned_vs_default'], '.2f'):>9}  {row['tuned_algorithm']} "
@@ -300,10 +320,11 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{'':16}   {entry['label']} default: {_fmt(entry['gflops'])} GFLOP/s, "
                           f"{_fmt(entry['vs_peer'], '.2f')}x peer, {_fmt(entry['vs_tuned'], '.2f')}x tuned  "
                           f"{entry['config']}", flush=True)
-    peer_name = next((r["peer"] for r in rows if r["peer"]), "no peer for this device")
-    vs_peer = geomean([r["tuned_vs_peer"] for r in rows])
-    vs_default = geomean([r["tuned_vs_default"] for r in rows])
-    print(f"summary: {len(rows)} shapes on {device.fingerprint.label}; tuned vs {peer_name}: geomean "
+    timed = [r for r in rows if "error" not in r]
+    peer_name = next((r["peer"] for r in timed if r["peer"]), "no peer for this device")
+    vs_peer = geomean([r["tuned_vs_peer"] for r in timed])
+    vs_default = geomean([r["tuned_vs_default"] for r in timed])
+    print(f"summary: {len(timed)} of {len(rows)} shapes timed on {device.fingerprint.label}; tuned vs {peer_name}: geomean "
           f"{_fmt(vs_peer, '.2f')}x; tuned vs default: geomean {_fmt(vs_default, '.2f')}x")
     if args.json:
         Path(args.json).write_text(json.dumps({"device": device.fingerprint.to_dict(), "peer": peer_name,

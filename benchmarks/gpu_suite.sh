@@ -4,7 +4,7 @@
 #   bash benchmarks/gpu_suite.sh OUTDIR BUDGET_SECONDS [STEP ...]
 #
 # Steps: mma bench validate conv tests (the default, in this order); when named: gemm_mma or conv_mma
-# (one half of mma), space (~3 min), ship (tunes resnet18/50 batch 16 with --train for tuning_db/;
+# (one half of mma), fp16 (~4 min), pretrans (~3 min), space (~3 min), ship (tunes resnet18/50 batch 16 with --train for tuning_db/;
 # SHIP_TIME_LIMIT seconds per problem, default 8) and convergence (~16 min). Each step gets what is left of the budget (a step that cannot start with at least MIN_STEP_S seconds left is skipped and
 # logged); every command writes its own file under OUTDIR, and OUTDIR.tar.gz is rewritten after
 # every command, so a run cut off from outside still leaves everything finished so far in one file.
@@ -56,6 +56,12 @@ for step in $steps; do
         --fp16 --budget 150 --json "$out/conv_mma_f16.json"
       [ "$step" = conv_mma ] || run gemm_wgmma 200 "$PY" benchmarks/gemm_wgmma.py --device "$TUNECL_DEVICE" \
         --json "$out/gemm_wgmma.json" ;;
+    fp16)      # issue 8: float16 GEMMs tuned over the f16 families, next to torch.mm on float16 tensors
+      run gemm-fp16 300 "$PY" benchmarks/gemm.py --device "$TUNECL_DEVICE" --precision fp16 \
+        --shapes 4096,4096,4096 1024,1024,1024 --trials 40 --time-limit 100 --retune --json "$out/gemm-fp16.json" ;;
+    pretrans)  # issue 8: TF32 wgmma with the MN-contiguous operand transposed first (PRETRANS) or not, nn and nt
+      run gemm_wgmma-pretrans 240 "$PY" benchmarks/gemm_wgmma.py --device "$TUNECL_DEVICE" --dtypes float32 \
+        --shapes 4096,4096,4096 --layouts nn nt --check-configs 0 --configs 12 --json "$out/gemm_wgmma-pretrans.json" ;;
     space)     # issue 3: exhaustive search of a reduced fp32 GEMM space at 4096^3, to judge the tuner
       run gemm_space-4096 200 "$PY" benchmarks/gemm_space.py --device "$TUNECL_DEVICE" \
         --shape 4096,4096,4096 --time-limit 170 --json "$out/gemm_space-4096.json" ;;
@@ -93,7 +99,7 @@ for step in $steps; do
       run ship-export 60 "$PY" -m tunecl db export --device "$TUNECL_DEVICE" -o "$out/ship-export.json" ;;
     tests)     # GPU-only correctness: the device and torch test subsets on the GPU
       run pytest-device 0 "$PY" -m pytest -q -rfE --tb=short ${TESTS:-tests/device tests/torch} ;;
-    *) log "unknown step $step (steps: mma gemm_mma conv_mma bench validate conv space ship convergence tests)" ;;
+    *) log "unknown step $step (steps: mma gemm_mma conv_mma fp16 pretrans bench validate conv space ship convergence tests)" ;;
   esac
 done
 log "done, $(left)s of the budget left"

@@ -95,3 +95,21 @@ def test_gemm_benchmark_times_named_defaults(tmp_path, capsys):
     invalid = named["gemm_simt:VW=3"]
     assert invalid["gflops"] is None and "VW=3 not in" in invalid["message"]
     assert "gemm_simt default:" in capsys.readouterr().out
+
+
+def test_gemm_benchmark_fp16_makes_float16_problems(tmp_path, capsys):
+    """gemm.py --precision fp16 benchmarks each shape as a float16 GEMM (tuned at fp32, the f16 families'
+    precision); where no float16 family applies (PoCL) each row says so and the run still succeeds."""
+    script = load_script("gemm")
+    out = tmp_path / "gemm.json"
+    assert script.main(["--precision", "fp16", "--shapes", "24,40,16", "32,32,32", "--trials", "2",
+                        "--min-time", "0.001", "--rounds", "1", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["precision"] == "fp16" and len(data["rows"]) == 2
+    for row in data["rows"]:
+        assert "dtype=float16" in row["problem"]
+        if "error" in row:
+            assert "float16 GEMMs need the mma_f16 or wgmma capability" in row["error"]
+        else:
+            assert row["tuned_precision"] == "fp32" and row["tuned_gflops"] > 0
+    assert "precision: fp16" in capsys.readouterr().out
