@@ -524,8 +524,8 @@ class Device:
         A launch that fails to enqueue raises from the call that flushed it. With ``launch_batch`` 0 or
         1 the kernel is enqueued now.
         """
-        if self.launch_batch <= 1:
-            kernel(self._queue, global_size, local_size, *args)
+        if self.launch_batch <= 1:  # (through the property: launches deferred under an earlier batch go first)
+            kernel(self.queue, global_size, local_size, *args)
             return
         with self._deferred_lock:
             self._deferred.append((kernel, global_size, local_size, args))
