@@ -233,8 +233,7 @@ class CachingAllocator:
         with self._lock:
             self._allocs_since_sweep += 1
             if nbytes:
-                # (size_class, inlined for the small classes: this is every op's output allocation)
-                reserved = -(-nbytes // SMALL_GRANULE) * SMALL_GRANULE if nbytes <= SMALL_LIMIT else size_class(nbytes)
+                reserved = size_class(nbytes)
                 cached = self._cache.get(reserved)
                 if not cached:  # a miss: reclaim dead storages first (see the module docstring)
                     self._reclaim_recent(reserved)
@@ -260,12 +259,10 @@ class CachingAllocator:
                 slot = self._free_slots.pop() if self._free_slots else _Slot(MAX_DIMS_RECYCLED)
             block = _Block(address, buffer, reserved, nbytes, slot)
             self._blocks[slot.address] = block
-            allocated = self.allocated = self.allocated + reserved
+            self.allocated += reserved
             self.requested += nbytes
-            if allocated > self.peak_allocated:
-                self.peak_allocated = allocated
-            if allocated + self.cached > self.peak_reserved:
-                self.peak_reserved = allocated + self.cached
+            self.peak_allocated = max(self.peak_allocated, self.allocated)
+            self.peak_reserved = max(self.peak_reserved, self.allocated + self.cached)
             self.counts["allocs"] += 1
             _buffers[address] = buffer
             return block
