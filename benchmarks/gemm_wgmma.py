@@ -129,10 +129,11 @@ def run_dtype(args: argparse.Namespace, dtype: str) -> list[dict[str, Any]]:
     for spec, layout in [(spec, layout) for spec in args.shapes for layout in args.layouts]:
         p = GemmProblem(*(int(v) for v in spec.split(",")), *LAYOUTS[layout], dtype=dtype)
         peer = torch_peer(p, args.min_time)
-        space = alg.space(p, device).configs()
+        searched = alg.space(p, device)
+        space = searched.configs()
         default = alg.default(p, device)
         configs = [("default", default)]
-        if "PRETRANS" in alg.space(p, device).params and gemm_wgmma.has_mn_operand(p):
+        if "PRETRANS" in searched.params and gemm_wgmma.has_mn_operand(p):
             # the other way to feed TF32's K-major wgmma an MN-contiguous operand, timed next to it
             configs.append((f"default PRETRANS={1 - default['PRETRANS']}", {**default, "PRETRANS": 1 - default["PRETRANS"]}))
         configs += [

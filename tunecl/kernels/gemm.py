@@ -199,6 +199,17 @@ def _operand(name: str, buffer: cl.Buffer, offset: int, ld: int | None, stride: 
     return ld, stride
 
 
+def operand_layouts(problem: GemmProblem, a: cl.Buffer, a_offset: int, lda: int | None, stride_a: int | None,
+                    b: cl.Buffer, b_offset: int, ldb: int | None, stride_b: int | None) -> tuple[int, int, int, int]:
+    """(lda, stride_a, ldb, stride_b) of op(A) and op(B) checked against their buffers (see ``_operand``)."""
+    p, size = problem, DTYPES[problem.dtype]
+    lda, stride_a = _operand("a", a, a_offset, lda, stride_a, p.k if p.trans_a else p.m,
+                             p.m if p.trans_a else p.k, p.batch, size)
+    ldb, stride_b = _operand("b", b, b_offset, ldb, stride_b, p.n if p.trans_b else p.k,
+                             p.k if p.trans_b else p.n, p.batch, size)
+    return lda, stride_a, ldb, stride_b
+
+
 class GemmPlan:
     """A GEMM problem compiled with one config of one family, ready to enqueue.
 
@@ -280,12 +291,8 @@ class GemmPlan:
             ValueError: a layout that does not fit its buffer or is malformed.
         """
         p = self.problem
-        size = DTYPES[p.dtype]
-        lda, stride_a = _operand("a", a, a_offset, lda, stride_a, p.k if p.trans_a else p.m,
-                                 p.m if p.trans_a else p.k, p.batch, size)
-        ldb, stride_b = _operand("b", b, b_offset, ldb, stride_b, p.n if p.trans_b else p.k,
-                                 p.k if p.trans_b else p.n, p.batch, size)
-        ldc, stride_c = _operand("c", c, c_offset, ldc, stride_c, p.m, p.n, p.batch, size)
+        lda, stride_a, ldb, stride_b = operand_layouts(p, a, a_offset, lda, stride_a, b, b_offset, ldb, stride_b)
+        ldc, stride_c = _operand("c", c, c_offset, ldc, stride_c, p.m, p.n, p.batch, DTYPES[p.dtype])
         if p.batch > 1 and stride_c < (p.m - 1) * ldc + p.n:
             raise ValueError(f"stride_c={stride_c} makes the {p.batch} C matrices overlap")
         variant = self._variant(a_offset, lda, stride_a, b_offset, ldb, stride_b, c_offset, ldc, stride_c)

@@ -53,12 +53,12 @@ from tunecl.kernels.base import Config, Space, build_options, read_source
 from tunecl.kernels.gemm import (
     Rule,
     Variant,
-    _operand,
     check_config,
     compute_units,
     enumerate_space,
     make_space,
     max_alloc_bytes,
+    operand_layouts,
     pow2_ceil,
 )
 from tunecl.kernels.gemm_mma import MmaPlan, capabilities
@@ -150,6 +150,11 @@ def pretrans_workspace_words(problem: GemmProblem) -> tuple[int, int]:
     return (p.batch * p.m * p.k if p.trans_a else 0, p.batch * p.n * p.k if not p.trans_b else 0)
 
 
+def pretrans_fits(problem: GemmProblem, device: Any) -> bool:
+    """Whether each transposed copy PRETRANS = 1 needs fits one of the device's buffers (the cap)."""
+    return 4 * max(pretrans_workspace_words(problem)) <= max_alloc_bytes(device)
+
+
 def accumulators(config: Mapping[str, int]) -> int:
     """fp32 accumulators per thread: NWG / 2 per 64-row wgmma tile of its warpgroup."""
     return config["MWG"] // config["WARPGROUPS"] // 64 * config["NWG"] // 2
@@ -203,7 +208,7 @@ def _constraints(problem: GemmProblem, device: Any) -> list[Rule]:
         ("PRETRANS_only_with_an_MN_contiguous_operand", ("PRETRANS",),
          lambda c: not c["PRETRANS"] or has_mn_operand(problem)),
         ("PRETRANS_workspace_within_cap", ("PRETRANS",),
-         lambda c: not c["PRETRANS"] or 4 * max(pretrans_workspace_words(problem)) <= max_alloc_bytes(device)),
+         lambda c: not c["PRETRANS"] or pretrans_fits(problem, device)),
     ])
 
 
@@ -289,8 +294,7 @@ class GemmWgmmaTF32:
             base = {"MWG": mwg, "NWG": nwg, "KWG": kwg, "WARPGROUPS": warpgroups, "STAGES": stages,
                     "SWIZZLE": swizzle}
             if not self.variant.f16:  # an MN-contiguous TF32 operand: transposed first (see PRETRANS)
-                base["PRETRANS"] = int(has_mn_operand(problem)
-                                       and 4 * max(pretrans_workspace_words(problem)) <= max_alloc_bytes(device))
+                base["PRETRANS"] = int(has_mn_operand(problem) and pretrans_fits(problem, device))
             for gm in (8, 1):
                 for width in sorted(self.variant.widths, reverse=True):
                     config = {**base, "VW": width, "GM": gm}
@@ -374,10 +378,7 @@ class PretransposedPlan:
         """As :meth:`GemmPlan.run`; returns the transposes' events, then the GEMM's. A broadcast operand
         (stride 0) is transposed once."""
         p = self.problem
-        lda, stride_a = _operand("a", a, a_offset, lda, stride_a, p.k if p.trans_a else p.m,
-                                 p.m if p.trans_a else p.k, p.batch)
-        ldb, stride_b = _operand("b", b, b_offset, ldb, stride_b, p.n if p.trans_b else p.k,
-                                 p.k if p.trans_b else p.n, p.batch)
+        lda, stride_a, ldb, stride_b = operand_layouts(p, a, a_offset, lda, stride_a, b, b_offset, ldb, stride_b)
         events: list[cl.Event] = []
         if self._a_copy is not None:  # A is K x M: its copy is M x K
             events.append(self._transpose.run(a, a_offset, lda, stride_a, p.k, p.m, p.batch if stride_a else 1,

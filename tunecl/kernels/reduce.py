@@ -96,12 +96,12 @@ class Reduce:
         """Enqueue ``out = op(inp)`` over ``reduce_dims`` of ``inp`` (shape ``shape``).
 
         Args:
-            defer: by way of :meth:`Device.defer` (then no event is returned).
             shape: the input's shape.
             reduce_dims: the dims reduced (others are kept and index the output).
             out, out2: outputs with strides given *for the input's dims* (reduced dims ignored);
                 ``out2`` takes arg indices (ARG) or the mean (var/std).
             p0: the op's parameter (variance correction, norm order).
+            defer: by way of :meth:`Device.defer` (then no event is returned).
 
         Raises:
             Unsupported: a dtype or rank this family does not handle.
