@@ -281,6 +281,23 @@ def test_bench_cli_summary_without_peer(capsys):
     assert "ours" in out and "peer" not in out and "fallback" in out
 
 
+def test_bench_profile_reports_device_time_per_kernel(capsys):
+    argv = ["bench", "--net", TINY, "--batch", "2", "--image-size", "16", "--train", "--compare", "none",
+            "--warmup", "1", "--repeats", "1", "--profile", "2"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "profile   2 more iterations:" in out and "device busy" in out
+    result = bench_net(TINY, compare="none", warmup=1, repeats=1, train=True, profile=2, **SMALL)
+    profile = result["profile"]
+    names = [row["name"] for row in profile["kernels"]]
+    assert profile["iterations"] == 2 and profile["commands"] > 0 and 0 < profile["device_busy_ms"]
+    # the optimizer step (Adam's step counts) and the batch's copy (through a staging buffer)
+    assert "axpb" in names and "copy device→device" in names and len(set(names)) == len(names)
+    assert sum(row["share"] for row in profile["kernels"]) == pytest.approx(1.0)
+    assert sum(row["ms"] for row in profile["kernels"]) == pytest.approx(profile["device_busy_ms"])
+    assert bench_net(TINY, compare="none", warmup=0, repeats=1, **SMALL)["profile"] is None
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA exists here")
 def test_bench_compare_cuda_without_cuda_is_an_error_before_measuring(capsys):
     assert main(["bench", "--net", TINY, "--batch", "1", "--image-size", "8", "--compare", "cuda"]) == 1
@@ -310,6 +327,7 @@ def test_peer_subprocess_never_imports_the_backend():
     (["bench", "--net", "x", "--warmup", "-1"], "expected an integer ≥ 0"),
     (["bench", "--net", "x", "--batch", "many"], "expected a positive integer"),
     (["bench", "--net", "x", "--precision", "fp16"], "invalid choice: 'fp16'"),
+    (["bench", "--net", "x", "--profile", "-2"], "expected an integer ≥ 0"),
     (["validate"], "the following arguments are required: --net"),
     (["validate", "--net", "x", "--image-size", "0"], "expected a positive integer"),
     (["validate", "--net", "x", "--compare", "cpu"], "unrecognized arguments: --compare"),

@@ -15,6 +15,7 @@ from tunecl.cli.tune import non_negative_int, positive_int
 
 COMPARE = ("cpu", "cuda", "none")  # tunecl.tools.bench.COMPARE, repeated so --help imports no torch
 PRECISIONS = ("fp32", "tf32")      # tunecl.tools.bench.PRECISIONS, likewise
+PROFILE_ROWS = 15                  # kernels listed by the summary (--json has them all)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -48,6 +49,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="untimed iterations first (default 3)")
     parser.add_argument("--repeats", type=positive_int, default=10, metavar="N",
                         help="timed iterations; the median is reported (default 10)")
+    parser.add_argument("--profile", type=non_negative_int, default=0, metavar="N",
+                        help="after the timed iterations, run N more with every kernel launch and copy timed "
+                             "by its device event; prints device-busy time next to wall time and the "
+                             "kernels that took the most (default 0: no profile)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
     parser.set_defaults(func=run)
@@ -58,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
     result = bench_net(args.net, device=args.device, batch=args.batch, image_size=args.image_size,
                        train=args.train, compare=args.compare, warmup=args.warmup, repeats=args.repeats,
-                       seed=args.seed, precision=args.precision, progress=lambda line: print(line, file=sys.stderr, flush=True))
+                       seed=args.seed, precision=args.precision, profile=args.profile, progress=lambda line: print(line, file=sys.stderr, flush=True))
     if args.json:
         print_json(result)
     else:
@@ -105,3 +110,17 @@ def print_result(result: dict[str, Any], out: TextIO | None = None) -> None:
     if sources:
         line("plans", ", ".join(f"{source} {n / result['repeats']:g}" for source, n in sources.items())
              + " conv/GEMM calls per batch")
+    profile = result.get("profile")
+    if profile:
+        busy, wall = profile["device_busy_ms"], profile["wall_ms"]
+        line("profile", f"{profile['iterations']} more iterations: {wall:.3f} ms wall per batch, device busy "
+                        f"{busy:.3f} ms ({busy / wall:.0%}), {profile['commands']:g} commands per batch")
+        kernels = profile["kernels"]
+        for row in kernels[:PROFILE_ROWS]:
+            print(f"{'':10}{row['ms']:10.3f} ms {row['share']:6.1%} {row['launches']:8g}x  {row['name']}",
+                  file=out)
+        if len(kernels) > PROFILE_ROWS:
+            rest = kernels[PROFILE_ROWS:]
+            print(f"{'':10}{sum(row['ms'] for row in rest):10.3f} ms {sum(row['share'] for row in rest):6.1%} "
+                  f"{sum(row['launches'] for row in rest):8g}x  ({len(rest)} other kernels; all in --json)",
+                  file=out)

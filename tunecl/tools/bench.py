@@ -40,11 +40,13 @@ PEER_TIMEOUT_S = 3600.0
 
 
 def time_iterations(model: Any, x: Any, y: Any, device: str, *, train: bool, warmup: int, repeats: int,
-                    after_warmup: Callable[[], None] | None = None) -> list[float]:
+                    after_warmup: Callable[[], None] | None = None,
+                    after_timed: Callable[[Callable[[], None]], None] | None = None) -> list[float]:
     """Seconds of each of ``repeats`` timed iterations (after ``warmup`` untimed ones) on ``device``.
 
     ``model`` is moved to ``device``; ``x`` and ``y`` stay on the CPU and are copied every iteration,
-    as part of the measured time. ``after_warmup`` runs between the untimed and the timed iterations.
+    as part of the measured time. ``after_warmup`` runs between the untimed and the timed iterations;
+    ``after_timed`` is called with the iteration function once they are done (to run more, e.g. profiled).
     """
     import torch
     import torch.nn.functional as F
@@ -75,7 +77,30 @@ def time_iterations(model: Any, x: Any, y: Any, device: str, *, train: bool, war
         start = time.perf_counter()
         iteration()
         times.append(time.perf_counter() - start)
+    if after_timed is not None:
+        after_timed(iteration)
     return times
+
+
+def profile_iterations(iteration: Callable[[], None], count: int) -> dict[str, Any]:
+    """Run ``iteration`` ``count`` times recording every kernel launch and copy (see
+    :mod:`tunecl.profiling`); per batch: wall ms, device-busy ms, commands, and every kernel (launches,
+    ms, share of the busy time), most time first."""
+    from tunecl.profiling import KernelProfile
+
+    with KernelProfile() as profile:
+        start = time.perf_counter()
+        for _ in range(count):
+            iteration()
+        wall = time.perf_counter() - start
+        rows = profile.summary()
+    busy = sum(row.seconds for row in rows)
+    return {
+        "iterations": count, "wall_ms": wall * 1e3 / count, "device_busy_ms": busy * 1e3 / count,
+        "commands": sum(row.launches for row in rows) / count,
+        "kernels": [{"name": row.name, "launches": row.launches / count, "ms": row.seconds * 1e3 / count,
+                     "share": row.seconds / busy if busy else 0.0} for row in rows],
+    }
 
 
 @contextlib.contextmanager
@@ -97,7 +122,7 @@ def _timing(times: list[float]) -> dict[str, Any]:
 
 def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_size: int = 224,
               train: bool = False, compare: str | None = None, warmup: int = 3, repeats: int = 10,
-              seed: int = 0, precision: str = "fp32",
+              seed: int = 0, precision: str = "fp32", profile: int = 0,
               progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Benchmark ``net`` on the opencl device and on a peer; return one JSON-ready dict.
 
@@ -109,6 +134,9 @@ def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_siz
         precision: ``"fp32"`` or ``"tf32"``: torch's TF32 flags on both sides (module docstring).
         warmup: untimed iterations before the timed ones (compilation and plan building happen there).
         repeats: timed iterations; their median is the result.
+        profile: this many more iterations on the opencl device (after the timed ones, not in the
+            median) with every kernel launch and copy timed by its device event: see
+            :func:`profile_iterations`; the result's ``profile`` (None when 0).
         progress: called with a short line before each phase (the CLI prints them on stderr).
 
     Returns:
@@ -128,8 +156,8 @@ def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_siz
         raise ValueError(f"compare must be one of {COMPARE}, not {compare!r}")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
-    if warmup < 0 or repeats < 1 or batch < 1 or image_size < 1:
-        raise ValueError("need warmup >= 0 and repeats, batch, image_size >= 1")
+    if warmup < 0 or repeats < 1 or batch < 1 or image_size < 1 or profile < 0:
+        raise ValueError("need warmup, profile >= 0 and repeats, batch, image_size >= 1")
     if compare == "cuda" and not torch.cuda.is_available():   # say so before the long measurement
         raise TuneclError("--compare cuda: torch.cuda.is_available() is False here (torch "
                           f"{torch.__version__}); use --compare cpu or none")
@@ -146,13 +174,21 @@ def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_siz
 
     say(f"measuring {net} on opencl:0 ({device_name}): {warmup} warm-up + {repeats} timed {mode} iterations"
         f" at {precision}")
-    try:   # the counters cover the timed iterations only
+    stats: dict[str, Any] = {}
+    profiled: dict[str, Any] = {}
+
+    def after_timed(iteration: Callable[[], None]) -> None:
+        stats.update(tunecl.backend.stats())   # the counters cover the timed iterations only
+        if profile:
+            say(f"profiling {profile} more iterations: device time of every kernel launch and copy")
+            profiled.update(profile_iterations(iteration, profile))
+
+    try:
         with tf32_flags(precision == "tf32"):
             times = time_iterations(model, x, y, "opencl", train=train, warmup=warmup, repeats=repeats,
-                                    after_warmup=tunecl.backend.reset_stats)
+                                    after_warmup=tunecl.backend.reset_stats, after_timed=after_timed)
     except tunecl.backend.FallbackError as error:   # TUNECL_FALLBACK=error and an op without a kernel
         raise TuneclError(f"{net} cannot run on opencl:0: {error}") from None
-    stats = tunecl.backend.stats()
     del model
     ours = {"device": f"opencl:0 {device_name}", **_timing(times)}
     device_type = torch.opencl.get_device_properties()["type"]
@@ -178,7 +214,7 @@ def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_siz
         "shared_cores": compare == "cpu" and device_type == "cpu",
         "ratio": ours["median_ms"] / peer["median_ms"] if peer else None,
         "fallback_ops": fallback, "fallback_calls": calls, "fallback_calls_per_batch": calls / repeats,
-        "plan_sources": dict(stats["plan_sources"]),
+        "plan_sources": dict(stats["plan_sources"]), "profile": profiled or None,
     }
 
 
