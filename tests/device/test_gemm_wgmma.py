@@ -154,9 +154,16 @@ def check_run(device, p: GemmProblem, config, layout: Layout, rng, emulate: bool
 # ---- the capability, the registry, the space ---------------------------------------------------------
 
 
-def test_registered_after_the_mma_families():
+def test_registered_before_the_mma_families_so_it_gives_the_float16_default():
     names = [a.name for a in kernels.algorithms("gemm")]
-    assert names.index("gemm_wgmma_tf32") > names.index("gemm_mma_f16") > names.index("gemm_mma_tf32")
+    assert names.index("gemm_mma_f16") > names.index("gemm_wgmma_f16") > names.index("gemm_simt")
+    everything = _fake_device(capabilities=frozenset({runtime.WGMMA, runtime.MMA_TF32, runtime.MMA_F16,
+                                                      runtime.CP_ASYNC}))
+
+    def first(dtype):
+        return next(a.name for a in kernels.algorithms("gemm") if a.applies(GemmProblem(64, 64, 64, dtype=dtype),
+                                                                            everything))
+    assert first("float16") == "gemm_wgmma_f16" and first("float32") == "gemm_tiled"
     assert kernels.algorithm("gemm_wgmma_tf32").precision == TF32
     assert kernels.algorithm("gemm_wgmma_f16").precision == FP32
 
