@@ -90,7 +90,7 @@ for step in $steps; do
           --json "$out/convergence-$sampler.json"
       done ;;
     ship)      # issue 6: the shipped H200 results - resnet18 and resnet50 at batch 16, forward and train,
-               # tuned into the suite's DB (shipped results are skipped) and exported for tuning_db/
+               # tuned into the suite's DB (problems tuning_db/ holds for this driver are skipped) and exported for tuning_db/
       # (SHIP_NETS replaces the net:batch list; the DB is exported after every net, and every finished
       # problem is in the DB, so a run cut off by the budget still leaves its results in OUTDIR.tar.gz)
       for spec in ${SHIP_NETS:-resnet18:16 resnet50:16}; do

@@ -111,7 +111,8 @@ class NetRow:
     """One problem of a net's workload after :func:`tune_workload`.
 
     ``default_s`` and ``tuned_s`` are per call; ``status`` is ``tuned``, ``skipped`` (already in the DB
-    at the current algorithm versions), ``failed`` (no verified candidate) or ``not run`` (the total
+    at the current algorithm versions), ``shipped`` (likewise in the shipped results, for this exact
+    device and driver), ``failed`` (no verified candidate) or ``not run`` (the total
     time limit or an interrupt came first).
     """
 
@@ -129,14 +130,15 @@ class NetRow:
 
 def _tuned_before(db: Any, device: Device, problem: Problem, precision: str) -> Any:
     """The fastest stored result when every precision among the applicable algorithms has one at the
-    current versions (what makes a problem "already tuned"), else None."""
+    current versions (what makes a problem "already tuned"), else None. Results count from the user DB
+    and from the shipped results, for this exact device and driver."""
     versions = algorithm_versions(problem, device, precision)
     by_precision: dict[str, dict[str, int]] = {}
     for algorithm in algorithms(problem.kind):
         if algorithm.name in versions:
             group = by_precision.setdefault(algorithm_precision(algorithm), {})
             group[algorithm.name] = versions[algorithm.name]
-    hits = [db.best(device.fingerprint, problem, versions=names, precision=name)
+    hits = [db.best_or_shipped(device.fingerprint, problem, versions=names, precision=name)
             for name, names in by_precision.items()]
     if not hits or any(hit is None for hit in hits):
         return None
@@ -158,8 +160,8 @@ def tune_workload(workload: Mapping[Problem, int], device: Device, db: Any, *, t
                   claims: Claims | None = None, **tune_options: Any) -> list[NetRow]:
     """Tune every problem of a workload (problem → occurrences), largest total FLOPs first.
 
-    Problems the DB already holds for this exact device at the current algorithm versions are skipped
-    unless ``retune``; at ``precision="tf32"`` that takes a result of each precision whose algorithms
+    Problems the DB or the shipped results already hold for this exact device at the current algorithm
+    versions are skipped unless ``retune``; at ``precision="tf32"`` that takes a result of each precision whose algorithms
     apply (fp32 results alone do not mean the TF32 algorithms were tuned). Every finished problem is
     recorded before the next starts, so Ctrl-C (which propagates after the rows so far are reported
     through ``on_done``) loses at most the problem in progress, whose finished trials stay in the
@@ -206,7 +208,8 @@ def tune_workload(workload: Mapping[Problem, int], device: Device, db: Any, *, t
                       winner.time if winner else None)
 
     def skipped(problem: Problem, count: int, hit: Any) -> NetRow:
-        return NetRow(problem, count, "skipped", hit.algorithm, hit.default_time_s, hit.time_s)
+        return NetRow(problem, count, "shipped" if hit.source == "shipped" else "skipped", hit.algorithm,
+                      hit.default_time_s, hit.time_s)
 
     put_off: list[tuple[int, Problem, int, str]] = []
     for index, (problem, count) in enumerate(order):

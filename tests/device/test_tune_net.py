@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tunecl.cli import main
+from tunecl.db import shipped
 from tunecl.problems import ConvProblem, GemmProblem
 from tunecl.search.workload import net_problems
 
@@ -50,7 +51,7 @@ def test_unknown_net_is_a_clear_error(capsys):
 
 
 @pytest.mark.slow
-def test_tune_net_then_skip_what_is_stored(capsys):
+def test_tune_net_then_skip_what_is_stored(capsys, tmp_path, monkeypatch):
     args = ["tune", "--net", "tiny_net:build", "--batch", "1", "--image-size", "6", "--trials", "2",
             "--no-progress", "--json"]
     assert main(args) == 0
@@ -61,3 +62,19 @@ def test_tune_net_then_skip_what_is_stored(capsys):
     second = json.loads(capsys.readouterr().out)
     assert {p["status"] for p in second["problems"]} == {"skipped"}
     assert [p["tuned_ms"] for p in second["problems"]] == [p["tuned_ms"] for p in first["problems"]]
+    # shipped results for this exact device count as tuned too (a fresh user DB), unless --retune
+    (tmp_path / "shipped").mkdir()
+    assert main(["db", "export", "-o", str(tmp_path / "shipped" / "this-device.json")]) == 0
+    capsys.readouterr()
+    monkeypatch.setenv("TUNECL_SHIPPED_DB", str(tmp_path / "shipped"))
+    monkeypatch.setenv("TUNECL_DB", str(tmp_path / "fresh.sqlite"))
+    shipped.clear_cache()
+    try:
+        assert main(args) == 0
+        third = json.loads(capsys.readouterr().out)
+        assert {p["status"] for p in third["problems"]} == {"shipped"}
+        assert [p["tuned_ms"] for p in third["problems"]] == [p["tuned_ms"] for p in first["problems"]]
+        assert main(args + ["--retune"]) == 0
+        assert {p["status"] for p in json.loads(capsys.readouterr().out)["problems"]} == {"tuned"}
+    finally:
+        shipped.clear_cache()

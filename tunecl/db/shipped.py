@@ -53,6 +53,13 @@ class ShippedIndex:
                 return to_hit(fastest, "shipped")
         return None
 
+    def best(self, fingerprint: Fingerprint, problem_key: str, versions: Mapping[str, int] | None,
+             precisions: frozenset[str]) -> Hit | None:
+        """The fastest servable record for this exact device (model and driver) only."""
+        candidates = [r for r in self.by_device.get((problem_key, fingerprint.key), ())
+                      if servable(r, versions, precisions)]
+        return to_hit(min(candidates, key=_speed_order), "shipped") if candidates else None
+
     def lookup_near_batch(self, fingerprint: Fingerprint, pattern: BatchPattern,
                           versions: Mapping[str, int] | None, precisions: frozenset[str]) -> list[Hit]:
         """The fastest servable record of each problem ``pattern`` matches, closest batch first: this
@@ -119,6 +126,12 @@ def lookup(fingerprint: Fingerprint, problem_key: str, versions: Mapping[str, in
            precisions: frozenset[str]) -> Hit | None:
     """The lookup chain's shipped step (see :meth:`ShippedIndex.lookup`)."""
     return index().lookup(fingerprint, problem_key, versions, precisions)
+
+
+def best(fingerprint: Fingerprint, problem_key: str, versions: Mapping[str, int] | None,
+         precisions: frozenset[str]) -> Hit | None:
+    """The shipped results' fastest servable record for this exact device (see :meth:`ShippedIndex.best`)."""
+    return index().best(fingerprint, problem_key, versions, precisions)
 
 
 def lookup_near_batch(fingerprint: Fingerprint, pattern: BatchPattern, versions: Mapping[str, int] | None,

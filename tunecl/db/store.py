@@ -277,6 +277,13 @@ class TuningDB:
                            precision_set(precision))
             return None if row is None else to_hit(_to_record(row), "user")
 
+    def best_or_shipped(self, fingerprint: Fingerprint, problem: Problem | str,
+                        versions: Mapping[str, int] | None = None, precision: Precisions = "fp32") -> Hit | None:
+        """:meth:`best`, else the shipped results' fastest for exactly this device (model and driver):
+        what counts as "already tuned on this device" (other drivers' results do not)."""
+        return self.best(fingerprint, problem, versions, precision) or shipped.best(
+            fingerprint, problem_key(problem), versions, precision_set(precision))
+
     def lookup(self, fingerprint: Fingerprint, problem: Problem | str,
                versions: Mapping[str, int] | None = None, precision: Precisions = "fp32") -> Hit | None:
         """The result to run, following the lookup chain; None means "use the heuristic default".
