@@ -49,7 +49,7 @@ class KernelProfile:
         self._names: dict[int, str] = {}
         self._saved: tuple[Any, Any] | None = None
 
-    def __enter__(self) -> KernelProfile:
+    def __enter__(self) -> KernelProfile:  # noqa: PYI034 (final class in use)
         if not _active_lock.acquire(blocking=False):
             raise RuntimeError("a KernelProfile is already active")
         call, copy = cl.Kernel.__call__, cl.enqueue_copy
@@ -74,7 +74,7 @@ class KernelProfile:
         cl.enqueue_copy = profiled_copy
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         assert self._saved is not None
         cl.Kernel.__call__, cl.enqueue_copy = self._saved
         self._saved = None

@@ -11,10 +11,12 @@
 //                p -= lr/(1-b1^t) * m / (sqrt(v or vmax)/sqrt(1-b2^t) + eps)
 //   sgd_step   SGD: g = maximize ? -g : g;  g += wd*p;  with MOMENTUM: buf = first ? g :
 //              momentum*buf + (1-dampening)*g;  g = NESTEROV ? g + momentum*buf : buf;  p -= lr*g
-//   axpb       x = a*x + b (foreach add/mul by a scalar)
+//   foreach_map  o = MAP_EXPR(a, b, c, s0, s1) elementwise (torch's _foreach_* ops; MAP_EXPR is one of
+//              the pointwise family's float expressions). Each of a, b, c is a tensor of the slot or,
+//              with A_SCALAR / B_SCALAR / C_SCALAR, a number of the slot; s0 and s1 are numbers of the slot.
 //
 // meta (long): per slot, adam: n, offsets of p, g, m, v, vmax, step; sgd: n, offsets of p, g, buf;
-// axpb: n, offset of x.
+// foreach_map: n, offsets of o, a, b, c. foreach_map's numbers (float): per slot a, b, c, s0, s1.
 
 #ifndef SLOTS
   #define SLOTS 8
@@ -25,8 +27,9 @@
 #define ADAM_PICK(k) case k: p = p##k; g = g##k; mo = m##k; ve = v##k; vmax = vmax##k; st = step##k; break;
 #define SGD_SLOT(k)  , __global float *p##k, __global const float *g##k, __global float *buf##k
 #define SGD_PICK(k)  case k: p = p##k; g = g##k; buf = buf##k; break;
-#define AXPB_SLOT(k) , __global float *x##k
-#define AXPB_PICK(k) case k: x = x##k; break;
+#define MAP_SLOT(k)  , __global float *o##k, __global const float *ta##k, __global const float *tb##k, \
+                       __global const float *tc##k
+#define MAP_PICK(k)  case k: o = o##k; ta = ta##k; tb = tb##k; tc = tc##k; break;
 
 // FOR_SLOTS(M) expands M(k) for every slot k < SLOTS (SLOTS <= 8)
 #if SLOTS > 8
@@ -71,7 +74,8 @@
 
 typedef struct { long v[7 * SLOTS]; } adam_meta_t;
 typedef struct { long v[4 * SLOTS]; } sgd_meta_t;
-typedef struct { long v[2 * SLOTS]; } axpb_meta_t;
+typedef struct { long v[5 * SLOTS]; } map_meta_t;
+typedef struct { float v[5 * SLOTS]; } map_numbers_t;
 
 __kernel void adam_step(const float lr, const float beta1, const float beta2, const float weight_decay,
                         const float eps, const adam_meta_t m FOR_SLOTS(ADAM_SLOT))
@@ -149,12 +153,36 @@ __kernel void sgd_step(const float lr, const float weight_decay, const float mom
   }
 }
 
-__kernel void axpb(const float a, const float b, const axpb_meta_t m FOR_SLOTS(AXPB_SLOT))
+#ifdef MAP_EXPR
+__kernel void foreach_map(const map_numbers_t s, const map_meta_t m FOR_SLOTS(MAP_SLOT))
 {
   const int slot = (int)get_global_id(1);
-  __global float *x = 0;
-  switch (slot) { FOR_SLOTS(AXPB_PICK) }
-  const long n = m.v[2 * slot];
-  x += m.v[2 * slot + 1];
-  for (long i = get_global_id(0); i < n; i += get_global_size(0)) x[i] = a * x[i] + b;
+  __global float *o = 0;
+  __global const float *ta = 0, *tb = 0, *tc = 0;
+  switch (slot) { FOR_SLOTS(MAP_PICK) }
+  const long n = m.v[5 * slot];
+  o += m.v[5 * slot + 1];
+  ta += m.v[5 * slot + 2];
+  tb += m.v[5 * slot + 3];
+  tc += m.v[5 * slot + 4];
+  const float s0 = s.v[5 * slot + 3], s1 = s.v[5 * slot + 4];
+  for (long i = get_global_id(0); i < n; i += get_global_size(0)) {
+  #ifdef A_SCALAR
+    const float a = s.v[5 * slot];
+  #else
+    const float a = ta[i];
+  #endif
+  #ifdef B_SCALAR
+    const float b = s.v[5 * slot + 1];
+  #else
+    const float b = tb[i];
+  #endif
+  #ifdef C_SCALAR
+    const float c = s.v[5 * slot + 2];
+  #else
+    const float c = tc[i];
+  #endif
+    o[i] = MAP_EXPR;
+  }
 }
+#endif

@@ -1,4 +1,5 @@
-"""The optim family: multi-tensor Adam/AdamW and SGD steps, and foreach scalar updates (``optim.cl``).
+"""The optim family: multi-tensor Adam/AdamW and SGD steps, and torch's elementwise ``_foreach_*`` ops
+(``optim.cl``).
 
 Each launch updates up to ``SLOTS`` tensors, so a step over P parameters costs ceil(P / SLOTS)
 launches instead of several per parameter.
@@ -6,6 +7,7 @@ launches instead of several per parameter.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
 import numpy as np
@@ -78,8 +80,53 @@ class Optim:
         kernel = self._kernel("sgd_step", flags, 4, 3, 4 * SLOTS)
         self._launch(kernel, [lr, weight_decay, momentum, dampening, int(first_step)], rows, numels, 3)
 
-    def axpb(self, tensors: Sequence[Operand], numels: Sequence[int], a: float, b: float) -> None:
-        """x = a*x + b for every tensor (contiguous float32)."""
-        self._check([tensors])
-        kernel = self._kernel("axpb", (), 2, 1, 2 * SLOTS)
-        self._launch(kernel, [a, b], [(t,) for t in tensors], numels, 1)
+    def map(self, expr: str, outs: Sequence[Operand], inputs: Sequence[Sequence[Operand] | Sequence[float]],
+            params: Sequence[Sequence[float]], numels: Sequence[int]) -> None:
+        """``outs[k] = expr(inputs..., params...)`` for every tensor k, a launch per SLOTS tensors.
+
+        ``expr`` names a float expression of the pointwise family (:data:`tunecl.kernels.pointwise.EXPRESSIONS`,
+        inputs a, b, c, parameters s0, s1). Each entry of ``inputs`` is a list with one operand per tensor
+        (contiguous float32, ``numels[k]`` elements like ``outs[k]``, which it may alias exactly) or one
+        number per tensor; each entry of ``params`` one number per tensor.
+        """
+        from tunecl.kernels.pointwise import EXPRESSIONS
+
+        spec = EXPRESSIONS[expr]
+        if len(inputs) != spec.nin or len(params) != spec.nparams or spec.nin > 3 or spec.nparams > 2:
+            raise ValueError(f"{expr} takes {spec.nin} inputs and {spec.nparams} parameters")
+        self._check([outs, *[column for column in inputs if column and isinstance(column[0], Operand)]])
+        count = len(outs)
+        columns = list(inputs) + [[0.0] * count] * (3 - len(inputs))
+        scalar = [not column or not isinstance(column[0], Operand) for column in columns]
+        flags = tuple(f"-D{letter}_SCALAR" for letter, is_scalar in zip("ABC", scalar) if is_scalar)
+        key = ("foreach_map", expr, flags)
+        kernel = self.cache.get(key)
+        if kernel is None:
+            options = [f"-DSLOTS={SLOTS}", f"-DMAP_EXPR={spec.code}", *flags]
+            dtypes = [meta_dtype(5 * SLOTS, "int"), meta_dtype(5 * SLOTS, "long")] + [None] * (4 * SLOTS)
+            kernel = self.cache.build(key, options, "foreach_map", dtypes)
+        numbers = list(params) + [[0.0] * count] * (2 - len(params))   # s0, s1
+        for start in range(0, count, SLOTS):
+            chunk = range(start, min(start + SLOTS, count))
+            meta: list[int] = []
+            values: list[float] = []
+            buffers: list = []
+            for k in chunk:
+                out = outs[k]
+                meta.append(numels[k])
+                meta.append(out.offset)
+                buffers.append(out.buffer)
+                for column, is_scalar in zip(columns, scalar):
+                    operand = out if is_scalar else column[k]   # an unused pointer points at the output
+                    meta.append(operand.offset)
+                    buffers.append(operand.buffer)
+                values += [float(column[k]) if is_scalar else 0.0 for column, is_scalar in zip(columns, scalar)]
+                values += [float(number[k]) for number in numbers]
+            pad = SLOTS - len(chunk)
+            meta += [0] * (5 * pad)
+            values += [0.0] * (5 * pad)
+            buffers += [None] * (4 * pad)
+            items = min(max((numels[k] for k in chunk), default=1), MAX_ITEMS)
+            global_size = (-(-items // self.local) * self.local, len(chunk))
+            kernel(self.device.queue, global_size, (self.local, 1), array("f", values).tobytes(),
+                   pack_meta(meta, "long"), *buffers)

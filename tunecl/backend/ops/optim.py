@@ -2,7 +2,7 @@
 
 ``torch.optim.Adam(..., fused=True)`` (likewise AdamW, SGD) calls these once per step with every
 parameter of a group; each launch updates up to ``tunecl.kernels.optim.SLOTS`` tensors. The default
-(foreach) optimizers also run on the device, decomposed by torch into per-tensor pointwise ops.
+(foreach) optimizers run on the device through the multi-tensor ``_foreach_*`` ops of :mod:`.foreach`.
 """
 
 from __future__ import annotations
@@ -56,15 +56,6 @@ def fused_sgd(self: list[torch.Tensor], grads: list[torch.Tensor], momentum_buff
                           dampening=dampening, nesterov=nesterov, maximize=maximize, first_step=is_first_step)
 
 
-def foreach_add_scalar(self: list[torch.Tensor], scalar: bool | float) -> None:
-    """``_foreach_add_.Scalar`` (e.g. the fused optimizers' step counters): one launch per chunk."""
-    if all(t.device.type == "opencl" and t.dtype == torch.float32 and t.is_contiguous() for t in self):
-        state.get().optim.axpb([operand(t) for t in self], [t.numel() for t in self], 1.0, float(scalar))
-        return
-    for t in self:
-        run("add", t, (t, scalar), (1,))
-
-
 # -- mixed precision (torch.amp.GradScaler) ---------------------------------------------------------------
 def _scalar_float32(t: torch.Tensor, name: str) -> None:
     if t.device.type != "opencl" or t.dtype != torch.float32 or t.numel() != 1:
@@ -111,5 +102,4 @@ KERNELS: dict[str, Callable[..., Any]] = {
     "_fused_adam_": fused_adam(adamw=False),
     "_fused_adamw_": fused_adam(adamw=True),
     "_fused_sgd_": fused_sgd,
-    "_foreach_add_.Scalar": foreach_add_scalar,
 }

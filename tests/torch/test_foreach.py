@@ -1,0 +1,168 @@
+"""torch's ``_foreach_*`` ops on opencl: multi-tensor kernels (one launch per SLOTS tensors) where every
+tensor is contiguous float32, torch's per-tensor loop otherwise; both against CPU torch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tunecl.backend.ops.foreach import KERNELS
+from tunecl.kernels.optim import MAX_ITEMS, SLOTS
+from tunecl.profiling import KernelProfile
+
+# shapes of one list: odd sizes, a scalar tensor, an empty one, one past a slot's work-items, more than
+# SLOTS tensors so a call takes several launches
+SHAPES = [(3, 5), (), (7,), (0,), (2, 1, 4), (MAX_ITEMS + 3,), (1,), (4, 4), (9,), (1, 2, 3), (5,)]
+
+
+def _lists(count: int, positive: bool = False, shapes=SHAPES) -> list[list[torch.Tensor]]:
+    def make(shape):
+        t = torch.randn(shape)
+        return t.abs() + 0.5 if positive else t
+    return [[make(s) for s in shapes] for _ in range(count)]
+
+
+def _to(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [t.to("opencl") for t in tensors]
+
+
+# (call, number of tensor lists, positive inputs) - each call gets its lists (and for in-place ones
+# mutates the first); numbers are Scalars and ScalarLists
+N = len(SHAPES)
+CASES = {
+    "add_.Scalar": (lambda a: torch._foreach_add_(a[0], 0.25), 1, False),
+    "add.ScalarList": (lambda a: torch._foreach_add(a[0], [0.5 * i for i in range(N)]), 1, False),
+    "add_.List alpha": (lambda a: torch._foreach_add_(a[0], a[1], alpha=-0.3), 2, False),
+    "sub.List": (lambda a: torch._foreach_sub(a[0], a[1]), 2, False),
+    "sub_.Scalar": (lambda a: torch._foreach_sub_(a[0], 3), 1, False),
+    "mul_.Scalar": (lambda a: torch._foreach_mul_(a[0], 0.9), 1, False),
+    "mul.List": (lambda a: torch._foreach_mul(a[0], a[1]), 2, False),
+    "mul_.ScalarList": (lambda a: torch._foreach_mul_(a[0], [i - 4 for i in range(N)]), 1, False),
+    "div_.ScalarList": (lambda a: torch._foreach_div_(a[0], [1.0 + i for i in range(N)]), 1, False),
+    "div.List": (lambda a: torch._foreach_div(a[0], a[1]), 2, True),
+    "div_.Scalar": (lambda a: torch._foreach_div_(a[0], 7.0), 1, False),
+    "maximum_.List": (lambda a: torch._foreach_maximum_(a[0], a[1]), 2, False),
+    "minimum.List": (lambda a: torch._foreach_minimum(a[0], a[1]), 2, False),
+    "clamp_min_.Scalar": (lambda a: torch._foreach_clamp_min_(a[0], 0.1), 1, False),
+    "clamp_max.Scalar": (lambda a: torch._foreach_clamp_max(a[0], -0.1), 1, False),
+    "addcmul_.Scalar": (lambda a: torch._foreach_addcmul_(a[0], a[1], a[2], value=0.001), 3, False),
+    "addcmul.ScalarList": (lambda a: torch._foreach_addcmul(a[0], a[1], a[2], [0.1 * i for i in range(N)]), 3, False),
+    "addcdiv_.ScalarList": (lambda a: torch._foreach_addcdiv_(a[0], a[1], a[2], [-0.01 * i for i in range(N)]),
+                            3, True),
+    "addcdiv.Scalar": (lambda a: torch._foreach_addcdiv(a[0], a[1], a[2], value=2), 3, True),
+    "lerp_.Scalar": (lambda a: torch._foreach_lerp_(a[0], a[1], 0.1), 2, False),
+    "lerp.Scalar high weight": (lambda a: torch._foreach_lerp(a[0], a[1], 0.75), 2, False),
+    "lerp_.List": (lambda a: torch._foreach_lerp_(a[0], a[1], a[2]), 3, False),
+    "sqrt": (lambda a: torch._foreach_sqrt(a[0]), 1, True),
+    "sqrt_": (lambda a: torch._foreach_sqrt_(a[0]), 1, True),
+    "neg_": (lambda a: torch._foreach_neg_(a[0]), 1, False),
+    "abs": (lambda a: torch._foreach_abs(a[0]), 1, False),
+    "exp_": (lambda a: torch._foreach_exp_(a[0]), 1, False),
+    "log": (lambda a: torch._foreach_log(a[0]), 1, True),
+    "reciprocal_": (lambda a: torch._foreach_reciprocal_(a[0]), 1, True),
+    "zero_": (lambda a: torch._foreach_zero_(a[0]), 1, False),
+}
+
+
+def _check(got, expected):
+    assert (got is None) == (expected is None)
+    if expected is not None:
+        assert len(got) == len(expected)
+        for g, e in zip(got, expected):
+            assert g.device.type == "opencl" and g.dtype == e.dtype and g.shape == e.shape
+            torch.testing.assert_close(g.cpu(), e, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_multi_tensor_path_matches_cpu_in_few_launches(name, strict):
+    call, lists, positive = CASES[name]
+    cpu = _lists(lists, positive)
+    dev = [_to(tensors) for tensors in cpu]
+    expected = call(cpu)
+    with KernelProfile() as profile:
+        got = call(dev)
+        torch.opencl.synchronize()
+        launches = {row.name: row.launches for row in profile.summary()}
+    _check(got, expected)
+    for d, c in zip(dev, cpu):   # in-place calls wrote the first list; the others changed nothing
+        _check(d, c)
+    assert launches == {"foreach_map": -(-N // SLOTS)}, launches
+
+
+def test_every_registered_overload_is_a_real_foreach_op_and_covered_here():
+    covered = {name.split(" ")[0] for name in CASES}
+    for name in KERNELS:
+        base, _, overload = name.partition(".")
+        assert hasattr(getattr(torch.ops.aten, base), overload or "default"), name
+    # every op family registered has a case (in-place or not, some overload)
+    families = {name.partition(".")[0].removeprefix("_foreach_").rstrip("_") for name in KERNELS}
+    assert families == {name.partition(".")[0].rstrip("_") for name in covered}
+
+
+def _generic_cases():
+    """Calls the multi-tensor path must leave to torch's per-tensor loop (on the device)."""
+    base = torch.randn(6, 8)
+    yield "non-contiguous", [base.t(), torch.randn(3)], [torch.randn(8, 6), torch.randn(3)]
+    yield "broadcast other", [torch.randn(4, 3)], [torch.randn(3)]
+    yield "float16", [torch.randn(5).half()], [torch.randn(5).half()]
+    yield "int64", [torch.arange(6)], [torch.arange(6)]
+    yield "mixed dtypes", [torch.randn(5)], [torch.randn(5).half()]
+
+
+@pytest.mark.parametrize("case", list(_generic_cases()), ids=lambda c: c[0])
+def test_other_calls_run_the_per_tensor_ops_and_still_match_cpu(case, strict):
+    _, selves, others = case
+    for call in (lambda a, b: torch._foreach_add(a, b, alpha=2), lambda a, b: torch._foreach_mul_(a, b)):
+        cpu_a, cpu_b = [t.clone() for t in selves], [t.clone() for t in others]
+        dev_a, dev_b = _to(selves), _to(others)
+        expected = call(cpu_a, cpu_b)
+        got = call(dev_a, dev_b)
+        _check(got, expected)
+        _check(dev_a, cpu_a)
+
+
+def test_overlapping_views_get_torchs_error_not_a_kernel_result(strict):
+    """a[k] and b[k] views of one storage at different offsets: the call runs the per-tensor op, which
+    refuses the partial overlap as it does on the CPU, instead of the multi-tensor kernel."""
+    for device in ("cpu", "opencl"):
+        t = torch.arange(12, dtype=torch.float32).to(device)
+        with pytest.raises(RuntimeError, match="refer to a single memory location"):
+            torch._foreach_add_([t[2:8]], [t[0:6]])
+    # the same tensor as self and other is fine for the kernel
+    a = torch.randn(5)
+    d = a.to("opencl")
+    torch._foreach_addcmul_([d], [d], [d], value=0.5)
+    torch.testing.assert_close(d.cpu(), a + 0.5 * a * a)
+
+
+@pytest.mark.parametrize("name, make", [
+    ("adam", lambda p: torch.optim.Adam(p, lr=1e-2)),
+    ("adamw amsgrad", lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1, amsgrad=True)),
+    ("sgd nesterov", lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3)),
+    ("rmsprop", lambda p: torch.optim.RMSprop(p, lr=1e-2, momentum=0.5)),
+    ("adagrad", lambda p: torch.optim.Adagrad(p, lr=1e-2)),
+])
+def test_default_foreach_optimizers_match_cpu_and_launch_per_slots(name, make, strict):
+    torch.manual_seed(0)
+    params = [torch.randn(s) for s in SHAPES if s != (0,)]
+    grads = [[torch.randn_like(p) for p in params] for _ in range(3)]
+    runs = {}
+    for device in ("cpu", "opencl"):
+        ps = [p.clone().to(device).requires_grad_() for p in params]
+        opt = make(ps)
+        assert opt.defaults.get("foreach") is None   # torch picks foreach for opencl tensors itself
+        for index, step in enumerate(grads):
+            for p, g in zip(ps, step):
+                p.grad = g.to(device)
+            if index == 0:   # (the first step also creates the optimizer's state)
+                opt.step()
+                continue
+            with KernelProfile() as profile:
+                opt.step()
+                launches = [(row.name, row.launches) for row in profile.summary()]
+        runs[device] = ([p.detach().cpu() for p in ps], launches)
+    for got, expected in zip(runs["opencl"][0], runs["cpu"][0]):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    # a handful of multi-tensor launches per step (at most 10 foreach calls), not several per parameter
+    launches = runs["opencl"][1]
+    assert [name for name, _ in launches] == ["foreach_map"] and launches[0][1] <= 10 * -(-len(params) // SLOTS)
