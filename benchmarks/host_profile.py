@@ -1,0 +1,88 @@
+"""Where the host's time goes in a model's iteration on the opencl device (Python's cProfile).
+
+On a GPU, small and medium nets are bound by the host: ``tunecl bench --profile`` shows the device idle
+for most of the wall time. This prints, for ``--iterations`` inference (or ``--train``) iterations after
+a warm-up, the wall time per iteration with and without the profiler, and the functions with the most
+self time (``tottime``) and cumulative time per iteration, so the cost of dispatch, plan lookup,
+allocation and kernel enqueueing can be told apart.
+
+    python benchmarks/host_profile.py --net resnet50 --batch 16              # default device
+    TUNECL_DEVICE=nvidia python benchmarks/host_profile.py --net resnet50 --batch 16 --top 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run from a checkout without installing
+    sys.path.insert(0, str(ROOT))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--net", default="resnet50")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--train", action="store_true", help="forward, loss, backward, Adam step")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--iterations", type=int, default=5)
+    parser.add_argument("--top", type=int, default=25, help="functions listed per table")
+    args = parser.parse_args(argv)
+
+    import torch
+    import torch.nn.functional as F
+
+    import tunecl.backend  # noqa: F401
+    from tunecl.tools import load_model, make_inputs, output_classes
+
+    torch.manual_seed(0)
+    model = load_model(args.net)
+    classes = output_classes(model, args.batch, args.image_size, args.train)
+    x, y = make_inputs(args.batch, args.image_size, classes, 0)
+    model = model.to("opencl").train(args.train)
+    if args.train:
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+        def iteration() -> None:
+            optimizer.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x.to("opencl")), y.to("opencl")).backward()
+            optimizer.step()
+            torch.opencl.synchronize()
+    else:
+        def iteration() -> None:
+            with torch.no_grad():
+                model(x.to("opencl")).cpu()
+
+    for _ in range(args.warmup):
+        iteration()
+    start = time.perf_counter()
+    for _ in range(args.iterations):
+        iteration()
+    plain = (time.perf_counter() - start) / args.iterations
+    profiler = cProfile.Profile()
+    start = time.perf_counter()
+    profiler.enable()
+    for _ in range(args.iterations):
+        iteration()
+    profiler.disable()
+    profiled = (time.perf_counter() - start) / args.iterations
+    print(f"{args.net} batch {args.batch} image {args.image_size} {'train' if args.train else 'inference'} on "
+          f"{torch.opencl.get_device_name()}: {plain * 1e3:.2f} ms per iteration, {profiled * 1e3:.2f} ms under "
+          f"cProfile; times below are totals over {args.iterations} iterations")
+    for order in ("tottime", "cumulative"):
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).strip_dirs().sort_stats(order).print_stats(args.top)
+        print(f"\n== by {order} ==")
+        print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:20000])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
