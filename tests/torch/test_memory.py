@@ -147,3 +147,14 @@ def test_a_temporary_reuses_the_buffer_of_the_one_before_among_many_live_blocks(
         y = x * 2.0
     assert memory.allocator.counts["buffers_created"] == created
     assert len(keep) == 300 and y.numel() == 3000
+
+
+def test_empty_tensors_recycle_their_dlpack_slots():
+    """Zero-byte tensors (eval batch norm's saved statistics, say) take no buffer, but their DLPack
+    slots come back like everyone else's: the live blocks do not pile up between sweeps."""
+    torch.empty(0, device="opencl")
+    before = len(memory.allocator._blocks)
+    for _ in range(2 * memory.RECENT_BLOCKS * 16):
+        t = torch.empty(0, device="opencl")
+        assert t.numel() == 0
+    assert len(memory.allocator._blocks) <= before + memory.RECENT_BLOCKS + 1
