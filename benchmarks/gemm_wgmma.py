@@ -11,7 +11,9 @@ throughput; the issue's targets at 4096^3: TF32 >= 0.80, f16 >= 0.70).
     python benchmarks/gemm_wgmma.py --device nvidia --shapes 4096,4096,4096 --layouts nn nt --check-configs 0
 
 For TF32 layouts with an MN-contiguous operand (nn, tn, tt) the default is also timed with PRETRANS
-flipped: the operand transposed first, or copied element by element inside the kernel.
+flipped: the operand transposed first, or copied element by element inside the kernel. Every default is
+also timed with INFLIGHT flipped (where its STAGES allow): the previous K step's wgmma left running
+across the barrier, or waited for.
 
 Where the capability is missing (PoCL, a GPU before Hopper) it says that the families do not apply and
 why. Each dtype runs in a child process: a kernel that faults leaves an NVIDIA context unusable, so the
@@ -136,6 +138,9 @@ def run_dtype(args: argparse.Namespace, dtype: str) -> list[dict[str, Any]]:
         if "PRETRANS" in searched.params and gemm_wgmma.has_mn_operand(p):
             # the other way to feed TF32's K-major wgmma an MN-contiguous operand, timed next to it
             configs.append((f"default PRETRANS={1 - default['PRETRANS']}", {**default, "PRETRANS": 1 - default["PRETRANS"]}))
+        if searched.is_valid({**default, "INFLIGHT": 1 - default["INFLIGHT"]}):
+            # the previous step's wgmma left running (or not) across the barrier, timed next to the default
+            configs.append((f"default INFLIGHT={1 - default['INFLIGHT']}", {**default, "INFLIGHT": 1 - default["INFLIGHT"]}))
         configs += [
             (f"random {i}", c) for i, c in enumerate(random.Random(args.seed + 1).sample(space, min(args.configs, len(space))))
         ]

@@ -226,12 +226,13 @@ def test_space_and_default_on_an_h200_like_device(dtype):
     default = alg.default(p, H200)
     # the NN layout's B is MN-contiguous: TF32 transposes it first (PRETRANS), f16 reads it MN-major
     assert default == {"MWG": 128, "NWG": 128, "KWG": 16 if dtype == "float32" else 32, "WARPGROUPS": 2,
-                       "STAGES": 3, "SWIZZLE": 64, "VW": 4 if dtype == "float32" else 8, "GM": 8,
+                       "STAGES": 3, "SWIZZLE": 64, "VW": 4 if dtype == "float32" else 8, "GM": 8, "INFLIGHT": 0,
                        **({"PRETRANS": 1} if dtype == "float32" else {})}
     assert gemm_wgmma.accumulators(default) == 64 and gemm_wgmma.local_memory_bytes(default, p) == 48 * 1024
     configs = alg.space(p, H200).configs()
-    for name in ("MWG", "NWG", "KWG", "WARPGROUPS", "STAGES", "SWIZZLE", "GM"):
+    for name in ("MWG", "NWG", "KWG", "WARPGROUPS", "STAGES", "SWIZZLE", "GM", "INFLIGHT"):
         assert len({c[name] for c in configs}) > 1, f"the 4096^3 space never varies {name}"
+    assert all(c["STAGES"] >= 3 for c in configs if c["INFLIGHT"])
     assert any((c["MWG"], c["NWG"], c["WARPGROUPS"]) == (128, 256, 2) for c in configs)
 
 
@@ -242,6 +243,7 @@ def test_space_and_default_on_an_h200_like_device(dtype):
         ({"MWG": 256, "NWG": 256, "WARPGROUPS": 1}, "at_most_128_accumulators"),
         ({"SWIZZLE": 128}, "swizzle_fits_the_tiles"),
         ({"STAGES": 4}, "local_memory_within_device"),
+        ({"STAGES": 2, "INFLIGHT": 1}, "INFLIGHT_needs_three_stages"),
         ({"KWG": 12}, "KWG=12 not in"),
     ],
 )
@@ -287,7 +289,7 @@ def random_config(dtype: str, index: int) -> tuple[tuple[bool, bool], dict[str, 
 def test_random_configs_cover_the_variants(dtype):
     drawn = [random_config(dtype, i)[1] for i in range(RANDOM_CONFIGS)]
     assert len({tuple(sorted(c.items())) for c in drawn}) == len(drawn)
-    for name in ("MWG", "NWG", "KWG", "WARPGROUPS", "STAGES", "SWIZZLE"):
+    for name in ("MWG", "NWG", "KWG", "WARPGROUPS", "STAGES", "SWIZZLE", "INFLIGHT"):
         assert len({c[name] for c in drawn}) > 1, f"random configs never vary {name}"
 
 
@@ -329,6 +331,23 @@ def test_random_config_matches_numpy(device, rng, dtype, index, mode):
     for step, layout in enumerate(layouts):
         shape = SHAPES[(index + step) % len(SHAPES)]
         check_run(device, problem(shape, transposes, dtype, layout.batch), config, layout, rng,
+                  emulate=mode == "emulated")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("stages", [3, 4])
+@pytest.mark.parametrize("transposes", TRANSPOSES, ids=["nn", "nt", "tn", "tt"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_inflight_matches_numpy(device, rng, dtype, transposes, stages, mode):
+    """INFLIGHT 1: the previous K step's wgmma keeps running while the next is issued and the copies run
+    STAGES - 2 steps ahead: many K steps with a partial last one, fewer steps than the prologue fills,
+    one step, and two warpgroups sharing the barriers."""
+    elt = 2 if dtype == "float16" else 4
+    config = {"MWG": 128, "NWG": 64, "KWG": 64 // elt, "WARPGROUPS": 2, "STAGES": stages, "SWIZZLE": 64,
+              "VW": 16 // elt // 2, "GM": 1, "INFLIGHT": 1}
+    for layout, k in zip([PACKED_NAN_C, ALIGNED, UNALIGNED], [9 * config["KWG"] + 3, config["KWG"] + 1, 5],
+                         strict=True):
+        check_run(device, problem((150, 70, k), transposes, dtype, layout.batch), config, layout, rng,
                   emulate=mode == "emulated")
 
 

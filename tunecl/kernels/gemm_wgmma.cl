@@ -55,6 +55,11 @@
 // (wgmma.wait_group 0), barrier (everyone's copies of t are in, everyone's wgmma of t - 1 are done,
 // so buffer (t - 1) % STAGES is free); wgmma.fence, issue step t's wgmma, commit; start the copies of
 // step t + STAGES - 1 into buffer (t - 1) % STAGES.
+// With INFLIGHT 1 the wgmma of step t - 1 may still run while step t's is issued: wait for this thread's
+// copies of step t, fence.proxy.async, wgmma.wait_group 1 (step t - 2 done), barrier (everyone's copies
+// of t are in, everyone's wgmma of t - 2 are done, so buffer (t - 2) % STAGES is free); wgmma.fence,
+// issue step t's wgmma, commit; start the copies of step t + STAGES - 2 into buffer (t - 2) % STAGES.
+// The tensor cores then never wait for the barrier; the copies run one step less ahead (STAGES >= 3).
 //
 // Variants (named #if branches; the host passes -DNAME=VALUE):
 //   WGMMA_F16  1: half A, B, C (gemm_wgmma_f16); 0: fp32 with TF32 inputs (gemm_wgmma_tf32).
@@ -62,6 +67,7 @@
 //              VWA/VWB elements; MN-contiguous ones in vectors along M/N into the MN-major layout
 //              (f16) or, for TF32, element by element (4-byte cp.async) into the K-major layout.
 //   SWIZZLE    0, 32, 64, 128: the layout above.
+//   INFLIGHT   0, 1: wgmma groups left running across a K step (the ordering above; 1 needs STAGES >= 3).
 //   CSCALAR    host-internal: 1 = scalar C accesses (C offset / ldc / stride not even).
 //   WGMMA_STUB host-internal, for tests on devices without Hopper tensor cores: the PTX (cp.async,
 //              fences, wgmma) is replaced by plain OpenCL C; the emulated wgmma decodes the very
@@ -96,6 +102,14 @@
 #ifndef STAGES
   #define STAGES 3    // local-memory buffers: 2, 3, 4
 #endif
+#ifndef INFLIGHT
+  #define INFLIGHT 0  // wgmma groups left running across a K step: 0, 1 (needs STAGES >= 3)
+#endif
+#if INFLIGHT && STAGES < 3
+  #error "INFLIGHT 1 needs STAGES >= 3"
+#endif
+// K steps the copies run ahead of the wgmma: the prologue fills this many buffers
+#define AHEAD (STAGES - 1 - INFLIGHT)
 #ifndef SWIZZLE
   #define SWIZZLE 64  // bytes of the swizzle pattern: 0 (none), 32, 64, 128
 #endif
@@ -316,6 +330,7 @@ void FenceAccumulators(float acc[MI][NACC]) {
 void WgmmaFence(void) { asm volatile(ARCH_ASM "wgmma.fence.sync.aligned;" ::: "memory"); }
 void WgmmaCommit(void) { asm volatile(ARCH_ASM "wgmma.commit_group.sync.aligned;" ::: "memory"); }
 void WgmmaWait(void) { asm volatile(ARCH_ASM "wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+void WgmmaWaitAllButOne(void) { asm volatile(ARCH_ASM "wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
 // cp.async writes are generic-proxy writes; the tensor cores read through the async proxy.
 void ProxyFence(void) { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
   #define WGMMA_PARAMS
@@ -374,6 +389,7 @@ void FenceAccumulators(float acc[MI][NACC]) {}
 void WgmmaFence(void) {}
 void WgmmaCommit(void) {}
 void WgmmaWait(void) {}
+void WgmmaWaitAllButOne(void) {}
 void ProxyFence(void) {}
   #define WGMMA_PARAMS , const __local uchar* smem, const int wlane
   #define WGMMA_ARGS , smem, wlane
@@ -461,12 +477,12 @@ void AsyncCommit(void) {
   #endif
 }
 
-// Wait until at most STAGES - 2 of this thread's copy groups are in flight: step t has arrived.
+// Wait until at most AHEAD - 1 of this thread's copy groups are in flight: step t has arrived.
 void AsyncWaitOldest(void) {
   #if WGMMA_STUB == 0
-    #if STAGES == 2
+    #if AHEAD == 1
       asm volatile("cp.async.wait_group 0;" ::: "memory");
-    #elif STAGES == 3
+    #elif AHEAD == 2
       asm volatile("cp.async.wait_group 1;" ::: "memory");
     #else
       asm volatile("cp.async.wait_group 2;" ::: "memory");
@@ -578,10 +594,10 @@ __kernel void gemm_wgmma_tf32(
   }
 
   const int tiles = (K + KWG - 1) / KWG;
-  // Prologue: steps 0 .. STAGES - 2, one commit group each (committed even when empty, so that "all
-  // but the newest STAGES - 2 groups" always means "up to step t").
+  // Prologue: steps 0 .. AHEAD - 1, one commit group each (committed even when empty, so that "all
+  // but the newest AHEAD - 1 groups" always means "up to step t").
   #pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
+  for (int s = 0; s < AHEAD; ++s) {
     if (s < tiles) {
       GlobalToLocalA(agm, smem, addr, s * STAGE_BYTES, tid, m0, s * KWG, M, K, lda);
       GlobalToLocalB(bgm, smem, addr, s * STAGE_BYTES + A_TILE_BYTES, tid, n0, s * KWG, N, K, ldb);
@@ -591,7 +607,11 @@ __kernel void gemm_wgmma_tf32(
   for (int tile = 0; tile < tiles; ++tile) {
     AsyncWaitOldest();
     ProxyFence();
+    #if INFLIGHT
+    WgmmaWaitAllButOne();
+    #else
     WgmmaWait();
+    #endif
     FenceAccumulators(acc);
     barrier(CLK_LOCAL_MEM_FENCE);
     const uint a_tile = addr + (tile % STAGES) * STAGE_BYTES;
@@ -609,7 +629,7 @@ __kernel void gemm_wgmma_tf32(
     }
     WgmmaCommit();
     FenceAccumulators(acc);
-    const int ahead = tile + STAGES - 1;
+    const int ahead = tile + AHEAD;
     if (ahead < tiles) {
       const uint buf = (ahead % STAGES) * STAGE_BYTES;
       GlobalToLocalA(agm, smem, addr, buf, tid, m0, ahead * KWG, M, K, lda);

@@ -25,6 +25,9 @@ STAGES      2 3 4             local-memory buffers (cp.async pipeline depth)
 SWIZZLE     0 32 64 128       local layout: no swizzle (core-matrix interleave) or the B-byte swizzle
 VW          1 2 4 (8)         elements per cp.async along an operand's contiguous dimension
 GM          1 8               work-group order: bands of GM tile rows (L2 locality)
+INFLIGHT    0 1               wgmma groups left running across a K step: 1 = the barrier and the next
+                              step's issue overlap the previous step's wgmma (copies run one step less
+                              ahead; needs STAGES >= 3)
 PRETRANS    0 1               TF32 only, for a problem with an MN-contiguous operand: 1 = transpose it
                               first (``transpose.cl``, into a packed workspace), then run the K-major kernel
 ==========  ================  ======================================================================
@@ -120,14 +123,16 @@ def _params(variant: WgmmaVariant) -> dict[str, tuple[int, ...]]:
         "SWIZZLE": (0, 32, 64, 128),
         "VW": variant.widths,
         "GM": (1, 8),
+        "INFLIGHT": (0, 1),
     }
     if not variant.f16:
         params["PRETRANS"] = (0, 1)
     return params
 
 
-# Stored gemm_wgmma_tf32 configs from before PRETRANS existed built the in-kernel path.
-IMPLIED = {"PRETRANS": 0}
+# Stored configs from before PRETRANS (TF32) and INFLIGHT existed built what 0 builds now.
+IMPLIED = {"PRETRANS": 0, "INFLIGHT": 0}
+IMPLIED_F16 = {"INFLIGHT": 0}
 
 
 def has_mn_operand(problem: GemmProblem) -> bool:
@@ -199,6 +204,7 @@ def _constraints(problem: GemmProblem, device: Any) -> list[Rule]:
         ("swizzle_fits_the_tiles", ("MWG", "NWG", "KWG", "SWIZZLE"), swizzle_fits),
         ("A_tile_loads_split_evenly", ("MWG", "KWG", "WARPGROUPS", "VW"), lambda c: loads_split_evenly(c["MWG"], c)),
         ("B_tile_loads_split_evenly", ("NWG", "KWG", "WARPGROUPS", "VW"), lambda c: loads_split_evenly(c["NWG"], c)),
+        ("INFLIGHT_needs_three_stages", ("INFLIGHT", "STAGES"), lambda c: not c["INFLIGHT"] or c["STAGES"] >= 3),
         (
             "local_memory_within_device",
             ("MWG", "NWG", "KWG", "STAGES"),
@@ -278,7 +284,7 @@ class GemmWgmmaTF32:
         if problem.dtype != self.variant.dtype:
             raise ValueError(f"{self.name} computes {self.variant.dtype} GEMMs, not {problem.key}")
         return make_space(_params(self.variant), _constraints(problem, device), _pruning(problem, device),
-                          implied=None if self.variant.f16 else IMPLIED)
+                          implied=IMPLIED_F16 if self.variant.f16 else IMPLIED)
 
     def default(self, problem: GemmProblem, device: Device) -> Config:
         """The largest preset that gives every compute unit a work-group, with the widest copies and
@@ -292,7 +298,7 @@ class GemmWgmmaTF32:
             if index + 1 < len(presets) and groups < units:
                 continue
             base = {"MWG": mwg, "NWG": nwg, "KWG": kwg, "WARPGROUPS": warpgroups, "STAGES": stages,
-                    "SWIZZLE": swizzle}
+                    "SWIZZLE": swizzle, "INFLIGHT": 0}
             if not self.variant.f16:  # an MN-contiguous TF32 operand: transposed first (see PRETRANS)
                 base["PRETRANS"] = int(has_mn_operand(problem) and pretrans_fits(problem, device))
             for gm in (8, 1):
