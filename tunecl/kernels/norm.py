@@ -1,7 +1,15 @@
-"""The norm family: batch normalisation forward (train/eval) and backward (``norm.cl``)."""
+"""The norm family: batch normalisation forward (train/eval) and backward (``norm.cl``).
+
+The per-channel sums (forward statistics, backward reduction) split each channel's M = N * L elements
+over P work-groups (a partial kernel on a (GROUP * P, C) grid writing per-part sums to scratch, then a
+finalize kernel adding the parts in a fixed order); P is picked from the device's compute units so a
+few channels still fill a big GPU. The elementwise kernels run on a 2-D grid of (position in a row,
+row n * C + c).
+"""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 
 import numpy as np
@@ -14,6 +22,7 @@ from tunecl.kernels.strided import (
     Unsupported,
     meta_dtype,
     pack_meta,
+    round_up,
     work_group,
 )
 from tunecl.runtime import Device
@@ -23,50 +32,140 @@ BUFFERS = ("x", "y", "weight", "bias", "running_mean", "running_var", "save_mean
            "grad_weight", "grad_bias", "scratch")
 _OFFSETS = ("x", "y", "weight", "bias", "running_mean", "running_var", "save_mean", "save_invstd", "dy",
             "grad_weight", "grad_bias")
+META_LENGTH = 15  # N, C, L, the 11 offsets, P
+
+GROUPS_PER_UNIT = 6      # partial work-groups (all channels together) per compute unit: 4-8 keeps a GPU busy
+MIN_PART = 4096          # elements per partial work-group at least (P = 1 below 2 * MIN_PART per channel)
+ELEMENTWISE_GROUPS_PER_UNIT = 8
+MAX_GRID_GROUPS = 65535  # work-groups along dims 1 and 2 of a grid (CUDA's limit); the kernels loop past it
+
+
+def _power_of_two_below(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
 
 
 class BatchNorm:
     def __init__(self, device: Device):
         self.device = device
         self.cache = KernelCache(device, __package__, "norm.cl")
-        self.group = work_group(device, 256)
+        self.group = _power_of_two_below(work_group(device, 256))  # the partial kernels' tree sums need 2^k
+        self.finalize_group = work_group(device, 64)
+        self.compute_units = max(1, int(device.cl_device.max_compute_units))
+        sizes = list(device.cl_device.max_work_item_sizes)
+        self.max_items = (int(sizes[0]), int(sizes[1]) if len(sizes) > 1 else 1)
+        self.force_parts: int | None = None  # tests: split every channel into this many parts
+        # partial sums and the backward's per-channel sums, reused by every call (the queue is in order;
+        # the lock keeps one call's launches together when several threads use the backend)
+        self._scratch: cl.Buffer | None = None
+        self._scratch_bytes = 0
+        self._lock = threading.Lock()
 
-    def _launch(self, name: str, per_channel: bool, shape: tuple[int, int, int], ops: Mapping[str, Operand | None],
-                flags: tuple[str, ...], eps: float, momentum: float) -> cl.Event:
-        if any(o is not None and o.dtype != "float32" for o in ops.values()):
-            raise Unsupported("batch norm needs float32")
-        n, c, length = shape
-        wide = max((o.offset for o in ops.values() if o is not None), default=0) + n * c * length > INT32_MAX
-        idx = "long" if wide else "int"
+    def parts(self, channels: int, count: int) -> int:
+        """P, the work-groups per channel of the partial kernels, for ``channels`` channels of ``count``
+        elements: about GROUPS_PER_UNIT work-groups per compute unit, each of MIN_PART elements at least."""
+        if self.force_parts is not None:
+            return max(1, int(self.force_parts))
+        want = -(-GROUPS_PER_UNIT * self.compute_units // max(channels, 1))
+        return max(1, min(want, count // MIN_PART))
+
+    def _scratch_for(self, channels: int, parts: int) -> cl.Buffer:
+        nbytes = 4 * (2 * channels + 2 * channels * parts)
+        if self._scratch is None or self._scratch_bytes < nbytes:
+            self._scratch_bytes = max(round_up(nbytes, 1 << 16), 2 * self._scratch_bytes)
+            self._scratch = self.device.alloc(self._scratch_bytes)
+        return self._scratch
+
+    def _kernel(self, name: str, flags: tuple[str, ...], idx: str) -> cl.Kernel:
         key = (name, flags, idx)
         kernel = self.cache.get(key)
         if kernel is None:
             options = [f"-DGROUP={self.group}", f"-DIDX={idx}"] + [f"-D{flag}" for flag in flags]
-            kernel = self.cache.build(key, options, name, [None] * 12 + [np.float32, np.float32, meta_dtype(14, idx)])
-        meta = pack_meta([n, c, length] + [ops[k].offset if ops.get(k) is not None else 0 for k in _OFFSETS], idx)
-        args = [ops[k].buffer if ops.get(k) is not None else None for k in BUFFERS] + [float(eps), float(momentum), meta]
-        if per_channel:
-            return kernel(self.device.queue, (c * self.group,), (self.group,), *args)
-        local = work_group(self.device, 256)
-        return kernel(self.device.queue, (-(-(n * c * length) // local) * local,), (local,), *args)
+            kernel = self.cache.build(key, options, name,
+                                      [None] * 12 + [np.float32, np.float32, meta_dtype(META_LENGTH, idx)])
+        return kernel
+
+    def _elementwise_grid(self, n: int, c: int, length: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        """(global, local) of bn_apply / bn_backward_apply: dim 0 over a row's L positions, dim 1 over the
+        N * C rows. A short row gets exactly L lanes, and a work-group spans several (contiguous) rows."""
+        rows, group = n * c, self.group
+        if length <= group:
+            local0 = min(length, self.max_items[0])
+            groups0 = 1
+        else:
+            steps = -(-length // group)
+            local0 = min(group, round_up(-(-length // steps), 32), self.max_items[0])
+            groups0 = 0  # below
+        local1 = max(1, min(group // local0, rows, self.max_items[1]))
+        groups1 = min(-(-rows // local1), MAX_GRID_GROUPS)
+        if not groups0:
+            want = -(-ELEMENTWISE_GROUPS_PER_UNIT * self.compute_units // groups1)
+            groups0 = max(1, min(want, -(-length // local0)))
+        return (local0 * groups0, local1 * groups1), (local0, local1)
+
+    def _launch(self, name: str, kind: str, shape: tuple[int, int, int], ops: Mapping[str, Operand | None],
+                flags: tuple[str, ...], eps: float, momentum: float, parts: int, scratch: cl.Buffer | None) -> None:
+        """Enqueue ``name``: ``kind`` "partial" (grid (GROUP * parts, C)), "finalize" (one item per channel)
+        or "elementwise"."""
+        if any(o is not None and o.dtype != "float32" for o in ops.values()):
+            raise Unsupported("batch norm needs float32")
+        n, c, length = shape
+        # (the partial kernels' walk steps up to GROUP * C + L elements past a channel's last element)
+        reach = n * c * length + 2 * self.group * c + length
+        wide = max((o.offset for o in ops.values() if o is not None), default=0) + reach > INT32_MAX
+        idx = "long" if wide else "int"
+        kernel = self._kernel(name, flags, idx)
+        meta = pack_meta([n, c, length] + [ops[k].offset if ops.get(k) is not None else 0 for k in _OFFSETS]
+                         + [parts], idx)
+        args = [ops[k].buffer if ops.get(k) is not None else None for k in BUFFERS[:-1]] + [scratch] + \
+            [np.float32(eps), np.float32(momentum), meta]
+        if kind == "partial":
+            global_size, local_size = (self.group * parts, min(c, MAX_GRID_GROUPS)), (self.group, 1)
+        elif kind == "finalize":
+            global_size, local_size = (round_up(c, self.finalize_group),), (self.finalize_group,)
+        else:
+            global_size, local_size = self._elementwise_grid(n, c, length)
+        self.device.defer(kernel, global_size, local_size, args)
+
+    def _reduce(self, partial: str, finalize: str, shape: tuple[int, int, int], ops: Mapping[str, Operand | None],
+                flags: tuple[str, ...], eps: float, momentum: float, scratch_channels: int) -> cl.Buffer:
+        n, c, length = shape
+        parts = self.parts(c, n * length)
+        scratch = self._scratch_for(scratch_channels, parts)
+        self._launch(partial, "partial", shape, ops, flags, eps, momentum, parts, scratch)
+        if parts > 1:  # with one part the partial kernel finishes each channel itself
+            self._launch(finalize, "finalize", shape, ops, flags, eps, momentum, parts, scratch)
+        return scratch
 
     def forward(self, shape: tuple[int, int, int], ops: Mapping[str, Operand | None], training: bool,
                 eps: float, momentum: float) -> None:
         """``ops`` names x, y, weight, bias, running_mean, running_var, save_mean, save_invstd."""
+        n, c, length = shape
+        if c == 0:
+            return
         flags = tuple(f for f, on in (("HAS_WEIGHT", ops.get("weight")), ("HAS_BIAS", ops.get("bias")),
                                       ("HAS_RUNNING", ops.get("running_mean")), ("EVAL", not training)) if on)
-        if training:
-            self._launch("bn_stats", True, shape, ops, tuple(f for f in flags if f == "HAS_RUNNING"), eps, momentum)
-        self._launch("bn_apply", False, shape, ops, tuple(f for f in flags if f != "HAS_RUNNING"), eps, momentum)
+        with self._lock:
+            if training:
+                self._reduce("bn_stats", "bn_stats_finalize", shape, ops,
+                             tuple(f for f in flags if f == "HAS_RUNNING"), eps, momentum, c)
+            if n * length:
+                self._launch("bn_apply", "elementwise", shape, ops, tuple(f for f in flags if f != "HAS_RUNNING"),
+                             eps, momentum, 1, None)
 
     def backward(self, shape: tuple[int, int, int], ops: Mapping[str, Operand | None], training: bool,
                  eps: float, need_input_grad: bool) -> None:
-        """``ops`` names dy, x, weight, mean/invstd (saved or running), y (grad_input),
-        grad_weight, grad_bias and a scratch of 2*C floats."""
+        """``ops`` names dy, x, weight, mean/invstd (saved or running), y (grad_input), grad_weight and
+        grad_bias."""
+        n, c, length = shape
+        if c == 0:
+            return
         base = (("HAS_WEIGHT",) if ops.get("weight") is not None else ()) + (("EVAL",) if not training else ())
         reduce_flags = base + (("HAS_GW",) if ops.get("grad_weight") is not None else ()) + \
             (("HAS_GB",) if ops.get("grad_bias") is not None else ())
-        if training or ops.get("grad_weight") is not None or ops.get("grad_bias") is not None:
-            self._launch("bn_backward_reduce", True, shape, ops, reduce_flags, eps, 0.0)
-        if need_input_grad:
-            self._launch("bn_backward_apply", False, shape, ops, base, eps, 0.0)
+        with self._lock:
+            scratch = None
+            if training or ops.get("grad_weight") is not None or ops.get("grad_bias") is not None:
+                scratch = self._reduce("bn_backward_reduce", "bn_backward_finalize", shape, ops, reduce_flags, eps,
+                                       0.0, c)
+            if need_input_grad and n * length:
+                self._launch("bn_backward_apply", "elementwise", shape, ops, base, eps, 0.0, 1, scratch)

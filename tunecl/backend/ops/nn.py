@@ -145,8 +145,7 @@ def native_batch_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, weig
     grad_input = memory.empty_contiguous(input.shape, torch.float32) if output_mask[0] else None
     grad_weight = memory.empty_contiguous([c], torch.float32) if output_mask[1] else None
     grad_bias = memory.empty_contiguous([c], torch.float32) if output_mask[2] else None
-    scratch = memory.empty_contiguous([2 * c], torch.float32)
-    ops = {"dy": operand(dy), "x": operand(x), "weight": _opt32(weight), "scratch": operand(scratch),
+    ops = {"dy": operand(dy), "x": operand(x), "weight": _opt32(weight),
            "y": operand(grad_input) if grad_input is not None else None,
            "grad_weight": operand(grad_weight) if grad_weight is not None else None,
            "grad_bias": operand(grad_bias) if grad_bias is not None else None}

@@ -1,0 +1,172 @@
+"""Batch norm on opencl vs CPU torch: the split per-channel sums (P work-groups per channel, forced here
+to several values since PoCL's few compute units pick small P), odd shapes, views with offsets, the
+shifted sums' accuracy on a large channel with a big mean, and bit-identical repeats."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tunecl import config
+from tunecl.backend import state
+
+DEV = torch.device("opencl")
+
+# (N, C, *spatial): N = 1, C = 1, L = 1 (BatchNorm1d on (N, C)), odd L (7x7, 13x5), L above the
+# work-group size (20x30, 1100) and M not a multiple of anything
+SHAPES = [(4, 3, 5, 5), (1, 3, 7, 7), (5, 1, 13, 5), (6, 4), (1, 2, 9), (3, 2, 20, 30), (2, 2, 1100), (37, 1),
+          (2, 5, 1, 1)]
+
+
+@pytest.fixture
+def norm():
+    return state.get().norm
+
+
+@pytest.fixture(params=[None, 1, 2, 3, 7, 500], ids=lambda p: f"P{p}")
+def parts(request, norm):
+    """P forced (None: the heuristic); 500 is more parts than most channels have elements."""
+    old = norm.force_parts
+    norm.force_parts = request.param
+    yield request.param
+    norm.force_parts = old
+
+
+def _run(device, x, g, weight, bias, stats, training, momentum=0.3, eps=1e-4):
+    """y, the running statistics after the call, and the gradients of x, weight and bias for upstream g."""
+    x = x.detach().clone().to(device).requires_grad_(True)
+    params = [None if p is None else p.detach().clone().to(device).requires_grad_(True) for p in (weight, bias)]
+    rm, rv = (None, None) if stats is None else (s.clone().to(device) for s in stats)
+    with config.override(fallback="error"):
+        y = F.batch_norm(x, rm, rv, *params, training=training, momentum=momentum, eps=eps)
+        y.backward(g.to(device))
+    grads = [x.grad] + [None if p is None else p.grad for p in params]
+    return [t if t is None else t.detach().cpu() for t in [y, rm, rv] + grads]
+
+
+def _compare(shape, training, affine, running, atol=5e-5, rtol=1e-4):
+    c = shape[1]
+    x = torch.randn(shape) * 2 + 1
+    g = torch.randn(shape)
+    weight, bias = (torch.rand(c) + 0.5, torch.randn(c)) if affine else (None, None)
+    stats = (torch.randn(c) * 0.1, torch.rand(c) + 0.5) if running else None
+    expected = _run("cpu", x, g, weight, bias, stats, training)
+    actual = _run(DEV, x, g, weight, bias, stats, training)
+    names = ("y", "running_mean", "running_var", "grad_input", "grad_weight", "grad_bias")
+    for name, e, a in zip(names, expected, actual):
+        assert (e is None) == (a is None), name
+        if e is not None:
+            torch.testing.assert_close(a, e, atol=atol, rtol=rtol, msg=name)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
+@pytest.mark.parametrize("running", [True, False], ids=["running", "no_running"])
+def test_training_matches_cpu(shape, affine, running, parts):
+    _compare(shape, True, affine, running)
+
+
+@pytest.mark.parametrize("shape", SHAPES + [(1, 3), (1, 1, 1)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
+def test_eval_matches_cpu(shape, affine, parts):
+    _compare(shape, False, affine, True)
+
+
+def test_views_with_offsets(norm):
+    """x, weight, bias and the running statistics are contiguous views that start inside their storage."""
+    norm.force_parts = 3
+    try:
+        base = torch.randn(3, 4, 6, 5)
+        pbase, sbase = torch.rand(11) + 0.5, torch.rand(13) + 0.5
+
+        def run(device):
+            b = base.clone().to(device).requires_grad_(True)
+            p = pbase.clone().to(device).requires_grad_(True)
+            s = sbase.clone().to(device)
+            x, w, bi, rm, rv = b[1:], p[1:5], p[6:10], s[2:6], s[8:12]
+            with config.override(fallback="error"):
+                y = F.batch_norm(x, rm, rv, w, bi, training=True, momentum=0.2)
+                y.backward(torch.linspace(-1, 1, y.numel()).reshape(y.shape).to(device))
+            return [t.detach().cpu() for t in (y, s, b.grad, p.grad)]
+        for e, a in zip(run("cpu"), run(DEV)):
+            torch.testing.assert_close(a, e, atol=5e-5, rtol=1e-4)
+    finally:
+        norm.force_parts = None
+
+
+@pytest.mark.parametrize("forced", [None, 1, 4, 13])
+def test_large_channel_with_a_big_mean(norm, forced):
+    """M = 120,000 per channel, mean 1000, std 0.01: the shifted sums keep the variance accurate
+    (sum(x^2) - sum(x)^2/M in float32 would lose it entirely); compared with float64 on CPU."""
+    x = 1000 + 0.01 * torch.randn(4, 2, 150, 200)
+    x[:, 1] = x[:, 1] * -1 + 2000.5  # another channel, its mean near -1000 + 2000.5
+    g = torch.randn(x.shape)
+    old = norm.force_parts
+    norm.force_parts = forced
+    try:
+        xd = x.to(DEV).requires_grad_(True)
+        with config.override(fallback="error"):
+            y, mean, invstd = torch.native_batch_norm(xd, None, None, None, None, True, 0.1, 1e-5)
+            gx, gw, gb = torch.ops.aten.native_batch_norm_backward(
+                g.to(DEV), xd, torch.ones(2, device=DEV), None, None, mean, invstd, True, 1e-5, [True, True, True])
+    finally:
+        norm.force_parts = old
+    x64, g64 = x.double(), g.double()
+    m64 = x64.mean((0, 2, 3))
+    var64 = x64.var((0, 2, 3), unbiased=False)
+    i64 = 1 / torch.sqrt(var64 + 1e-5)
+    torch.testing.assert_close(mean.cpu().double(), m64, atol=1e-4, rtol=0)  # a float32 ulp of 1000 is 6e-5
+    torch.testing.assert_close(invstd.cpu().double(), i64, rtol=5e-5, atol=0)
+    xhat = (x64 - m64[None, :, None, None]) * i64[None, :, None, None]
+    # y is off by (rounding of the float32 mean) * invstd at most: 3e-5 * ~100
+    torch.testing.assert_close(y.detach().cpu().double(), xhat, atol=6e-3, rtol=0)
+    gb64 = g64.sum((0, 2, 3))
+    gw64 = (g64 * xhat).sum((0, 2, 3))
+    torch.testing.assert_close(gb.cpu().double(), gb64, atol=2e-2, rtol=1e-4)
+    torch.testing.assert_close(gw.cpu().double(), gw64, atol=0.5, rtol=1e-3)
+    count = x64[:, 0].numel()
+    gx64 = (g64 - gb64[None, :, None, None] / count - xhat * gw64[None, :, None, None] / count) \
+        * i64[None, :, None, None]
+    torch.testing.assert_close(gx.cpu().double(), gx64, atol=0.1, rtol=1e-2)
+
+
+def test_repeats_are_bit_identical(norm):
+    x = torch.randn(8, 3, 37, 41) * 3 + 2
+    g = torch.randn(x.shape)
+    w, b = torch.rand(3) + 0.5, torch.randn(3)
+    norm.force_parts = 9
+    try:
+        first = _run(DEV, x, g, w, b, (torch.zeros(3), torch.ones(3)), True)
+        second = _run(DEV, x, g, w, b, (torch.zeros(3), torch.ones(3)), True)
+    finally:
+        norm.force_parts = None
+    for a, b_ in zip(first, second):
+        assert torch.equal(a, b_)
+
+
+def test_single_value_per_channel_keeps_torch_running_var():
+    """M = 1: biased var 0, unbiased var 0/0 -> running_var NaN, as on CPU."""
+    x = torch.randn(1, 3)
+    out = []
+    for device in ("cpu", DEV):
+        rm, rv = torch.zeros(3, device=device), torch.ones(3, device=device)
+        y, mean, invstd = torch.native_batch_norm(x.to(device), None, None, rm, rv, True, 0.1, 1e-5)
+        out.append([t.cpu() for t in (mean, invstd, rm, rv)])
+        assert y.abs().max().item() < 1e-3
+    for e, a in zip(*out):
+        torch.testing.assert_close(a, e, equal_nan=True)
+
+
+def test_parts_heuristic(norm):
+    """About 6 work-groups per compute unit over all channels, each with 4096 elements at least."""
+    old = norm.compute_units
+    norm.compute_units = 132  # an H200
+    try:
+        assert norm.parts(64, 64 * 112 * 112) == 13      # resnet50 stem: 832 work-groups
+        assert norm.parts(256, 64 * 56 * 56) == 4
+        assert norm.parts(2048, 64 * 7 * 7) == 1
+        assert norm.parts(64, 8 * 12) == 1               # small problems stay in one part
+        assert norm.parts(1, 10_000) == 2
+    finally:
+        norm.compute_units = old
