@@ -291,8 +291,8 @@ def test_bench_profile_reports_device_time_per_kernel(capsys):
     profile = result["profile"]
     names = [row["name"] for row in profile["kernels"]]
     assert profile["iterations"] == 2 and profile["commands"] > 0 and 0 < profile["device_busy_ms"]
-    # the optimizer step (Adam's step counts) and the batch's copy (through a staging buffer)
-    assert "axpb" in names and "copy device→device" in names and len(set(names)) == len(names)
+    # the optimizer step (torch's foreach Adam) and the batch's copy (through a staging buffer)
+    assert "foreach_map" in names and "copy device→device" in names and len(set(names)) == len(names)
     assert sum(row["share"] for row in profile["kernels"]) == pytest.approx(1.0)
     assert sum(row["ms"] for row in profile["kernels"]) == pytest.approx(profile["device_busy_ms"])
     assert bench_net(TINY, compare="none", warmup=0, repeats=1, **SMALL)["profile"] is None

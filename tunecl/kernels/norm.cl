@@ -16,8 +16,9 @@
 //
 // Kernels (all take the same arguments; buffers a kernel does not use may be NULL):
 //   bn_stats / bn_stats_finalize
-//                     shifted sums S1 = sum(x - K), S2 = sum((x - K)^2), K = the channel's first
-//                     element (n = 0, l = 0); mean = K + S1/M, var = (S2 - S1^2/M)/M (biased),
+//                     each part's S1 = sum(x - K) (K: the channel's first element) and M2 = sum((x -
+//                     part mean)^2) (two passes); mean = K + S1/M, the parts' M2 combined by Chan et
+//                     al.'s formula; var = M2/M (biased),
 //                     1/sqrt(var + eps) into save_mean/save_invstd; with HAS_RUNNING also
 //                     running = (1 - momentum) * running + momentum * stat (unbiased var)
 //   bn_apply          y = (x - mean) * invstd * weight + bias, from the saved statistics or, with
@@ -131,17 +132,13 @@ typedef struct { IDX v[15]; } meta_t;
     off += wrap;                                                                            \
   }
 
-// mean, invstd and running statistics of channel c from its shifted sums (K: the shift)
-inline void finish_stats(const IDX c, const float K, const float s1, const float s2,
+// mean, invstd and running statistics of channel c from its sum and sum((x - mean)^2)
+inline void finish_stats(const IDX c, const float mean, const float m2,
                          __global float *running_mean, __global float *running_var,
                          __global float *save_mean, __global float *save_invstd,
                          const float eps, const float momentum, const meta_t m)
 {
   const IDX count = N * L;
-  const float mean = K + s1 / (float)count;
-  // sum((x - mean)^2) = S2 - S1^2/M; rounding can make it slightly negative (NaN stays NaN)
-  float m2 = count > 0 ? s2 - s1 * (s1 / (float)count) : 0.0f;
-  m2 = m2 < 0.0f ? 0.0f : m2;
   save_mean[OFF_SM + c] = mean;
   save_invstd[OFF_SI + c] = 1.0f / sqrt(m2 / (float)count + eps);
 #ifdef HAS_RUNNING
@@ -167,7 +164,9 @@ inline void finish_backward(const IDX c, const float sum_dy, const float sum_dy_
 #endif
 }
 
-// grid (GROUP * P, C'), C' <= C channels at a time
+// grid (GROUP * P, C'), C' <= C channels at a time. Two passes over the part's elements (the second
+// mostly from cache): S1 = sum(x - K) with K the channel's first element (a shift that keeps the sum
+// small when the mean is large next to the spread), then M2 = sum((x - part mean)^2).
 __kernel void bn_stats(BN_ARGS)
 {
   const int lid = (int)get_local_id(0);
@@ -176,36 +175,59 @@ __kernel void bn_stats(BN_ARGS)
     const float K = N * L > 0 ? x[OFF_X + c * L] : 0.0f;
     float s1 = 0.0f, s2 = 0.0f;
     PART_BEGIN(c)
+    const IDX j0 = j, l0 = l, off0 = off;
     for (; j < end; j += GROUP) {
-      const float d = x[OFF_X + off] - K;
-      s1 += d;
-      s2 += d * d;
+      s1 += x[OFF_X + off] - K;
       PART_STEP
     }
     GROUP_SUM2(s1, s2, part)
+    const float shifted = s1;
+    const IDX n_part = end > first ? end - first : 0;
+    const float mean = K + (n_part > 0 ? shifted / (float)n_part : 0.0f);
+    j = j0;
+    l = l0;
+    off = off0;
+    for (; j < end; j += GROUP) {
+      const float d = x[OFF_X + off] - mean;
+      s2 += d * d;
+      PART_STEP
+    }
+    s1 = 0.0f;
+    GROUP_SUM2(s1, s2, part)
     if (lid == 0) {
-      if (get_num_groups(0) == 1)
-        finish_stats(c, K, s1, s2, running_mean, running_var, save_mean, save_invstd, eps, momentum, m);
+      if (get_num_groups(0) == 1)   // (an empty channel: NaN statistics, as sum / M gives)
+        finish_stats(c, K + shifted / (float)count, count > 0 ? s2 : NAN, running_mean, running_var,
+                     save_mean, save_invstd, eps, momentum, m);
       else {
-        PART1(c, (IDX)get_group_id(0)) = s1;
+        PART1(c, (IDX)get_group_id(0)) = shifted;
         PART2(c, (IDX)get_group_id(0)) = s2;
       }
     }
   }
 }
 
-// one work-item per channel
+// one work-item per channel: mean = K + (sum of the parts' S1) / M, M2 by Chan et al.'s combination,
+// sum over parts of M2_p + n_p (mean_p - mean)^2, in part order
 __kernel void bn_stats_finalize(BN_ARGS)
 {
   const IDX c = (IDX)get_global_id(0);
   if (c >= C) return;
-  float s1 = 0.0f, s2 = 0.0f;
+  const IDX count = N * L;
+  const IDX chunk = (count + PARTS - 1) / PARTS;
+  float shifted = 0.0f;
+  for (IDX p = 0; p < PARTS; ++p) shifted += PART1(c, p);
+  const float offset = shifted / (float)count;   // mean - K
+  const float K = count > 0 ? x[OFF_X + c * L] : 0.0f;
+  float m2 = count > 0 ? 0.0f : NAN;
   for (IDX p = 0; p < PARTS; ++p) {
-    s1 += PART1(c, p);
-    s2 += PART2(c, p);
+    const IDX first = p * chunk;
+    const IDX n_part = first < count ? min(chunk, count - first) : 0;
+    if (n_part > 0) {
+      const float delta = PART1(c, p) / (float)n_part - offset;
+      m2 += PART2(c, p) + (float)n_part * delta * delta;
+    }
   }
-  const float K = N * L > 0 ? x[OFF_X + c * L] : 0.0f;
-  finish_stats(c, K, s1, s2, running_mean, running_var, save_mean, save_invstd, eps, momentum, m);
+  finish_stats(c, K + offset, m2, running_mean, running_var, save_mean, save_invstd, eps, momentum, m);
 }
 
 // grid (GROUP * P, C'), C' <= C channels at a time
