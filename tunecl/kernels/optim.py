@@ -80,53 +80,56 @@ class Optim:
         kernel = self._kernel("sgd_step", flags, 4, 3, 4 * SLOTS)
         self._launch(kernel, [lr, weight_decay, momentum, dampening, int(first_step)], rows, numels, 3)
 
-    def map(self, expr: str, outs: Sequence[Operand], inputs: Sequence[Sequence[Operand] | Sequence[float]],
+    def map(self, expr: str, outs: Sequence[tuple[cl.Buffer, int]],
+            inputs: Sequence[Sequence[tuple[cl.Buffer, int]] | Sequence[float]],
             params: Sequence[Sequence[float]], numels: Sequence[int]) -> None:
         """``outs[k] = expr(inputs..., params...)`` for every tensor k, a launch per SLOTS tensors.
 
         ``expr`` names a float expression of the pointwise family (:data:`tunecl.kernels.pointwise.EXPRESSIONS`,
-        inputs a, b, c, parameters s0, s1). Each entry of ``inputs`` is a list with one operand per tensor
-        (contiguous float32, ``numels[k]`` elements like ``outs[k]``, which it may alias exactly) or one
-        number per tensor; each entry of ``params`` one number per tensor.
+        inputs a, b, c, parameters s0, s1). Tensors are (buffer, element offset) pairs of contiguous float32
+        data, ``numels[k]`` elements for index k; an input may alias its output exactly. Each entry of
+        ``inputs`` is a list with one pair per tensor or one number per tensor; each entry of ``params``
+        one number per tensor.
         """
         from tunecl.kernels.pointwise import EXPRESSIONS
 
         spec = EXPRESSIONS[expr]
         if len(inputs) != spec.nin or len(params) != spec.nparams or spec.nin > 3 or spec.nparams > 2:
             raise ValueError(f"{expr} takes {spec.nin} inputs and {spec.nparams} parameters")
-        self._check([outs, *[column for column in inputs if column and isinstance(column[0], Operand)]])
         count = len(outs)
-        columns = list(inputs) + [[0.0] * count] * (3 - len(inputs))
-        scalar = [not column or not isinstance(column[0], Operand) for column in columns]
-        flags = tuple(f"-D{letter}_SCALAR" for letter, is_scalar in zip("ABC", scalar) if is_scalar)
+        columns = list(inputs) + [None] * (3 - len(inputs))
+        tensor = [bool(column) and isinstance(column[0], tuple) for column in columns]
+        flags = tuple(f"-D{letter}_SCALAR" for letter, is_tensor in zip("ABC", tensor) if not is_tensor)
         key = ("foreach_map", expr, flags)
         kernel = self.cache.get(key)
         if kernel is None:
             options = [f"-DSLOTS={SLOTS}", f"-DMAP_EXPR={spec.code}", *flags]
             dtypes = [meta_dtype(5 * SLOTS, "int"), meta_dtype(5 * SLOTS, "long")] + [None] * (4 * SLOTS)
             kernel = self.cache.build(key, options, "foreach_map", dtypes)
-        numbers = list(params) + [[0.0] * count] * (2 - len(params))   # s0, s1
+        zeros = [0.0] * count
+        # per tensor: the (buffer, offset) of o, a, b, c (an unused pointer points at the output) and the
+        # numbers a, b, c (0 where a tensor), s0, s1
+        pointers = [outs] + [column if is_tensor else outs for column, is_tensor in zip(columns, tensor)]
+        numbers = [zeros if is_tensor or column is None else column for column, is_tensor in zip(columns, tensor)] \
+            + list(params) + [zeros] * (2 - len(params))
+        queue, local = self.device.queue, self.local
         for start in range(0, count, SLOTS):
-            chunk = range(start, min(start + SLOTS, count))
+            stop = min(start + SLOTS, count)
             meta: list[int] = []
-            values: list[float] = []
             buffers: list = []
-            for k in chunk:
-                out = outs[k]
+            values: list[float] = []
+            for k in range(start, stop):
                 meta.append(numels[k])
-                meta.append(out.offset)
-                buffers.append(out.buffer)
-                for column, is_scalar in zip(columns, scalar):
-                    operand = out if is_scalar else column[k]   # an unused pointer points at the output
-                    meta.append(operand.offset)
-                    buffers.append(operand.buffer)
-                values += [float(column[k]) if is_scalar else 0.0 for column, is_scalar in zip(columns, scalar)]
-                values += [float(number[k]) for number in numbers]
-            pad = SLOTS - len(chunk)
-            meta += [0] * (5 * pad)
-            values += [0.0] * (5 * pad)
-            buffers += [None] * (4 * pad)
-            items = min(max((numels[k] for k in chunk), default=1), MAX_ITEMS)
-            global_size = (-(-items // self.local) * self.local, len(chunk))
-            kernel(self.device.queue, global_size, (self.local, 1), array("f", values).tobytes(),
+                for column in pointers:
+                    buffer, offset = column[k]
+                    meta.append(offset)
+                    buffers.append(buffer)
+                values.extend([number[k] for number in numbers])
+            pad = SLOTS - (stop - start)
+            if pad:
+                meta += [0] * (5 * pad)
+                values += [0.0] * (5 * pad)
+                buffers += [None] * (4 * pad)
+            items = min(max(numels[start:stop]), MAX_ITEMS) or 1
+            kernel(queue, (-(-items // local) * local, stop - start), (local, 1), array("f", values).tobytes(),
                    pack_meta(meta, "long"), *buffers)

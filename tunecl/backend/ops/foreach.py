@@ -21,20 +21,32 @@ from typing import Any
 import torch
 
 from tunecl.backend import state
-from tunecl.backend.operands import operand
+from tunecl.backend.memory import _buffers
 
 _GENERIC = torch._C.DispatchKey.CompositeExplicitAutograd
 
 
-def _dense(t: Any) -> bool:
-    return isinstance(t, torch.Tensor) and t.device.type == "opencl" and t.dtype == torch.float32 \
-        and t.is_contiguous()
-
-
-def _separate_or_same(t: torch.Tensor, out: torch.Tensor) -> bool:
-    """``t`` is ``out`` element for element, or shares no storage with it."""
-    return t.untyped_storage().data_ptr() != out.untyped_storage().data_ptr() \
-        or t.storage_offset() == out.storage_offset()
+def _pairs(tensors: Sequence[Any], outs: Sequence[torch.Tensor] | None = None) -> list[tuple[Any, int]] | None:
+    """(buffer, element offset) of each tensor when every one is a contiguous float32 opencl tensor (and,
+    given ``outs``, of its output's shape, and either exactly its output or sharing no storage with it);
+    else None. One pass, a few attribute reads per tensor: optimizers call this for ~1000 tensors a step."""
+    pairs = []
+    float32 = torch.float32
+    for k, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor) or t.dtype is not float32 or not t.is_contiguous():
+            return None
+        address = t.untyped_storage().data_ptr()
+        buffer = _buffers.get(address)
+        if buffer is None and address not in _buffers:   # not an opencl storage (an empty one maps to None)
+            return None
+        offset = t.storage_offset()
+        if outs is not None:
+            out = outs[k]
+            if t.shape != out.shape or (address == out.untyped_storage().data_ptr()
+                                        and offset != out.storage_offset()):
+                return None
+        pairs.append((buffer, offset))
+    return pairs
 
 
 def _numbers(value: Any, count: int) -> list[float] | None:
@@ -48,18 +60,21 @@ def _numbers(value: Any, count: int) -> list[float] | None:
 def _launch(expr: str, outs: Sequence[torch.Tensor], inputs: Sequence[Sequence[Any]],
             params: Sequence[list[float]]) -> bool:
     """Run ``expr`` over the lists when the multi-tensor path applies (module docstring); False if not."""
-    if not all(_dense(o) for o in outs):
+    out_pairs = _pairs(outs)
+    if out_pairs is None:
         return False
     columns: list[list[Any]] = []
     for column in inputs:
         if column and isinstance(column[0], torch.Tensor):
-            if len(column) != len(outs) or not all(
-                    _dense(t) and t.shape == o.shape and _separate_or_same(t, o) for t, o in zip(column, outs)):
+            if len(column) != len(outs):
                 return False
-            columns.append([operand(t) for t in column])
+            pairs = column is outs and out_pairs or _pairs(column, outs)
+            if pairs is None:
+                return False
+            columns.append(pairs)
         else:
             columns.append(list(column))
-    state.get().optim.map(expr, [operand(o) for o in outs], columns, params, [o.numel() for o in outs])
+    state.get().optim.map(expr, out_pairs, columns, params, [o.numel() for o in outs])
     return True
 
 
