@@ -4,10 +4,13 @@ On a GPU, small and medium nets are bound by the host: ``tunecl bench --profile`
 for most of the wall time. This prints, for ``--iterations`` inference (or ``--train``) iterations after
 a warm-up, the wall time per iteration with and without the profiler, and the functions with the most
 self time (``tottime``) and cumulative time per iteration, so the cost of dispatch, plan lookup,
-allocation and kernel enqueueing can be told apart.
+allocation and kernel enqueueing can be told apart. cProfile sees the calling thread only; autograd runs
+a device's backward ops on a thread of its own, so ``--torch-profiler`` instead prints torch's per-op
+host time over every thread (self CPU time per ATen op, which includes tunecl's Python kernels).
 
     python benchmarks/host_profile.py --net resnet50 --batch 16              # default device
     TUNECL_DEVICE=nvidia python benchmarks/host_profile.py --net resnet50 --batch 16 --top 30
+    python benchmarks/host_profile.py --net resnet50 --batch 2 --image-size 32 --train --torch-profiler
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iterations", type=int, default=5)
     parser.add_argument("--top", type=int, default=25, help="functions listed per table")
+    parser.add_argument("--torch-profiler", action="store_true",
+                        help="torch.profiler's per-op host time (all threads) instead of cProfile")
     args = parser.parse_args(argv)
 
     import torch
@@ -66,6 +71,19 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.iterations):
         iteration()
     plain = (time.perf_counter() - start) / args.iterations
+    if args.torch_profiler:
+        from torch.profiler import ProfilerActivity, profile
+
+        start = time.perf_counter()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(args.iterations):
+                iteration()
+        profiled = (time.perf_counter() - start) / args.iterations
+        print(f"{args.net} batch {args.batch} image {args.image_size} {'train' if args.train else 'inference'} "
+              f"on {torch.opencl.get_device_name()}: {plain * 1e3:.2f} ms per iteration, {profiled * 1e3:.2f} ms "
+              f"under torch.profiler; totals over {args.iterations} iterations")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top))
+        return 0
     profiler = cProfile.Profile()
     start = time.perf_counter()
     profiler.enable()
