@@ -57,14 +57,35 @@ def _pair(values: Sequence[int]) -> tuple[int, int]:
     return values[0], values[1]
 
 
-def _problem(input: torch.Tensor, weight: torch.Tensor, stride: Sequence[int], padding: Sequence[int],
-             dilation: Sequence[int], transposed: bool, output_padding: Sequence[int], groups: int,
-             *others: torch.Tensor | None) -> ConvProblem:
+# (input shape, weight shape, stride, padding, dilation, transposed, output_padding, groups) -> the
+# call's problems by direction: building and validating a ConvProblem is ~10 µs, and nets repeat shapes
+_PROBLEMS: dict[tuple, dict[str, ConvProblem]] = {}
+MAX_CACHED_PROBLEMS = 4096
+
+
+def _problems(input: torch.Tensor, weight: torch.Tensor, stride: Sequence[int], padding: Sequence[int],
+              dilation: Sequence[int], transposed: bool, output_padding: Sequence[int], groups: int,
+              *others: torch.Tensor | None) -> dict[str, ConvProblem]:
     """The regular forward problem of a call with batch max(N, 1) (for a transposed convolution the one
-    it is made of, see :meth:`ConvProblem.transposed`); Unsupported for what only the CPU runs."""
+    it is made of, see :meth:`ConvProblem.transposed`) as ``"fwd"``, and its ``"bwd_data"`` and
+    ``"bwd_weight"``; Unsupported for what only the CPU runs."""
     if input.dim() != 4 or weight.dim() != 4:
         raise Unsupported(f"{input.dim() - 2}-d convolution (only 2-d runs on the device)")
     half.check(input, weight, *others)
+    key = (input.shape, weight.shape, tuple(stride), tuple(padding), tuple(dilation), bool(transposed),
+           tuple(output_padding), groups)
+    found = _PROBLEMS.get(key)
+    if found is None:
+        problem = _problem(input, weight, stride, padding, dilation, transposed, output_padding, groups)
+        found = {"fwd": problem, "bwd_data": problem.with_direction("bwd_data"),
+                 "bwd_weight": problem.with_direction("bwd_weight")}
+        if len(_PROBLEMS) < MAX_CACHED_PROBLEMS:
+            _PROBLEMS[key] = found
+    return found
+
+
+def _problem(input: torch.Tensor, weight: torch.Tensor, stride: Sequence[int], padding: Sequence[int],
+             dilation: Sequence[int], transposed: bool, output_padding: Sequence[int], groups: int) -> ConvProblem:
     n, c, h, w = input.shape
     k, _, r, s = weight.shape
     try:
@@ -123,11 +144,12 @@ def _run_half(plan: Any, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
 def _forward(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: Sequence[int],
              padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int],
              groups: int) -> torch.Tensor:
-    problem = _problem(input, weight, stride, padding, dilation, transposed, output_padding, groups, bias)
+    problems = _problems(input, weight, stride, padding, dilation, transposed, output_padding, groups, bias)
+    problem = problems["fwd"]
     n = input.shape[0]
     # a transposed convolution is the bwd_data of the regular one: its output is that one's input
     shape = (n, problem.c, problem.h, problem.w) if transposed else (n, problem.k, problem.p, problem.q)
-    direction = problem.with_direction("bwd_data") if transposed else problem
+    direction = problems["bwd_data"] if transposed else problem
     if n and not (transposed and bias is not None):
         plan16 = _half_plan(direction, input, weight, bias)
         if plan16 is not None:
@@ -151,7 +173,8 @@ def _forward(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 def _backward(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, stride: Sequence[int],
               padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int],
               groups: int, output_mask: Sequence[bool]) -> tuple[torch.Tensor | None, ...]:
-    problem = _problem(input, weight, stride, padding, dilation, transposed, output_padding, groups, grad_output)
+    problems = _problems(input, weight, stride, padding, dilation, transposed, output_padding, groups, grad_output)
+    problem = problems["fwd"]
     want_input, want_weight, want_bias = (bool(m) for m in output_mask)
     channels = grad_output.shape[1]
     if input.shape[0] == 0:
@@ -163,8 +186,8 @@ def _backward(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tens
     # gradient): (input, grad_output), or (grad_output, input) for a transposed convolution.
     # Every plan is found first: an Unsupported problem then takes the CPU route before anything runs.
     # float16: each direction runs a float16 plan where one computes it, else the converted route.
-    data_problem = problem if transposed else problem.with_direction("bwd_data")
-    weight_problem = problem.with_direction("bwd_weight")
+    data_problem = problem if transposed else problems["bwd_data"]
+    weight_problem = problems["bwd_weight"]
     data16 = _half_plan(data_problem, grad_output, input, weight) if want_input else None
     weight16 = _half_plan(weight_problem, grad_output, input, weight) if want_weight else None
     data_plan = plans.conv_plan(data_problem) if want_input and data16 is None else None
