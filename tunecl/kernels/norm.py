@@ -18,8 +18,6 @@ import pyopencl as cl
 from tunecl.kernels.strided import (
     INT32_MAX,
     KernelCache,
-    Operand,
-    Unsupported,
     meta_dtype,
     pack_meta,
     round_up,
@@ -27,11 +25,11 @@ from tunecl.kernels.strided import (
 )
 from tunecl.runtime import Device
 
-# the buffers every batch-norm kernel takes, in argument order
-BUFFERS = ("x", "y", "weight", "bias", "running_mean", "running_var", "save_mean", "save_invstd", "dy",
-           "grad_weight", "grad_bias", "scratch")
+# the tensors every batch-norm kernel takes, in argument order (then the scratch buffer, eps, momentum,
+# meta), each given as (buffer, element offset): contiguous float32 data
 _OFFSETS = ("x", "y", "weight", "bias", "running_mean", "running_var", "save_mean", "save_invstd", "dy",
             "grad_weight", "grad_bias")
+Tensor = tuple  # (cl.Buffer | None, element offset)
 META_LENGTH = 15  # N, C, L, the 11 offsets, P
 
 GROUPS_PER_UNIT = 6      # partial work-groups (all channels together) per compute unit: 4-8 keeps a GPU busy
@@ -102,22 +100,19 @@ class BatchNorm:
             groups0 = max(1, min(want, -(-length // local0)))
         return (local0 * groups0, local1 * groups1), (local0, local1)
 
-    def _launch(self, name: str, kind: str, shape: tuple[int, int, int], ops: Mapping[str, Operand | None],
+    def _launch(self, name: str, kind: str, shape: tuple[int, int, int], ops: Mapping[str, Tensor | None],
                 flags: tuple[str, ...], eps: float, momentum: float, parts: int, scratch: cl.Buffer | None) -> None:
         """Enqueue ``name``: ``kind`` "partial" (grid (GROUP * parts, C)), "finalize" (one item per channel)
         or "elementwise"."""
-        if any(o is not None and o.dtype != "float32" for o in ops.values()):
-            raise Unsupported("batch norm needs float32")
         n, c, length = shape
+        located = [ops.get(k) for k in _OFFSETS]
+        offsets = [0 if t is None else t[1] for t in located]
         # (the partial kernels' walk steps up to GROUP * C + L elements past a channel's last element)
         reach = n * c * length + 2 * self.group * c + length
-        wide = max((o.offset for o in ops.values() if o is not None), default=0) + reach > INT32_MAX
-        idx = "long" if wide else "int"
+        idx = "long" if max(offsets) + reach > INT32_MAX else "int"
         kernel = self._kernel(name, flags, idx)
-        meta = pack_meta([n, c, length] + [ops[k].offset if ops.get(k) is not None else 0 for k in _OFFSETS]
-                         + [parts], idx)
-        args = [ops[k].buffer if ops.get(k) is not None else None for k in BUFFERS[:-1]] + [scratch] + \
-            [np.float32(eps), np.float32(momentum), meta]
+        meta = pack_meta([n, c, length, *offsets, parts], idx)
+        args = [None if t is None else t[0] for t in located] + [scratch, np.float32(eps), np.float32(momentum), meta]
         if kind == "partial":
             global_size, local_size = (self.group * parts, min(c, MAX_GRID_GROUPS)), (self.group, 1)
         elif kind == "finalize":
@@ -126,7 +121,7 @@ class BatchNorm:
             global_size, local_size = self._elementwise_grid(n, c, length)
         self.device.defer(kernel, global_size, local_size, args)
 
-    def _reduce(self, partial: str, finalize: str, shape: tuple[int, int, int], ops: Mapping[str, Operand | None],
+    def _reduce(self, partial: str, finalize: str, shape: tuple[int, int, int], ops: Mapping[str, Tensor | None],
                 flags: tuple[str, ...], eps: float, momentum: float, scratch_channels: int) -> cl.Buffer:
         n, c, length = shape
         parts = self.parts(c, n * length)
@@ -136,7 +131,7 @@ class BatchNorm:
             self._launch(finalize, "finalize", shape, ops, flags, eps, momentum, parts, scratch)
         return scratch
 
-    def forward(self, shape: tuple[int, int, int], ops: Mapping[str, Operand | None], training: bool,
+    def forward(self, shape: tuple[int, int, int], ops: Mapping[str, Tensor | None], training: bool,
                 eps: float, momentum: float) -> None:
         """``ops`` names x, y, weight, bias, running_mean, running_var, save_mean, save_invstd."""
         n, c, length = shape
@@ -152,7 +147,7 @@ class BatchNorm:
                 self._launch("bn_apply", "elementwise", shape, ops, tuple(f for f in flags if f != "HAS_RUNNING"),
                              eps, momentum, 1, None)
 
-    def backward(self, shape: tuple[int, int, int], ops: Mapping[str, Operand | None], training: bool,
+    def backward(self, shape: tuple[int, int, int], ops: Mapping[str, Tensor | None], training: bool,
                  eps: float, need_input_grad: bool) -> None:
         """``ops`` names dy, x, weight, mean/invstd (saved or running), y (grad_input), grad_weight and
         grad_bias."""

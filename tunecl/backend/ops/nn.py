@@ -23,10 +23,6 @@ def _opt(t: torch.Tensor | None) -> Operand | None:
     return None if t is None else operand(contiguous_on_device(t))
 
 
-def _opt32(t: torch.Tensor | None) -> Operand | None:
-    return None if t is None else operand(half.to_float32(t))
-
-
 def into_contiguous(out: torch.Tensor, shape: Sequence[int], compute: Callable[[torch.Tensor], None]) -> torch.Tensor:
     """Run ``compute`` into ``out`` (resized to ``shape``) directly if it is contiguous, else into a
     contiguous temporary that is then copied into ``out``."""
@@ -99,6 +95,20 @@ def mse_loss_backward(grad_output: torch.Tensor, self: torch.Tensor, target: tor
 
 
 # -- batch norm ----------------------------------------------------------------------------------------
+def _at(t: torch.Tensor | None) -> tuple[Any, int] | None:
+    """(buffer, element offset) of a contiguous float32 device tensor, as the norm kernels take it."""
+    if t is None:
+        return None
+    try:
+        return _buffers[t.untyped_storage().data_ptr()], t.storage_offset()
+    except KeyError:
+        raise Unsupported(f"a {t.device.type} tensor among opencl operands") from None
+
+
+def _at32(t: torch.Tensor | None) -> tuple[Any, int] | None:
+    return None if t is None else _at(half.to_float32(t))
+
+
 def _ncl(x: torch.Tensor) -> tuple[int, int, int]:
     if x.dim() < 2:
         raise Unsupported("batch norm of a tensor with fewer than 2 dims")
@@ -124,11 +134,10 @@ def native_batch_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: to
     y = memory.empty_contiguous(input.shape, torch.float32)
     c = shape[1] if training else 0  # eval returns empty saved statistics, as the CPU kernel does
     save_mean, save_invstd = (memory.empty_contiguous([c], torch.float32) for _ in range(2))
-    ops = {"x": operand(x), "y": operand(y), "weight": _opt32(weight), "bias": _opt32(bias),
-           "running_mean": operand(running_mean) if running_mean is not None else None,
-           "running_var": operand(running_var) if running_var is not None else None}
+    ops = {"x": _at(x), "y": _at(y), "weight": _at32(weight), "bias": _at32(bias),
+           "running_mean": _at(running_mean), "running_var": _at(running_var)}
     if training:
-        ops.update(save_mean=operand(save_mean), save_invstd=operand(save_invstd))
+        ops.update(save_mean=_at(save_mean), save_invstd=_at(save_invstd))
     state.get().norm.forward(shape, ops, training, eps, momentum)
     return half.cast(y, input.dtype), half.cast(save_mean, stat_dtype), half.cast(save_invstd, stat_dtype)
 
@@ -145,14 +154,12 @@ def native_batch_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, weig
     grad_input = memory.empty_contiguous(input.shape, torch.float32) if output_mask[0] else None
     grad_weight = memory.empty_contiguous([c], torch.float32) if output_mask[1] else None
     grad_bias = memory.empty_contiguous([c], torch.float32) if output_mask[2] else None
-    ops = {"dy": operand(dy), "x": operand(x), "weight": _opt32(weight),
-           "y": operand(grad_input) if grad_input is not None else None,
-           "grad_weight": operand(grad_weight) if grad_weight is not None else None,
-           "grad_bias": operand(grad_bias) if grad_bias is not None else None}
+    ops = {"dy": _at(dy), "x": _at(x), "weight": _at32(weight), "y": _at(grad_input),
+           "grad_weight": _at(grad_weight), "grad_bias": _at(grad_bias)}
     if train:
-        ops.update(save_mean=_opt32(save_mean), save_invstd=_opt32(save_invstd))
+        ops.update(save_mean=_at32(save_mean), save_invstd=_at32(save_invstd))
     else:
-        ops.update(running_mean=_opt32(running_mean), running_var=_opt32(running_var))
+        ops.update(running_mean=_at32(running_mean), running_var=_at32(running_var))
     state.get().norm.backward(shape, ops, train, eps, grad_input is not None)
     return (None if grad_input is None else half.cast(grad_input, input.dtype),
             None if grad_weight is None else half.cast(grad_weight, param_dtype),
