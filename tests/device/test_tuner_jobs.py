@@ -65,3 +65,15 @@ def test_jobs_run_in_other_processes(device, storage):
     tuner.tune(PROBLEM, trials=2)
     assert tuner.worker_builds >= 1
     assert tuner.worker_pids and os.getpid() not in tuner.worker_pids
+
+
+def test_the_build_processes_are_kept_for_the_next_problem(device, storage):
+    """tune --net tunes problem after problem: the second reuses the first's worker processes instead of
+    starting (and opening the device in) new ones."""
+    first = Tuner(device, storage, policy=FAST, algorithms=[SometimesBrokenGemm()], jobs=2)
+    first.tune(PROBLEM)  # 4 valid configs, built two at a time
+    second = Tuner(device, storage, policy=FAST, algorithms=[SometimesBrokenGemm()], jobs=2)
+    second.tune(GemmProblem(PROBLEM.m + 1, PROBLEM.n, PROBLEM.k))
+    assert first.worker_builds == second.worker_builds == 4
+    assert first.worker_pids & second.worker_pids                 # the same processes built for both
+    assert len(first.worker_pids | second.worker_pids) <= 2       # and no others were started

@@ -9,14 +9,21 @@ program is a fast binary load. A config the compiler rejects in the worker is re
 COMPILE_ERROR at once, without compiling it again. Anything else going wrong with a worker (the
 algorithm cannot be pickled, the pool broke) only loses the head start: the main process then builds
 as it would with ``jobs=1``.
+
+The worker processes are started once per device and job count and kept for the next problem
+(``tunecl tune --net`` tunes dozens in a row; starting J processes that each open the device took a
+second or more of every problem's budget). A problem's unstarted builds are cancelled when it ends; a
+pool that broke is replaced for the next problem; the pools are shut down at exit.
 """
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import multiprocessing
 import os
 import signal
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -30,6 +37,41 @@ from tunecl.search.result import Config, Result, Status
 BUILD_TIMEOUT = 300.0  # seconds a worker build may take, counted from when the result is needed
 
 _worker_device: runtime.Device | None = None
+
+# (device selector, jobs) -> the build processes, kept across problems (module docstring)
+_pools: dict[tuple[str, int], concurrent.futures.ProcessPoolExecutor] = {}
+_pools_lock = threading.Lock()
+
+
+def _pool(selector: str, jobs: int) -> concurrent.futures.ProcessPoolExecutor:
+    with _pools_lock:
+        pool = _pools.get((selector, jobs))
+        if pool is None:
+            pool = concurrent.futures.ProcessPoolExecutor(
+                max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_worker, initargs=(selector,))
+            _pools[(selector, jobs)] = pool
+        return pool
+
+
+def _drop_pool(selector: str, jobs: int, pool: concurrent.futures.ProcessPoolExecutor) -> None:
+    """Forget a broken pool (the next problem starts a new one)."""
+    with _pools_lock:
+        if _pools.get((selector, jobs)) is pool:
+            del _pools[(selector, jobs)]
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
+def shutdown_pools() -> None:
+    """Stop every kept pool of build processes (at exit; tests)."""
+    with _pools_lock:
+        pools = list(_pools.values())
+        _pools.clear()
+    for pool in pools:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+atexit.register(shutdown_pools)
 
 
 def _init_worker(selector: str) -> None:
@@ -49,7 +91,7 @@ def _build_in_worker(algorithm: Algorithm, problem: Problem, config: Config) -> 
 
 
 class Prebuilder:
-    """A pool of ``jobs`` build processes for one problem on one device (started on first use).
+    """Builds of one problem's candidates in the kept pool of ``jobs`` processes for its device.
 
     Attributes:
         built: builds that finished in a worker (successful or not).
@@ -65,22 +107,19 @@ class Prebuilder:
         self.jobs, self.timeout = jobs, timeout
         self.built = 0
         self.worker_pids: set[int] = set()
-        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
-
-    def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
-        if self._pool is None:
-            self._pool = concurrent.futures.ProcessPoolExecutor(
-                max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"),
-                initializer=_init_worker, initargs=(self.selector,))
-        return self._pool
+        self._pending: list[Future[Any]] = []
 
     def prepare(self, algorithm: str, config: Config) -> Callable[[], Result]:
         """Start building ``config`` in a worker; return what finishes its evaluation here."""
+        pool = _pool(self.selector, self.jobs)
+        future: Future[Any] | None
         try:
-            future: Future[Any] | None = self._executor().submit(
-                _build_in_worker, self.algorithms[algorithm], self.problem, dict(config))
+            future = pool.submit(_build_in_worker, self.algorithms[algorithm], self.problem, dict(config))
         except (RuntimeError, concurrent.futures.BrokenExecutor):
+            _drop_pool(self.selector, self.jobs, pool)
             future = None
+        else:
+            self._pending.append(future)
 
         def finish() -> Result:
             if future is not None:
@@ -90,6 +129,8 @@ class Prebuilder:
                     future.cancel()
                     return Result(algorithm, dict(config), Status.COMPILE_ERROR,
                                   message=f"build did not finish within {self.timeout:g} s in a worker")
+                except concurrent.futures.BrokenExecutor:
+                    _drop_pool(self.selector, self.jobs, pool)   # this build is lost; so is the head start
                 except Exception:  # noqa: BLE001, S110 - a broken worker only loses the head start
                     pass
                 else:
@@ -102,6 +143,7 @@ class Prebuilder:
         return finish
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        """Cancel this problem's builds that have not started (the pool stays for the next problem)."""
+        for future in self._pending:
+            future.cancel()
+        self._pending = []
