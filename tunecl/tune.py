@@ -110,7 +110,8 @@ def _time_or_none(result: Result | None) -> float | None:
 class NetRow:
     """One problem of a net's workload after :func:`tune_workload`.
 
-    ``default_s`` and ``tuned_s`` are per call; ``status`` is ``tuned``, ``skipped`` (already in the DB
+    ``default_s`` and ``tuned_s`` are per call, ``seconds`` the wall time its tuning took (search,
+    verification, re-measurement and storing; about the time limit plus a few seconds); ``status`` is ``tuned``, ``skipped`` (already in the DB
     at the current algorithm versions), ``shipped`` (likewise in the shipped results, for this exact
     device and driver), ``failed`` (no verified candidate) or ``not run`` (the total
     time limit or an interrupt came first).
@@ -122,6 +123,7 @@ class NetRow:
     algorithm: str | None = None
     default_s: float | None = None
     tuned_s: float | None = None
+    seconds: float | None = None   # wall time spent tuning it (None: not tuned in this run)
 
     @property
     def speedup(self) -> float | None:
@@ -199,13 +201,14 @@ def tune_workload(workload: Mapping[Problem, int], device: Device, db: Any, *, t
                 progress(update)
 
         options["progress"] = beat
+        began = time.monotonic()
         outcome = tune_problem(problem, device, db, trials=trials, time_limit=time_limit,
                                precision=precision, **options)
         claims.release(key)
         winner, default = outcome.winner, outcome.default
         return NetRow(problem, count, "tuned" if winner else "failed", winner.algorithm if winner else None,
                       default.time if default is not None and default.ok else None,
-                      winner.time if winner else None)
+                      winner.time if winner else None, time.monotonic() - began)
 
     def skipped(problem: Problem, count: int, hit: Any) -> NetRow:
         return NetRow(problem, count, "shipped" if hit.source == "shipped" else "skipped", hit.algorithm,

@@ -57,10 +57,12 @@ def test_tune_net_then_skip_what_is_stored(capsys, tmp_path, monkeypatch):
     assert main(args) == 0
     first = json.loads(capsys.readouterr().out)
     assert len(first["problems"]) == 3 and {p["status"] for p in first["problems"]} == {"tuned"}
-    assert all(p["tuned_ms"] > 0 and p["default_ms"] > 0 for p in first["problems"])
+    assert all(p["tuned_ms"] > 0 and p["default_ms"] > 0 and p["seconds"] > 0 for p in first["problems"])
+    assert first["tuning_seconds"] == pytest.approx(sum(p["seconds"] for p in first["problems"]))
     assert main(args) == 0
     second = json.loads(capsys.readouterr().out)
     assert {p["status"] for p in second["problems"]} == {"skipped"}
+    assert all(p["seconds"] is None for p in second["problems"]) and second["tuning_seconds"] == 0
     assert [p["tuned_ms"] for p in second["problems"]] == [p["tuned_ms"] for p in first["problems"]]
     # shipped results for this exact device count as tuned too (a fresh user DB), unless --retune
     (tmp_path / "shipped").mkdir()

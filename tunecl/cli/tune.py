@@ -288,8 +288,12 @@ def run_net(args: argparse.Namespace, device: Any, options: dict[str, Any]) -> i
         if progress is not None:
             progress.close()
             progress = None
-        if row.status != "tuned":
-            print(f"[{index + 1}/{total}] {row.problem.key}: {row.status}", file=err, flush=True)
+        if row.status == "tuned":
+            print(f"[{index + 1}/{total}] tuned in {row.seconds:.1f} s: {row.algorithm}, "
+                  f"{_round(_ms_num(row.default_s)) or '-'} -> {_round(_ms_num(row.tuned_s))} ms", file=err, flush=True)
+        else:
+            print(f"[{index + 1}/{total}] {row.problem.key}: {row.status}"
+                  + (f" after {row.seconds:.1f} s" if row.seconds is not None else ""), file=err, flush=True)
 
     def draw(event: Any) -> None:
         """Forwards the tuner's progress to the line of the problem being tuned (tune_workload
@@ -329,7 +333,9 @@ def print_net_summary(rows: list[Any], stored_in: str, json_out: bool = False,
         print_json({"db": stored_in, "estimated_default_ms": before * 1e3, "estimated_tuned_ms": after * 1e3,
                     "problems": [{"problem": r.problem.key, "count": r.count, "status": r.status,
                                   "algorithm": r.algorithm, "default_ms": _ms_num(r.default_s),
-                                  "tuned_ms": _ms_num(r.tuned_s), "speedup": r.speedup} for r in rows]},
+                                  "tuned_ms": _ms_num(r.tuned_s), "speedup": r.speedup, "seconds": r.seconds}
+                                 for r in rows],
+                    "tuning_seconds": sum(r.seconds or 0.0 for r in rows)},
                    out=out)
         return
     print_table(["problem", "count", "status", "algorithm", "default ms", "tuned ms", "speedup"],
@@ -340,6 +346,10 @@ def print_net_summary(rows: list[Any], stored_in: str, json_out: bool = False,
     if known:
         print(f"estimated conv/GEMM time per pass ({len(known)} of {len(rows)} problems with both times): "
               f"default {before * 1e3:.4g} ms -> tuned {after * 1e3:.4g} ms ({before / after:.2f}x)", file=out)
+    tuned = [r for r in rows if r.seconds is not None]
+    if tuned:
+        spent = sum(r.seconds for r in tuned)
+        print(f"tuning    {len(tuned)} problems in {spent:.1f} s ({spent / len(tuned):.1f} s each)", file=out)
     print(f"stored    {stored_in}", file=out)
 
 
