@@ -4,7 +4,8 @@
 #   bash benchmarks/gpu_suite.sh OUTDIR BUDGET_SECONDS [STEP ...]
 #
 # Steps: mma bench validate conv tests (the default, in this order); when named: gemm_mma or conv_mma
-# (one half of mma), fp16 (~4 min), pretrans (~3 min), space (~3 min), ship (tunes resnet18/50 batch 16 with --train for tuning_db/;
+# (one half of mma), fp16 (~4 min), pretrans (~3 min), space (~3 min), host (~2 min: launch_cost.py and
+# host_profile.py), ship (tunes resnet18/50 batch 16 with --train for tuning_db/;
 # SHIP_TIME_LIMIT seconds per problem, default 8) and convergence (~16 min). Each step gets what is left of the budget (a step that cannot start with at least MIN_STEP_S seconds left is skipped and
 # logged); every command writes its own file under OUTDIR, and OUTDIR.tar.gz is rewritten after
 # every command, so a run cut off from outside still leaves everything finished so far in one file.
@@ -101,9 +102,13 @@ for step in $steps; do
           --device "$TUNECL_DEVICE" --time-limit "${SHIP_TIME_LIMIT:-8}" --jobs 8 --json --no-progress
         MIN_STEP_S=1 run ship-export 60 "$PY" -m tunecl db export --device "$TUNECL_DEVICE" -o "$out/ship-export.json"
       done ;;
+    host)      # where the host time goes: the parts of a launch, an allocation, then resnet50's ops
+      run launch_cost 60 "$PY" benchmarks/launch_cost.py --device "$TUNECL_DEVICE"
+      run host-resnet50-b16-train 120 "$PY" benchmarks/host_profile.py --net resnet50 --batch 16 --train \
+        --torch-profiler --iterations 3 --top 30 ;;
     tests)     # GPU-only correctness: the device and torch test subsets on the GPU
       run pytest-device 0 "$PY" -m pytest -q -rfE --tb=short ${TESTS:-tests/device tests/torch} ;;
-    *) log "unknown step $step (steps: mma gemm_mma conv_mma fp16 pretrans bench validate conv space ship convergence tests)" ;;
+    *) log "unknown step $step (steps: mma gemm_mma conv_mma fp16 pretrans bench validate conv space ship convergence host tests)" ;;
   esac
 done
 log "done, $(left)s of the budget left"

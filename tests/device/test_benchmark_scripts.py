@@ -113,3 +113,14 @@ def test_gemm_benchmark_fp16_makes_float16_problems(tmp_path, capsys):
         else:
             assert row["tuned_precision"] == "fp32" and row["tuned_gflops"] > 0
     assert "precision: fp16" in capsys.readouterr().out
+
+
+def test_launch_cost_times_each_part_of_a_launch(capsys):
+    script = load_script("launch_cost")
+    assert script.main(["--calls", "20", "--repeats", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line.split() for line in lines if line.strip() and line.split()[0] in ("1", "4", "16", "32")]
+    assert [row[0] for row in rows] == ["1", "4", "16", "32"]
+    assert all(float(value) > 0 for row in rows for value in row[1:])
+    assert any(line.startswith("create_buffer 4 KiB") for line in lines)
+    assert any(line.startswith("torch.empty(16) on opencl") for line in lines)

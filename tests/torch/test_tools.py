@@ -363,3 +363,22 @@ def test_a_second_device_in_one_process_is_refused():
         validate_net(TINY, device=str(others[0].index), **SMALL)
     with pytest.raises(DeviceNotFoundError):
         bench_net(TINY, device="99", compare="none", repeats=1, warmup=0, **SMALL)
+
+
+@pytest.mark.parametrize("extra", [[], ["--train", "--torch-profiler"]])
+def test_host_profile_script_prints_where_the_host_time_goes(capsys, extra):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "host_profile.py"
+    spec = importlib.util.spec_from_file_location("benchmark_host_profile", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--net", TINY, "--batch", "2", "--image-size", "16", "--warmup", "1",
+                        "--iterations", "1", "--top", "5", *extra]) == 0
+    out = capsys.readouterr().out
+    assert "ms per iteration" in out
+    if extra:
+        assert "Self CPU" in out and "aten::" in out   # torch.profiler's per-op table
+    else:
+        assert "== by tottime ==" in out and "== by cumulative ==" in out
