@@ -132,8 +132,11 @@ def native_batch_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: to
     stat_dtype = next((p.dtype for p in (weight, bias, running_mean) if p is not None), input.dtype)
     x = half.to_float32(input)
     y = memory.empty_contiguous(input.shape, torch.float32)
-    c = shape[1] if training else 0  # eval returns empty saved statistics, as the CPU kernel does
-    save_mean, save_invstd = (memory.empty_contiguous([c], torch.float32) for _ in range(2))
+    if training:
+        save_mean, save_invstd = (memory.empty_contiguous([shape[1]], torch.float32) for _ in range(2))
+    else:  # empty saved statistics, as the CPU kernel returns; two aliases of one (0.3 µs, an allocation 3.5)
+        save_mean = memory.empty_contiguous([0], torch.float32)
+        save_invstd = save_mean.detach()
     ops = {"x": _at(x), "y": _at(y), "weight": _at32(weight), "bias": _at32(bias),
            "running_mean": _at(running_mean), "running_var": _at(running_var)}
     if training:
