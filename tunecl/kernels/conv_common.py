@@ -110,17 +110,26 @@ def out_elements(problem: ConvProblem) -> int:
     return int(np.prod(shape))
 
 
+_COMMON_SCALARS = {
+    # out, out_offset, ws, parts, part_stride, n, bias, bias_offset, use_bias, bias_inner, bias_k, beta
+    "split_reduce": [None, np.int32, None, np.int32, np.int32, np.int32, None, np.int32, np.int32,
+                     np.int32, np.int32, np.float32],
+    # out, out_offset, n, bias, bias_offset, bias_inner, bias_k
+    "add_bias": [None, np.int32, np.int32, None, np.int32, np.int32, np.int32],
+}
+# (device, name, options) -> kernel: plans launch these on every call, and reading and expanding the
+# source to find the build in the device's cache cost ~50 µs of file I/O and hashing each time
+_common_kernels: dict[tuple[Device, str, tuple[str, ...]], cl.Kernel] = {}
+
+
 def common_kernel(device: Device, name: str, options: Sequence[str] = ()) -> cl.Kernel:
     """A helper kernel of ``conv_common.cl`` (``split_reduce``, ``add_bias``) built for ``device``."""
-    program = device.build(read_source(__package__, "conv_common.cl"), list(options))
-    scalars = {
-        # out, out_offset, ws, parts, part_stride, n, bias, bias_offset, use_bias, bias_inner, bias_k, beta
-        "split_reduce": [None, np.int32, None, np.int32, np.int32, np.int32, None, np.int32, np.int32,
-                         np.int32, np.int32, np.float32],
-        # out, out_offset, n, bias, bias_offset, bias_inner, bias_k
-        "add_bias": [None, np.int32, np.int32, None, np.int32, np.int32, np.int32],
-    }[name]
-    return device.kernel(program, name, scalars)
+    key = (device, name, tuple(options))
+    kernel = _common_kernels.get(key)
+    if kernel is None:
+        program = device.build(read_source(__package__, "conv_common.cl"), list(options))
+        kernel = _common_kernels.setdefault(key, device.kernel(program, name, _COMMON_SCALARS[name]))
+    return kernel
 
 
 @dataclasses.dataclass
