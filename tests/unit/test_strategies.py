@@ -91,6 +91,44 @@ def test_space_counts_and_nearest():
     assert space.nearest("tiled", {"X": 1, "Y": 1}, every) is None
 
 
+def test_counting_stops_at_its_limit_and_a_finished_enumeration_is_kept():
+    checked = []
+
+    def generate():
+        for x in range(100_000):
+            checked.append(x)
+            yield {"X": x % 7}
+
+    big = Space({"X": tuple(range(7))}, generate=generate)
+    space = SearchSpace({"big": big}, {"big": {"X": 0}})
+    assert space.count(10) == 11 and len(checked) == 11          # lazily, up to limit + 1
+    small = Space({"X": (1, 2, 3)}, [Constraint("odd", lambda c: c["X"] % 2 == 1)])
+    calls = []
+    small.constraints.append(Constraint("counted", lambda c: calls.append(c) or True))
+    assert SearchSpace({"small": small}, {"small": {"X": 1}}).count(10) == 2
+    before = len(calls)
+    assert small.configs() == [{"X": 1}, {"X": 3}] and len(calls) == before   # kept: not checked again
+
+
+def test_a_time_budget_does_not_enumerate_a_big_space(monkeypatch):
+    """With time alone the driver needs the size only to notice exhaustion: it counts no further than
+    EXHAUSTION_COUNT_LIMIT (counting 100,000 conv configs once took a 3-4 s time limit whole)."""
+    from tunecl.search import driver
+
+    produced = []
+
+    def generate():
+        for x in itertools.count():
+            produced.append(x)
+            yield {"W": 1 + x % 8}
+
+    space = SearchSpace({"direct": Space({"W": tuple(range(1, 9))}, generate=generate)}, {"direct": {"W": 1}})
+    clock = FakeClock()
+    replay = Replay(space, clock=clock)
+    RandomSearch(seed=0, clock=clock).search(space, replay, Budget(time_limit=3.0, top_k=0))
+    assert len(produced) <= driver.EXHAUSTION_COUNT_LIMIT + 2
+
+
 def test_exhaustive_finds_the_optimum_and_evaluates_each_config_once():
     space = make_space()
     replay = Replay(space)

@@ -107,15 +107,33 @@ class Space:
     def configs(self) -> list[Config]:
         """All valid configs (computed on first use, then kept)."""
         if self._configs is None:
-            if self.generate is not None:
-                found = [dict(c) for c in self.generate()]
-                self._configs = [c for c in found if self.is_valid(c)]
-            else:
-                names = list(self.params)
-                self._configs = [c for c in (dict(zip(names, values)) for values in
-                                             itertools.product(*self.params.values()))
-                                 if all(rule.check(c) for rule in self.constraints)]
+            for _ in self.iter_configs():
+                pass
+        assert self._configs is not None
         return self._configs
+
+    def iter_configs(self) -> Iterator[Config]:
+        """The valid configs in :meth:`configs`' order, lazily, so a caller may stop early (counting up
+        to a limit); one that runs to the end leaves them kept for :meth:`configs`, since enumerating a
+        big space costs seconds."""
+        if self._configs is not None:
+            yield from self._configs
+            return
+        found: list[Config] = []
+        if self.generate is not None:
+            for config in self.generate():
+                config = dict(config)
+                if self.is_valid(config):
+                    found.append(config)
+                    yield config
+        else:
+            names = list(self.params)
+            for values in itertools.product(*self.params.values()):
+                config = dict(zip(names, values))
+                if all(rule.check(config) for rule in self.constraints):
+                    found.append(config)
+                    yield config
+        self._configs = found
 
     def __len__(self) -> int:
         return len(self.configs())

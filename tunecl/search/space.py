@@ -123,17 +123,9 @@ class SearchSpace:
 
 
 def _valid(space: Space) -> Iterator[Config]:
-    """The valid configs of ``space``, lazily (so counting can stop early)."""
-    if space._configs is not None:  # already enumerated by someone: free
-        yield from space._configs
-    elif space.generate is not None:
-        yield from (c for c in space.generate() if space.is_valid(c))
-    else:
-        names = list(space.params)
-        for values in itertools.product(*space.params.values()):
-            config = dict(zip(names, values))
-            if all(rule.check(config) for rule in space.constraints):
-                yield config
+    """The valid configs of ``space``, lazily (so counting can stop early; a count that reaches the end
+    leaves them enumerated for everyone after it)."""
+    return space.iter_configs()
 
 
 def _position(values: tuple[int, ...], value: int | None) -> int:
