@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -117,18 +118,23 @@ _COMMON_SCALARS = {
     # out, out_offset, n, bias, bias_offset, bias_inner, bias_k
     "add_bias": [None, np.int32, np.int32, None, np.int32, np.int32, np.int32],
 }
-# (device, name, options) -> kernel: plans launch these on every call, and reading and expanding the
+# device -> (name, options) -> kernel: plans launch these on every call, and reading and expanding the
 # source to find the build in the device's cache cost ~50 µs of file I/O and hashing each time
-_common_kernels: dict[tuple[Device, str, tuple[str, ...]], cl.Kernel] = {}
+# (weakly keyed by device: a Device and its context go when their last user does)
+_common_kernels: weakref.WeakKeyDictionary[Device, dict[tuple[str, tuple[str, ...]], cl.Kernel]] = \
+    weakref.WeakKeyDictionary()
 
 
 def common_kernel(device: Device, name: str, options: Sequence[str] = ()) -> cl.Kernel:
     """A helper kernel of ``conv_common.cl`` (``split_reduce``, ``add_bias``) built for ``device``."""
-    key = (device, name, tuple(options))
-    kernel = _common_kernels.get(key)
+    kernels = _common_kernels.get(device)
+    if kernels is None:
+        kernels = _common_kernels.setdefault(device, {})
+    key = (name, tuple(options))
+    kernel = kernels.get(key)
     if kernel is None:
         program = device.build(read_source(__package__, "conv_common.cl"), list(options))
-        kernel = _common_kernels.setdefault(key, device.kernel(program, name, _COMMON_SCALARS[name]))
+        kernel = kernels.setdefault(key, device.kernel(program, name, _COMMON_SCALARS[name]))
     return kernel
 
 
