@@ -44,10 +44,11 @@ class SearchSpace:
         return list(self.spaces)
 
     def count(self, limit: int) -> int:
-        """Valid configs over all algorithms, counted up to ``limit + 1`` (cheap for huge spaces)."""
+        """Valid configs over all algorithms, counted up to ``limit + 1`` (cheap for huge spaces: lazily;
+        a count that reaches a space's end leaves it enumerated for everyone after it)."""
         total = 0
         for space in self.spaces.values():
-            total += sum(1 for _ in itertools.islice(_valid(space), limit + 1 - total))
+            total += sum(1 for _ in itertools.islice(space.iter_configs(), limit + 1 - total))
             if total > limit:
                 break
         return total
@@ -120,12 +121,6 @@ class SearchSpace:
             if found is None:
                 return
             yield found
-
-
-def _valid(space: Space) -> Iterator[Config]:
-    """The valid configs of ``space``, lazily (so counting can stop early; a count that reaches the end
-    leaves them enumerated for everyone after it)."""
-    return space.iter_configs()
 
 
 def _position(values: tuple[int, ...], value: int | None) -> int:
