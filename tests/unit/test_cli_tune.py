@@ -53,7 +53,7 @@ def test_good_arguments_parse_into_problems():
                                       "--time-limit", "1.5", "--sampler", "random", "--json"])
     assert args.gemm == GemmProblem(64, 1000, 2048, False, True)
     assert (args.trials, args.time_limit, args.sampler, args.json) == (20, 1.5, "random", True)
-    assert args.jobs == 1
+    assert args.jobs is None  # resolved by run(): 1 for one problem, default_net_jobs() for a net
     args = build_parser().parse_args(["tune", "--gemm", "64,64,64,dtype=float16"])
     assert args.gemm == GemmProblem(64, 64, 64, dtype="float16")
     args = build_parser().parse_args(["tune", "--conv", "conv:n=2,c=8,h=9,w=9,k=4,r=3,pad=1", "--jobs", "3"])
@@ -119,3 +119,11 @@ def test_the_outcome_serializes_to_json():
     assert data["speedup"] == pytest.approx(2.0)
     assert data["per_algorithm"]["gemm_direct"]["time_s"] == pytest.approx(1.5e-3)
     assert data["new_trials"] == 15
+
+
+def test_a_net_compiles_on_the_cores_it_may_use_at_most_eight(monkeypatch):
+    import tunecl.cli.tune as cli_tune
+    monkeypatch.setattr(cli_tune.os, "sched_getaffinity", lambda pid: set(range(2)))
+    assert cli_tune.default_net_jobs() == 2
+    monkeypatch.setattr(cli_tune.os, "sched_getaffinity", lambda pid: set(range(64)))
+    assert cli_tune.default_net_jobs() == 8

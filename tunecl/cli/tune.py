@@ -7,6 +7,7 @@ stderr and prints the outcome (a summary, or one JSON object with ``--json``).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Any, TextIO
@@ -104,9 +105,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="stop after N evaluations without a 1%% gain (default 40; 0: never)")
     parser.add_argument("--min-time", type=positive_seconds, metavar="S", default=None,
                         help="measure each candidate until its samples add up to S seconds (default 0.1)")
-    parser.add_argument("--jobs", "-j", type=positive_int, metavar="J", default=1,
+    parser.add_argument("--jobs", "-j", type=positive_int, metavar="J", default=None,
                         help="compile up to J candidates at once in worker processes; they are still "
-                             "measured one at a time (default 1)")
+                             "measured one at a time (default: with --net the CPU cores this process may "
+                             "use, at most 8; else 1)")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
                         help="the precision results must satisfy: fp32 (strict, default) or tf32 (also "
                              "tensor-core TF32 algorithms where the device has them; each result is "
@@ -155,6 +157,19 @@ class ProgressLine:
             self.out.flush()
 
 
+def default_net_jobs() -> int:
+    """``--jobs`` of a net's tuning when not given: the cores this process may use, at most 8.
+
+    A net has dozens of problems, so the build processes (kept across problems) pay for their start
+    many times over, and compiling candidates is most of the tuning time.
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(8, cores))
+
+
 def run(args: argparse.Namespace) -> int:
     from tunecl import runtime
     from tunecl.db import TuningDB
@@ -163,7 +178,8 @@ def run(args: argparse.Namespace) -> int:
     from tunecl.tune import tune_problem
 
     device = runtime.select_device(args.device)
-    options: dict[str, Any] = {"seed": args.seed, "jobs": args.jobs, "precision": args.precision}
+    jobs = args.jobs if args.jobs is not None else (default_net_jobs() if args.net is not None else 1)
+    options: dict[str, Any] = {"seed": args.seed, "jobs": jobs, "precision": args.precision}
     if args.patience is not None:
         options["patience"] = args.patience or None
     else:
