@@ -1,6 +1,8 @@
 """Batch norm on opencl vs CPU torch: the split per-channel sums (P work-groups per channel, forced here
-to several values since PoCL's few compute units pick small P), odd shapes, views with offsets, the
-shifted sums' accuracy on a large channel with a big mean, and bit-identical repeats."""
+to several values since PoCL's few compute units pick small P), odd shapes, the float4 path (L a multiple
+of 4, aligned offsets) and its scalar fallback, views with offsets, non-contiguous input, the one-pass
+statistics' accuracy on channels with a big mean (and a first element far from it), and bit-identical
+repeats."""
 
 from __future__ import annotations
 
@@ -14,9 +16,10 @@ from tunecl.backend import state
 DEV = torch.device("opencl")
 
 # (N, C, *spatial): N = 1, C = 1, L = 1 (BatchNorm1d on (N, C)), odd L (7x7, 13x5), L above the
-# work-group size (20x30, 1100) and M not a multiple of anything
+# work-group size (20x30, 1100) and M not a multiple of anything; L a multiple of 4 (float4 loads) with
+# N = 1, L = 4, many channels, and L well past a work-group of float4s (2052)
 SHAPES = [(4, 3, 5, 5), (1, 3, 7, 7), (5, 1, 13, 5), (6, 4), (1, 2, 9), (3, 2, 20, 30), (2, 2, 1100), (37, 1),
-          (2, 5, 1, 1)]
+          (2, 5, 1, 1), (1, 3, 4, 4), (5, 2, 1, 4), (3, 70, 8), (2, 2, 2052)]
 
 
 @pytest.fixture
@@ -159,14 +162,126 @@ def test_single_value_per_channel_keeps_torch_running_var():
 
 
 def test_parts_heuristic(norm):
-    """About 6 work-groups per compute unit over all channels, each with 4096 elements at least."""
+    """About 8 work-groups per compute unit over all channels, each with 4096 elements at least."""
     old = norm.compute_units
     norm.compute_units = 132  # an H200
     try:
-        assert norm.parts(64, 64 * 112 * 112) == 13      # resnet50 stem: 832 work-groups
-        assert norm.parts(256, 64 * 56 * 56) == 4
+        assert norm.parts(64, 64 * 112 * 112) == 17      # resnet50 stem: 1088 work-groups
+        assert norm.parts(256, 64 * 56 * 56) == 5
         assert norm.parts(2048, 64 * 7 * 7) == 1
         assert norm.parts(64, 8 * 12) == 1               # small problems stay in one part
         assert norm.parts(1, 10_000) == 2
     finally:
         norm.compute_units = old
+
+
+def test_partial_group_and_vector_width(norm):
+    """A small part gets a smaller work-group (MIN_ITEM_VECTORS loads per item, a warp at least); float4
+    loads need L and the offsets of x, y and dy to be multiples of 4."""
+    from tunecl.kernels import norm as module
+    assert norm.partial_group(10**6) == norm.group
+    assert norm.partial_group(1) == min(module.MIN_GROUP, norm.group)
+    if norm.group >= 64:
+        assert norm.partial_group(64 * module.MIN_ITEM_VECTORS) == 64
+    width = norm.vector_width
+    assert width(196, {"x": (None, 0), "y": (None, 8)}) == 4
+    assert width(49, {"x": (None, 0), "y": (None, 0)}) == 1
+    assert width(196, {"x": (None, 2), "y": (None, 0)}) == 1
+    assert width(196, {"x": (None, 0), "dy": (None, 6), "y": None}) == 1
+
+
+@pytest.mark.parametrize("start", [0, 1, 2, 4], ids=lambda s: f"start{s}")
+def test_float4_path_with_offsets(start, norm):
+    """L = 8: x, dy and the parameters are views starting `start` floats into their storage (4: the float4
+    path on an offset view; 1, 2: the scalar fallback), forward and backward called directly."""
+    norm.force_parts = 3
+    try:
+        base, gbase = torch.randn(5 * 3 * 8 + start) * 2 + 1, torch.randn(5 * 3 * 8 + start)
+
+        def run(device):
+            x = base.to(device)[start:].view(5, 3, 8)
+            g = gbase.to(device)[start:].view(5, 3, 8)
+            w, b = torch.linspace(0.5, 1.5, 3, device=device), torch.linspace(-1, 1, 3, device=device)
+            rm, rv = torch.zeros(3, device=device), torch.ones(3, device=device)
+            with config.override(fallback="error"):
+                y, mean, invstd = torch.native_batch_norm(x, w, b, rm, rv, True, 0.2, 1e-5)
+                grads = torch.ops.aten.native_batch_norm_backward(g, x, w, rm, rv, mean, invstd, True, 1e-5,
+                                                                  [True, True, True])
+            return [t.cpu() for t in (y, mean, invstd, rm, rv, *grads)]
+        for e, a in zip(run("cpu"), run(DEV)):
+            torch.testing.assert_close(a, e, atol=5e-5, rtol=1e-4)
+    finally:
+        norm.force_parts = None
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "transposed"])
+def test_non_contiguous_input(layout):
+    """The adapter takes strided input (a contiguous copy runs the kernels)."""
+    base = torch.randn(4, 6, 5, 8) * 2 + 1
+    g = torch.randn(4, 6, 5, 8)
+    w, b = torch.rand(6) + 0.5, torch.randn(6)
+
+    def run(device):
+        if layout == "channels_last":
+            x = base.to(device).contiguous(memory_format=torch.channels_last)
+        else:
+            x = base.transpose(2, 3).contiguous().to(device).transpose(2, 3)
+        assert not x.is_contiguous()
+        x.requires_grad_(True)
+        params = [p.detach().clone().to(device).requires_grad_(True) for p in (w, b)]
+        rm, rv = torch.zeros(6, device=device), torch.ones(6, device=device)
+        with config.override(fallback="error"):
+            y = F.batch_norm(x, rm, rv, *params, training=True, momentum=0.3)
+            y.backward(g.to(device))
+        return [t.detach().cpu() for t in (y, rm, rv, x.grad, *(p.grad for p in params))]
+    for e, a in zip(run("cpu"), run(DEV)):
+        torch.testing.assert_close(a, e, atol=5e-5, rtol=1e-4)
+
+
+def test_channels_past_the_grid(norm, monkeypatch):
+    """More channels than a grid dimension takes: the partial kernels loop over channels."""
+    from tunecl.kernels import norm as module
+    monkeypatch.setattr(module, "MAX_GRID_GROUPS", 3)
+    for forced in (1, 2):
+        norm.force_parts = forced
+        try:
+            _compare((3, 10, 12), True, True, True)
+            _compare((3, 10, 5), True, True, True)
+        finally:
+            norm.force_parts = None
+
+
+@pytest.mark.parametrize("forced", [None, 1, 7])
+@pytest.mark.parametrize("shape", [(16, 3, 28, 28), (16, 3, 27, 27)], ids=["L784", "L729"])
+def test_big_mean_with_an_outlying_first_element(norm, forced, shape):
+    """The statistics shift by the channel's first element K; here K lies 1000 std from the mean (mean
+    1e3, std 0.1) and the variance must still be accurate: the per-item (count, mean, M2) merges do not
+    depend on K being typical. Also a mean of -5e3 with std 1e-2."""
+    x = 1000 + 0.1 * torch.randn(shape)
+    x[0, :, 0, 0] = 1100
+    x[:, 2] = -5e3 + 1e-2 * torch.randn(x[:, 2].shape)
+    norm.force_parts = forced
+    try:
+        with config.override(fallback="error"):
+            _, mean, invstd = torch.native_batch_norm(x.to(DEV), None, None, None, None, True, 0.1, 0.0)
+    finally:
+        norm.force_parts = None
+    x64 = x.double()
+    m64, v64 = x64.mean((0, 2, 3)), x64.var((0, 2, 3), unbiased=False)
+    torch.testing.assert_close(mean.cpu().double(), m64, atol=5e-4, rtol=0)  # a float32 ulp of 5000: 4.9e-4
+    torch.testing.assert_close(1 / invstd.cpu().double() ** 2, v64, rtol=2e-6, atol=0)
+
+
+def test_float4_repeats_are_bit_identical(norm):
+    x = torch.randn(8, 3, 36, 44) * 3 + 2
+    g = torch.randn(x.shape)
+    w, b = torch.rand(3) + 0.5, torch.randn(3)
+    for forced in (None, 5):
+        norm.force_parts = forced
+        try:
+            first = _run(DEV, x, g, w, b, (torch.zeros(3), torch.ones(3)), True)
+            second = _run(DEV, x, g, w, b, (torch.zeros(3), torch.ones(3)), True)
+        finally:
+            norm.force_parts = None
+        for a, b_ in zip(first, second):
+            assert torch.equal(a, b_)

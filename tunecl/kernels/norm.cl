@@ -3,45 +3,72 @@
 // x is contiguous (N, C, L) (L = H*W for images); per-channel vectors (weight, bias, running and
 // saved statistics) are contiguous (C,). M = N * L elements per channel.
 //
+// Loads of the big tensors (x, y, dy) are of VW floats at a time (vec_t): VW = 4 when L is a
+// multiple of 4 and the host saw those tensors' offsets 4-aligned (every row of a channel then starts
+// on a float4), else 1. Below, "vector" means VW consecutive floats of a row, LV = L / VW per row.
+//
 // Per-channel sums are split over P work-groups per channel (a "partial" kernel on a 2-D grid of
-// (GROUP * P, C) items, one work-group per (part, channel)), each writing its sums to scratch; a
-// "finalize" kernel (one work-item per channel) adds the P partials in a fixed order, so results
+// (GROUP * P, C) items, one work-group per (part, channel)), each writing its results to scratch; a
+// "finalize" kernel (one work-item per channel) combines the P partials in a fixed order, so results
 // are the same run to run. With P = 1 the partial kernel finishes the channel itself. Part p of a
-// channel covers its elements j in [p * chunk, min((p + 1) * chunk, M)), chunk = ceil(M / P),
-// j = n * L + l; a work-item walks (n, l) by steps of GROUP without dividing.
+// channel covers its vectors j in [p * chunk, min((p + 1) * chunk, N * LV)), chunk = ceil(N * LV / P),
+// j = n * LV + l; a work-item walks (n, l) by steps of GROUP without dividing, so adjacent work-items
+// read adjacent vectors. The main loop loads UNROLL vectors per work-item before using any of them
+// (several loads in flight per item), then a tail loop takes the rest one vector at a time.
 //
 // scratch (floats): [0, 2C) per-channel results of the backward reduction (sum(dy) at c,
-// sum(dy (x - mean)) at C + c, read by bn_backward_apply); [2C, 2C + 2CP) the partials: first sum
-// of part p of channel c at 2C + c P + p, second sum at 2C + CP + c P + p.
+// sum(dy (x - mean)) at C + c, read by bn_backward_apply); [2C, 2C + 2CP) the partials: first value
+// of part p of channel c at 2C + c P + p, second at 2C + CP + c P + p.
 //
 // Kernels (all take the same arguments; buffers a kernel does not use may be NULL):
 //   bn_stats / bn_stats_finalize
-//                     each part's S1 = sum(x - K) (K: the channel's first element) and M2 = sum((x -
-//                     part mean)^2) (two passes); mean = K + S1/M, the parts' M2 combined by Chan et
-//                     al.'s formula; var = M2/M (biased),
+//                     one pass over the data: each work-item keeps (count, mean, M2) of d = x - K (K:
+//                     the channel's first element, so d stays small next to a large mean) over its
+//                     elements, taking UNROLL * VW (or, in the tail, VW) values at a time: their mean
+//                     and M2 by two passes over registers, merged into the running triple by Chan et
+//                     al.'s formula (one division per batch; stable whatever K is). The work-group
+//                     merges its items' triples by a tree of the same formula, each part writes its
+//                     mean of d and M2, and the finalize merges the parts: mean = K + sum(n_p mean_p)/M,
+//                     M2 = sum(M2_p + n_p (mean_p - mean)^2) in part order; var = M2/M (biased),
 //                     1/sqrt(var + eps) into save_mean/save_invstd; with HAS_RUNNING also
 //                     running = (1 - momentum) * running + momentum * stat (unbiased var)
 //   bn_apply          y = (x - mean) * invstd * weight + bias, from the saved statistics or, with
 //                     EVAL, from the running ones
 //   bn_backward_reduce / bn_backward_finalize
-//                     sum(dy) and sum(dy * (x - mean)) into scratch[c], scratch[C + c],
+//                     one pass: sum(dy) and sum(dy * (x - mean)) into scratch[c], scratch[C + c],
 //                     grad_weight = sum(dy * (x - mean)) * invstd, grad_bias = sum(dy)
 //   bn_backward_apply   train: gx = (dy - sum(dy)/M - (x - mean) invstd^2 sum(dy (x - mean))/M)
 //                     * invstd * weight; EVAL: gx = dy * invstd * weight
 // The elementwise kernels (bn_apply, bn_backward_apply) run on a 2-D grid: dim 1 over the rows
-// r = n * C + c (c = r % C once per row), dim 0 over l within the row.
+// r = n * C + c (c = r % C once per row), dim 0 over the vectors l within the row.
 //
-// Variants (-D options): GROUP (work-group size of the partial kernels, a power of two), IDX (int
-// or long), HAS_WEIGHT, HAS_BIAS, HAS_RUNNING, EVAL (statistics come from running_mean/var),
-// HAS_GW, HAS_GB.
+// Variants (-D options): GROUP (work-group size of the partial kernels, a power of two), UNROLL
+// (vector loads per work-item per main-loop step), VW (1 or 4), IDX (int or long), HAS_WEIGHT,
+// HAS_BIAS, HAS_RUNNING, EVAL (statistics come from running_mean/var), HAS_GW, HAS_GB.
 // meta (IDX): N, C, L, then element offsets of x, y (or grad_input), weight, bias, running_mean,
 // running_var, save_mean, save_invstd, dy, grad_weight, grad_bias, then P.
 
 #ifndef GROUP
   #define GROUP 256
 #endif
+#ifndef UNROLL
+  #define UNROLL 4
+#endif
+#ifndef VW
+  #define VW 1
+#endif
 #ifndef IDX
   #define IDX int
+#endif
+
+#if VW == 4
+  typedef float4 vec_t;
+  #define HSUM(v) (((v).x + (v).y) + ((v).z + (v).w))
+#elif VW == 1
+  typedef float vec_t;
+  #define HSUM(v) (v)
+#else
+  #error "VW must be 1 or 4"
 #endif
 
 typedef struct { IDX v[15]; } meta_t;
@@ -106,33 +133,50 @@ typedef struct { IDX v[15]; } meta_t;
   b = part[GROUP];                                              \
   barrier(CLK_LOCAL_MEM_FENCE);
 
-// The elements of a partial kernel's work-group (part, channel c): j = n * L + l of channel c, from
-// `first` + lid by steps of GROUP while j < `end`; `off` is the element's position relative to a
-// tensor's offset, (n * C + c) * L + l. A step of GROUP elements is qn rows plus ql positions
-// (GROUP = qn * L + ql, ql < L), so the walk never divides.
+// merge (nb, mb, m2b) (count, mean, sum of squared deviations of a batch) into the lvalues (n, mean,
+// m2) by Chan et al.'s formula; an empty batch changes nothing
+#define CHAN(n, mean, m2, nb, mb, m2b)                          \
+  {                                                             \
+    const float n_new_ = (n) + (nb);                            \
+    if (n_new_ > 0.0f) {                                        \
+      const float delta_ = (mb) - (mean);                       \
+      const float r_ = (nb) / n_new_;                           \
+      (mean) += delta_ * r_;                                    \
+      (m2) += (m2b) + delta_ * delta_ * (n) * r_;               \
+      (n) = n_new_;                                             \
+    }                                                           \
+  }
+
+// The vectors of a partial kernel's work-group (part, channel c): j = n * LV + l of channel c, from
+// `first` + lid by steps of GROUP while j < `end`; `off` is the vector's position relative to a
+// tensor's (vector) base, (n * C + c) * LV + l. A step of GROUP vectors is qn rows plus ql positions
+// (GROUP = qn * LV + ql, ql < LV), so the walk never divides. (L = 0: no vectors; LV1 keeps the
+// divisions defined.)
 #define PART_BEGIN(c)                                                                       \
-  const IDX count = N * L;                                                                  \
+  const IDX LV = L / VW;                                                                    \
+  const IDX LV1 = max(LV, (IDX)1);                                                          \
+  const IDX count = N * LV;                                                                 \
   const IDX parts = (IDX)get_num_groups(0);                                                 \
   const IDX chunk = (count + parts - 1) / parts;                                            \
   const IDX first = (IDX)get_group_id(0) * chunk;                                           \
   const IDX end = min(first + chunk, count);                                                \
-  const IDX qn = (IDX)GROUP / L;                                                            \
-  const IDX ql = (IDX)GROUP - qn * L;                                                       \
-  const IDX plane = C * L;                                                                  \
+  const IDX qn = (IDX)GROUP / LV1;                                                          \
+  const IDX ql = (IDX)GROUP - qn * LV1;                                                     \
+  const IDX plane = C * LV;                                                                 \
   const IDX row_step = qn * plane + ql;                                                     \
-  const IDX wrap = plane - L;                                                               \
+  const IDX wrap = plane - LV;                                                              \
   IDX j = first + (IDX)lid;                                                                 \
-  IDX l = j % L;                                                                            \
-  IDX off = (j / L) * plane + (c) * L + l;
+  IDX l = j % LV1;                                                                          \
+  IDX off = (j / LV1) * plane + (c) * LV + l;
 #define PART_STEP                                                                           \
   l += ql;                                                                                  \
   off += row_step;                                                                          \
-  if (l >= L) {                                                                             \
-    l -= L;                                                                                 \
+  if (l >= LV) {                                                                            \
+    l -= LV;                                                                                \
     off += wrap;                                                                            \
   }
 
-// mean, invstd and running statistics of channel c from its sum and sum((x - mean)^2)
+// mean, invstd and running statistics of channel c from its mean and sum((x - mean)^2)
 inline void finish_stats(const IDX c, const float mean, const float m2,
                          __global float *running_mean, __global float *running_var,
                          __global float *save_mean, __global float *save_invstd,
@@ -164,87 +208,132 @@ inline void finish_backward(const IDX c, const float sum_dy, const float sum_dy_
 #endif
 }
 
-// grid (GROUP * P, C'), C' <= C channels at a time. Two passes over the part's elements (the second
-// mostly from cache): S1 = sum(x - K) with K the channel's first element (a shift that keeps the sum
-// small when the mean is large next to the spread), then M2 = sum((x - part mean)^2).
+// grid (GROUP * P, C'), C' <= C channels at a time; one pass over the part's elements (see the top)
 __kernel void bn_stats(BN_ARGS)
 {
   const int lid = (int)get_local_id(0);
-  __local float part[2 * GROUP];
+  __local float part_n[GROUP], part_mean[GROUP], part_m2[GROUP];
+  __global const vec_t *xv = (__global const vec_t *)(x + OFF_X);
   for (IDX c = (IDX)get_group_id(1); c < C; c += (IDX)get_num_groups(1)) {
     const float K = N * L > 0 ? x[OFF_X + c * L] : 0.0f;
-    float s1 = 0.0f, s2 = 0.0f;
+    float n = 0.0f, mean = 0.0f, m2 = 0.0f;   // of d = x - K over this item's elements
     PART_BEGIN(c)
-    const IDX j0 = j, l0 = l, off0 = off;
+    for (; j + (UNROLL - 1) * GROUP < end; j += UNROLL * GROUP) {
+      vec_t d[UNROLL];
+      #pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        d[u] = xv[off];
+        PART_STEP
+      }
+      vec_t s = (vec_t)(0.0f);
+      #pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        d[u] -= K;
+        s += d[u];
+      }
+      const float mb = HSUM(s) * (1.0f / (float)(UNROLL * VW));
+      vec_t q = (vec_t)(0.0f);
+      #pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        const vec_t e = d[u] - mb;
+        q += e * e;
+      }
+      CHAN(n, mean, m2, (float)(UNROLL * VW), mb, HSUM(q))
+    }
     for (; j < end; j += GROUP) {
-      s1 += x[OFF_X + off] - K;
+      const vec_t d = xv[off] - K;
+      const float mb = HSUM(d) * (1.0f / (float)VW);
+      const vec_t e = d - mb;
+      CHAN(n, mean, m2, (float)VW, mb, HSUM(e * e))
       PART_STEP
     }
-    GROUP_SUM2(s1, s2, part)
-    const float shifted = s1;
-    const IDX n_part = end > first ? end - first : 0;
-    const float mean = K + (n_part > 0 ? shifted / (float)n_part : 0.0f);
-    j = j0;
-    l = l0;
-    off = off0;
-    for (; j < end; j += GROUP) {
-      const float d = x[OFF_X + off] - mean;
-      s2 += d * d;
-      PART_STEP
+    // the work-group's tree merge (fixed order); item 0 ends with the part's triple
+    part_n[lid] = n;
+    part_mean[lid] = mean;
+    part_m2[lid] = m2;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = GROUP / 2; s > 0; s >>= 1) {
+      if (lid < s) {
+        CHAN(n, mean, m2, part_n[lid + s], part_mean[lid + s], part_m2[lid + s])
+        part_n[lid] = n;
+        part_mean[lid] = mean;
+        part_m2[lid] = m2;
+      }
+      barrier(CLK_LOCAL_MEM_FENCE);
     }
-    s1 = 0.0f;
-    GROUP_SUM2(s1, s2, part)
     if (lid == 0) {
       if (get_num_groups(0) == 1)   // (an empty channel: NaN statistics, as sum / M gives)
-        finish_stats(c, K + shifted / (float)count, count > 0 ? s2 : NAN, running_mean, running_var,
+        finish_stats(c, count > 0 ? K + mean : NAN, count > 0 ? m2 : NAN, running_mean, running_var,
                      save_mean, save_invstd, eps, momentum, m);
       else {
-        PART1(c, (IDX)get_group_id(0)) = shifted;
-        PART2(c, (IDX)get_group_id(0)) = s2;
+        PART1(c, (IDX)get_group_id(0)) = mean;
+        PART2(c, (IDX)get_group_id(0)) = m2;
       }
     }
   }
 }
 
-// one work-item per channel: mean = K + (sum of the parts' S1) / M, M2 by Chan et al.'s combination,
-// sum over parts of M2_p + n_p (mean_p - mean)^2, in part order
+// one work-item per channel: the parts' (n_p, mean_p of x - K, M2_p) merged in part order,
+// mean = K + sum(n_p mean_p) / M, M2 = sum(M2_p + n_p (mean_p - mean)^2)
 __kernel void bn_stats_finalize(BN_ARGS)
 {
   const IDX c = (IDX)get_global_id(0);
   if (c >= C) return;
   const IDX count = N * L;
-  const IDX chunk = (count + PARTS - 1) / PARTS;
+  const IDX vectors = N * (L / VW);
+  const IDX chunk = (vectors + PARTS - 1) / PARTS;
   float shifted = 0.0f;
-  for (IDX p = 0; p < PARTS; ++p) shifted += PART1(c, p);
+  for (IDX p = 0; p < PARTS; ++p) {
+    const IDX first = p * chunk;
+    const IDX n_part = first < vectors ? min(chunk, vectors - first) * VW : 0;
+    if (n_part > 0) shifted += (float)n_part * PART1(c, p);
+  }
   const float offset = shifted / (float)count;   // mean - K
   const float K = count > 0 ? x[OFF_X + c * L] : 0.0f;
   float m2 = count > 0 ? 0.0f : NAN;
   for (IDX p = 0; p < PARTS; ++p) {
     const IDX first = p * chunk;
-    const IDX n_part = first < count ? min(chunk, count - first) : 0;
+    const IDX n_part = first < vectors ? min(chunk, vectors - first) * VW : 0;
     if (n_part > 0) {
-      const float delta = PART1(c, p) / (float)n_part - offset;
+      const float delta = PART1(c, p) - offset;
       m2 += PART2(c, p) + (float)n_part * delta * delta;
     }
   }
   finish_stats(c, K + offset, m2, running_mean, running_var, save_mean, save_invstd, eps, momentum, m);
 }
 
-// grid (GROUP * P, C'), C' <= C channels at a time
+// grid (GROUP * P, C'), C' <= C channels at a time; one pass, per-lane vector accumulators
 __kernel void bn_backward_reduce(BN_ARGS)
 {
   const int lid = (int)get_local_id(0);
   __local float part[2 * GROUP];
+  __global const vec_t *xv = (__global const vec_t *)(x + OFF_X);
+  __global const vec_t *dyv = (__global const vec_t *)(dy + OFF_DY);
   for (IDX c = (IDX)get_group_id(1); c < C; c += (IDX)get_num_groups(1)) {
     const float mean = MEAN(c);
-    float sum_dy = 0.0f, sum_dy_xmu = 0.0f;
+    vec_t acc_dy = (vec_t)(0.0f), acc_dy_xmu = (vec_t)(0.0f);
     PART_BEGIN(c)
+    for (; j + (UNROLL - 1) * GROUP < end; j += UNROLL * GROUP) {
+      vec_t g[UNROLL], v[UNROLL];
+      #pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        g[u] = dyv[off];
+        v[u] = xv[off];
+        PART_STEP
+      }
+      #pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        acc_dy += g[u];
+        acc_dy_xmu += g[u] * (v[u] - mean);
+      }
+    }
     for (; j < end; j += GROUP) {
-      const float g = dy[OFF_DY + off];
-      sum_dy += g;
-      sum_dy_xmu += g * (x[OFF_X + off] - mean);
+      const vec_t g = dyv[off];
+      acc_dy += g;
+      acc_dy_xmu += g * (xv[off] - mean);
       PART_STEP
     }
+    float sum_dy = HSUM(acc_dy), sum_dy_xmu = HSUM(acc_dy_xmu);
     GROUP_SUM2(sum_dy, sum_dy_xmu, part)
     if (lid == 0) {
       if (get_num_groups(0) == 1)
@@ -270,42 +359,42 @@ __kernel void bn_backward_finalize(BN_ARGS)
   finish_backward(c, sum_dy, sum_dy_xmu, running_var, save_invstd, grad_weight, grad_bias, scratch, eps, m);
 }
 
-// The elementwise kernels: rows r = n * C + c over dim 1 (c = r % C once per row), positions l
-// within the row over dim 0; element i = r * L + l.
+// The elementwise kernels: rows r = n * C + c over dim 1 (c = r % C once per row), vectors l
+// within the row over dim 0; vector i = r * LV + l.
 __kernel void bn_apply(BN_ARGS)
 {
-  const IDX rows = N * C;
+  const IDX rows = N * C, LV = L / VW;
   const IDX l0 = (IDX)get_global_id(0), lstep = (IDX)get_global_size(0);
   for (IDX r = (IDX)get_global_id(1); r < rows; r += (IDX)get_global_size(1)) {
     const IDX c = r % C;
     const float mean = MEAN(c);
     const float scale = INVSTD(c) * W(c);
     const float shift = B(c);
-    __global const float *xr = x + OFF_X + r * L;
-    __global float *yr = y + OFF_Y + r * L;
-    for (IDX l = l0; l < L; l += lstep) yr[l] = (xr[l] - mean) * scale + shift;
+    __global const vec_t *xr = (__global const vec_t *)(x + OFF_X) + r * LV;
+    __global vec_t *yr = (__global vec_t *)(y + OFF_Y) + r * LV;
+    for (IDX l = l0; l < LV; l += lstep) yr[l] = (xr[l] - mean) * scale + shift;
   }
 }
 
 __kernel void bn_backward_apply(BN_ARGS)
 {
-  const IDX rows = N * C;
+  const IDX rows = N * C, LV = L / VW;
   const IDX l0 = (IDX)get_global_id(0), lstep = (IDX)get_global_size(0);
   for (IDX r = (IDX)get_global_id(1); r < rows; r += (IDX)get_global_size(1)) {
     const IDX c = r % C;
     const float invstd = INVSTD(c);
     const float scale = invstd * W(c);
-    __global const float *gr = dy + OFF_DY + r * L;
-    __global float *yr = y + OFF_Y + r * L;
+    __global const vec_t *gr = (__global const vec_t *)(dy + OFF_DY) + r * LV;
+    __global vec_t *yr = (__global vec_t *)(y + OFF_Y) + r * LV;
 #ifdef EVAL
-    for (IDX l = l0; l < L; l += lstep) yr[l] = gr[l] * scale;
+    for (IDX l = l0; l < LV; l += lstep) yr[l] = gr[l] * scale;
 #else
     const float mean = MEAN(c);
     const float count = (float)(N * L);
     const float a = scratch[c] / count;
     const float b = invstd * invstd * scratch[C + c] / count;
-    __global const float *xr = x + OFF_X + r * L;
-    for (IDX l = l0; l < L; l += lstep) yr[l] = (gr[l] - a - (xr[l] - mean) * b) * scale;
+    __global const vec_t *xr = (__global const vec_t *)(x + OFF_X) + r * LV;
+    for (IDX l = l0; l < LV; l += lstep) yr[l] = (gr[l] - a - (xr[l] - mean) * b) * scale;
 #endif
   }
 }

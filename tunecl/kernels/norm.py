@@ -1,10 +1,15 @@
 """The norm family: batch normalisation forward (train/eval) and backward (``norm.cl``).
 
 The per-channel sums (forward statistics, backward reduction) split each channel's M = N * L elements
-over P work-groups (a partial kernel on a (GROUP * P, C) grid writing per-part sums to scratch, then a
-finalize kernel adding the parts in a fixed order); P is picked from the device's compute units so a
-few channels still fill a big GPU. The elementwise kernels run on a 2-D grid of (position in a row,
-row n * C + c).
+over P work-groups (a partial kernel on a (GROUP * P, C) grid writing per-part results to scratch, then a
+finalize kernel merging the parts in a fixed order); P is picked from the device's compute units so a
+few channels still fill a big GPU. Each reduction reads its data once (the statistics keep a running
+count/mean/M2 per work-item, merged by Chan et al.'s formula), UNROLL loads per work-item in flight. The
+elementwise kernels run on a 2-D grid of (position in a row, row n * C + c). When L is a multiple of 4
+and the big tensors' offsets are 4-aligned, every kernel loads and stores float4 (VW = 4).
+
+The launch geometry is set by the module constants below (GROUP_SIZE, UNROLL, GROUPS_PER_UNIT, MIN_PART,
+ELEMENTWISE_GROUPS_PER_UNIT), the knobs to tune on a new device.
 """
 
 from __future__ import annotations
@@ -32,9 +37,18 @@ _OFFSETS = ("x", "y", "weight", "bias", "running_mean", "running_var", "save_mea
 Tensor = tuple  # (cl.Buffer | None, element offset)
 META_LENGTH = 15  # N, C, L, the 11 offsets, P
 
-GROUPS_PER_UNIT = 6      # partial work-groups (all channels together) per compute unit: 4-8 keeps a GPU busy
+# -- launch geometry (tune here) --
+GROUP_SIZE = 256         # work-items per work-group of the partial kernels (rounded down to a power of two)
+UNROLL = 4               # vector loads per work-item per main-loop step of the partial kernels
+GROUPS_PER_UNIT = 8      # partial work-groups (all channels together) per compute unit: one wave of 256-item
+                         # groups on a 2048-thread SM; 4-8 keeps a GPU busy
 MIN_PART = 4096          # elements per partial work-group at least (P = 1 below 2 * MIN_PART per channel)
-ELEMENTWISE_GROUPS_PER_UNIT = 8
+MIN_ITEM_VECTORS = 2 * UNROLL  # a part's vectors per work-item at least: a smaller part gets a smaller work-group
+MIN_GROUP = 32           # (down to this many work-items, one warp)
+ELEMENTWISE_GROUPS_PER_UNIT = 8      # the elementwise kernels' work-groups per compute unit at least ...
+ELEMENTWISE_MAX_GROUPS_PER_UNIT = 0   # ... and at most, 0: no cap (past it, work-items loop over several rows;
+                                      # on PoCL 256 helps short rows, 7x7, but slows long ones, 112x112)
+VECTOR = 4               # float4 loads when L and the big tensors' offsets allow (1 turns them off)
 MAX_GRID_GROUPS = 65535  # work-groups along dims 1 and 2 of a grid (CUDA's limit); the kernels loop past it
 
 
@@ -46,7 +60,7 @@ class BatchNorm:
     def __init__(self, device: Device):
         self.device = device
         self.cache = KernelCache(device, __package__, "norm.cl")
-        self.group = _power_of_two_below(work_group(device, 256))  # the partial kernels' tree sums need 2^k
+        self.group = _power_of_two_below(work_group(device, GROUP_SIZE))  # the partial kernels' tree sums need 2^k
         self.finalize_group = work_group(device, 64)
         self.compute_units = max(1, int(device.cl_device.max_compute_units))
         sizes = list(device.cl_device.max_work_item_sizes)
@@ -66,6 +80,16 @@ class BatchNorm:
         want = -(-GROUPS_PER_UNIT * self.compute_units // max(channels, 1))
         return max(1, min(want, count // MIN_PART))
 
+    @staticmethod
+    def vector_width(length: int, ops: Mapping[str, Tensor | None]) -> int:
+        """VW, the floats per load of x, y and dy: VECTOR when every row of L floats starts on a VECTOR
+        boundary (L a multiple of it, the tensors' offsets too; buffers themselves are aligned), else 1.
+        The finalize kernels must get the same VW as their partial kernel (it sets the parts' bounds)."""
+        if VECTOR > 1 and length % VECTOR == 0 and all(
+                t is None or t[1] % VECTOR == 0 for t in (ops.get("x"), ops.get("y"), ops.get("dy"))):
+            return VECTOR
+        return 1
+
     def _scratch_for(self, channels: int, parts: int) -> cl.Buffer:
         nbytes = 4 * (2 * channels + 2 * channels * parts)
         if self._scratch is None or self._scratch_bytes < nbytes:
@@ -73,17 +97,23 @@ class BatchNorm:
             self._scratch = self.device.alloc(self._scratch_bytes)
         return self._scratch
 
-    def _kernel(self, name: str, flags: tuple[str, ...], idx: str) -> cl.Kernel:
-        key = (name, flags, idx)
+    def partial_group(self, vectors: int) -> int:
+        """The partial kernels' work-group size for a part of ``vectors`` loads: self.group, or for a small
+        part the power of two that gives each work-item MIN_ITEM_VECTORS of them (MIN_GROUP at least)."""
+        want = _power_of_two_below(max(1, vectors // MIN_ITEM_VECTORS))
+        return max(min(MIN_GROUP, self.group), min(self.group, want))
+
+    def _kernel(self, name: str, flags: tuple[str, ...], idx: str, group: int) -> cl.Kernel:
+        key = (name, flags, idx, group)
         kernel = self.cache.get(key)
         if kernel is None:
-            options = [f"-DGROUP={self.group}", f"-DIDX={idx}"] + [f"-D{flag}" for flag in flags]
+            options = [f"-DGROUP={group}", f"-DUNROLL={UNROLL}", f"-DIDX={idx}"] + [f"-D{flag}" for flag in flags]
             kernel = self.cache.build(key, options, name,
                                       [None] * 12 + [np.float32, np.float32, meta_dtype(META_LENGTH, idx)])
         return kernel
 
     def _elementwise_grid(self, n: int, c: int, length: int) -> tuple[tuple[int, int], tuple[int, int]]:
-        """(global, local) of bn_apply / bn_backward_apply: dim 0 over a row's L positions, dim 1 over the
+        """(global, local) of bn_apply / bn_backward_apply: dim 0 over a row's ``length`` vectors, dim 1 over the
         N * C rows. A short row gets exactly L lanes, and a work-group spans several (contiguous) rows."""
         rows, group = n * c, self.group
         if length <= group:
@@ -95,6 +125,8 @@ class BatchNorm:
             groups0 = 0  # below
         local1 = max(1, min(group // local0, rows, self.max_items[1]))
         groups1 = min(-(-rows // local1), MAX_GRID_GROUPS)
+        if ELEMENTWISE_MAX_GROUPS_PER_UNIT:
+            groups1 = min(groups1, ELEMENTWISE_MAX_GROUPS_PER_UNIT * self.compute_units)
         if not groups0:
             want = -(-ELEMENTWISE_GROUPS_PER_UNIT * self.compute_units // groups1)
             groups0 = max(1, min(want, -(-length // local0)))
@@ -107,18 +139,21 @@ class BatchNorm:
         n, c, length = shape
         located = [ops.get(k) for k in _OFFSETS]
         offsets = [0 if t is None else t[1] for t in located]
+        vw = self.vector_width(length, ops)
+        flags = flags + (f"VW={vw}",)
+        group = self.partial_group(-(-n * (length // vw) // parts)) if kind == "partial" else self.group
         # (the partial kernels' walk steps up to GROUP * C + L elements past a channel's last element)
-        reach = n * c * length + 2 * self.group * c + length
+        reach = n * c * length + 2 * group * c + length
         idx = "long" if max(offsets) + reach > INT32_MAX else "int"
-        kernel = self._kernel(name, flags, idx)
+        kernel = self._kernel(name, flags, idx, group)
         meta = pack_meta([n, c, length, *offsets, parts], idx)
         args = [None if t is None else t[0] for t in located] + [scratch, np.float32(eps), np.float32(momentum), meta]
         if kind == "partial":
-            global_size, local_size = (self.group * parts, min(c, MAX_GRID_GROUPS)), (self.group, 1)
+            global_size, local_size = (group * parts, min(c, MAX_GRID_GROUPS)), (group, 1)
         elif kind == "finalize":
             global_size, local_size = (round_up(c, self.finalize_group),), (self.finalize_group,)
         else:
-            global_size, local_size = self._elementwise_grid(n, c, length)
+            global_size, local_size = self._elementwise_grid(n, c, length // vw)
         self.device.defer(kernel, global_size, local_size, args)
 
     def _reduce(self, partial: str, finalize: str, shape: tuple[int, int, int], ops: Mapping[str, Tensor | None],
