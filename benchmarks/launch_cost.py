@@ -9,7 +9,10 @@ times the other per-op calls, each the median of ``--repeats`` rounds of ``--cal
 - ``call``: pyopencl's ``kernel(queue, ...)`` (sets every argument, then enqueues), what tunecl does;
 - ``create_buffer`` of 4 KiB and 64 MiB (``clCreateBuffer``; the caching allocator avoids it after warm-up);
 - ``empty``: ``torch.empty`` of 16 floats on the opencl device (tunecl's allocator, DLPack, torch);
-- ``wait``: ``finish`` on an idle queue.
+- ``wait``: ``finish`` on an idle queue;
+- ``enqueue variants``: the same launch (arguments set) through pyopencl on the profiling queue the
+  backend uses and on a queue without profiling, and straight through ``clEnqueueNDRangeKernel`` (ctypes,
+  no event asked for) on both, at 1 and at 2^20 work-items: which part of a launch is the driver's own.
 
     python benchmarks/launch_cost.py                   # default device
     TUNECL_DEVICE=nvidia python benchmarks/launch_cost.py
@@ -18,6 +21,8 @@ times the other per-op calls, each the median of ``--repeats`` rounds of ``--cal
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import statistics
 import sys
 import time
@@ -47,6 +52,55 @@ def _median_us(function, calls: int, repeats: int) -> float:
             function()
         rounds.append((time.perf_counter() - start) / calls)
     return statistics.median(rounds) * 1e6
+
+
+def _opencl_library() -> ctypes.CDLL | None:
+    """The OpenCL loader pyopencl loaded (its wheel bundles one), found in this process's mappings."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libOpenCL" in line}
+    except OSError:
+        paths = set()
+    name = next(iter(sorted(paths)), None) or ctypes.util.find_library("OpenCL")
+    if name is None:
+        return None
+    library = ctypes.CDLL(name)
+    library.clEnqueueNDRangeKernel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p,
+                                               ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p,
+                                               ctypes.c_void_p]
+    library.clEnqueueNDRangeKernel.restype = ctypes.c_int
+    return library
+
+
+def enqueue_variants(device, calls: int, repeats: int) -> None:
+    """Print the cost of one enqueue by queue kind and by path (pyopencl with its event, or raw)."""
+    library = _opencl_library()
+    plain = cl.CommandQueue(device.context, device.cl_device)
+    kernel = cl.Kernel(device.build(_source(4)), "k4")
+    kernel.set_scalar_arg_dtypes([None, np.int32, None, np.int32])
+    buffer = device.alloc(4096)
+    kernel.set_args(buffer, 1, buffer, 3)
+    print("enqueue variants, µs per launch (arguments already set)")
+    print(f"{'work-items':>10}  {'queue':>9}  {'pyopencl':>9}  {'raw, no event':>13}")
+    for items, local in ((1, None), (1 << 20, 256)):
+        size = (ctypes.c_size_t * 1)(items)
+        local_size = None if local is None else (ctypes.c_size_t * 1)(local)
+        for label, queue in (("profiling", device.queue), ("plain", plain)):
+            def wrapped(queue=queue, items=items, local=local):
+                cl.enqueue_nd_range_kernel(queue, kernel, (items,), None if local is None else (local,))
+
+            def raw(queue=queue.int_ptr, kernel=kernel.int_ptr, size=size, local_size=local_size):
+                error = library.clEnqueueNDRangeKernel(queue, kernel, 1, None, size, local_size, 0, None, None)
+                if error:
+                    raise RuntimeError(f"clEnqueueNDRangeKernel returned {error}")
+
+            row = [_median_us(wrapped, calls, repeats)]
+            queue.finish()
+            if library is not None:
+                row.append(_median_us(raw, calls, repeats))
+                queue.finish()
+            raw_text = f"{row[1]:>13.2f}" if len(row) > 1 else f"{'(no loader)':>13}"
+            print(f"{items:>10}  {label:>9}  {row[0]:>9.2f}  {raw_text}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                        repeats)
     wait = _median_us(queue.finish, calls, repeats)
     print(f"create_buffer 4 KiB {small:.2f}, 64 MiB {large:.2f}; finish on an idle queue {wait:.2f}")
+    enqueue_variants(device, calls, repeats)
     import torch
 
     import tunecl.backend  # noqa: F401
