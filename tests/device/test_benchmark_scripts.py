@@ -5,6 +5,8 @@ import itertools
 import json
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
@@ -124,3 +126,14 @@ def test_launch_cost_times_each_part_of_a_launch(capsys):
     assert all(float(value) > 0 for row in rows for value in row[1:])
     assert any(line.startswith("create_buffer 4 KiB") for line in lines)
     assert any(line.startswith("torch.empty(16) on opencl") for line in lines)
+
+
+def test_batch_norm_benchmark_times_each_shape_next_to_torch(tmp_path, capsys):
+    pytest.importorskip("torch")
+    script = load_script("batch_norm")
+    out = tmp_path / "bn.json"
+    assert script.main(["--batch", "2", "--iterations", "2", "--shapes", "3,5", "8,4", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["shape"] for r in rows] == [[2, 3, 5, 5], [2, 8, 4, 4]]
+    assert all(r["tunecl_s"] > 0 and r["peer_s"] > 0 and r["max_abs_error"] < 1e-4 for r in rows)
+    assert "sum" in capsys.readouterr().out
