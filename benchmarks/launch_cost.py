@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-from tunecl import runtime  # noqa: E402
+from tunecl import runtime
 
 
 def _source(count: int) -> str:
