@@ -98,19 +98,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", metavar="FILE", help="also write the rows to FILE")
     args = parser.parse_args(argv)
+    shapes = [tuple(int(v) for v in s.split(",")) for s in args.shapes] if args.shapes else RESNET50
+    # the peer first: once the opencl backend is registered, autograd on CUDA tensors trips an internal
+    # assert of torch's engine (a stream guard for the second device type), so CUDA runs before it
+    peers = [peer_seconds(args.batch, c, hw, args.iterations, args.seed) for c, hw in shapes]
     if args.device is not None:
         import os
         os.environ["TUNECL_DEVICE"] = args.device
     import tunecl.backend  # noqa: F401  (after TUNECL_DEVICE is set)
 
-    shapes = [tuple(int(v) for v in s.split(",")) for s in args.shapes] if args.shapes else RESNET50
     print(f"batch norm, training forward+backward, batch {args.batch}, median of {args.iterations}; "
           f"device {torch.opencl.get_device_name()}")
     print(f"{'shape':>20}  {'tunecl ms':>9}  {'GB/s':>7}  {'peer':>10}  {'peer ms':>8}  {'ratio':>6}  {'max err':>8}")
     rows, ours_total, peer_total = [], 0.0, 0.0
-    for c, hw in shapes:
+    for (c, hw), (peer, theirs) in zip(shapes, peers, strict=True):
         ours, error = opencl_seconds(args.batch, c, hw, args.iterations, args.seed)
-        peer, theirs = peer_seconds(args.batch, c, hw, args.iterations, args.seed)
         numel = args.batch * c * hw * hw
         bandwidth = PASSES * 4 * numel / ours * 1e-9
         ours_total, peer_total = ours_total + ours, peer_total + theirs

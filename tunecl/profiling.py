@@ -6,9 +6,10 @@
         run_some_iterations()
     rows = profile.summary()          # per kernel name: launches, device seconds
 
-All of tunecl's queues are profiling queues, and every launch goes through ``pyopencl.Kernel.__call__``
-(every copy through ``pyopencl.enqueue_copy``), so the block swaps those two for versions that keep the
-event of each command; nothing else changes and nothing waits early. Events are read when the summary is
+Every launch goes through ``pyopencl.Kernel.__call__`` (every copy through ``pyopencl.enqueue_copy``), so
+the block swaps those two for versions that keep the event of each command, and puts every open device
+on its profiling queue (:meth:`tunecl.runtime.Device.profiling`: the backend's queue does not profile
+by default); nothing else changes and nothing waits early but that switch. Events are read when the summary is
 asked for. Copies are named by direction (``copy host→device`` ...). The sum of the rows is the time the
 device spent executing commands; next to the block's wall time it tells whether a run is bound by the
 device or by the host (the queue is in order, so commands never overlap).
@@ -18,6 +19,7 @@ Only one profile may be active at a time (the swap is process-wide).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -48,10 +50,15 @@ class KernelProfile:
         self._events: list[tuple[str, cl.Event]] = []
         self._names: dict[int, str] = {}
         self._saved: tuple[Any, Any] | None = None
+        self._queues = contextlib.ExitStack()
 
     def __enter__(self) -> KernelProfile:  # noqa: PYI034 (final class in use)
         if not _active_lock.acquire(blocking=False):
             raise RuntimeError("a KernelProfile is already active")
+        from tunecl import runtime
+
+        for device in runtime.open_devices():
+            self._queues.enter_context(device.profiling())
         call, copy = cl.Kernel.__call__, cl.enqueue_copy
         self._saved = call, copy
         events, names = self._events, self._names
@@ -78,7 +85,10 @@ class KernelProfile:
         assert self._saved is not None
         cl.Kernel.__call__, cl.enqueue_copy = self._saved
         self._saved = None
-        _active_lock.release()
+        try:
+            self._queues.close()
+        finally:
+            _active_lock.release()
 
     @property
     def commands(self) -> int:

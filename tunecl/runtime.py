@@ -11,6 +11,7 @@ types set, and times launches with device events.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -440,6 +441,12 @@ def resolve(selector: str | int | None = None) -> DeviceEntry:
     raise DeviceNotFoundError(f"no OpenCL device matches {text!r}; {_available(entries)}")
 
 
+def open_devices() -> list[Device]:
+    """The devices this process has opened (by :func:`select_device`)."""
+    with _lock:
+        return list(_devices.values())
+
+
 def select_device(selector: str | int | None = None) -> Device:
     """The :class:`Device` a selector names (one object per device per process)."""
     entry = resolve(selector)
@@ -460,7 +467,14 @@ def fingerprint_of(device: cl.Device, platform_name: str = "") -> Fingerprint:
 
 
 class Device:
-    """One OpenCL device: context, in-order profiling queue, program/kernel caches, buffers, timing."""
+    """One OpenCL device: context, in-order queue, program/kernel caches, buffers, timing.
+
+    The queue profiles its commands (every event carries device timestamps) unless
+    :meth:`set_profiling_default` turned that off, as the PyTorch backend does: on NVIDIA's driver a launch
+    on a profiling queue costs ~16 µs of host time against ~11 µs without (``benchmarks/launch_cost.py``
+    on the H200). Whatever reads event times (the tuner's measurements, :class:`tunecl.profiling.KernelProfile`)
+    does so inside :meth:`profiling`, which moves the device to its profiling queue for the block.
+    """
 
     def __init__(self, entry: DeviceEntry):
         self.entry = entry
@@ -469,8 +483,13 @@ class Device:
         self.name = entry.name
         self.fingerprint = fingerprint_of(entry.cl_device, entry.platform)
         self.context = cl.Context([entry.cl_device])
-        self._queue = cl.CommandQueue(self.context, entry.cl_device,
-                                      properties=cl.command_queue_properties.PROFILING_ENABLE)
+        self._profiling_queue = cl.CommandQueue(self.context, entry.cl_device,
+                                                properties=cl.command_queue_properties.PROFILING_ENABLE)
+        self._plain_queue: cl.CommandQueue | None = None  # made when profiling is first turned off
+        self._queue = self._profiling_queue  # the queue in use: one of the two
+        self._profile_by_default = True
+        self._profiling_depth = 0  # open profiling() blocks
+        self._queue_lock = threading.RLock()
         batch = config.get().launch_batch
         self.launch_batch = (AUTO_LAUNCH_BATCH if self.fingerprint.device_type == "cpu" else 0) \
             if batch is None else batch
@@ -505,11 +524,53 @@ class Device:
     # -- the queue and deferred launches -----------------------------------------------------------
     @property
     def queue(self) -> cl.CommandQueue:
-        """The in-order profiling queue, with every deferred launch enqueued first: whatever the caller
-        enqueues next, or waits for, comes after them (see :meth:`defer`)."""
+        """The in-order queue in use (see the class docstring), with every deferred launch enqueued first:
+        whatever the caller enqueues next, or waits for, comes after them (see :meth:`defer`)."""
         if self._deferred:
             self.flush()
         return self._queue
+
+    @property
+    def profiles(self) -> bool:
+        """Whether commands enqueued now get events with device timestamps."""
+        return self._queue is self._profiling_queue
+
+    def set_profiling_default(self, enabled: bool) -> None:
+        """Profile commands outside :meth:`profiling` blocks (``True``, the default) or not."""
+        with self._queue_lock:
+            self._profile_by_default = enabled
+            if not self._profiling_depth:
+                self._use_queue(enabled)
+
+    @contextlib.contextmanager
+    def profiling(self):
+        """A block whose commands get profiling events (blocks nest; the queue switches back after the
+        outermost). Switching queues waits for everything enqueued on the previous one, so commands stay
+        in order; inside a block that was already profiling it costs nothing."""
+        with self._queue_lock:
+            self._profiling_depth += 1
+            if self._profiling_depth == 1:
+                self._use_queue(True)
+        try:
+            yield self
+        finally:
+            with self._queue_lock:
+                self._profiling_depth -= 1
+                if not self._profiling_depth:
+                    self._use_queue(self._profile_by_default)
+
+    def _use_queue(self, profiling: bool) -> None:  # with _queue_lock held
+        if profiling:
+            target = self._profiling_queue
+        else:
+            if self._plain_queue is None:
+                self._plain_queue = cl.CommandQueue(self.context, self.cl_device)
+            target = self._plain_queue
+        if target is self._queue:
+            return
+        self.flush()  # deferred launches belong to the queue in use so far
+        self._queue.finish()
+        self._queue = target
 
     def defer(self, kernel: cl.Kernel, global_size: tuple[int, ...], local_size: tuple[int, ...] | None,
               args: list) -> None:

@@ -121,11 +121,17 @@ def test_launch_cost_times_each_part_of_a_launch(capsys):
     script = load_script("launch_cost")
     assert script.main(["--calls", "20", "--repeats", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    rows = [line.split() for line in lines if line.strip() and line.split()[0] in ("1", "4", "16", "32")]
+    split = next(i for i, line in enumerate(lines) if line.startswith("enqueue variants"))
+    rows = [line.split() for line in lines[:split] if line.strip() and line.split()[0] in ("1", "4", "16", "32")]
     assert [row[0] for row in rows] == ["1", "4", "16", "32"]
     assert all(float(value) > 0 for row in rows for value in row[1:])
     assert any(line.startswith("create_buffer 4 KiB") for line in lines)
     assert any(line.startswith("torch.empty(16) on opencl") for line in lines)
+    # each queue kind at 1 and at 2^20 work-items, through pyopencl and straight through the loader
+    variants = [line.split() for line in lines[split:] if line.split() and line.split()[0] in ("1", "1048576")]
+    assert [(row[0], row[1]) for row in variants] == [("1", "profiling"), ("1", "plain"),
+                                                      ("1048576", "profiling"), ("1048576", "plain")]
+    assert all(float(value) > 0 for row in variants for value in row[2:])
 
 
 def test_batch_norm_benchmark_times_each_shape_next_to_torch(tmp_path, capsys):

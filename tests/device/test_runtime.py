@@ -1,6 +1,7 @@
 """The runtime on the real OpenCL device of this machine (PoCL in CI)."""
 
 import numpy as np
+import pyopencl as cl
 import pytest
 
 from tunecl import runtime
@@ -39,10 +40,39 @@ def test_build_cache_kernel_launch_and_timing(device):
     n = 1000
     x, y = np.arange(n, dtype=np.float32), np.ones(n, dtype=np.float32)
     xb, yb = device.upload(x), device.upload(y)
-    event = device.launch(kernel, (1024,), None, yb, xb, 2.0, n)
-    seconds = device.elapsed(event)
+    with device.profiling():  # another test may have turned profiling off (the backend does)
+        event = device.launch(kernel, (1024,), None, yb, xb, 2.0, n)
+        seconds = device.elapsed(event)
     assert 0 < seconds < 10
     np.testing.assert_array_equal(device.download(yb, (n,)), y + 2 * x)
+
+
+def test_profiling_can_be_off_outside_profiling_blocks_and_order_holds(device):
+    """The backend's queue does not profile; a profiling() block (nested or not) switches to the profiling
+    queue and back, finishing the queue it leaves, so commands on the two queues never overtake."""
+    program = device.build(SOURCE)
+    kernel = device.kernel(program, "axpy", [None, None, np.float32, np.int32])
+    n = 1 << 16
+    x = np.ones(n, dtype=np.float32)
+    xb, yb = device.upload(x), device.upload(np.zeros(n, dtype=np.float32))
+    try:
+        device.set_profiling_default(False)
+        assert not device.profiles
+        event = device.launch(kernel, (n,), None, yb, xb, 1.0, n)  # on the plain queue
+        with pytest.raises(cl.Error):  # no device timestamps without profiling
+            device.elapsed(event)
+        with device.profiling():
+            assert device.profiles
+            with device.profiling():
+                timed = device.launch(kernel, (n,), None, yb, xb, 10.0, n)
+            assert device.profiles  # still inside the outer block
+            assert device.elapsed(timed) > 0
+        assert not device.profiles
+        device.launch(kernel, (n,), None, yb, xb, 100.0, n)
+        np.testing.assert_array_equal(device.download(yb, (n,)), np.full(n, 111, np.float32))
+    finally:
+        device.set_profiling_default(True)
+    assert device.profiles
 
 
 def test_offsets_in_copies(device):

@@ -97,7 +97,8 @@ def evaluate(algorithm: Algorithm, problem: Problem, device: Device, config: Map
             wrong = binding.check()
             if wrong:
                 return Result(name, config, Status.WRONG_RESULT, message=wrong)
-        timing = measure(binding.launch, policy or TimingPolicy())
+        with device.profiling():  # event times (the backend's queue does not profile by default)
+            timing = measure(binding.launch, policy or TimingPolicy())
     except MeasureTimeout as error:
         return Result(name, config, Status.TIMEOUT, message=str(error))
     except CANDIDATE_ERRORS as error:

@@ -362,15 +362,16 @@ class Tuner:
         strategy = STRATEGIES[strategy_name](self.storage, name, seed=self.seed, progress=progress,
                                              jobs=self.jobs)
         self.worker_builds = 0
-        if self.jobs == 1:
-            log = strategy.search(space, run_one, budget)
-        else:
-            builder = Prebuilder(self.device, problem, by_name, run_one, self.jobs)
-            try:
-                log = strategy.search(space, run_one, budget, prepare=builder.prepare)
-            finally:
-                builder.close()
-                self.worker_builds, self.worker_pids = builder.built, set(builder.worker_pids)
+        with self.device.profiling():  # one queue switch for the search, not one per candidate
+            if self.jobs == 1:
+                log = strategy.search(space, run_one, budget)
+            else:
+                builder = Prebuilder(self.device, problem, by_name, run_one, self.jobs)
+                try:
+                    log = strategy.search(space, run_one, budget, prepare=builder.prepare)
+                finally:
+                    builder.close()
+                    self.worker_builds, self.worker_pids = builder.built, set(builder.worker_pids)
         return self._outcome(problem, chosen, space, log, strategy_name, size, time.monotonic() - started)
 
     def _describe_study(self, name: str, problem: Problem, chosen: Sequence[Algorithm]) -> None:
