@@ -44,6 +44,9 @@ class Config:
             enqueued together (``TUNECL_LAUNCH_BATCH``): ``None`` (``auto``: 32 on CPU devices, whose
             worker threads share the host's cores and are woken once per enqueue, off elsewhere), or
             a number (0 or 1: off); see :meth:`tunecl.runtime.Device.defer`.
+        flush_every: submit the queue's commands to the device (``clFlush``) every this many uses of
+            the queue (``TUNECL_FLUSH_EVERY``): ``None`` (``auto``: 16 on GPUs and other non-CPU devices,
+            off on CPU devices) or a number (0: never); see :attr:`tunecl.runtime.Device.queue`.
     """
 
     device: str = "0"
@@ -56,6 +59,7 @@ class Config:
     winograd_cache: str = "auto"
     winograd_cache_mb: int = 512
     launch_batch: int | None = None
+    flush_every: int | None = None
 
     @staticmethod
     def from_env(env: dict[str, str] | None = None) -> Config:
@@ -73,7 +77,8 @@ class Config:
             tune=(env.get("TUNECL_TUNE") or "off").lower(),
             winograd_cache=(env.get("TUNECL_WINOGRAD_CACHE") or "auto").lower(),
             winograd_cache_mb=_int(env, "TUNECL_WINOGRAD_CACHE_MB", 512),
-            launch_batch=_launch_batch(env.get("TUNECL_LAUNCH_BATCH") or "auto"),
+            launch_batch=_count(env.get("TUNECL_LAUNCH_BATCH") or "auto", "TUNECL_LAUNCH_BATCH", "launches"),
+            flush_every=_count(env.get("TUNECL_FLUSH_EVERY") or "auto", "TUNECL_FLUSH_EVERY", "queue uses"),
         )
 
 
@@ -81,16 +86,17 @@ TUNE_MODES = ("off", "on-miss")
 WINOGRAD_CACHE_MODES = ("auto", "on", "off")
 
 
-def _launch_batch(value: str) -> int | None:
+def _count(value: str, name: str, what: str) -> int | None:
+    """``auto`` (None) or a count ≥ 0 from the environment variable ``name``."""
     if value.strip().lower() == "auto":
         return None
     try:
-        batch = int(value)
+        count = int(value)
     except ValueError:
-        raise ValueError(f"TUNECL_LAUNCH_BATCH must be 'auto' or a number of launches, not {value!r}") from None
-    if batch < 0:
-        raise ValueError(f"TUNECL_LAUNCH_BATCH must not be negative, not {value!r}")
-    return batch
+        raise ValueError(f"{name} must be 'auto' or a number of {what}, not {value!r}") from None
+    if count < 0:
+        raise ValueError(f"{name} must not be negative, not {value!r}")
+    return count
 
 
 def _int(env: dict[str, str], name: str, default: int) -> int:

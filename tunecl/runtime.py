@@ -143,6 +143,7 @@ MMA_F16 = "mma_f16"    # mma.sync m16n8k16 with f16 operands and fp32 accumulati
 CP_ASYNC = "cp_async"  # cp.async global -> local copies (with zero fill) from a __local pointer, via PTX
 WGMMA = "wgmma"        # wgmma.mma_async (sm_90a), TF32 and f16, operands in local memory, via PTX
 AUTO_LAUNCH_BATCH = 32  # Device.defer's batch on CPU devices (TUNECL_LAUNCH_BATCH=auto)
+AUTO_FLUSH_EVERY = 16  # Device.queue submits (clFlush) every this many uses on non-CPU devices (TUNECL_FLUSH_EVERY=auto)
 CAPABILITY_PROBE_VERSION = 3  # bump when a probe changes: cached verdicts of other versions are ignored
 
 # Architecture-specific PTX. NVIDIA's OpenCL compiler assembles for the plain target (sm_90 on an H200),
@@ -490,9 +491,13 @@ class Device:
         self._profile_by_default = True
         self._profiling_depth = 0  # open profiling() blocks
         self._queue_lock = threading.RLock()
-        batch = config.get().launch_batch
-        self.launch_batch = (AUTO_LAUNCH_BATCH if self.fingerprint.device_type == "cpu" else 0) \
-            if batch is None else batch
+        settings = config.get()
+        cpu = self.fingerprint.device_type == "cpu"
+        batch = settings.launch_batch
+        self.launch_batch = (AUTO_LAUNCH_BATCH if cpu else 0) if batch is None else batch
+        every = settings.flush_every
+        self.flush_every = (0 if cpu else AUTO_FLUSH_EVERY) if every is None else every
+        self._queue_uses = 0
         self._deferred: list[tuple[cl.Kernel, tuple[int, ...], tuple[int, ...] | None, list]] = []
         self._deferred_lock = threading.RLock()  # reentrant: a finalizer run by the GC mid-flush may flush
         self.local_mem_size = int(entry.cl_device.local_mem_size)
@@ -528,6 +533,15 @@ class Device:
         whatever the caller enqueues next, or waits for, comes after them (see :meth:`defer`)."""
         if self._deferred:
             self.flush()
+        if self.flush_every:
+            # Submit what was enqueued so far every few uses (each launch, copy or wait uses the queue
+            # once): NVIDIA's driver otherwise holds a non-profiling queue's commands back, and the
+            # device idles while the host enqueues (resnet50 batch 16 training on the H200: 83.4 ms per
+            # step without, 73.8 ms flushing every 16 uses; inference 18.5 -> 17.1 ms).
+            self._queue_uses += 1
+            if self._queue_uses >= self.flush_every:
+                self._queue_uses = 0
+                self._queue.flush()
         return self._queue
 
     @property

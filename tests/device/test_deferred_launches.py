@@ -101,3 +101,50 @@ def test_auto_batches_on_cpu_devices_only(device):
     expected = runtime.AUTO_LAUNCH_BATCH if device.fingerprint.device_type == "cpu" else 0
     if config.get().launch_batch is None:
         assert device.launch_batch == expected
+
+
+def test_flush_every_setting_and_auto():
+    assert config.Config.from_env({}).flush_every is None
+    assert config.Config.from_env({"TUNECL_FLUSH_EVERY": "auto"}).flush_every is None
+    assert config.Config.from_env({"TUNECL_FLUSH_EVERY": "8"}).flush_every == 8
+    for bad in ("-2", "often"):
+        with pytest.raises(ValueError, match="TUNECL_FLUSH_EVERY"):
+            config.Config.from_env({"TUNECL_FLUSH_EVERY": bad})
+
+
+def test_the_queue_is_flushed_every_n_uses(monkeypatch):
+    """With TUNECL_FLUSH_EVERY=3 every third use of Device.queue submits the commands (clFlush) first;
+    results and order are unchanged."""
+    monkeypatch.setenv("TUNECL_FLUSH_EVERY", "3")
+    monkeypatch.setenv("TUNECL_LAUNCH_BATCH", "0")
+    device = runtime.Device(runtime.resolve())
+    assert device.flush_every == 3
+    flushes = []
+
+    class CountingQueue:  # the real queue, with its flushes counted
+        def __init__(self, queue):
+            self.queue = queue
+
+        def flush(self):
+            flushes.append(1)
+            return self.queue.flush()
+
+        def __getattr__(self, name):
+            return getattr(self.queue, name)
+
+    real = device._queue
+    device._queue = CountingQueue(real)
+    uses = [device.queue for _ in range(7)]
+    assert len(flushes) == 2 and all(q is device._queue for q in uses)
+    device._queue = real
+    kernel = _kernel(device)
+    buf = device.upload(np.zeros(16, np.float32))
+    for _ in range(10):
+        kernel(device.queue, (16,), None, buf, np.float32(2), np.float32(1))  # x = 2x + 1
+    np.testing.assert_array_equal(device.download(buf, (16,)), np.full(16, 2 ** 10 - 1, np.float32))
+
+
+def test_auto_flushes_on_non_cpu_devices_only(device):
+    expected = 0 if device.fingerprint.device_type == "cpu" else runtime.AUTO_FLUSH_EVERY
+    if config.get().flush_every is None:
+        assert device.flush_every == expected
