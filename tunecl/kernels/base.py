@@ -82,6 +82,9 @@ class Space:
     generate: Callable[[], Iterable[Config]] | None = None
     implied: dict[str, int] = dataclasses.field(default_factory=dict)
     _configs: list[Config] | None = dataclasses.field(default=None, repr=False)
+    # an enumeration stopped early: the valid configs found so far and the iterator to go on with
+    _found: list[Config] = dataclasses.field(default_factory=list, repr=False)
+    _rest: Iterator[Config] | None = dataclasses.field(default=None, repr=False)
 
     def complete(self, config: Mapping[str, int]) -> Config:
         """``config`` with the ``implied`` parameters it leaves out filled in."""
@@ -114,26 +117,42 @@ class Space:
 
     def iter_configs(self) -> Iterator[Config]:
         """The valid configs in :meth:`configs`' order, lazily, so a caller may stop early (counting up
-        to a limit); one that runs to the end leaves them kept for :meth:`configs`, since enumerating a
-        big space costs seconds."""
+        to a limit). Enumerating a big space costs seconds, so what was found is kept: a later call
+        replays it and goes on where the last one stopped, and one that reaches the end leaves the
+        whole list for :meth:`configs`."""
         if self._configs is not None:
             yield from self._configs
             return
-        found: list[Config] = []
+        if self._rest is None:
+            self._rest = self._enumerate()
+        index = 0
+        while True:
+            if index < len(self._found):
+                yield self._found[index]
+                index += 1
+                continue
+            if self._configs is not None:  # another iterator reached the end meanwhile
+                return
+            try:
+                config = next(self._rest)
+            except StopIteration:
+                self._configs, self._rest = self._found, None
+                return
+            self._found.append(config)
+
+    def _enumerate(self) -> Iterator[Config]:
+        """Every valid config, in order, computed afresh."""
         if self.generate is not None:
             for config in self.generate():
                 config = dict(config)
                 if self.is_valid(config):
-                    found.append(config)
                     yield config
         else:
             names = list(self.params)
             for values in itertools.product(*self.params.values()):
                 config = dict(zip(names, values))
                 if all(rule.check(config) for rule in self.constraints):
-                    found.append(config)
                     yield config
-        self._configs = found
 
     def __len__(self) -> int:
         return len(self.configs())
