@@ -134,6 +134,12 @@ def test_activation_backward_ops_directly():
     g, x = X(4, 5), X(4, 5)
     y = torch.sigmoid(x)
     check_op(lambda g, x: torch.ops.aten.threshold_backward(g, x, 0.0), g, x, grad=False)
+    # the direct path (same shape, dtype, dense) and torch's structured one (broadcast, transposed,
+    # mixed dtypes) give CPU torch's results
+    check_op(lambda g, x: torch.ops.aten.threshold_backward(g, x, 0.25), g, x, grad=False)
+    check_op(lambda g, x: torch.ops.aten.threshold_backward(g, x, 0.0), g, X(5), grad=False)
+    check_op(lambda g, x: torch.ops.aten.threshold_backward(g.t(), x.t(), 0.0), g, x, grad=False)
+    check_op(lambda g, x: torch.ops.aten.threshold_backward(g, x.half(), 0.0), g, x, grad=False, atol=1e-3)
     check_op(lambda g, y: torch.ops.aten.sigmoid_backward(g, y), g, y, grad=False)
     check_op(lambda g, y: torch.ops.aten.tanh_backward(g, y), g, y.tanh(), grad=False)
     check_op(lambda g, x: torch.ops.aten.hardtanh_backward(g, x, -0.5, 0.5), g, x, grad=False)

@@ -261,7 +261,18 @@ def _fast_inplace(expr: str, op: torch._ops.OpOverload, with_alpha: bool) -> Cal
     return kernel
 
 
+def _fast_threshold_backward(grad_output: torch.Tensor, self: torch.Tensor, threshold: Number) -> torch.Tensor:
+    """ReLU's backward (about 300 calls per resnet50 training step): dense same-shape float operands of
+    one dtype launch directly; anything else takes torch's structured wrapper."""
+    if (grad_output.dtype.is_floating_point and self.dtype == grad_output.dtype and self.shape == grad_output.shape
+            and not self.is_cpu and not grad_output.is_cpu and grad_output.is_contiguous() and self.is_contiguous()):
+        out = memory.empty(grad_output.shape, grad_output.stride(), grad_output.dtype)
+        return run("threshold_backward", out, (grad_output, self), (threshold,))
+    return torch.ops.aten.threshold_backward.default.redispatch(_STRUCTURED_KEYS, grad_output, self, threshold)
+
+
 FAST_FUNCTIONAL = {
+    "threshold_backward": _fast_threshold_backward,
     "add.Tensor": _fast_binary("add", torch.ops.aten.add.Tensor, True),
     "sub.Tensor": _fast_binary("sub", torch.ops.aten.sub.Tensor, True),
     "mul.Tensor": _fast_binary("mul", torch.ops.aten.mul.Tensor, False),
