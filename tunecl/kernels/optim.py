@@ -112,19 +112,19 @@ class Optim:
         pointers = [outs] + [column if is_tensor else outs for column, is_tensor in zip(columns, tensor)]
         numbers = [zeros if is_tensor or column is None else column for column, is_tensor in zip(columns, tensor)] \
             + list(params) + [zeros] * (2 - len(params))
+        # per slot, in the kernel's order: meta (numel, then o, a, b, c offsets), buffers (o, a, b, c),
+        # values (a, b, c, s0, s1); built by zipping whole columns rather than element by element
+        offsets = [[offset for _, offset in column] for column in pointers]
+        handles = [[buffer for buffer, _ in column] for column in pointers]
+        meta_all = [v for row in zip(numels, *offsets) for v in row]
+        buffers_all = [b for row in zip(*handles) for b in row]
+        values_all = [v for row in zip(*numbers) for v in row]
         queue, local = self.device.queue, self.local
         for start in range(0, count, SLOTS):
             stop = min(start + SLOTS, count)
-            meta: list[int] = []
-            buffers: list = []
-            values: list[float] = []
-            for k in range(start, stop):
-                meta.append(numels[k])
-                for column in pointers:
-                    buffer, offset = column[k]
-                    meta.append(offset)
-                    buffers.append(buffer)
-                values.extend([number[k] for number in numbers])
+            meta = meta_all[5 * start:5 * stop]
+            buffers = buffers_all[4 * start:4 * stop]
+            values = values_all[5 * start:5 * stop]
             pad = SLOTS - (stop - start)
             if pad:
                 meta += [0] * (5 * pad)
