@@ -4,8 +4,8 @@
 #   bash benchmarks/gpu_suite.sh OUTDIR BUDGET_SECONDS [STEP ...]
 #
 # Steps: mma bench validate conv tests (the default, in this order); when named: gemm_mma or conv_mma
-# (one half of mma), fp16 (~4 min), pretrans (~3 min), space (~3 min), host (~2 min: launch_cost.py and
-# host_profile.py), ship (tunes resnet18/50 batch 16 with --train for tuning_db/;
+# (one half of mma), fp16 (~4 min), pretrans (~3 min), space (~3 min), host (~3 min: launch_cost.py,
+# overhead.py, batch_norm.py and host_profile.py), ship (tunes resnet18/50 batch 16 with --train for tuning_db/;
 # SHIP_TIME_LIMIT seconds per problem, default 8) and convergence (~16 min). Each step gets what is left of the budget (a step that cannot start with at least MIN_STEP_S seconds left is skipped and
 # logged); every command writes its own file under OUTDIR, and OUTDIR.tar.gz is rewritten after
 # every command, so a run cut off from outside still leaves everything finished so far in one file.
@@ -67,6 +67,8 @@ for step in $steps; do
       run gemm_space-4096 200 "$PY" benchmarks/gemm_space.py --device "$TUNECL_DEVICE" \
         --shape 4096,4096,4096 --time-limit 170 --json "$out/gemm_space-4096.json" ;;
     bench)     # the seed's table: ms per batch next to torch CUDA fp32, TF32 off
+      # (a throw-away first bench: the first processes on a freshly started machine ran 20-50% slower)
+      run bench-warmup 120 "$PY" -m tunecl bench --net resnet18 --batch 16 --compare none
       for spec in ${BENCH:-resnet50:16 resnet18:16 mobilenet_v2:16 alexnet:16 vgg16:16 \
                   resnet50:64 resnet18:64 mobilenet_v2:64 alexnet:64 vgg16:64}; do
         net=${spec%%:*}; batch=${spec##*:}
@@ -104,6 +106,9 @@ for step in $steps; do
       done ;;
     host)      # where the host time goes: the parts of a launch, an allocation, then resnet50's ops
       run launch_cost 60 "$PY" benchmarks/launch_cost.py --device "$TUNECL_DEVICE"
+      run overhead 60 "$PY" benchmarks/overhead.py
+      run batch_norm 120 "$PY" benchmarks/batch_norm.py --device "$TUNECL_DEVICE" --batch 64 \
+        --json "$out/batch_norm.json"
       run host-resnet50-b16-train 120 "$PY" benchmarks/host_profile.py --net resnet50 --batch 16 --train \
         --torch-profiler --iterations 3 --top 30 ;;
     tests)     # GPU-only correctness: the device and torch test subsets on the GPU
