@@ -24,7 +24,12 @@ SHAPES = [(4, 3, 5, 5), (1, 3, 7, 7), (5, 1, 13, 5), (6, 4), (1, 2, 9), (3, 2, 2
 
 @pytest.fixture
 def norm():
-    return state.get().norm
+    """The backend's BatchNorm, its kept launch plans dropped before and after (a test may change the
+    module's launch constants, which the plans were derived from)."""
+    instance = state.get().norm
+    instance.forget_launches()
+    yield instance
+    instance.forget_launches()
 
 
 @pytest.fixture(params=[None, 1, 2, 3, 7, 500], ids=lambda p: f"P{p}")

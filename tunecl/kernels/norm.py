@@ -49,6 +49,7 @@ ELEMENTWISE_GROUPS_PER_UNIT = 8      # the elementwise kernels' work-groups per 
 ELEMENTWISE_MAX_GROUPS_PER_UNIT = 0   # ... and at most, 0: no cap (past it, work-items loop over several rows;
                                       # on PoCL 256 helps short rows, 7x7, but slows long ones, 112x112)
 VECTOR = 4               # float4 loads when L and the big tensors' offsets allow (1 turns them off)
+MAX_LAUNCHES = 4096      # launch plans kept (see BatchNorm._launch)
 MAX_GRID_GROUPS = 65535  # work-groups along dims 1 and 2 of a grid (CUDA's limit); the kernels loop past it
 
 
@@ -71,6 +72,9 @@ class BatchNorm:
         self._scratch: cl.Buffer | None = None
         self._scratch_bytes = 0
         self._lock = threading.Lock()
+        # (name, kind, shape, flags, parts, offsets) -> (kernel, global size, local size, packed meta): what
+        # _launch derives from them, kept so that a net's repeated layers skip deriving it again
+        self._launches: dict[tuple, tuple[cl.Kernel, tuple[int, ...], tuple[int, ...], bytes]] = {}
 
     def parts(self, channels: int, count: int) -> int:
         """P, the work-groups per channel of the partial kernels, for ``channels`` channels of ``count``
@@ -136,9 +140,28 @@ class BatchNorm:
                 flags: tuple[str, ...], eps: float, momentum: float, parts: int, scratch: cl.Buffer | None) -> None:
         """Enqueue ``name``: ``kind`` "partial" (grid (GROUP * parts, C)), "finalize" (one item per channel)
         or "elementwise"."""
-        n, c, length = shape
         located = [ops.get(k) for k in _OFFSETS]
-        offsets = [0 if t is None else t[1] for t in located]
+        offsets = tuple(0 if t is None else t[1] for t in located)
+        key = (name, kind, shape, flags, parts, offsets)
+        launch = self._launches.get(key)
+        if launch is None:
+            launch = self._plan_launch(name, kind, shape, ops, flags, parts, offsets)
+            if len(self._launches) >= MAX_LAUNCHES:  # a safety valve for ever-changing shapes
+                self._launches.clear()
+            self._launches[key] = launch
+        kernel, global_size, local_size, meta = launch
+        args = [None if t is None else t[0] for t in located] + [scratch, np.float32(eps), np.float32(momentum), meta]
+        self.device.defer(kernel, global_size, local_size, args)
+
+    def forget_launches(self) -> None:
+        """Drop the kept launch plans: after changing this module's launch constants (tests, tuning)."""
+        self._launches.clear()
+
+    def _plan_launch(self, name: str, kind: str, shape: tuple[int, int, int], ops: Mapping[str, Tensor | None],
+                     flags: tuple[str, ...], parts: int, offsets: tuple[int, ...]
+                     ) -> tuple[cl.Kernel, tuple[int, ...], tuple[int, ...], bytes]:
+        """The kernel, grid and packed meta of one :meth:`_launch` (everything but the buffers and scalars)."""
+        n, c, length = shape
         vw = self.vector_width(length, ops)
         flags = flags + (f"VW={vw}",)
         group = self.partial_group(-(-n * (length // vw) // parts)) if kind == "partial" else self.group
@@ -147,14 +170,13 @@ class BatchNorm:
         idx = "long" if max(offsets) + reach > INT32_MAX else "int"
         kernel = self._kernel(name, flags, idx, group)
         meta = pack_meta([n, c, length, *offsets, parts], idx)
-        args = [None if t is None else t[0] for t in located] + [scratch, np.float32(eps), np.float32(momentum), meta]
         if kind == "partial":
             global_size, local_size = (group * parts, min(c, MAX_GRID_GROUPS)), (group, 1)
         elif kind == "finalize":
             global_size, local_size = (round_up(c, self.finalize_group),), (self.finalize_group,)
         else:
             global_size, local_size = self._elementwise_grid(n, c, length // vw)
-        self.device.defer(kernel, global_size, local_size, args)
+        return kernel, global_size, local_size, meta
 
     def _reduce(self, partial: str, finalize: str, shape: tuple[int, int, int], ops: Mapping[str, Tensor | None],
                 flags: tuple[str, ...], eps: float, momentum: float, scratch_channels: int) -> cl.Buffer:
