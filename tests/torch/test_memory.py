@@ -161,3 +161,19 @@ def test_empty_tensors_recycle_their_dlpack_slots():
         t = torch.empty(0, device="opencl")
         assert t.numel() == 0
     assert slots() <= before + memory.RECENT_BLOCKS + 1
+
+
+def test_slots_of_more_than_eight_dims_are_recycled_by_rank_not_freed():
+    """torch reads a dead storage's DLManagedTensor just after its weak reference expires (possibly on
+    another thread), so a slot is never freed: one of a rare rank is kept for the next tensor of it."""
+    shape = (1,) * (memory.MAX_DIMS_RECYCLED + 1) + (3,)
+    t = torch.ones(shape, device="opencl")
+    address = t.untyped_storage().data_ptr()
+    (slot,) = [b.slot for b in memory.allocator._blocks.values() if b.address == address]
+    assert len(slot.shape) == len(shape)
+    del t
+    torch.opencl.memory_allocated()  # a sweep reclaims the dead block
+    assert slot in memory.allocator._free_large_slots[len(shape)]
+    u = torch.full(shape, 2.0, device="opencl")
+    assert slot not in memory.allocator._free_large_slots[len(shape)]  # reused
+    assert u.shape == shape and u.cpu().sum().item() == 6.0

@@ -143,6 +143,10 @@ class CachingAllocator:
         self._cache: dict[int, list[cl.Buffer]] = {}
         self._blocks: dict[int, _Block] = {}      # struct address -> live block
         self._free_slots: list[_Slot] = []
+        # slots of more than MAX_DIMS_RECYCLED dims, by rank: kept rather than freed, since torch reads a
+        # dead storage's DLManagedTensor (its deleter field) just after the weak reference shows it
+        # expired, possibly on another thread, so its memory must stay valid
+        self._free_large_slots: dict[int, list[_Slot]] = {}
         self._next_address = _FIRST_ADDRESS
         self.allocated = 0      # class bytes of live blocks
         self.requested = 0      # requested bytes of live blocks
@@ -188,8 +192,11 @@ class CachingAllocator:
             block = self._blocks.pop(key)
             _free_weak_ref(block.weak)
             self._release(block)
-            if len(block.slot.shape) == MAX_DIMS_RECYCLED:
+            rank = len(block.slot.shape)
+            if rank == MAX_DIMS_RECYCLED:
                 self._free_slots.append(block.slot)
+            else:
+                self._free_large_slots.setdefault(rank, []).append(block.slot)
         self.counts["frees"] += len(keys)
 
     def _new_buffer(self, reserved: int, requested: int) -> cl.Buffer:
@@ -253,8 +260,9 @@ class CachingAllocator:
             address = self._next_address
             # classes are multiples of the alignment (512 B granules, >= 64 KiB steps above 1 MiB)
             self._next_address = address + (reserved or _ADDRESS_ALIGN)
-            if ndim > MAX_DIMS_RECYCLED:  # rare: a one-off struct big enough for this rank
-                slot = _Slot(ndim)
+            if ndim > MAX_DIMS_RECYCLED:  # rare: a struct of exactly this rank, recycled per rank
+                spare = self._free_large_slots.get(ndim)
+                slot = spare.pop() if spare else _Slot(ndim)
             else:
                 if not self._free_slots:  # (empty tensors never reclaimed above: a new _Slot costs ~15 µs)
                     self._reclaim_recent(reserved)
