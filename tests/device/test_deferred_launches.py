@@ -88,28 +88,24 @@ def test_batch_of_one_or_zero_enqueues_at_once(monkeypatch):
     assert not device._deferred
 
 
-def test_launch_batch_setting():
-    assert config.Config.from_env({}).launch_batch is None
-    assert config.Config.from_env({"TUNECL_LAUNCH_BATCH": "AUTO"}).launch_batch is None
-    assert config.Config.from_env({"TUNECL_LAUNCH_BATCH": "16"}).launch_batch == 16
-    for bad in ("-1", "many"):
-        with pytest.raises(ValueError, match="TUNECL_LAUNCH_BATCH"):
-            config.Config.from_env({"TUNECL_LAUNCH_BATCH": bad})
+@pytest.mark.parametrize(("variable", "field", "auto", "number", "bad"), [
+    ("TUNECL_LAUNCH_BATCH", "launch_batch", "AUTO", 16, ("-1", "many")),
+    ("TUNECL_FLUSH_EVERY", "flush_every", "auto", 8, ("-2", "often")),
+])
+def test_count_settings(variable, field, auto, number, bad):
+    """Unset or auto: None (the device decides); a count ≥ 0; anything else names the variable."""
+    assert getattr(config.Config.from_env({}), field) is None
+    assert getattr(config.Config.from_env({variable: auto}), field) is None
+    assert getattr(config.Config.from_env({variable: str(number)}), field) == number
+    for value in bad:
+        with pytest.raises(ValueError, match=variable):
+            config.Config.from_env({variable: value})
 
 
 def test_auto_batches_on_cpu_devices_only(device):
     expected = runtime.AUTO_LAUNCH_BATCH if device.fingerprint.device_type == "cpu" else 0
     if config.get().launch_batch is None:
         assert device.launch_batch == expected
-
-
-def test_flush_every_setting_and_auto():
-    assert config.Config.from_env({}).flush_every is None
-    assert config.Config.from_env({"TUNECL_FLUSH_EVERY": "auto"}).flush_every is None
-    assert config.Config.from_env({"TUNECL_FLUSH_EVERY": "8"}).flush_every == 8
-    for bad in ("-2", "often"):
-        with pytest.raises(ValueError, match="TUNECL_FLUSH_EVERY"):
-            config.Config.from_env({"TUNECL_FLUSH_EVERY": bad})
 
 
 def test_the_queue_is_flushed_every_n_uses(monkeypatch):
