@@ -177,3 +177,30 @@ def test_slots_of_more_than_eight_dims_are_recycled_by_rank_not_freed():
     u = torch.full(shape, 2.0, device="opencl")
     assert slot not in memory.allocator._free_large_slots[len(shape)]  # reused
     assert u.shape == shape and u.cpu().sum().item() == 6.0
+
+
+def test_the_newest_block_is_taken_over_in_place_only_when_dead_and_of_the_same_class():
+    """A temporary dies before the next op allocates (``y = x * 2.0`` in a loop): the next allocation of its
+    class takes its block over (buffer and slot) with a fresh address; a live or other-class block never."""
+    x = torch.arange(3000.0, device="opencl")
+    allocator = memory.allocator
+    (x * 2.0).sum()                          # warm: the plans exist
+    before = torch.opencl.memory_stats()
+    buffer = memory.buffer_of(x * 3.0)       # dies at once: the newest block, dead
+    y = x * 2.0                              # same class: takes it over
+    assert memory.buffer_of(y) is buffer and y.untyped_storage().data_ptr() != 0
+    after = torch.opencl.memory_stats()
+    assert after["reused_in_place"] >= before["reused_in_place"] + 1
+    assert after["buffers_created"] == before["buffers_created"]
+    assert after["allocs"] == before["allocs"] + 2   # takeovers count as allocations (and frees)
+    z = x * 4.0                              # y is alive: z must get another buffer
+    assert memory.buffer_of(z) is not memory.buffer_of(y)
+    small = torch.empty(10, device="opencl")  # a different class: z's block stays z's
+    del small
+    torch.testing.assert_close(y.cpu(), torch.arange(3000.0) * 2.0)
+    torch.testing.assert_close(z.cpu(), torch.arange(3000.0) * 4.0)
+    # the accounting matches a full sweep's view: every live block counted once
+    stats = torch.opencl.memory_stats()
+    assert stats["allocated_bytes"] == sum(b.reserved for b in allocator._blocks.values())
+    assert stats["requested_bytes"] == sum(b.requested for b in allocator._blocks.values())
+    assert stats["allocs"] - stats["frees"] == stats["live_blocks"]

@@ -47,6 +47,19 @@ RECENT_BLOCKS = 16         # a cache miss first polls this many of the newest bl
 
 def size_class(nbytes: int) -> int:
     """Bytes actually reserved for a request of ``nbytes`` (see the module docstring)."""
+    reserved = _classes.get(nbytes)
+    if reserved is not None:
+        return reserved
+    reserved = _size_class(nbytes)
+    if len(_classes) < 4096:  # requests repeat (the same shapes every step): remember the answers
+        _classes[nbytes] = reserved
+    return reserved
+
+
+_classes: dict[int, int] = {}
+
+
+def _size_class(nbytes: int) -> int:
     if nbytes <= SMALL_LIMIT:
         return max(SMALL_GRANULE, -(-nbytes // SMALL_GRANULE) * SMALL_GRANULE)
     step = 1 << (nbytes.bit_length() - 1 - LARGE_SHIFT)
@@ -109,9 +122,10 @@ class _Slot:
     """A recycled DLManagedTensor with shape/stride arrays (ctypes objects are slow to create).
     Its deleter stays NULL: blocks are reclaimed through weak references instead."""
 
-    __slots__ = ("address", "managed", "shape", "strides", "tensor")
+    __slots__ = ("address", "managed", "rank", "shape", "strides", "tensor")
 
     def __init__(self, ndim: int):
+        self.rank = ndim
         self.managed = _DLManagedTensor()
         self.shape = (ctypes.c_int64 * ndim)()
         self.strides = (ctypes.c_int64 * ndim)()
@@ -154,6 +168,9 @@ class CachingAllocator:
         self.peak_allocated = 0
         self.peak_reserved = 0
         self.counts = collections.Counter()
+        # the newest block, and how many allocations took it over in place (see allocate)
+        self._newest: _Block | None = None
+        self.reused_in_place = 0
         self._allocs_since_sweep = 0
         # caches of derived tensors (weight_cache): let go of those of dead tensors before a full sweep
         # (statistics, empty_cache), of everything before an allocation fails (called with the
@@ -191,8 +208,11 @@ class CachingAllocator:
         for key in keys:
             block = self._blocks.pop(key)
             _free_weak_ref(block.weak)
+            block.weak = 0
+            if block is self._newest:
+                self._newest = None
             self._release(block)
-            rank = len(block.slot.shape)
+            rank = block.slot.rank
             if rank == MAX_DIMS_RECYCLED:
                 self._free_slots.append(block.slot)
             else:
@@ -237,10 +257,30 @@ class CachingAllocator:
 
     def allocate(self, nbytes: int, ndim: int) -> _Block:
         """A live block of at least ``nbytes`` with a DLPack slot for ``ndim`` dims."""
+        reserved = (_classes.get(nbytes) or size_class(nbytes)) if nbytes else 0
         with self._lock:
+            newest = self._newest
+            if (newest is not None and newest.reserved == reserved and newest.weak and _weak_ref_expired(newest.weak)
+                    and newest.slot.rank == (ndim if ndim > MAX_DIMS_RECYCLED else MAX_DIMS_RECYCLED)
+                    and (newest.buffer is not None or not reserved)):
+                # The newest block has died (the previous op's temporary, typically) and fits: take it over
+                # as it is (buffer, slot and place among the newest), with a fresh address. The same
+                # outcome as recycling it through the cache below, in a third of the time.
+                _free_weak_ref(newest.weak)
+                newest.weak = 0
+                key = newest.slot.address
+                del self._blocks[key]
+                self._blocks[key] = newest
+                del _buffers[newest.address]
+                address = newest.address = self._next_address
+                self._next_address = address + (reserved or _ADDRESS_ALIGN)
+                self.requested += nbytes - newest.requested
+                newest.requested = nbytes
+                self.reused_in_place += 1
+                _buffers[address] = newest.buffer
+                return newest
             self._allocs_since_sweep += 1
             if nbytes:
-                reserved = size_class(nbytes)
                 cached = self._cache.get(reserved)
                 if not cached:  # a miss: reclaim dead storages first (see the module docstring)
                     self._reclaim_recent(reserved)
@@ -256,7 +296,7 @@ class CachingAllocator:
                 else:
                     buffer = self._new_buffer(reserved, nbytes)
             else:
-                reserved, buffer = 0, None
+                buffer = None
             address = self._next_address
             # classes are multiples of the alignment (512 B granules, >= 64 KiB steps above 1 MiB)
             self._next_address = address + (reserved or _ADDRESS_ALIGN)
@@ -275,12 +315,15 @@ class CachingAllocator:
             self.peak_reserved = max(self.peak_reserved, self.allocated + self.cached)
             self.counts["allocs"] += 1
             _buffers[address] = buffer
+            self._newest = block
             return block
 
     def abandon(self, block: _Block) -> None:
         """Take back a block whose tensor could not be created."""
         with self._lock:
             self._blocks.pop(block.slot.address, None)
+            if block is self._newest:
+                self._newest = None
             self._release(block)
 
     # called with the lock held
@@ -315,7 +358,13 @@ class CachingAllocator:
             return {"allocated_bytes": self.allocated, "requested_bytes": self.requested,
                     "reserved_bytes": self.reserved, "cached_bytes": self.cached,
                     "peak_allocated_bytes": self.peak_allocated, "peak_reserved_bytes": self.peak_reserved,
-                    "live_blocks": len(self._blocks), **self.counts}
+                    "live_blocks": len(self._blocks), **self.counts, **self._in_place_counts()}
+
+    def _in_place_counts(self) -> dict[str, int]:
+        """A takeover in place is an allocation, a free and a reuse of a cached buffer (or empty block)."""
+        n = self.reused_in_place
+        return {"allocs": self.counts["allocs"] + n, "frees": self.counts["frees"] + n,
+                "cache_hits": self.counts["cache_hits"] + n, "reused_in_place": n}
 
     def reset_peak(self) -> None:
         self._sweep_derived()
@@ -350,8 +399,18 @@ def empty(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype) -> tor
     dl_dtype = DLPACK.get(dtype)
     if dl_dtype is None:
         check_storable(dtype)
+    return _empty(size, stride, dl_dtype, storage_nbytes(size, stride, dl_dtype[1] >> 3))
+
+
+def empty_dense(t: torch.Tensor) -> torch.Tensor:
+    """A new, uninitialised tensor with ``t``'s size, strides and dtype, for a ``t`` known to be
+    non-overlapping and dense (contiguous, channels-last, ...): it spans ``numel`` elements."""
+    dl_dtype = DLPACK[t.dtype]  # (t exists: its dtype is storable)
+    return _empty(t.shape, t.stride(), dl_dtype, t.numel() * (dl_dtype[1] >> 3))
+
+
+def _empty(size: Sequence[int], stride: Sequence[int], dl_dtype: tuple[int, int], nbytes: int) -> torch.Tensor:
     ndim = len(size)
-    nbytes = storage_nbytes(size, stride, dl_dtype[1] >> 3)
     block = allocator.allocate(nbytes, ndim)
     slot = block.slot
     slot.shape[:ndim] = size
@@ -362,7 +421,7 @@ def empty(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype) -> tor
     except BaseException:
         allocator.abandon(block)
         raise
-    allocator.track(block, result.untyped_storage())
+    block.weak = result.untyped_storage()._weak_ref()  # (allocator.track, inlined: the hot path)
     return result
 
 

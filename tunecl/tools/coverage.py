@@ -306,7 +306,8 @@ def dry_run() -> Iterator[DryRun]:
         run = DryRun(state.get().device)
         allocator = memory.allocator
         saved_counts = (collections.Counter(counters.op_counts), collections.Counter(counters.fallback_counts))
-        saved_memory = (allocator.peak_allocated, allocator.peak_reserved, collections.Counter(allocator.counts))
+        saved_memory = (allocator.peak_allocated, allocator.peak_reserved, collections.Counter(allocator.counts),
+                        allocator.reused_in_place)
         dry_cl = _DryOpenCL(run)
         first_address = allocator._next_address  # pseudo addresses only grow: later ones are ours
         run.device.flush()  # the real launches still waiting (Device.defer) go before the dry ones
@@ -331,7 +332,8 @@ def dry_run() -> Iterator[DryRun]:
             for counter, saved in zip((counters.op_counts, counters.fallback_counts), saved_counts):
                 counter.clear()
                 counter.update(saved)
-            allocator.peak_allocated, allocator.peak_reserved, allocator.counts = saved_memory
+            (allocator.peak_allocated, allocator.peak_reserved, allocator.counts,
+             allocator.reused_in_place) = saved_memory
     finally:
         _active.release()
     if survivors:  # only reached without an exception (one in flight keeps its frames' tensors alive)

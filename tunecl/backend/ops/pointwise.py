@@ -21,13 +21,16 @@ from tunecl.kernels.strided import Operand, Unsupported
 Number = bool | int | float
 
 
-def run(expr: str, out: torch.Tensor, inputs: Sequence[Any], params: Sequence[Number] = ()) -> torch.Tensor:
-    """Enqueue ``out = expr(inputs, params)``; inputs broadcast to ``out``'s shape."""
+def run(expr: str, out: torch.Tensor, inputs: Sequence[Any], params: Sequence[Number] = (),
+        key: tuple | None = None) -> torch.Tensor:
+    """Enqueue ``out = expr(inputs, params)``; inputs broadcast to ``out``'s shape. A caller that knows
+    the call's signature more cheaply passes ``key`` (see :func:`_fast_binary`)."""
     # The kernel plan depends only on this key (shapes, strides, dtypes, what each input is), so a
     # repeated signature skips building operands and keying the plan again: buffers, element
     # offsets and scalar values are all that is read per call.
-    key = (expr, out.shape, out.stride(), out.dtype,
-           *[(x.shape, x.stride(), x.dtype, x.is_cpu) if isinstance(x, torch.Tensor) else type(x) for x in inputs])
+    if key is None:
+        key = (expr, out.shape, out.stride(), out.dtype,
+               *[(x.shape, x.stride(), x.dtype, x.is_cpu) if isinstance(x, torch.Tensor) else type(x) for x in inputs])
     pointwise = state.get().pointwise
     launch = pointwise.launches.get(key)
     if launch is None:
@@ -55,7 +58,7 @@ MAX_LAUNCHES = 8192  # a safety valve for programs with ever-changing shapes
 
 def _run_uncached(key: tuple, expr: str, out: torch.Tensor, inputs: Sequence[Any],
                   params: Sequence[Number]) -> torch.Tensor:
-    shape = out.shape
+    shape = given_shape = out.shape
     for x in inputs:
         if isinstance(x, torch.Tensor) and x.shape != shape and x.dim():
             shape = _shape_for_out(out, inputs)
@@ -67,7 +70,7 @@ def _run_uncached(key: tuple, expr: str, out: torch.Tensor, inputs: Sequence[Any
     plan = pointwise.prepare(expr, shape, out_operand, operands)
     if plan is None:  # no elements
         return out
-    if shape == key[1]:  # (not after a resize of out: then the key no longer describes this call)
+    if shape == given_shape:  # (not after a resize of out: then the key no longer describes this call)
         kinds = tuple(_TENSOR if isinstance(x, Operand) else _WRAPPED if isinstance(given, torch.Tensor) else _NUMBER
                       for x, given in zip(operands, inputs))
         launches = pointwise.launches
@@ -220,8 +223,10 @@ def _fast_binary(expr: str, op: torch._ops.OpOverload, with_alpha: bool) -> Call
                     (not other.is_cpu and other.dtype == self.dtype and other.shape == self.shape
                      and other.is_contiguous())
                     or (other.is_cpu and other.dim() == 0 and not other.dtype.is_complex))):
-            out = memory.empty(self.shape, self.stride(), self.dtype)
-            return run(expr, out, (self, other), (alpha,) if with_alpha else ())
+            # out is laid out like self, so self's shape and dtype and what other is make the plan's key
+            key = (_DENSE, expr, self.shape, self.dtype,
+                   type(other) if not isinstance(other, torch.Tensor) else other.dtype if other.is_cpu else True)
+            return run(expr, memory.empty_dense(self), (self, other), (alpha,) if with_alpha else (), key)
         if not isinstance(other, torch.Tensor) or not isinstance(self, torch.Tensor):
             # a number cannot be passed back as the Tensor argument (torch unwrapped it), so this
             # case is done here: torch's promotion rules, an output laid out like self
@@ -232,6 +237,9 @@ def _fast_binary(expr: str, op: torch._ops.OpOverload, with_alpha: bool) -> Call
             return op.redispatch(_STRUCTURED_KEYS, self, other, alpha=alpha)
         return op.redispatch(_STRUCTURED_KEYS, self, other)
     return kernel
+
+
+_DENSE = object()  # starts the plan keys of _fast_binary's calls
 
 
 def _overlaps(self: torch.Tensor, other: torch.Tensor) -> bool:
@@ -266,8 +274,7 @@ def _fast_threshold_backward(grad_output: torch.Tensor, self: torch.Tensor, thre
     one dtype launch directly; anything else takes torch's structured wrapper."""
     if (grad_output.dtype.is_floating_point and self.dtype == grad_output.dtype and self.shape == grad_output.shape
             and not self.is_cpu and not grad_output.is_cpu and grad_output.is_contiguous() and self.is_contiguous()):
-        out = memory.empty(grad_output.shape, grad_output.stride(), grad_output.dtype)
-        return run("threshold_backward", out, (grad_output, self), (threshold,))
+        return run("threshold_backward", memory.empty_dense(grad_output), (grad_output, self), (threshold,))
     return torch.ops.aten.threshold_backward.default.redispatch(_STRUCTURED_KEYS, grad_output, self, threshold)
 
 
