@@ -396,17 +396,22 @@ class StudyDriver:
         Same guarantees as :meth:`run`: invalid and repeated proposals are told at once and never
         compiled, each evaluation is told (committed) as soon as it finishes, and an interrupt fails
         only the trials not told yet. A stop condition (time limit, patience) is checked between
-        batches, so it can let up to ``jobs - 1`` more evaluations finish.
+        batches, so it can let up to ``jobs - 1`` more evaluations finish. With a time limit, a batch
+        starts only if it is expected to end within the limit (as long as the recent batches took): a
+        batch (up to ``jobs`` builds, then their measurements) takes seconds, and one started just
+        before the limit overran it by that much.
         """
         known = [x for x in (self.budget.trials, self.size) if x is not None]
         total = min(known) if known else None
         prepare = self.prepare or (lambda a, c: lambda: self.evaluate(a, c))
         stop: str | None = None
         skipped = 0
+        durations: list[float] = []   # of the batches so far (seconds)
         while stop is None:
-            stop = self._stop_reason(skipped)
+            stop = self._stop_reason(skipped) or self._no_time_for_a_batch(durations)
             if stop is not None:
                 break
+            batch_start = self.strategy.clock()
             want = self._batch_size()
             batch: list[tuple[Trial, str, Config, Key]] = []
             later: list[tuple[Trial, Key, str, Config]] = []  # repeats of a config in this batch
@@ -442,6 +447,7 @@ class StudyDriver:
                         raise
                 stop, skipped = self._claim_batch(batch, stop, skipped)
                 finishers = [prepare(algorithm, config) for _, algorithm, config, _ in batch]
+                started = len(finishers)
                 while batch:
                     trial, algorithm, config, key = batch[0]
                     result = finishers.pop(0)()
@@ -462,6 +468,8 @@ class StudyDriver:
                     self.duplicates += 1
                     skipped += 1
                     self._repair(algorithm, config)
+                if started:
+                    durations.append(self.strategy.clock() - batch_start)
             except BaseException:
                 # interrupted: leave no RUNNING trial (finished ones are told already)
                 for trial, *_ in batch:
@@ -473,6 +481,19 @@ class StudyDriver:
         self._sync()  # the winner is chosen from every worker's results
         final = self._final_round()
         return self._log(final, stop or "trials")
+
+    def _no_time_for_a_batch(self, durations: list[float]) -> str | None:
+        """``time_limit`` when the next batch, expected to take as long as the last three did on
+        average, would end past the time limit (never before every default was measured)."""
+        b = self.budget
+        if b.time_limit is None or not durations:
+            return None
+        recent = durations[-3:]
+        if self.strategy.clock() - self.start + sum(recent) / len(recent) <= b.time_limit:
+            return None
+        if not all(config_key(a, c) in self.seen for a, c in self.space.defaults.items()):
+            return None
+        return "time_limit"
 
     def _claim_batch(self, batch: list[tuple[Trial, str, Config, Key]], stop: str | None,
                      skipped: int) -> tuple[str | None, int]:
