@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from tunecl.backend import state
-from tunecl.backend.memory import _buffers
+from tunecl.backend.memory import _buffers, empty_dense
 
 _GENERIC = torch._C.DispatchKey.CompositeExplicitAutograd
 
@@ -104,8 +104,13 @@ def _adapter(name: str, expr: str, arrange: Callable[..., tuple[list, list] | No
         if arranged is not None and self:
             more, params = arranged
             inputs = ([self] if expr != "fill" else []) + more
-            outs = self if in_place else [torch.empty_like(t) for t in self]
-            if _launch(expr, outs, inputs, params):
+            if in_place:
+                outs = self
+            elif _pairs(self) is not None:  # contiguous float32 opencl tensors: outputs straight from memory
+                outs = [empty_dense(t) for t in self]
+            else:
+                outs = None
+            if outs is not None and _launch(expr, outs, inputs, params):
                 return None if in_place else outs
         return op._op_dk(_GENERIC, self, *args, **kwargs)
 

@@ -115,12 +115,28 @@ def _ncl(x: torch.Tensor) -> tuple[int, int, int]:
     return x.shape[0], x.shape[1], math.prod(x.shape[2:])
 
 
+def _plain(*tensors: torch.Tensor | None) -> bool:
+    """Every given tensor is None or float32 and contiguous (whether on the device, :func:`_at` checks):
+    batch norm's common case, which skips the float16 and layout conversions."""
+    float32 = torch.float32
+    return all(t is None or (t.dtype is float32 and t.is_contiguous()) for t in tensors)
+
+
 def native_batch_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                       running_mean: torch.Tensor | None, running_var: torch.Tensor | None, training: bool,
                       momentum: float, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     shape = _ncl(input)
     if not training and (running_mean is None or running_var is None):
         raise RuntimeError("running_mean and running_var must be defined in evaluation mode")
+    if training and _plain(input, weight, bias, running_mean, running_var):  # (~1/3 of the host time saved)
+        c = shape[1]
+        y = memory.empty_dense(input)
+        save_mean, save_invstd = memory.empty([c], [1], torch.float32), memory.empty([c], [1], torch.float32)
+        ops = {"x": _at(input), "y": _at(y), "weight": _at(weight), "bias": _at(bias),
+               "running_mean": _at(running_mean), "running_var": _at(running_var),
+               "save_mean": _at(save_mean), "save_invstd": _at(save_invstd)}
+        state.get().norm.forward(shape, ops, training, eps, momentum)
+        return y, save_mean, save_invstd
     for stat in (running_mean, running_var):
         if stat is not None and not stat.is_contiguous():
             raise Unsupported("non-contiguous running statistics")  # updated in place
@@ -151,6 +167,15 @@ def native_batch_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, weig
                                eps: float, output_mask: Sequence[bool]):
     shape = _ncl(input)
     c = shape[1]
+    if train and _plain(grad_out, input, weight, save_mean, save_invstd):
+        grad_input = memory.empty_dense(input) if output_mask[0] else None
+        grad_weight = memory.empty([c], [1], torch.float32) if output_mask[1] else None
+        grad_bias = memory.empty([c], [1], torch.float32) if output_mask[2] else None
+        ops = {"dy": _at(grad_out), "x": _at(input), "weight": _at(weight), "y": _at(grad_input),
+               "grad_weight": _at(grad_weight), "grad_bias": _at(grad_bias),
+               "save_mean": _at(save_mean), "save_invstd": _at(save_invstd)}
+        state.get().norm.backward(shape, ops, train, eps, grad_input is not None)
+        return grad_input, grad_weight, grad_bias
     half.check(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd)
     dy, x = half.to_float32(grad_out), half.to_float32(input)
     param_dtype = weight.dtype if weight is not None else input.dtype
