@@ -10,10 +10,12 @@ Freeing: the allocator keeps a weak reference to each storage and recycles the b
 that has died when it next needs memory (a cache miss) or reports statistics. A DLPack deleter
 callback would be immediate, but a ctypes callback that runs while a Python exception is pending
 (a tensor freed during error propagation) replaces that exception with a SystemError; polling weak
-references has no such failure mode. A poll costs ~0.1 µs per block, so a miss first looks at the
-newest blocks only (temporaries die young: the previous op's output is usually the one to reuse) and
-stops at a dead one of the class it needs; the full sweep over every live block (weights included)
-runs at most once per ``len(blocks) / 16`` allocations, so it stays O(1) amortised per allocation.
+references has no such failure mode. A poll costs ~0.1 µs per block, so an allocation first looks at
+the newest block, then (on a cache miss) at the ``RECENT_BLOCKS`` newest (temporaries die young: the
+previous op's output is usually the one to reuse), and takes a dead one of the class it needs over as it
+is (buffer and DLPack slot, with a fresh address), skipping the cache; the full sweep over every live
+block (weights included) runs at most once per ``len(blocks) / 16`` allocations, so it stays O(1)
+amortised per allocation.
 
 Size classes: requests up to 1 MiB round up to a multiple of 512 B (at most 511 B wasted); larger
 requests round up to a multiple of 1/16 of the power of two at or below them (under 6.25 % wasted;
@@ -148,6 +150,12 @@ class _Block:
         self.weak = 0
 
 
+def _fits(block: _Block, reserved: int, rank: int) -> bool:
+    """Whether a dead ``block`` can serve a request of class ``reserved`` with a slot of ``rank`` dims as
+    it is (dry-run blocks of a class above 0 have no buffer: those go through the cache instead)."""
+    return block.reserved == reserved and block.slot.rank == rank and (block.buffer is not None or not reserved)
+
+
 # -- the caching allocator -----------------------------------------------------------------------
 class CachingAllocator:
     """Recycles ``cl.Buffer`` blocks by size class and keeps memory statistics."""
@@ -168,9 +176,7 @@ class CachingAllocator:
         self.peak_allocated = 0
         self.peak_reserved = 0
         self.counts = collections.Counter()
-        # the newest block, and how many allocations took it over in place (see allocate)
-        self._newest: _Block | None = None
-        self.reused_in_place = 0
+        self.reused_in_place = 0  # allocations that took a dead block over (see _take_over)
         self._allocs_since_sweep = 0
         # caches of derived tensors (weight_cache): let go of those of dead tensors before a full sweep
         # (statistics, empty_cache), of everything before an allocation fails (called with the
@@ -200,7 +206,7 @@ class CachingAllocator:
         for n, (key, b) in enumerate(reversed(self._blocks.items())):
             if b.weak and _weak_ref_expired(b.weak):
                 if b.reserved == reserved:
-                    if b.slot.rank == rank and (b.buffer is not None or not reserved):
+                    if _fits(b, reserved, rank):
                         found = b
                     else:
                         dead.append(key)
@@ -228,7 +234,6 @@ class CachingAllocator:
         block.requested = nbytes
         self.reused_in_place += 1
         _buffers[address] = block.buffer
-        self._newest = block
         return block
 
     def _free_dead(self, keys: list[int]) -> None:
@@ -236,8 +241,6 @@ class CachingAllocator:
             block = self._blocks.pop(key)
             _free_weak_ref(block.weak)
             block.weak = 0
-            if block is self._newest:
-                self._newest = None
             self._release(block)
             rank = block.slot.rank
             if rank == MAX_DIMS_RECYCLED:
@@ -287,9 +290,8 @@ class CachingAllocator:
         reserved = (_classes.get(nbytes) or size_class(nbytes)) if nbytes else 0
         rank = ndim if ndim > MAX_DIMS_RECYCLED else MAX_DIMS_RECYCLED
         with self._lock:
-            newest = self._newest
-            if (newest is not None and newest.reserved == reserved and newest.weak and _weak_ref_expired(newest.weak)
-                    and newest.slot.rank == rank and (newest.buffer is not None or not reserved)):
+            newest = next(reversed(self._blocks.values()), None)
+            if newest is not None and newest.weak and _weak_ref_expired(newest.weak) and _fits(newest, reserved, rank):
                 # the newest block has died (the previous op's temporary, typically) and fits
                 return self._take_over(newest, nbytes)
             self._allocs_since_sweep += 1
@@ -330,15 +332,12 @@ class CachingAllocator:
             self.peak_reserved = max(self.peak_reserved, self.allocated + self.cached)
             self.counts["allocs"] += 1
             _buffers[address] = buffer
-            self._newest = block
             return block
 
     def abandon(self, block: _Block) -> None:
         """Take back a block whose tensor could not be created."""
         with self._lock:
             self._blocks.pop(block.slot.address, None)
-            if block is self._newest:
-                self._newest = None
             self._release(block)
 
     # called with the lock held
@@ -350,10 +349,6 @@ class CachingAllocator:
         if block.buffer is not None:
             self._cache.setdefault(block.reserved, []).append(block.buffer)
             self.cached += block.reserved
-
-    def track(self, block: _Block, storage: torch.UntypedStorage) -> None:
-        """Start watching the storage that now owns ``block``."""
-        block.weak = storage._weak_ref()
 
     def empty_cache(self) -> None:
         """Give every cached (unused) buffer back to the driver."""
@@ -436,7 +431,7 @@ def _empty(size: Sequence[int], stride: Sequence[int], dl_dtype: tuple[int, int]
     except BaseException:
         allocator.abandon(block)
         raise
-    block.weak = result.untyped_storage()._weak_ref()  # (allocator.track, inlined: the hot path)
+    block.weak = result.untyped_storage()._weak_ref()  # the allocator watches the storage from now on
     return result
 
 
