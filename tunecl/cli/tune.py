@@ -121,7 +121,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "TUNECL_STORAGE, next to the DB); processes given the same --storage and --db "
                              "share the work")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
-    parser.add_argument("--no-progress", action="store_true", help="do not draw the progress line")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="do not draw the progress line (it is drawn only when stderr is a terminal: a "
+                             "log file gets the per-problem lines, not ten redraws a second)")
     parser.set_defaults(func=run)
 
 
@@ -157,6 +159,13 @@ class ProgressLine:
             self.out.flush()
 
 
+def progress_line(args: argparse.Namespace, out: TextIO, flops: int) -> ProgressLine | None:
+    """The progress line for one problem, or None with ``--no-progress`` or when ``out`` is not a terminal."""
+    if args.no_progress or not out.isatty():
+        return None
+    return ProgressLine(out, flops)
+
+
 def default_net_jobs() -> int:
     """``--jobs`` of a net's tuning when not given: the cores this process may use, at most 8.
 
@@ -189,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
     if args.net is not None:
         return run_net(args, device, options)
     problem = args.gemm if args.gemm is not None else args.conv
-    progress = None if args.no_progress else ProgressLine(sys.stderr, problem.flops)
+    progress = progress_line(args, sys.stderr, problem.flops)
     with TuningDB(args.db) as db:
         try:
             outcome = tune_problem(problem, device, db, trials=args.trials, time_limit=args.time_limit,
@@ -296,8 +305,7 @@ def run_net(args: argparse.Namespace, device: Any, options: dict[str, Any]) -> i
     def on_start(index: int, problem: Any) -> None:
         nonlocal progress
         print(f"[{index + 1}/{total}] {problem.key}", file=err, flush=True)
-        if not args.no_progress:
-            progress = ProgressLine(err, problem.flops)
+        progress = progress_line(args, err, problem.flops)
 
     def on_done(index: int, row: Any) -> None:
         nonlocal progress
