@@ -24,7 +24,7 @@ from tunecl import kernels, runtime
 from tunecl.kernels import conv_implicit_gemm_mma as mma_module
 from tunecl.kernels.conv_implicit_gemm import ConvImplicitGemm
 from tunecl.kernels.conv_implicit_gemm_mma import ConvImplicitGemmMmaTF32
-from tunecl.precision import FP32, TF32, tf32_round
+from tunecl.precision import FP32, TF32, algorithm_precision, tf32_round
 from tunecl.problems import DIRECTIONS, ConvProblem
 from tunecl.search.harness_conv import ConvHarness, operand_shapes, reference
 from tunecl.search.measure import TimingPolicy
@@ -88,10 +88,12 @@ def check_plan(device, p: ConvProblem, config, emulate: bool, seed: int = 0) -> 
 def test_registered_after_every_fp32_conv_family():
     algorithms = kernels.algorithms("conv")
     names = [a.name for a in algorithms]
-    # the TF32 family, then only its float16 sibling (which never applies to fp32 problems)
+    # the TF32 families, then only the float16 sibling (which never applies to fp32 problems)
     assert names[-2:] == [MMA.name, "conv_implicit_gemm_mma_f16"]
     assert kernels.algorithm(MMA.name).precision == TF32
-    assert all(not hasattr(a, "precision") for a in algorithms[:-2])   # fp32 families are implicitly fp32
+    precisions = [algorithm_precision(a) for a in algorithms[:-1]]
+    first_tf32 = precisions.index(TF32)
+    assert set(precisions[:first_tf32]) == {FP32} and set(precisions[first_tf32:]) == {TF32}
 
 
 def test_applies_only_with_the_capability():

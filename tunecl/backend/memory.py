@@ -288,7 +288,7 @@ class CachingAllocator:
     def allocate(self, nbytes: int, ndim: int) -> _Block:
         """A live block of at least ``nbytes`` with a DLPack slot for ``ndim`` dims."""
         reserved = (_classes.get(nbytes) or size_class(nbytes)) if nbytes else 0
-        rank = ndim if ndim > MAX_DIMS_RECYCLED else MAX_DIMS_RECYCLED
+        rank = max(ndim, MAX_DIMS_RECYCLED)  # (slots of up to MAX_DIMS_RECYCLED dims are all that wide)
         with self._lock:
             newest = next(reversed(self._blocks.values()), None)
             if newest is not None and newest.weak and _weak_ref_expired(newest.weak) and _fits(newest, reserved, rank):

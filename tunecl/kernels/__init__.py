@@ -15,8 +15,9 @@ from tunecl.kernels.base import Algorithm
 # DB miss and the baseline the tuner must beat), so specialised families come before general ones:
 # depthwise, 1x1 as a plain GEMM, Winograd F(2x2,3x3) for 3x3 stride 1, then implicit GEMM. On the
 # H200 the old order (conv_direct first) made the untuned resnet50 forward 4.4x slower than tuned.
-# The TF32 families (tensor cores: gemm_mma_tf32, conv_implicit_gemm_mma_tf32) come last: they apply
-# only where the device's probe granted "mma_tf32", and a strict fp32 default must never be TF32.
+# The TF32 families (tensor cores: gemm_mma_tf32; conv_1x1_mma_tf32 and conv_im2col_mma_tf32, the GEMM-backed
+# families on gemm_mma_tf32; conv_implicit_gemm_mma_tf32) come last: they apply only where the device's
+# probe granted "mma_tf32", and a strict fp32 default must never be TF32.
 # conv_implicit_gemm_mma_f16 follows its TF32 sibling (same module): it computes float16 convolutions
 # only ("mma_f16"), which no other family does, so it is their default wherever it applies.
 # gemm_wgmma (Hopper's warpgroup MMA, where the probe granted "wgmma") comes before gemm_mma, so it gives
@@ -29,7 +30,7 @@ _REGISTRY: dict[str, tuple[str, ...]] = {
              "tunecl.kernels.gemm_wgmma", "tunecl.kernels.gemm_mma"),
     "conv": ("tunecl.kernels.conv_depthwise", "tunecl.kernels.conv_1x1", "tunecl.kernels.conv_winograd",
              "tunecl.kernels.conv_implicit_gemm", "tunecl.kernels.conv_im2col", "tunecl.kernels.conv_direct",
-             "tunecl.kernels.conv_implicit_gemm_mma"),
+             "tunecl.kernels.conv_gemm_mma", "tunecl.kernels.conv_implicit_gemm_mma"),
 }
 
 

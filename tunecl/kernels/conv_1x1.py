@@ -28,8 +28,8 @@ import pyopencl as cl
 from tunecl.kernels.base import Config, Constraint
 from tunecl.kernels.conv_common import (
     FLOAT_BYTES,
-    ConvPlan,
     GemmBackedAlgorithm,
+    GemmBackedPlan,
     OwnSpace,
     add_bias,
     ceil_div,
@@ -140,11 +140,10 @@ class Conv1x1(GemmBackedAlgorithm):
 
 
 @dataclasses.dataclass
-class Conv1x1Plan(ConvPlan):
+class Conv1x1Plan(GemmBackedPlan):
     """Per chunk of images: gather (stride > 1), the GEMM launches, then scatter or reduce."""
 
     kernels: dict[str, cl.Kernel] = dataclasses.field(default_factory=dict)
-    gemm_plan: object = None
     layout: Layout | None = None
 
     def _grid(self, pixels: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:

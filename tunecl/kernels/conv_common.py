@@ -21,6 +21,7 @@ multiplies and shifts and let the compiler unroll the filter loops.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import itertools
@@ -32,6 +33,7 @@ import numpy as np
 import pyopencl as cl
 
 from tunecl.kernels.base import Config, Constraint, Space, build_options, read_source
+from tunecl.precision import FP32
 from tunecl.problems import ConvProblem, GemmProblem
 from tunecl.runtime import Device
 
@@ -313,23 +315,24 @@ GEMM_ALGORITHM = "gemm_tiled"
 GEMM_PREFIX = "g_"
 
 
-def gemm_algorithm() -> Any:
-    """The registered ``gemm_tiled`` algorithm, or None while the GEMM family is not registered."""
+def gemm_algorithm(name: str = GEMM_ALGORITHM) -> Any:
+    """The registered GEMM algorithm ``name`` (``gemm_tiled`` unless a family says otherwise), or None
+    while it is not registered."""
     from tunecl import kernels  # the registry imports the families: look it up at call time
 
-    return next((a for a in kernels.algorithms("gemm") if a.name == GEMM_ALGORITHM), None)
+    return next((a for a in kernels.algorithms("gemm") if a.name == name), None)
 
 
 @functools.lru_cache(maxsize=8)   # an enumerated GEMM space holds tens of thousands of configs
-def gemm_space(problem: GemmProblem, device: Device) -> Space:
-    """``gemm_tiled``'s space for a sub-problem, kept so its enumeration is paid once per use."""
-    return gemm_algorithm().space(problem, device)
+def gemm_space(problem: GemmProblem, device: Device, name: str = GEMM_ALGORITHM) -> Space:
+    """GEMM algorithm ``name``'s space for a sub-problem, kept so its enumeration is paid once per use."""
+    return gemm_algorithm(name).space(problem, device)
 
 
 @functools.lru_cache(maxsize=4096)
-def gemm_space_has_configs(problem: GemmProblem, device: Device) -> bool:
-    """Whether ``gemm_tiled`` offers any config for a sub-problem (stops at the first one found)."""
-    space = gemm_algorithm().space(problem, device)
+def gemm_space_has_configs(problem: GemmProblem, device: Device, name: str = GEMM_ALGORITHM) -> bool:
+    """Whether GEMM algorithm ``name`` offers any config for a sub-problem (stops at the first one found)."""
+    space = gemm_algorithm(name).space(problem, device)
     if space.generate is None:
         return bool(space.configs())
     return any(space.is_valid(config) for config in space.generate())
@@ -345,12 +348,20 @@ OwnSpace = tuple[dict[str, tuple[int, ...]], list[Constraint]]   # a family's ow
 
 
 class GemmBackedAlgorithm(ConvAlgorithm):
-    """A family whose arithmetic is ``gemm_tiled`` on a sub-problem (:meth:`gemm_problem`).
+    """A family whose arithmetic is a GEMM algorithm's plan on a sub-problem (:meth:`gemm_problem`):
+    ``gemm_tiled``, or the one :attr:`gemm_name` names (see :func:`with_gemm`).
 
     Its space is its own small parameter set crossed with the GEMM's space for that sub-problem, the
     GEMM's parameters prefixed ``g_``; the GEMM's constraints are checked as one named constraint,
-    ``gemm_config_valid``, and spelled out (prefixed) when a config is rejected at build.
+    ``gemm_config_valid``, and spelled out (prefixed) when a config is rejected at build. It computes at
+    its GEMM's precision (``"tf32"`` on ``gemm_mma_tf32``), and applies only where its GEMM does.
     """
+
+    gemm_name: str = GEMM_ALGORITHM
+
+    @property
+    def precision(self) -> str:
+        return str(getattr(gemm_algorithm(self.gemm_name), "precision", FP32))
 
     def gemm_problem(self, problem: ConvProblem) -> GemmProblem | None:
         raise NotImplementedError
@@ -363,14 +374,14 @@ class GemmBackedAlgorithm(ConvAlgorithm):
         return {}
 
     def gemm_applies(self, problem: ConvProblem, device: Device) -> bool:
-        """Whether ``gemm_tiled`` is registered, applies to the sub-problem and offers a config."""
-        gemm = gemm_algorithm()
+        """Whether the GEMM algorithm is registered, applies to the sub-problem and offers a config."""
+        gemm = gemm_algorithm(self.gemm_name)
         sub = self.gemm_problem(problem)
         return (gemm is not None and sub is not None and gemm.applies(sub, device)
-                and gemm_space_has_configs(sub, device))
+                and gemm_space_has_configs(sub, device, self.gemm_name))
 
     def space(self, problem: ConvProblem, device: Device) -> Space:
-        gemm_space_ = gemm_space(self.gemm_problem(problem), device)
+        gemm_space_ = gemm_space(self.gemm_problem(problem), device, self.gemm_name)
         own, own_constraints = self.own_space(problem, device)
         params = {**own, **{GEMM_PREFIX + k: v for k, v in gemm_space_.params.items()}}
 
@@ -396,7 +407,7 @@ class GemmBackedAlgorithm(ConvAlgorithm):
         return Space(params, constraints, generate, implied)
 
     def default(self, problem: ConvProblem, device: Device) -> Config:
-        gemm_default = gemm_algorithm().default(self.gemm_problem(problem), device)
+        gemm_default = gemm_algorithm(self.gemm_name).default(self.gemm_problem(problem), device)
         return {**self.own_default(problem, device), **{GEMM_PREFIX + k: v for k, v in gemm_default.items()}}
 
     def check(self, problem: ConvProblem, device: Device, config: Config) -> None:
@@ -405,11 +416,32 @@ class GemmBackedAlgorithm(ConvAlgorithm):
         broken = self.space(problem, device).violations(config)
         if "gemm_config_valid" in broken:
             broken.remove("gemm_config_valid")
-            sub_space = gemm_space(self.gemm_problem(problem), device)
+            sub_space = gemm_space(self.gemm_problem(problem), device, self.gemm_name)
             broken += [GEMM_PREFIX + v for v in sub_space.violations(split_gemm_config(config)[1])]
         if broken:
             raise ValueError(f"invalid {self.name} config {config}: {', '.join(broken)}")
 
     def build_gemm(self, problem: ConvProblem, device: Device, config: Config) -> Any:
         """The GEMM family's plan for the sub-problem with the config's ``g_`` parameters."""
-        return gemm_algorithm().build(self.gemm_problem(problem), device, split_gemm_config(config)[1])
+        return gemm_algorithm(self.gemm_name).build(self.gemm_problem(problem), device,
+                                                    split_gemm_config(config)[1])
+
+
+def with_gemm(family: GemmBackedAlgorithm, gemm_name: str, name: str) -> GemmBackedAlgorithm:
+    """``family`` (an instance) with its products on GEMM algorithm ``gemm_name`` instead, as the
+    algorithm ``name``: same kernels, layouts and own parameters, the other GEMM's space and precision."""
+    variant = copy.copy(family)
+    variant.gemm_name, variant.name = gemm_name, name
+    return variant
+
+
+@dataclasses.dataclass
+class GemmBackedPlan(ConvPlan):
+    """A plan whose products run on ``gemm_plan``; it computes at that plan's precision (verification
+    tolerance: :mod:`tunecl.search.harness_conv`)."""
+
+    gemm_plan: object = None
+
+    @property
+    def precision(self) -> str:
+        return str(getattr(self.gemm_plan, "precision", FP32))

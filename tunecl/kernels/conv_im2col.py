@@ -29,8 +29,8 @@ import pyopencl as cl
 from tunecl.kernels.base import Config, Constraint
 from tunecl.kernels.conv_common import (
     FLOAT_BYTES,
-    ConvPlan,
     GemmBackedAlgorithm,
+    GemmBackedPlan,
     OwnSpace,
     add_bias,
     ceil_div,
@@ -131,11 +131,10 @@ class ConvIm2col(GemmBackedAlgorithm):
 
 
 @dataclasses.dataclass
-class Im2colPlan(ConvPlan):
+class Im2colPlan(GemmBackedPlan):
     """Per chunk of images: the gather kernel(s), the GEMM launches, then col2im (bwd_data)."""
 
     kernels: dict[str, cl.Kernel] = dataclasses.field(default_factory=dict)
-    gemm_plan: object = None
     layout: Layout | None = None
 
     def _pixels_grid(self, pixels: int, rows: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:

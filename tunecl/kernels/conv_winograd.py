@@ -31,8 +31,8 @@ import pyopencl as cl
 from tunecl.kernels.base import Config, Constraint
 from tunecl.kernels.conv_common import (
     FLOAT_BYTES,
-    ConvPlan,
     GemmBackedAlgorithm,
+    GemmBackedPlan,
     OwnSpace,
     ceil_div,
     is_gpu,
@@ -148,14 +148,13 @@ class ConvWinograd(GemmBackedAlgorithm):
 
 
 @dataclasses.dataclass
-class WinogradPlan(ConvPlan):
+class WinogradPlan(GemmBackedPlan):
     """Filter transform, then per chunk: input transform, the batched GEMM, output transform.
 
     ``run`` = :meth:`transform_weight` into the workspace + :meth:`run_transformed` from there.
     """
 
     kernels: dict[str, cl.Kernel] = dataclasses.field(default_factory=dict)
-    gemm_plan: object = None
     layout: Layout | None = None
 
     @property

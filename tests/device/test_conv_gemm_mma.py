@@ -1,0 +1,102 @@
+"""conv_1x1_mma_tf32 and conv_im2col_mma_tf32: the GEMM-backed convolutions with their products on
+gemm_mma_tf32 (tensor cores, TF32), all directions.
+
+On a device without the "mma_tf32" capability (PoCL in CI) they never apply. Their plumbing is still checked
+end to end there: with the capability granted to the GEMM family and its kernels built with ``emulate=True``
+(plain OpenCL C computing the PTX's TF32 fragments, see test_conv_mma.py), each variant's default plan runs
+through the tuner's harness (beta 0 on a NaN output; beta 0.5 with a bias in fwd) against torch on the CPU in
+float64, at the TF32 tolerance. Where the device has the capability the real PTX runs the same checks.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tunecl import kernels, runtime
+from tunecl.kernels import conv_gemm_mma, gemm_mma
+from tunecl.kernels.conv_common import GEMM_PREFIX, gemm_space
+from tunecl.precision import TF32, algorithm_precision
+from tunecl.problems import DIRECTIONS, ConvProblem
+from tunecl.search.harness_conv import ConvHarness
+
+VARIANTS = {a.name: a for a in conv_gemm_mma.ALGORITHMS}
+SHAPES = {
+    "1x1": "n=2,c=16,h=7,w=9,k=12,r=1,s=1",
+    "1x1_s2": "n=2,c=16,h=7,w=9,k=12,r=1,s=1,stride=2",
+    "1x1_groups2": "n=3,c=8,h=5,w=6,k=6,r=1,s=1,groups=2",
+    "3x3_s2": "n=2,c=6,h=10,w=9,k=8,r=3,s=3,stride=2,pad=1",
+    "c3_7x7_s2_b1": "n=1,c=3,h=15,w=13,k=8,r=7,s=7,stride=2,pad=3",
+    "k1000": "n=1,c=8,h=3,w=3,k=1000,r=3,s=3,pad=1",
+}
+
+
+def has_capability(device) -> bool:
+    return runtime.MMA_TF32 in device.capabilities
+
+
+@pytest.fixture(scope="module")
+def device():
+    return runtime.select_device()
+
+
+@pytest.fixture
+def emulated_mma(monkeypatch, device):
+    """gemm_mma_tf32 applies (capability granted) and builds its PTX-free stand-in, unless the device has
+    the real thing."""
+    if not has_capability(device):
+        real_build = gemm_mma.GemmMmaTF32.build
+        monkeypatch.setattr(gemm_mma, "capabilities", lambda d: frozenset({runtime.MMA_TF32}))
+        monkeypatch.setattr(gemm_mma.GemmMmaTF32, "build",
+                            lambda self, problem, dev, config, emulate=False: real_build(self, problem, dev, config,
+                                                                                         emulate=True))
+    return device
+
+
+def test_registered_as_tf32_families_after_every_fp32_one():
+    algorithms = kernels.algorithms("conv")
+    names = [a.name for a in algorithms]
+    assert set(VARIANTS) == {"conv_1x1_mma_tf32", "conv_im2col_mma_tf32"}
+    first_tf32 = min(names.index(name) for name in VARIANTS)
+    assert all(algorithm_precision(a) != TF32 for a in algorithms[:first_tf32])
+    for name, variant in VARIANTS.items():
+        assert kernels.algorithm(name) is variant
+        assert (variant.gemm_name, algorithm_precision(variant)) == (gemm_mma.NAME, TF32)
+    # the fp32 originals keep gemm_tiled and fp32
+    for name in ("conv_1x1", "conv_im2col"):
+        assert (kernels.algorithm(name).gemm_name, algorithm_precision(kernels.algorithm(name))) == ("gemm_tiled",
+                                                                                                       "fp32")
+
+
+def test_without_the_capability_they_never_apply(device):
+    if has_capability(device):
+        pytest.skip("this device has the capability")
+    for spec in SHAPES.values():
+        for direction in DIRECTIONS:
+            p = ConvProblem.parse(spec).with_direction(direction)
+            assert not any(v.applies(p, device) for v in VARIANTS.values())
+
+
+# conv_1x1 takes the 1x1 shapes, conv_im2col every shape
+CASES = [(name, shape) for name in sorted(VARIANTS) for shape in sorted(SHAPES)
+         if name == "conv_im2col_mma_tf32" or shape.startswith("1x1")]
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS)
+@pytest.mark.parametrize("name, shape", CASES)
+def test_default_plan_matches_torch_at_the_tf32_tolerance(emulated_mma, name, shape, direction):
+    variant, twin = VARIANTS[name], kernels.algorithm(name.removesuffix("_mma_tf32"))
+    p = ConvProblem.parse(SHAPES[shape]).with_direction(direction)
+    assert variant.applies(p, emulated_mma) and twin.applies(p, emulated_mma)
+    config = variant.default(p, emulated_mma)
+    # its space: the family's own parameters and gemm_mma_tf32's, prefixed
+    sub = variant.gemm_problem(p)
+    gemm_params = {GEMM_PREFIX + k for k in gemm_space(sub, emulated_mma, gemm_mma.NAME).params}
+    assert gemm_params <= set(variant.space(p, emulated_mma).params)
+    plan = variant.build(p, emulated_mma, config)
+    assert (plan.algorithm, plan.precision, plan.gemm_plan.precision) == (name, TF32, TF32)
+    binding = ConvHarness(p, emulated_mma, seed=3).bind(plan)
+    try:
+        message = binding.check()
+    finally:
+        binding.release()
+    assert message is None, f"{name} {p.key} {config}: {message}"
