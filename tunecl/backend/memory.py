@@ -287,7 +287,7 @@ class CachingAllocator:
 
     def allocate(self, nbytes: int, ndim: int) -> _Block:
         """A live block of at least ``nbytes`` with a DLPack slot for ``ndim`` dims."""
-        reserved = (_classes.get(nbytes) or size_class(nbytes)) if nbytes else 0
+        reserved = size_class(nbytes) if nbytes else 0
         rank = max(ndim, MAX_DIMS_RECYCLED)  # (slots of up to MAX_DIMS_RECYCLED dims are all that wide)
         with self._lock:
             newest = next(reversed(self._blocks.values()), None)
