@@ -17,7 +17,7 @@ import numpy as np
 import pyopencl as cl
 import torch
 
-from tunecl.backend import memory, state
+from tunecl.backend import graphs, memory, state
 from tunecl.backend.dtypes import DLPACK, KERNEL_NAMES
 from tunecl.backend.memory import buffer_of, contiguous_strides, storage_nbytes
 from tunecl.backend.operands import broadcast_operand, dense_strides_like, is_dense, operand, same_storage
@@ -36,6 +36,9 @@ def write_bytes(buffer: cl.Buffer, offset: int, data: np.ndarray) -> None:
     nbytes = data.nbytes
     if nbytes == 0:
         return
+    # (the staged path below enqueues a device copy from a fresh buffer, which a graph would record
+    # with this call's bytes frozen in it)
+    graphs.check_not_capturing("a host→device copy (random numbers are drawn on the host and uploaded)")
     st = state.get()
     if nbytes <= STAGING_LIMIT:
         staging = cl.Buffer(st.device.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,

@@ -152,8 +152,15 @@ class _Block:
 
 def _fits(block: _Block, reserved: int, rank: int) -> bool:
     """Whether a dead ``block`` can serve a request of class ``reserved`` with a slot of ``rank`` dims as
-    it is (dry-run blocks of a class above 0 have no buffer: those go through the cache instead)."""
-    return block.reserved == reserved and block.slot.rank == rank and (block.buffer is not None or not reserved)
+    it is (dry-run blocks of a class above 0 have no buffer: those go through the cache instead; a buffer a
+    graph replays into is never handed out again)."""
+    return (block.reserved == reserved and block.slot.rank == rank and (block.buffer is not None or not reserved)
+            and (not graph_buffers or id(block.buffer) not in graph_buffers))
+
+
+# buffers that captured graphs (graphs.py) replay into: id -> how many live graphs hold it. Such a buffer
+# never goes back to the cache or to another tensor: a replay would overwrite that tensor.
+graph_buffers: dict[int, int] = {}
 
 
 # -- the caching allocator -----------------------------------------------------------------------
@@ -177,6 +184,7 @@ class CachingAllocator:
         self.peak_reserved = 0
         self.counts = collections.Counter()
         self.reused_in_place = 0  # allocations that took a dead block over (see _take_over)
+        self.graph_bytes = 0      # bytes of the buffers live graphs hold (some also belong to live tensors)
         self._allocs_since_sweep = 0
         # caches of derived tensors (weight_cache): let go of those of dead tensors before a full sweep
         # (statistics, empty_cache), of everything before an allocation fails (called with the
@@ -346,9 +354,34 @@ class CachingAllocator:
         _buffers.pop(block.address, None)
         self.allocated -= block.reserved
         self.requested -= block.requested
-        if block.buffer is not None:
+        if block.buffer is not None and not (graph_buffers and id(block.buffer) in graph_buffers):
             self._cache.setdefault(block.reserved, []).append(block.buffer)
             self.cached += block.reserved
+
+    def reserve_for_graph(self, buffers: Sequence[cl.MemoryObjectHolder]) -> None:
+        """Keep ``buffers`` (each once) out of circulation while the graph that replays into them lives:
+        the ones in the cache leave it, the others never enter it (the graph holds them)."""
+        with self._lock:
+            for buffer in buffers:
+                graph_buffers[id(buffer)] = graph_buffers.get(id(buffer), 0) + 1
+            for reserved, cached in self._cache.items():
+                kept = [b for b in cached if id(b) not in graph_buffers]
+                if len(kept) != len(cached):
+                    self.cached -= reserved * (len(cached) - len(kept))
+                    cached[:] = kept
+            self.graph_bytes += sum(b.size for b in buffers)
+
+    def release_from_graph(self, buffers: Sequence[cl.MemoryObjectHolder]) -> None:
+        """Undo :meth:`reserve_for_graph` for a graph that is reset or dropped. Buffers still held by live
+        tensors return to the cache when those die; the others are freed with the graph's references."""
+        with self._lock:
+            for buffer in buffers:
+                left = graph_buffers.get(id(buffer), 0) - 1
+                if left > 0:
+                    graph_buffers[id(buffer)] = left
+                else:
+                    graph_buffers.pop(id(buffer), None)
+            self.graph_bytes -= sum(b.size for b in buffers)
 
     def empty_cache(self) -> None:
         """Give every cached (unused) buffer back to the driver."""
@@ -368,7 +401,8 @@ class CachingAllocator:
             return {"allocated_bytes": self.allocated, "requested_bytes": self.requested,
                     "reserved_bytes": self.reserved, "cached_bytes": self.cached,
                     "peak_allocated_bytes": self.peak_allocated, "peak_reserved_bytes": self.peak_reserved,
-                    "live_blocks": len(self._blocks), **self.counts, **self._in_place_counts()}
+                    "live_blocks": len(self._blocks), "graph_bytes": self.graph_bytes, **self.counts,
+                    **self._in_place_counts()}
 
     def _in_place_counts(self) -> dict[str, int]:
         """A takeover in place is an allocation, a free and a reuse of a cached buffer (or empty block)."""

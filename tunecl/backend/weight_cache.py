@@ -52,7 +52,7 @@ from typing import Any
 import torch
 
 from tunecl import config
-from tunecl.backend import half, memory
+from tunecl.backend import graphs, half, memory
 from tunecl.backend.memory import buffer_of
 
 ENV_MODE = "TUNECL_WINOGRAD_CACHE"
@@ -95,6 +95,8 @@ def settings() -> tuple[str, int]:
 
 def allowed(weight: torch.Tensor, backward: bool = False) -> bool:
     """Whether the policy lets a convolution with ``weight`` use the cache (see the module docstring)."""
+    if graphs.capturing():   # a replay must transform the weights as they are then
+        return False
     mode = settings()[0]
     if mode == "auto":
         return not weight.requires_grad or (not backward and not torch.is_grad_enabled())

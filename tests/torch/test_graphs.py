@@ -1,0 +1,187 @@
+"""Graphs (tunecl.backend.graphs): a captured block replays exactly what it enqueued, on new inputs copied
+into its static tensors, and everything a replay could not repeat fails the capture loudly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tunecl.backend import graphs, memory
+from tunecl.profiling import KernelProfile
+
+
+def small_net() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.Conv2d(8, 8, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 5))
+
+
+def capture_training(model: nn.Module, x: torch.Tensor, y: torch.Tensor):
+    """Static device inputs, and a graph of forward + loss + backward captured with no gradients yet."""
+    sx, sy = x.to("opencl"), y.to("opencl")
+    model.zero_grad(set_to_none=True)
+    g = torch.opencl.Graph()
+    with torch.opencl.graph(g):
+        loss = F.cross_entropy(model(sx), sy)
+        loss.backward()
+    return g, sx, sy, loss
+
+
+@pytest.fixture
+def cleanup():
+    made: list[graphs.Graph] = []
+    yield made
+    for g in made:
+        g.reset()
+
+
+def test_training_replays_match_cpu_torch_on_new_inputs(cleanup):
+    cpu = small_net()
+    model = small_net()
+    model.load_state_dict(cpu.state_dict())
+    model.to("opencl")
+    x, y = torch.randn(4, 3, 10, 9), torch.randint(0, 5, (4,))
+    g, sx, sy, loss = capture_training(model, x, y)
+    cleanup.append(g)
+    F.cross_entropy(cpu(x), y).backward()   # the captured step ran for real: same as an eager one
+    for p_dev, p_cpu in zip(model.parameters(), cpu.parameters()):
+        torch.testing.assert_close(p_dev.grad.cpu(), p_cpu.grad, rtol=1e-4, atol=1e-4)
+    for _ in range(2):   # new batches through the same tensors: gradients are rewritten, not accumulated
+        x, y = torch.randn(4, 3, 10, 9), torch.randint(0, 5, (4,))
+        sx.copy_(x)
+        sy.copy_(y)
+        g.replay()
+        cpu.zero_grad(set_to_none=True)
+        expected = F.cross_entropy(cpu(x), y)
+        expected.backward()
+        torch.testing.assert_close(loss.cpu(), expected.detach(), rtol=1e-4, atol=1e-5)
+        for p_dev, p_cpu in zip(model.parameters(), cpu.parameters()):
+            torch.testing.assert_close(p_dev.grad.cpu(), p_cpu.grad, rtol=1e-4, atol=1e-4)
+    # batch norm's running statistics advanced once per replay, as eagerly
+    torch.testing.assert_close(model[1].running_mean.cpu(), cpu[1].running_mean, rtol=1e-4, atol=1e-5)
+    assert model[1].num_batches_tracked.item() == cpu[1].num_batches_tracked.item() == 3
+
+
+def test_replay_is_bitwise_the_eager_step(cleanup):
+    model = small_net().to("opencl")
+    x, y = torch.randn(3, 3, 12, 12), torch.randint(0, 5, (3,))
+    g, sx, sy, loss = capture_training(model, x, y)
+    cleanup.append(g)
+    sx.copy_(torch.randn(3, 3, 12, 12))
+    g.replay()
+    replayed = [p.grad.cpu().clone() for p in model.parameters()] + [loss.cpu()]
+    model.zero_grad(set_to_none=True)   # (the graph keeps rewriting its own gradient tensors regardless)
+    eager_loss = F.cross_entropy(model(sx), sy)
+    eager_loss.backward()
+    eager = [p.grad.cpu() for p in model.parameters()] + [eager_loss.detach().cpu()]
+    for a, b in zip(replayed, eager):
+        assert torch.equal(a, b)
+
+
+def test_inference_capture_sees_weights_updated_between_replays(cleanup):
+    # 3x3 stride-1 convolutions: the kind whose transformed weights the Winograd cache may serve
+    dev = nn.Sequential(nn.Conv2d(4, 6, 3, padding=1), nn.ReLU(), nn.Conv2d(6, 6, 3, padding=1)).eval()
+    dev.to("opencl")
+    sx = torch.randn(2, 4, 9, 9).to("opencl")
+    g = torch.opencl.Graph()
+    cleanup.append(g)
+    with torch.no_grad(), torch.opencl.graph(g):
+        out = dev(sx)
+    x = torch.randn(2, 4, 9, 9)
+    with torch.no_grad():
+        sx.copy_(x)
+        dev[2].weight.mul_(-0.5)   # in place: the replay must read the new values
+        g.replay()
+        expected = F.conv2d(F.relu(F.conv2d(x, dev[0].weight.cpu(), dev[0].bias.cpu(), padding=1)),
+                            dev[2].weight.cpu(), dev[2].bias.cpu(), padding=1)
+    torch.testing.assert_close(out.cpu(), expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("what", ["to_device", "item", "cpu", "random", "print"])
+def test_host_copies_and_random_ops_fail_the_capture_and_leave_nothing_behind(what):
+    a = torch.randn(5, 5).to("opencl")
+    g = torch.opencl.Graph()
+    with pytest.raises(graphs.GraphCaptureError, match="captured in a graph"), torch.opencl.graph(g):
+        b = a * 2
+        if what == "to_device":
+            b + torch.ones(5).to("opencl")
+        elif what == "item":
+            b.sum().item()
+        elif what == "cpu":
+            b.cpu()
+        elif what == "random":
+            F.dropout(b, 0.5, training=True)
+        else:
+            str(b)
+    assert not graphs.capturing()
+    with pytest.raises(graphs.GraphCaptureError, match="nothing to replay"):
+        g.replay()
+    # pyopencl's functions are back: eager work, a profile and a new capture all work
+    torch.testing.assert_close((a + 1).cpu(), a.cpu() + 1)
+    with KernelProfile() as profile:
+        (a * 3).cpu()
+    assert profile.commands >= 1
+    with torch.opencl.graph(g):
+        c = a * 4
+    g.replay()
+    torch.testing.assert_close(c.cpu(), a.cpu() * 4)
+    g.reset()
+
+
+def test_no_capture_inside_a_capture_or_a_profile_and_no_second_capture_without_reset(cleanup):
+    a = torch.randn(8).to("opencl")
+    outer, inner = torch.opencl.Graph(), torch.opencl.Graph()
+    cleanup.extend([outer, inner])
+    with pytest.raises(graphs.GraphCaptureError, match="another graph"), torch.opencl.graph(outer):
+        a + 1
+        with torch.opencl.graph(inner):
+            a + 2
+    with KernelProfile(), pytest.raises(graphs.GraphCaptureError, match="KernelProfile"):
+        torch.opencl.graph(inner).__enter__()
+    with torch.opencl.graph(outer):
+        b = a + 1
+    with pytest.raises(graphs.GraphCaptureError, match="reset"), torch.opencl.graph(outer):
+        a + 2
+    outer.replay()
+    torch.testing.assert_close(b.cpu(), a.cpu() + 1)
+
+
+def test_a_profile_sees_every_replayed_command(cleanup):
+    model = small_net().to("opencl")
+    g, *_ = capture_training(model, torch.randn(2, 3, 8, 8), torch.randint(0, 5, (2,)))
+    cleanup.append(g)
+    assert g.commands > 10
+    with KernelProfile() as profile:
+        g.replay()
+        profile.summary()
+    assert profile.commands == g.commands
+
+
+def test_buffers_a_graph_replays_into_never_go_to_other_tensors_until_reset():
+    static = torch.randn(64, 64).to("opencl")   # the input stays alive (it must: see the module docstring)
+    g = torch.opencl.Graph()
+    with torch.opencl.graph(g):
+        a = static
+        for _ in range(4):    # temporaries that die inside the capture: their buffers belong to the graph
+            a = torch.relu(a * 1.5 - 0.25)
+        out = a.sum()
+    assert g.nbytes > 0 and memory.allocator.stats()["graph_bytes"] >= g.nbytes
+    reserved = {id(b) for b in g._buffers}
+    # many allocations of the same sizes afterwards: none may get a buffer the graph replays into
+    others = [torch.full((64, 64), 7.0, device="opencl") for _ in range(12)]
+    assert not {id(memory.buffer_of(t)) for t in others} & reserved
+    g.replay()
+    for t in others:
+        assert torch.equal(t.cpu(), torch.full((64, 64), 7.0))
+    expected = out.cpu().clone()
+    g.replay()
+    torch.testing.assert_close(out.cpu(), expected)
+    before, held = memory.allocator.stats()["graph_bytes"], g.nbytes
+    g.reset()
+    assert memory.allocator.stats()["graph_bytes"] == before - held
+    assert not (reserved & set(memory.graph_buffers))
+    with pytest.raises(graphs.GraphCaptureError):
+        g.replay()

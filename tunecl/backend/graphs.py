@@ -1,0 +1,205 @@
+"""Graphs: record the device work of a block of Python once, replay it without running the Python again.
+
+The opencl counterpart of ``torch.cuda.CUDAGraph``. Every op of the backend pays for torch's dispatch,
+its Python implementation and a pyopencl call; a replay pays only for the enqueue of each recorded
+command, so a step bound by the host (small batches, a slow host, a fast GPU) runs as fast as the device
+allows::
+
+    g = torch.opencl.Graph()
+    static_x, static_y = x.to("opencl"), y.to("opencl")
+    optimizer.zero_grad(set_to_none=True)
+    with torch.opencl.graph(g):                  # runs the block once, recording its commands
+        static_loss = F.cross_entropy(model(static_x), static_y)
+        static_loss.backward()
+    for x, y in loader:
+        static_x.copy_(x); static_y.copy_(y)     # new inputs into the same tensors, outside the graph
+        g.replay()                               # the recorded kernels and copies, on the same buffers
+        optimizer.step()                         # eager: reads the gradients the replay rewrote
+
+What is recorded: every kernel launch and device→device copy enqueued while the block runs, from any
+thread (autograd's backward thread included), with the arguments they had: the same buffers, sizes and
+scalars. The block itself runs eagerly, so its results are real. A replay enqueues those commands in
+order on the device's queue and returns without waiting, like any op.
+
+So, as with CUDA graphs:
+
+- Keep the tensors the block reads (its static inputs, the weights) alive: a tensor that dies during the
+  capture lends its buffer to later temporaries of the block, which every replay then writes.
+- Tensors created in the block (outputs, the gradients a backward creates while ``.grad`` is None) are
+  rewritten in place by every replay; keep references to them and do not zero or replace the gradients
+  between replays (a backward into existing ``.grad`` records the accumulation, which every replay
+  repeats).
+- Python numbers and CPU scalars given to ops, shapes, and every choice the backend made (plans,
+  kernels) are frozen at capture.
+- The buffers the recording touches stay reserved for the graph while it lives: the allocator never gives
+  them to another tensor, which a replay would overwrite. :meth:`Graph.reset` (or dropping the graph)
+  gives them back.
+
+Not capturable (the capture raises :class:`GraphCaptureError` and records nothing): copies from or to
+host memory (``x.to("opencl")``, ``.cpu()``, ``.item()``, printing a tensor, the CPU fallback) and random
+ops (they draw on the host and upload: a replay would repeat the same numbers), a capture inside a
+capture or while a :class:`tunecl.profiling.KernelProfile` is active (both swap pyopencl's launch and
+copy functions process-wide). Nothing else may use the device while a block is captured. Weights'
+Winograd transforms are recomputed inside the graph rather than served from the weight cache, so a
+replay sees weights updated between replays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+
+from tunecl import profiling
+from tunecl.backend import memory, state
+
+
+class GraphCaptureError(RuntimeError):
+    """The block being captured did something a replay could not repeat (see the module docstring)."""
+
+
+_active: Graph | None = None        # the graph being captured
+_active_lock = threading.Lock()     # guards _active
+
+
+def capturing() -> bool:
+    """Whether a graph capture is in progress."""
+    return _active is not None
+
+
+def check_not_capturing(what: str) -> None:
+    """Raise :class:`GraphCaptureError` naming ``what`` when a capture is in progress."""
+    if _active is not None:
+        raise GraphCaptureError(f"{what} cannot be captured in a graph (it moves data between the host and "
+                                f"the device); do it before the capture or after the replay")
+
+
+class Graph:
+    """Recorded device commands and the buffers they use (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._commands: list[tuple] = []
+        self._buffers: list[cl.MemoryObjectHolder] = []   # each once; reserved with the allocator
+        self._captured = False
+        self._device: Any = None
+
+    # -- capture -----------------------------------------------------------------------------------
+    def capture_begin(self) -> None:
+        """Start recording (prefer the :func:`graph` context manager)."""
+        global _active
+        if self._captured:
+            raise GraphCaptureError("this graph already holds a capture; reset() it first")
+        device = state.get().device
+        if not profiling._active_lock.acquire(blocking=False):
+            raise GraphCaptureError("cannot capture while another graph is being captured or a KernelProfile "
+                                    "is active")
+        device.flush()   # launches deferred before the capture are not part of it
+        with _active_lock:
+            _active = self
+        self._device = device
+        self._commands = []
+        self._saved = cl.Kernel.__call__, cl.enqueue_copy
+        call, copy = self._saved
+        commands = self._commands
+
+        def recording_call(kernel: cl.Kernel, queue: cl.CommandQueue, global_size: Any, local_size: Any,
+                           *args: Any, **kwargs: Any) -> Any:
+            event = call(kernel, queue, global_size, local_size, *args, **kwargs)
+            kwargs.pop("wait_for", None)   # the queue is in order; events of the capture are long gone
+            # by-value structs may be numpy arrays a caller reuses: keep their bytes as they were
+            args = tuple(a.copy() if isinstance(a, np.ndarray) else a for a in args)
+            commands.append((True, kernel, global_size, local_size, args, kwargs))
+            return event
+
+        def recording_copy(queue: cl.CommandQueue, dest: Any, src: Any, **kwargs: Any) -> Any:
+            if not (isinstance(dest, cl.MemoryObjectHolder) and isinstance(src, cl.MemoryObjectHolder)):
+                raise GraphCaptureError("a copy between host memory and the device (.to(), .cpu(), .item(), "
+                                        "printing, the CPU fallback) cannot be captured in a graph; copy "
+                                        "inputs into static device tensors before the capture and read "
+                                        "results after the replay")
+            event = copy(queue, dest, src, **kwargs)
+            kwargs.pop("wait_for", None)
+            kwargs.pop("is_blocking", None)
+            commands.append((False, dest, src, None, (), kwargs))
+            return event
+
+        cl.Kernel.__call__ = recording_call
+        cl.enqueue_copy = recording_copy
+
+    def capture_end(self, keep: bool = True) -> None:
+        """Stop recording; with ``keep`` False (the block raised) the recording is dropped."""
+        global _active
+        try:
+            if keep:
+                self._device.flush()   # deferred launches of the block are recorded as they enqueue
+        finally:
+            cl.Kernel.__call__, cl.enqueue_copy = self._saved
+            del self._saved
+            with _active_lock:
+                _active = None
+            profiling._active_lock.release()
+        if not keep:
+            self._commands = []
+            return
+        seen: dict[int, cl.MemoryObjectHolder] = {}
+        for is_launch, a, b, _, args, _ in self._commands:
+            for obj in (args if is_launch else (a, b)):
+                if isinstance(obj, cl.MemoryObjectHolder):
+                    seen.setdefault(id(obj), obj)
+        self._buffers = list(seen.values())
+        memory.allocator.reserve_for_graph(self._buffers)
+        self._captured = True
+
+    # -- replay ------------------------------------------------------------------------------------
+    def replay(self) -> None:
+        """Enqueue the recorded commands again, in order (returns without waiting for the device)."""
+        if not self._captured:
+            raise GraphCaptureError("nothing to replay: capture the graph first")
+        if _active is self:
+            raise GraphCaptureError("a graph cannot replay inside its own capture")
+        queue = self._device.queue   # (enqueues launches deferred before the replay first)
+        call, copy = cl.Kernel.__call__, cl.enqueue_copy   # looked up now: a KernelProfile sees replays
+        for is_launch, a, b, c, args, kwargs in self._commands:
+            if is_launch:
+                call(a, queue, b, c, *args, **kwargs)
+            else:
+                copy(queue, a, b, **kwargs)
+
+    def reset(self) -> None:
+        """Drop the recording and give its buffers back to the allocator."""
+        if _active is self:
+            raise GraphCaptureError("cannot reset a graph while it is being captured")
+        if self._captured:
+            memory.allocator.release_from_graph(self._buffers)
+        self._commands, self._buffers, self._captured = [], [], False
+
+    @property
+    def commands(self) -> int:
+        """How many commands a replay enqueues."""
+        return len(self._commands)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the buffers the graph keeps reserved (some may also belong to live tensors)."""
+        return sum(b.size for b in self._buffers)
+
+    def __del__(self) -> None:
+        if getattr(self, "_captured", False) and _active is not self:
+            with contextlib.suppress(Exception):
+                memory.allocator.release_from_graph(self._buffers)
+
+
+@contextlib.contextmanager
+def graph(g: Graph) -> Iterator[Graph]:
+    """Capture the block into ``g`` (the block runs once; see the module docstring)."""
+    g.capture_begin()
+    try:
+        yield g
+    except BaseException:
+        g.capture_end(keep=False)
+        raise
+    g.capture_end()
