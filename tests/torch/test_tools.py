@@ -299,6 +299,33 @@ def test_bench_profile_reports_device_time_per_kernel(capsys):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA exists here")
+def test_bench_graph_times_replays_of_a_captured_step(capsys):
+    eager = bench_net(TINY, compare="none", warmup=1, repeats=2, train=True, **SMALL)
+    result = bench_net(TINY, compare="cpu", warmup=1, repeats=2, train=True, graph=True, profile=1, **SMALL)
+    assert result["graph"] is True and result["peer"]["graph"] is False   # no graphs on the CPU peer
+    assert len(result["ours"]["times_ms"]) == 2 and result["ours"]["median_ms"] > 0
+    # the op counters saw the captured step once: per batch, the same plans as an eager step
+    assert result["stats_batches"] == 1 and eager["stats_batches"] == 2
+    assert {k: v / 1 for k, v in result["plan_sources"].items()} == \
+        {k: v / 2 for k, v in eager["plan_sources"].items()}
+    # a profile of replays: the graph's kernels, the batch's copies and the eager Adam step
+    names = {row["name"] for row in result["profile"]["kernels"]}
+    assert "foreach_map" in names and "copy device→device" in names
+    argv = ["bench", "--net", TINY, "--batch", "2", "--image-size", "16", "--compare", "none",
+            "--warmup", "1", "--repeats", "1", "--graph"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "graph     one step captured" in out and "(in the captured step)" in out
+
+
+def test_bench_graph_of_a_net_with_dropout_is_an_error_naming_the_cause(capsys):
+    argv = ["bench", "--net", DROPOUT, "--batch", "2", "--image-size", "16", "--train", "--compare", "none",
+            "--warmup", "0", "--repeats", "1", "--graph"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "--graph: a step of" in err and "random numbers" in err
+
+
 def test_bench_compare_cuda_without_cuda_is_an_error_before_measuring(capsys):
     assert main(["bench", "--net", TINY, "--batch", "1", "--image-size", "8", "--compare", "cuda"]) == 1
     err = capsys.readouterr().err

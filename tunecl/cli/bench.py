@@ -53,6 +53,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="after the timed iterations, run N more with every kernel launch and copy timed "
                              "by its device event; prints device-busy time next to wall time and the "
                              "kernels that took the most (default 0: no profile)")
+    parser.add_argument("--graph", action="store_true",
+                        help="after the warm-up, capture one step (forward, loss, backward; inference: the "
+                             "forward) into a device graph and time its replays, each with the batch copied in "
+                             "and, when training, an eager Adam step; the CUDA peer does the same with "
+                             "torch.cuda.graph, a CPU peer runs eagerly")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
     parser.set_defaults(func=run)
@@ -63,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
 
     result = bench_net(args.net, device=args.device, batch=args.batch, image_size=args.image_size,
                        train=args.train, compare=args.compare, warmup=args.warmup, repeats=args.repeats,
-                       seed=args.seed, precision=args.precision, profile=args.profile, progress=lambda line: print(line, file=sys.stderr, flush=True))
+                       seed=args.seed, precision=args.precision, profile=args.profile, graph=args.graph,
+                       progress=lambda line: print(line, file=sys.stderr, flush=True))
     if args.json:
         print_json(result)
     else:
@@ -99,17 +105,20 @@ def print_result(result: dict[str, Any], out: TextIO | None = None) -> None:
     if result.get("shared_cores"):
         line("note", "the OpenCL device is this machine's CPU: ours and the peer ran one after the other on "
                      "the same cores")
+    if result.get("graph"):
+        line("graph", "one step captured after the warm-up; the timed iterations replay it")
+    batches = result.get("stats_batches", result["repeats"])
     fallback = result["fallback_ops"]
     if fallback:
-        ops = ", ".join(f"{op} {n / result['repeats']:g}" for op, n in fallback.items())
+        ops = ", ".join(f"{op} {n / batches:g}" for op, n in fallback.items())
         line("fallback", f"{result['fallback_calls_per_batch']:g} CPU-fallback calls per batch "
                          f"(ran on the CPU): {ops}")
     else:
         line("fallback", "0 CPU-fallback calls: every op ran on the device")
     sources = result["plan_sources"]
     if sources:
-        line("plans", ", ".join(f"{source} {n / result['repeats']:g}" for source, n in sources.items())
-             + " conv/GEMM calls per batch")
+        line("plans", ", ".join(f"{source} {n / batches:g}" for source, n in sources.items())
+             + " conv/GEMM calls per batch" + (" (in the captured step)" if result.get("graph") else ""))
     profile = result.get("profile")
     if profile:
         busy, wall = profile["device_busy_ms"], profile["wall_ms"]

@@ -36,25 +36,33 @@ from tunecl.tools import load_model, make_inputs, output_classes, synchronize, u
 
 COMPARE = ("cpu", "cuda", "none")
 PRECISIONS = ("fp32", "tf32")
+GRAPH_DEVICES = ("opencl", "cuda")
 PEER_TIMEOUT_S = 3600.0
 
 
 def time_iterations(model: Any, x: Any, y: Any, device: str, *, train: bool, warmup: int, repeats: int,
                     after_warmup: Callable[[], None] | None = None,
-                    after_timed: Callable[[Callable[[], None]], None] | None = None) -> list[float]:
+                    after_timed: Callable[[Callable[[], None]], None] | None = None,
+                    graph: bool = False) -> list[float]:
     """Seconds of each of ``repeats`` timed iterations (after ``warmup`` untimed ones) on ``device``.
 
     ``model`` is moved to ``device``; ``x`` and ``y`` stay on the CPU and are copied every iteration,
     as part of the measured time. ``after_warmup`` runs between the untimed and the timed iterations;
     ``after_timed`` is called with the iteration function once they are done (to run more, e.g. profiled).
+
+    With ``graph`` (devices ``opencl`` and ``cuda``) one more untimed step, after ``after_warmup``, captures
+    forward, loss and backward (inference: the forward) into a device graph (``torch.opencl.graph``,
+    ``torch.cuda.graph``); a timed iteration then copies the batch into the graph's input tensors, replays it,
+    and runs the Adam step eagerly (inference: copies the result back).
     """
     import torch
     import torch.nn.functional as F
 
+    if graph and device not in GRAPH_DEVICES:
+        raise ValueError(f"graphs need one of the devices {GRAPH_DEVICES}, not {device!r}")
     model = model.to(device).train(train)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3) if train else None
     if train:
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-
         def iteration() -> None:
             xd, yd = x.to(device), y.to(device)
             optimizer.zero_grad(set_to_none=True)
@@ -68,10 +76,19 @@ def time_iterations(model: Any, x: Any, y: Any, device: str, *, train: bool, war
                 model(x.to(device)).cpu()   # .cpu() waits for the result
             synchronize(device)
 
-    for _ in range(warmup):
-        iteration()
+    # CUDA graphs want the warm-up on a side stream (lazy library setup stays out of the capture)
+    side = torch.cuda.Stream() if graph and device == "cuda" else None
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream())
+        for _ in range(warmup):
+            iteration()
+    if side is not None:
+        torch.cuda.current_stream().wait_stream(side)
     if after_warmup is not None:
         after_warmup()
+    if graph:
+        iteration = _graphed_iteration(model, optimizer, x, y, device)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -80,6 +97,41 @@ def time_iterations(model: Any, x: Any, y: Any, device: str, *, train: bool, war
     if after_timed is not None:
         after_timed(iteration)
     return times
+
+
+def _graphed_iteration(model: Any, optimizer: Any, x: Any, y: Any, device: str) -> Callable[[], None]:
+    """Capture one step of ``model`` into a graph of ``device``; return the iteration that replays it."""
+    import torch
+    import torch.nn.functional as F
+
+    if device == "cuda":
+        g, capture = torch.cuda.CUDAGraph(), torch.cuda.graph
+    else:
+        g, capture = torch.opencl.Graph(), torch.opencl.graph
+    static_x = x.to(device)
+    if optimizer is not None:
+        static_y = y.to(device)
+        optimizer.zero_grad(set_to_none=True)   # the capture's backward creates the gradients replays rewrite
+        with capture(g):
+            F.cross_entropy(model(static_x), static_y).backward()
+
+        def iteration() -> None:
+            static_x.copy_(x)
+            static_y.copy_(y)
+            g.replay()
+            optimizer.step()
+            synchronize(device)
+    else:
+        with torch.no_grad(), capture(g):
+            static_out = model(static_x)
+
+        def iteration() -> None:
+            static_x.copy_(x)
+            g.replay()
+            static_out.cpu()
+            synchronize(device)
+    synchronize(device)
+    return iteration
 
 
 def profile_iterations(iteration: Callable[[], None], count: int) -> dict[str, Any]:
@@ -122,7 +174,7 @@ def _timing(times: list[float]) -> dict[str, Any]:
 
 def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_size: int = 224,
               train: bool = False, compare: str | None = None, warmup: int = 3, repeats: int = 10,
-              seed: int = 0, precision: str = "fp32", profile: int = 0,
+              seed: int = 0, precision: str = "fp32", profile: int = 0, graph: bool = False,
               progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Benchmark ``net`` on the opencl device and on a peer; return one JSON-ready dict.
 
@@ -137,6 +189,9 @@ def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_siz
         profile: this many more iterations on the opencl device (after the timed ones, not in the
             median) with every kernel launch and copy timed by its device event: see
             :func:`profile_iterations`; the result's ``profile`` (None when 0).
+        graph: capture one step into a device graph after the warm-up and time its replays (see
+            :func:`time_iterations`), on our side and on a CUDA peer; a CPU peer runs eagerly. The op
+            counters (fallbacks, plan sources) then cover the captured step: ``stats_batches`` is 1.
         progress: called with a short line before each phase (the CLI prints them on stderr).
 
     Returns:
@@ -144,7 +199,8 @@ def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_siz
         (``device``, ``median_ms``, ``times_ms``, ...; ``peer`` is None for ``compare="none"``),
         ``ratio`` (ours / peer median), ``shared_cores`` (the peer is torch CPU and the OpenCL device
         is the same CPU), ``fallback_ops`` (op -> CPU-fallback calls in the timed
-        iterations), ``fallback_calls``, ``fallback_calls_per_batch`` and ``plan_sources``.
+        iterations), ``fallback_calls``, ``fallback_calls_per_batch``, ``plan_sources``, ``graph`` and
+        ``stats_batches`` (the batches those counters cover).
 
     Raises:
         TuneclError: unknown model or device, an input the model cannot take, a failing peer.
@@ -173,7 +229,7 @@ def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_siz
     import tunecl.backend
 
     say(f"measuring {net} on opencl:0 ({device_name}): {warmup} warm-up + {repeats} timed {mode} iterations"
-        f" at {precision}")
+        f" at {precision}" + (", replaying a captured graph" if graph else ""))
     stats: dict[str, Any] = {}
     profiled: dict[str, Any] = {}
 
@@ -186,9 +242,12 @@ def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_siz
     try:
         with tf32_flags(precision == "tf32"):
             times = time_iterations(model, x, y, "opencl", train=train, warmup=warmup, repeats=repeats,
-                                    after_warmup=tunecl.backend.reset_stats, after_timed=after_timed)
+                                    after_warmup=tunecl.backend.reset_stats, after_timed=after_timed,
+                                    graph=graph)
     except tunecl.backend.FallbackError as error:   # TUNECL_FALLBACK=error and an op without a kernel
         raise TuneclError(f"{net} cannot run on opencl:0: {error}") from None
+    except torch.opencl.GraphCaptureError as error:
+        raise TuneclError(f"--graph: a step of {net} cannot be captured: {error}") from None
     del model
     ours = {"device": f"opencl:0 {device_name}", **_timing(times)}
     device_type = torch.opencl.get_device_properties()["type"]
@@ -199,22 +258,24 @@ def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_siz
         with tf32_flags(precision == "tf32"):   # (no effect on the CPU)
             peer_times = time_iterations(peer_model, x, y, "cpu", train=train, warmup=warmup, repeats=repeats)
         peer = {"kind": "cpu", "device": f"torch {torch.__version__} CPU", "process": "same",
-                "threads": torch.get_num_threads(), **_timing(peer_times)}
+                "threads": torch.get_num_threads(), "graph": False, **_timing(peer_times)}
     elif compare == "cuda":
         say(f"measuring the peer: torch CUDA (TF32 {'on' if precision == 'tf32' else 'off'}) in a separate "
             f"process without tunecl.backend")
         peer = measure_in_subprocess({"net": net, "batch": batch, "image_size": image_size, "train": train,
                                       "warmup": warmup, "repeats": repeats, "seed": seed, "device": "cuda",
-                                      "precision": precision})
+                                      "precision": precision, "graph": graph})
     fallback = dict(sorted(stats["fallback_ops"].items(), key=lambda kv: -kv[1]))
     calls = sum(fallback.values())
+    stats_batches = 1 if graph else repeats
     return {
         "net": net, "batch": batch, "image_size": image_size, "mode": mode, "precision": precision,
         "warmup": warmup, "repeats": repeats, "ours": ours, "peer": peer,
         "shared_cores": compare == "cpu" and device_type == "cpu",
         "ratio": ours["median_ms"] / peer["median_ms"] if peer else None,
-        "fallback_ops": fallback, "fallback_calls": calls, "fallback_calls_per_batch": calls / repeats,
-        "plan_sources": dict(stats["plan_sources"]), "profile": profiled or None,
+        "fallback_ops": fallback, "fallback_calls": calls, "fallback_calls_per_batch": calls / stats_batches,
+        "plan_sources": dict(stats["plan_sources"]), "profile": profiled or None, "graph": graph,
+        "stats_batches": stats_batches,
     }
 
 
@@ -264,13 +325,16 @@ def peer_main(spec: dict[str, Any]) -> dict[str, Any]:
                           f"import tunecl.backend")
     classes = output_classes(model, spec["batch"], spec["image_size"], spec["train"])
     x, y = make_inputs(spec["batch"], spec["image_size"], classes, spec["seed"])
+    graph = bool(spec.get("graph")) and device == "cuda"
     times = time_iterations(model, x, y, device, train=spec["train"], warmup=spec["warmup"],
-                            repeats=spec["repeats"])
+                            repeats=spec["repeats"], graph=graph)
     if "tunecl.backend" in sys.modules:
         raise TuneclError("the peer process imported tunecl.backend while measuring")
     settings = (f"fp32, TF32 {'on' if tf32 else 'off'}, cudnn.benchmark off" if device == "cuda" else "fp32")
+    if graph:
+        settings += ", CUDA graph replays"
     return {"kind": device, "device": f"torch {torch.__version__} {name}", "process": "separate",
-            "settings": settings, "backend_imported": False, **_timing(times)}
+            "settings": settings, "backend_imported": False, "graph": graph, **_timing(times)}
 
 
 if __name__ == "__main__":
