@@ -185,3 +185,73 @@ def test_buffers_a_graph_replays_into_never_go_to_other_tensors_until_reset():
     assert not (reserved & set(memory.graph_buffers))
     with pytest.raises(graphs.GraphCaptureError):
         g.replay()
+
+
+def test_a_fused_adam_step_in_the_graph_replays_exactly_as_eager_steps(cleanup):
+    x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 5, (4,))
+    batches = [(torch.randn(4, 3, 8, 8), torch.randint(0, 5, (4,))) for _ in range(3)]
+    eager_model = small_net().to("opencl")
+    graph_model = small_net().to("opencl")
+    graph_model.load_state_dict(eager_model.state_dict())
+    models = {}
+    for name, model in (("eager", eager_model), ("graph", graph_model)):
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2, fused=True)
+        sx, sy = x.to("opencl"), y.to("opencl")
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(sx), sy).backward()   # the warm-up step creates Adam's state
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if name == "graph":
+            g = torch.opencl.Graph()
+            cleanup.append(g)
+            with torch.opencl.graph(g):
+                F.cross_entropy(model(sx), sy).backward()
+                opt.step()
+        else:
+            F.cross_entropy(model(sx), sy).backward()
+            opt.step()
+        for bx, by in batches:
+            sx.copy_(bx)
+            sy.copy_(by)
+            if name == "graph":
+                g.replay()
+            else:
+                opt.zero_grad(set_to_none=True)
+                F.cross_entropy(model(sx), sy).backward()
+                opt.step()
+        models[name] = [p.detach().cpu() for p in model.parameters()]
+        models[name + "_steps"] = [opt.state[p]["step"].item() for p in model.parameters()]
+    assert models["graph_steps"] == models["eager_steps"] == [5.0] * len(models["eager_steps"])
+    for a, b in zip(models["graph"], models["eager"]):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("case", ["host_step_count", "no_warm_up"])
+def test_optimizer_steps_a_replay_would_get_wrong_fail_the_capture(case):
+    model = small_net().to("opencl")
+    opt = torch.optim.Adam(model.parameters(), fused=case == "no_warm_up")
+    sx, sy = torch.randn(2, 3, 8, 8).to("opencl"), torch.randint(0, 5, (2,)).to("opencl")
+    if case == "host_step_count":
+        F.cross_entropy(model(sx), sy).backward()
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+    g = torch.opencl.Graph()
+    match = "capturable=False" if case == "host_step_count" else "run a step before capturing"
+    with pytest.raises(graphs.GraphCaptureError, match=match), torch.opencl.graph(g):
+        F.cross_entropy(model(sx), sy).backward()
+        opt.step()
+    assert g.commands == 0 and not graphs.capturing()
+    # SGD without momentum keeps no state at all: it may be captured at once; with momentum, after a step
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt.zero_grad(set_to_none=True)
+    with torch.opencl.graph(g):
+        F.cross_entropy(model(sx), sy).backward()
+        sgd.step()
+    g.reset()
+    momentum = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with pytest.raises(graphs.GraphCaptureError, match="run a step before capturing"), torch.opencl.graph(g):
+        momentum.step()
+    momentum.step()
+    with torch.opencl.graph(g):
+        momentum.step()
+    g.reset()

@@ -5,16 +5,18 @@ its Python implementation and a pyopencl call; a replay pays only for the enqueu
 command, so a step bound by the host (small batches, a slow host, a fast GPU) runs as fast as the device
 allows::
 
-    g = torch.opencl.Graph()
+    optimizer = torch.optim.Adam(model.parameters(), fused=True)   # its step count lives on the device
     static_x, static_y = x.to("opencl"), y.to("opencl")
+    train_step(static_x, static_y)               # warm up eagerly: the optimizer creates its state
+    g = torch.opencl.Graph()
     optimizer.zero_grad(set_to_none=True)
     with torch.opencl.graph(g):                  # runs the block once, recording its commands
         static_loss = F.cross_entropy(model(static_x), static_y)
         static_loss.backward()
+        optimizer.step()
     for x, y in loader:
         static_x.copy_(x); static_y.copy_(y)     # new inputs into the same tensors, outside the graph
         g.replay()                               # the recorded kernels and copies, on the same buffers
-        optimizer.step()                         # eager: reads the gradients the replay rewrote
 
 What is recorded: every kernel launch and device→device copy enqueued while the block runs, from any
 thread (autograd's backward thread included), with the arguments they had: the same buffers, sizes and
@@ -35,6 +37,12 @@ So, as with CUDA graphs:
   them to another tensor, which a replay would overwrite. :meth:`Graph.reset` (or dropping the graph)
   gives them back.
 
+Warm up before capturing (run the step eagerly once): state created inside the block (an optimizer's
+moments, lazily built buffers) would be initialised again by every replay. An optimizer step may be
+captured when its step count lives on the device (``fused=True``, or ``capturable=True``) and it has run
+before; otherwise the capture refuses it (a host-side count would freeze its bias correction). A learning
+rate given as a Python number is frozen like any other.
+
 Not capturable (the capture raises :class:`GraphCaptureError` and records nothing): copies from or to
 host memory (``x.to("opencl")``, ``.cpu()``, ``.item()``, printing a tensor, the CPU fallback) and random
 ops (they draw on the host and upload: a replay would repeat the same numbers), a capture inside a
@@ -53,6 +61,7 @@ from typing import Any
 
 import numpy as np
 import pyopencl as cl
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from tunecl import profiling
 from tunecl.backend import memory, state
@@ -97,7 +106,13 @@ class Graph:
         if not profiling._active_lock.acquire(blocking=False):
             raise GraphCaptureError("cannot capture while another graph is being captured or a KernelProfile "
                                     "is active")
-        device.flush()   # launches deferred before the capture are not part of it
+        try:
+            device.flush()   # launches deferred before the capture are not part of it
+            self._optimizer_hooks = (register_optimizer_step_pre_hook(_check_optimizer),
+                                     register_optimizer_step_post_hook(_check_optimizer_state))
+        except BaseException:
+            profiling._active_lock.release()
+            raise
         with _active_lock:
             _active = self
         self._device = device
@@ -139,6 +154,9 @@ class Graph:
         finally:
             cl.Kernel.__call__, cl.enqueue_copy = self._saved
             del self._saved
+            for hook in self._optimizer_hooks:
+                hook.remove()
+            _stateless.clear()
             with _active_lock:
                 _active = None
             profiling._active_lock.release()
@@ -191,6 +209,32 @@ class Graph:
         if getattr(self, "_captured", False) and _active is not self:
             with contextlib.suppress(Exception):
                 memory.allocator.release_from_graph(self._buffers)
+
+
+def _check_optimizer(optimizer: Any, args: Any, kwargs: Any) -> None:
+    """An optimizer step in a capture: refuse the ones that keep their step count on the host (torch's
+    Adam, AdamW, ... with ``capturable=False`` and not ``fused``): their bias corrections are Python numbers
+    that every replay would repeat. (SGD and the others without a ``capturable`` option keep no count.)"""
+    name = type(optimizer).__name__
+    for group in optimizer.param_groups:
+        if "capturable" in group and not group["capturable"] and not group.get("fused"):
+            raise GraphCaptureError(f"{name}.step() keeps its step count on the host (capturable=False, "
+                                    f"fused=False): every replay would repeat the captured step's bias "
+                                    f"correction; create it with fused=True or capturable=True")
+    _stateless[id(optimizer)] = [p for group in optimizer.param_groups for p in group["params"]
+                                 if not optimizer.state.get(p)]
+
+
+def _check_optimizer_state(optimizer: Any, args: Any, kwargs: Any) -> None:
+    """After an optimizer step in a capture: refuse one that created state (moments, step counts,
+    momentum buffers) there, which every replay would initialise again."""
+    if any(optimizer.state.get(p) for p in _stateless.pop(id(optimizer), ())):
+        raise GraphCaptureError(f"{type(optimizer).__name__}.step() created its state (moments, step counts, "
+                                f"momentum buffers) inside the graph, and every replay would initialise it "
+                                f"again; run a step before capturing")
+
+
+_stateless: dict[int, list] = {}   # optimizer -> its parameters without state when its captured step began
 
 
 @contextlib.contextmanager

@@ -54,10 +54,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "by its device event; prints device-busy time next to wall time and the "
                              "kernels that took the most (default 0: no profile)")
     parser.add_argument("--graph", action="store_true",
-                        help="after the warm-up, capture one step (forward, loss, backward; inference: the "
-                             "forward) into a device graph and time its replays, each with the batch copied in "
-                             "and, when training, an eager Adam step; the CUDA peer does the same with "
-                             "torch.cuda.graph, a CPU peer runs eagerly")
+                        help="after the warm-up, capture one step (forward, loss, backward and a fused Adam "
+                             "step; inference: the forward) into a device graph and time its replays, each with "
+                             "the batch copied in; the CUDA peer does the same with torch.cuda.graph, a CPU peer "
+                             "runs the same fused Adam eagerly")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
     parser.set_defaults(func=run)

@@ -43,17 +43,19 @@ PEER_TIMEOUT_S = 3600.0
 def time_iterations(model: Any, x: Any, y: Any, device: str, *, train: bool, warmup: int, repeats: int,
                     after_warmup: Callable[[], None] | None = None,
                     after_timed: Callable[[Callable[[], None]], None] | None = None,
-                    graph: bool = False) -> list[float]:
+                    graph: bool = False, fused: bool = False) -> list[float]:
     """Seconds of each of ``repeats`` timed iterations (after ``warmup`` untimed ones) on ``device``.
 
     ``model`` is moved to ``device``; ``x`` and ``y`` stay on the CPU and are copied every iteration,
     as part of the measured time. ``after_warmup`` runs between the untimed and the timed iterations;
     ``after_timed`` is called with the iteration function once they are done (to run more, e.g. profiled).
 
-    With ``graph`` (devices ``opencl`` and ``cuda``) one more untimed step, after ``after_warmup``, captures
-    forward, loss and backward (inference: the forward) into a device graph (``torch.opencl.graph``,
-    ``torch.cuda.graph``); a timed iteration then copies the batch into the graph's input tensors, replays it,
-    and runs the Adam step eagerly (inference: copies the result back).
+    ``fused`` selects Adam's fused implementation (``fused=True``). With ``graph`` (devices ``opencl`` and
+    ``cuda``; implies ``fused``, and on CUDA ``capturable=True``, which CUDA capture requires) one more
+    untimed step, after ``after_warmup``, captures the whole training step (forward, loss, backward, Adam;
+    inference: the forward) into a device graph (``torch.opencl.graph``, ``torch.cuda.graph``); a timed
+    iteration then copies the batch into the graph's input tensors and replays it (inference: and copies the
+    result back).
     """
     import torch
     import torch.nn.functional as F
@@ -61,7 +63,8 @@ def time_iterations(model: Any, x: Any, y: Any, device: str, *, train: bool, war
     if graph and device not in GRAPH_DEVICES:
         raise ValueError(f"graphs need one of the devices {GRAPH_DEVICES}, not {device!r}")
     model = model.to(device).train(train)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3) if train else None
+    options = {"fused": True, "capturable": device == "cuda"} if graph else {"fused": True} if fused else {}
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, **options) if train else None
     if train:
         def iteration() -> None:
             xd, yd = x.to(device), y.to(device)
@@ -114,12 +117,12 @@ def _graphed_iteration(model: Any, optimizer: Any, x: Any, y: Any, device: str) 
         optimizer.zero_grad(set_to_none=True)   # the capture's backward creates the gradients replays rewrite
         with capture(g):
             F.cross_entropy(model(static_x), static_y).backward()
+            optimizer.step()
 
         def iteration() -> None:
             static_x.copy_(x)
             static_y.copy_(y)
             g.replay()
-            optimizer.step()
             synchronize(device)
     else:
         with torch.no_grad(), capture(g):
@@ -190,8 +193,9 @@ def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_siz
             median) with every kernel launch and copy timed by its device event: see
             :func:`profile_iterations`; the result's ``profile`` (None when 0).
         graph: capture one step into a device graph after the warm-up and time its replays (see
-            :func:`time_iterations`), on our side and on a CUDA peer; a CPU peer runs eagerly. The op
-            counters (fallbacks, plan sources) then cover the captured step: ``stats_batches`` is 1.
+            :func:`time_iterations`: the step includes a fused Adam), on our side and on a CUDA peer; a CPU
+            peer runs the same fused Adam eagerly. The op counters (fallbacks, plan sources) then cover the
+            captured step: ``stats_batches`` is 1.
         progress: called with a short line before each phase (the CLI prints them on stderr).
 
     Returns:
@@ -256,7 +260,8 @@ def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_siz
     if compare == "cpu":
         say(f"measuring the peer: torch CPU in this process ({torch.get_num_threads()} threads)")
         with tf32_flags(precision == "tf32"):   # (no effect on the CPU)
-            peer_times = time_iterations(peer_model, x, y, "cpu", train=train, warmup=warmup, repeats=repeats)
+            peer_times = time_iterations(peer_model, x, y, "cpu", train=train, warmup=warmup, repeats=repeats,
+                                         fused=graph)   # the same Adam as ours, eagerly
         peer = {"kind": "cpu", "device": f"torch {torch.__version__} CPU", "process": "same",
                 "threads": torch.get_num_threads(), "graph": False, **_timing(peer_times)}
     elif compare == "cuda":
