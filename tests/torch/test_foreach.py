@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tunecl.backend import state
 from tunecl.backend.ops.foreach import KERNELS
 from tunecl.kernels.optim import MAX_ITEMS, SLOTS
 from tunecl.profiling import KernelProfile
@@ -73,8 +74,13 @@ def _check(got, expected):
             torch.testing.assert_close(g.cpu(), e, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("items", ["device", "strided"])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_multi_tensor_path_matches_cpu_in_few_launches(name, strict):
+def test_multi_tensor_path_matches_cpu_in_few_launches(name, items, strict, monkeypatch):
+    # "device": this device's work-items per slot (on CPU devices up to one per element); "strided": few
+    # work-items per slot, each striding over many elements (the GPU layout)
+    if items == "strided":
+        monkeypatch.setattr(state.get().optim, "items", 64)
     call, lists, positive = CASES[name]
     cpu = _lists(lists, positive)
     dev = [_to(tensors) for tensors in cpu]

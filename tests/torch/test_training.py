@@ -31,6 +31,21 @@ def _mlp() -> nn.Module:
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_mlp_training_matches_cpu(name, strict, fresh_stats):
+    _train_mlp_and_compare(name, fresh_stats)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in OPTIMIZERS if "fused" in n))
+def test_fused_steps_in_the_gpu_layout_match_cpu(name, strict, fresh_stats, monkeypatch):
+    # GPUs: few work-items per tensor, each striding over many elements and computing the bias corrections
+    # itself (CPU devices: one element per work-item, corrections once per work-group)
+    from tunecl.backend import state
+
+    monkeypatch.setattr(state.get().optim, "cpu_layout", False)
+    monkeypatch.setattr(state.get().optim, "items", 64)
+    _train_mlp_and_compare(name, fresh_stats)
+
+
+def _train_mlp_and_compare(name, fresh_stats):
     x, y = torch.randn(16, 10), torch.randint(0, 4, (16,))
     runs = {}
     for device in ("cpu", "opencl"):

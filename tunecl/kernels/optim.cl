@@ -5,7 +5,8 @@
 //
 // Kernels:
 //   adam_step  Adam / AdamW (ADAMW) as torch's fused kernels compute it, bias corrections from the
-//              step count read on the device (no host sync):
+//              step count read on the device (no host sync; with GROUP_CORRECTIONS, the CPU layout of
+//              one element per work-item, computed once per work-group):
 //                g = maximize ? -g : g;  AdamW: p -= lr*wd*p,  Adam: g += wd*p   (if wd != 0)
 //                m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g*g;  (AMSGRAD: vmax = max(vmax, v))
 //                p -= lr/(1-b1^t) * m / (sqrt(v or vmax)/sqrt(1-b2^t) + eps)
@@ -80,6 +81,9 @@ typedef struct { float v[5 * SLOTS]; } map_numbers_t;
 __kernel void adam_step(const float lr, const float beta1, const float beta2, const float weight_decay,
                         const float eps, const adam_meta_t m FOR_SLOTS(ADAM_SLOT))
 {
+#ifdef GROUP_CORRECTIONS
+  __local float corrections[2];   // one pow() pair per work-group rather than per work-item
+#endif
   const int slot = (int)get_global_id(1);
   __global float *p = 0, *mo = 0, *ve = 0, *vmax = 0;
   __global const float *g = 0, *st = 0;
@@ -91,8 +95,19 @@ __kernel void adam_step(const float lr, const float beta1, const float beta2, co
 #ifdef AMSGRAD
   vmax += m.v[7 * slot + 5];
 #endif
+#ifdef GROUP_CORRECTIONS
+  // (n == 0 above returns for whole work-groups: a work-group lies in one slot)
+  if (get_local_id(0) == 0) {
+    corrections[0] = lr / (1.0f - pow(beta1, step));
+    corrections[1] = sqrt(1.0f - pow(beta2, step));
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  const float step_size = corrections[0];
+  const float bc2_sqrt = corrections[1];
+#else
   const float step_size = lr / (1.0f - pow(beta1, step));
   const float bc2_sqrt = sqrt(1.0f - pow(beta2, step));
+#endif
   for (long i = get_global_id(0); i < n; i += get_global_size(0)) {
     float grad = g[i];
     float param = p[i];
