@@ -671,6 +671,8 @@ class Device:
                 kernel = cl.Kernel(program, name)
                 if scalar_dtypes is not None:
                     kernel.set_scalar_arg_dtypes(list(scalar_dtypes))
+                # (graphs make copies of a kernel with their own arguments: they need the same dtypes)
+                kernel._tunecl_dtypes = None if scalar_dtypes is None else list(scalar_dtypes)
                 self._kernels[key] = kernel
                 # keep the program alive as long as its kernels are cached (id() must stay unique)
                 kernel._tunecl_program = program

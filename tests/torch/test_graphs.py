@@ -154,6 +154,9 @@ def test_a_profile_sees_every_replayed_command(cleanup):
     g, *_ = capture_training(model, torch.randn(2, 3, 8, 8), torch.randint(0, 5, (2,)))
     cleanup.append(g)
     assert g.commands > 10
+    # outside a profile, every launch replays from its preset kernel (arguments set at capture)
+    launches = [preset for command, preset in zip(g._commands, g._presets) if command[0]]
+    assert launches and all(preset is not None for preset in launches)
     with KernelProfile() as profile:
         g.replay()
         profile.summary()
