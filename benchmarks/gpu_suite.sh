@@ -4,7 +4,8 @@
 #   bash benchmarks/gpu_suite.sh OUTDIR BUDGET_SECONDS [STEP ...]
 #
 # Steps: mma bench validate conv tests (the default, in this order); when named: gemm_mma or conv_mma
-# (one half of mma), fp16 (~4 min), pretrans (~3 min), space (~3 min), host (~3 min: launch_cost.py,
+# (one half of mma), fp16 (~4 min), pretrans (~3 min), space (~3 min), graph (~5 min: benches with and without
+# --graph, GRAPH_BENCH net:batch:precision:infer|train list), host (~3 min: launch_cost.py,
 # overhead.py, batch_norm.py and host_profile.py), ship (tunes resnet18/50 batch 16 with --train for tuning_db/;
 # SHIP_TIME_LIMIT seconds per problem, default 8) and convergence (~16 min). Each step gets what is left of the budget (a step that cannot start with at least MIN_STEP_S seconds left is skipped and
 # logged); every command writes its own file under OUTDIR, and OUTDIR.tar.gz is rewritten after
@@ -76,6 +77,20 @@ for step in $steps; do
         run "bench-$net-b$batch-train" 150 "$PY" -m tunecl bench --net "$net" --batch "$batch" --train \
           --compare cuda --json
       done ;;
+    graph)     # the host-bound steps replayed from a captured graph (tunecl bench --graph; the CUDA peer
+               # replays torch.cuda.graph), each next to the same bench run eagerly; then the host time of a
+               # step eager against replayed
+      run bench-warmup 120 "$PY" -m tunecl bench --net resnet18 --batch 16 --compare none
+      for spec in ${GRAPH_BENCH:-resnet50:16:fp32:infer resnet50:16:fp32:train resnet50:64:tf32:train}; do
+        IFS=: read -r net batch precision mode <<< "$spec"
+        train=""; [ "$mode" = train ] && train="--train"
+        for how in graph eager; do
+          flag=""; [ "$how" = graph ] && flag="--graph"
+          run "bench-$net-b$batch-$precision-$mode-$how" 150 "$PY" -m tunecl bench --net "$net" --batch "$batch" \
+            --precision "$precision" $train $flag --compare cuda --json
+        done
+      done
+      run graph_replay 120 "$PY" benchmarks/graph_replay.py --net resnet50 --batch 16 --train ;;
     validate)  # issue 7 on the GPU: all 18 nets, a training step, nothing on the CPU fallback
       for net in ${NETS:-squeezenet1_0 mobilenet_v3_small shufflenet_v2_x1_0 resnet18 alexnet mnasnet1_0 \
                  mobilenet_v2 mobilenet_v3_large efficientnet_b0 regnet_y_400mf googlenet vgg16 \
@@ -113,7 +128,7 @@ for step in $steps; do
         --torch-profiler --iterations 3 --top 30 ;;
     tests)     # GPU-only correctness: the device and torch test subsets on the GPU
       run pytest-device 0 "$PY" -m pytest -q -rfE --tb=short ${TESTS:-tests/device tests/torch} ;;
-    *) log "unknown step $step (steps: mma gemm_mma conv_mma fp16 pretrans bench validate conv space ship convergence host tests)" ;;
+    *) log "unknown step $step (steps: mma gemm_mma conv_mma fp16 pretrans bench graph validate conv space ship convergence host tests)" ;;
   esac
 done
 log "done, $(left)s of the budget left"
