@@ -204,3 +204,22 @@ def test_the_newest_block_is_taken_over_in_place_only_when_dead_and_of_the_same_
     assert stats["allocated_bytes"] == sum(b.reserved for b in allocator._blocks.values())
     assert stats["requested_bytes"] == sum(b.requested for b in allocator._blocks.values())
     assert stats["allocs"] - stats["frees"] == stats["live_blocks"]
+
+
+def test_cache_hits_count_reused_buffers_not_reused_empty_blocks():
+    def counts():
+        stats = torch.opencl.memory_stats()
+        return stats["cache_hits"], stats["reused_in_place"]
+
+    torch.empty(0, device="opencl")
+    hits, reused = counts()
+    for _ in range(20):   # each dies at once; the next takes its (bufferless) block over
+        torch.empty(0, device="opencl")
+    hits_after, reused_after = counts()
+    assert reused_after - reused >= 19 and hits_after == hits
+    torch.empty(16, device="opencl")
+    hits, reused = counts()
+    for _ in range(20):   # the same with a buffer: every allocation reuses one (taken over, or from the cache
+        torch.empty(16, device="opencl")   # where the statistics' sweep just put it): 20 cache hits
+    hits_after, reused_after = counts()
+    assert reused_after - reused >= 19 and hits_after - hits == 20

@@ -184,6 +184,7 @@ class CachingAllocator:
         self.peak_reserved = 0
         self.counts = collections.Counter()
         self.reused_in_place = 0  # allocations that took a dead block over (see _take_over)
+        self.reused_empty_in_place = 0  # of those, empty (0-byte) blocks: no buffer, so no cache hit
         self.graph_bytes = 0      # bytes of the buffers live graphs hold (some also belong to live tensors)
         self._allocs_since_sweep = 0
         # caches of derived tensors (weight_cache): let go of those of dead tensors before a full sweep
@@ -241,6 +242,8 @@ class CachingAllocator:
         self.requested += nbytes - block.requested
         block.requested = nbytes
         self.reused_in_place += 1
+        if not block.reserved:
+            self.reused_empty_in_place += 1
         _buffers[address] = block.buffer
         return block
 
@@ -405,10 +408,11 @@ class CachingAllocator:
                     **self._in_place_counts()}
 
     def _in_place_counts(self) -> dict[str, int]:
-        """A takeover in place is an allocation, a free and a reuse of a cached buffer (or empty block)."""
+        """A takeover in place is an allocation, a free and (for a block with a buffer) a reuse of a cached
+        buffer."""
         n = self.reused_in_place
         return {"allocs": self.counts["allocs"] + n, "frees": self.counts["frees"] + n,
-                "cache_hits": self.counts["cache_hits"] + n, "reused_in_place": n}
+                "cache_hits": self.counts["cache_hits"] + n - self.reused_empty_in_place, "reused_in_place": n}
 
     def reset_peak(self) -> None:
         self._sweep_derived()

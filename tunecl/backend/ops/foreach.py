@@ -67,8 +67,10 @@ def _numbers(value: Any, count: int) -> list[float] | None:
 
 
 def _launch(expr: str, outs: Sequence[torch.Tensor], inputs: Sequence[Sequence[Any]],
-            params: Sequence[list[float]]) -> bool:
-    """Run ``expr`` over the lists when the multi-tensor path applies (module docstring); False if not."""
+            params: Sequence[list[float]], known: tuple[Sequence[Any], list] | None = None) -> bool:
+    """Run ``expr`` over the lists when the multi-tensor path applies (module docstring); False if not.
+    ``known``: an input list whose pairs were already found, with them (inputs of fresh outputs, which
+    share no storage with them)."""
     out_pairs = _pairs(outs)
     if out_pairs is None:
         return False
@@ -77,7 +79,10 @@ def _launch(expr: str, outs: Sequence[torch.Tensor], inputs: Sequence[Sequence[A
         if column and isinstance(column[0], torch.Tensor):
             if len(column) != len(outs):
                 return False
-            pairs = column is outs and out_pairs or _pairs(column, outs)
+            if known is not None and column is known[0]:
+                pairs = known[1]
+            else:
+                pairs = column is outs and out_pairs or _pairs(column, outs)
             if pairs is None:
                 return False
             columns.append(pairs)
@@ -104,13 +109,16 @@ def _adapter(name: str, expr: str, arrange: Callable[..., tuple[list, list] | No
         if arranged is not None and self:
             more, params = arranged
             inputs = ([self] if expr != "fill" else []) + more
+            known = None
             if in_place:
                 outs = self
-            elif _pairs(self) is not None:  # contiguous float32 opencl tensors: outputs straight from memory
+            elif (self_pairs := _pairs(self)) is not None:
+                # contiguous float32 opencl tensors: outputs straight from memory, self's pairs known
                 outs = [empty_dense(t) for t in self]
+                known = (self, self_pairs)
             else:
                 outs = None
-            if outs is not None and _launch(expr, outs, inputs, params):
+            if outs is not None and _launch(expr, outs, inputs, params, known):
                 return None if in_place else outs
         return op._op_dk(_GENERIC, self, *args, **kwargs)
 
