@@ -258,3 +258,32 @@ def test_optimizer_steps_a_replay_would_get_wrong_fail_the_capture(case):
     with torch.opencl.graph(g):
         momentum.step()
     g.reset()
+
+
+def test_a_capturable_adam_step_in_the_graph_matches_cpu_adam(cleanup, fresh_stats):
+    cpu = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    dev = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    dev.load_state_dict(cpu.state_dict())
+    dev.to("opencl")
+    cpu_opt = torch.optim.Adam(cpu.parameters(), lr=1e-2)
+    dev_opt = torch.optim.Adam(dev.parameters(), lr=1e-2, capturable=True)   # step counts on the device
+    x, y = torch.randn(5, 6), torch.randint(0, 3, (5,))
+    sx, sy = x.to("opencl"), y.to("opencl")
+    for opt, model, a, b in ((cpu_opt, cpu, x, y), (dev_opt, dev, sx, sy)):
+        F.cross_entropy(model(a), b).backward()
+        opt.step()
+    dev_opt.zero_grad(set_to_none=True)
+    g = torch.opencl.Graph()
+    cleanup.append(g)
+    with torch.opencl.graph(g):
+        F.cross_entropy(dev(sx), sy).backward()
+        dev_opt.step()
+    assert not fresh_stats()["fallback_ops"]
+    for step in range(4):   # the captured step (which ran), then three replays
+        if step:
+            g.replay()
+        cpu_opt.zero_grad()
+        F.cross_entropy(cpu(x), y).backward()
+        cpu_opt.step()
+    for p_dev, p_cpu in zip(dev.parameters(), cpu.parameters()):
+        torch.testing.assert_close(p_dev.detach().cpu(), p_cpu.detach(), rtol=1e-5, atol=1e-6)
