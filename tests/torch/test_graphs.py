@@ -3,6 +3,8 @@ into its static tensors, and everything a replay could not repeat fails the capt
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -287,3 +289,52 @@ def test_a_capturable_adam_step_in_the_graph_matches_cpu_adam(cleanup, fresh_sta
         cpu_opt.step()
     for p_dev, p_cpu in zip(dev.parameters(), cpu.parameters()):
         torch.testing.assert_close(p_dev.detach().cpu(), p_cpu.detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("net", ["resnet18", "mobilenet_v2", "squeezenet1_0", "densenet121"])
+def test_inference_graphs_of_torchvision_nets_replay_their_eager_forward_on_new_inputs(net, cleanup, strict):
+    torchvision = pytest.importorskip("torchvision")
+    model = getattr(torchvision.models, net)(num_classes=10).eval().to("opencl")
+    static = torch.randn(1, 3, 48, 48).to("opencl")
+    with torch.no_grad():
+        model(static)   # warm-up: plans and kernels
+        g = torch.opencl.Graph()
+        cleanup.append(g)
+        with torch.opencl.graph(g):
+            out = model(static)
+        for _ in range(2):
+            static.copy_(torch.randn(1, 3, 48, 48))
+            g.replay()
+            assert torch.equal(out.cpu(), model(static).cpu())
+
+
+def test_a_resnet18_training_step_replays_as_its_eager_step_and_dropout_nets_are_refused(cleanup, strict):
+    torchvision = pytest.importorskip("torchvision")
+    model = torchvision.models.resnet18(num_classes=10).to("opencl")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    sx, sy = torch.randn(2, 3, 32, 32).to("opencl"), torch.randint(0, 10, (2,)).to("opencl")
+    F.cross_entropy(model(sx), sy).backward()
+    opt.step()   # warm-up: the momentum buffers exist before the capture
+    opt.zero_grad(set_to_none=True)
+    g = torch.opencl.Graph()
+    cleanup.append(g)
+    with torch.opencl.graph(g):
+        F.cross_entropy(model(sx), sy).backward()
+        opt.step()
+    twin = torchvision.models.resnet18(num_classes=10).to("opencl")
+    twin.load_state_dict(model.state_dict())
+    twin_opt = torch.optim.SGD(twin.parameters(), lr=0.01, momentum=0.9)
+    twin_opt.load_state_dict(copy.deepcopy(opt.state_dict()))   # (loading alone would share the buffers)
+    for _ in range(2):
+        x = torch.randn(2, 3, 32, 32)
+        sx.copy_(x)
+        g.replay()
+        twin_opt.zero_grad(set_to_none=True)
+        F.cross_entropy(twin(x.to("opencl")), sy).backward()
+        twin_opt.step()
+    for a, b in zip(model.state_dict().values(), twin.state_dict().values()):
+        assert torch.equal(a.cpu(), b.cpu())
+    dropout_net = torchvision.models.mobilenet_v2(num_classes=10).to("opencl")   # Dropout before its classifier
+    h = torch.opencl.Graph()
+    with pytest.raises(graphs.GraphCaptureError, match="random numbers"), torch.opencl.graph(h):
+        F.cross_entropy(dropout_net(sx), sy).backward()
