@@ -37,12 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch.nn.functional as F
 
     import tunecl.backend  # noqa: F401
-    from tunecl.tools import load_model, make_inputs, output_classes
+    from tunecl.tools import model_and_inputs
 
-    torch.manual_seed(0)
-    model = load_model(args.net)
-    classes = output_classes(model, args.batch, args.image_size, args.train)
-    x, y = make_inputs(args.batch, args.image_size, classes, 0)
+    model, x, y = model_and_inputs(args.net, args.batch, args.image_size, args.train)
     model = model.to("opencl").train(args.train)
     sx, sy = x.to("opencl"), y.to("opencl")
 

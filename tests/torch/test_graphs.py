@@ -32,6 +32,20 @@ def capture_training(model: nn.Module, x: torch.Tensor, y: torch.Tensor):
     return g, sx, sy, loss
 
 
+def capture_optimizer_step(model: nn.Module, opt: torch.optim.Optimizer, sx: torch.Tensor, sy: torch.Tensor,
+                           cleanup: list) -> graphs.Graph:
+    """One eager step (the optimizer creates its state), then a graph of forward, loss, backward and step."""
+    F.cross_entropy(model(sx), sy).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    g = torch.opencl.Graph()
+    cleanup.append(g)
+    with torch.opencl.graph(g):
+        F.cross_entropy(model(sx), sy).backward()
+        opt.step()
+    return g
+
+
 @pytest.fixture
 def cleanup():
     made: list[graphs.Graph] = []
@@ -271,15 +285,9 @@ def test_a_capturable_adam_step_in_the_graph_matches_cpu_adam(cleanup, fresh_sta
     dev_opt = torch.optim.Adam(dev.parameters(), lr=1e-2, capturable=True)   # step counts on the device
     x, y = torch.randn(5, 6), torch.randint(0, 3, (5,))
     sx, sy = x.to("opencl"), y.to("opencl")
-    for opt, model, a, b in ((cpu_opt, cpu, x, y), (dev_opt, dev, sx, sy)):
-        F.cross_entropy(model(a), b).backward()
-        opt.step()
-    dev_opt.zero_grad(set_to_none=True)
-    g = torch.opencl.Graph()
-    cleanup.append(g)
-    with torch.opencl.graph(g):
-        F.cross_entropy(dev(sx), sy).backward()
-        dev_opt.step()
+    F.cross_entropy(cpu(x), y).backward()
+    cpu_opt.step()
+    g = capture_optimizer_step(dev, dev_opt, sx, sy, cleanup)
     assert not fresh_stats()["fallback_ops"]
     for step in range(4):   # the captured step (which ran), then three replays
         if step:
@@ -313,14 +321,7 @@ def test_a_resnet18_training_step_replays_as_its_eager_step_and_dropout_nets_are
     model = torchvision.models.resnet18(num_classes=10).to("opencl")
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     sx, sy = torch.randn(2, 3, 32, 32).to("opencl"), torch.randint(0, 10, (2,)).to("opencl")
-    F.cross_entropy(model(sx), sy).backward()
-    opt.step()   # warm-up: the momentum buffers exist before the capture
-    opt.zero_grad(set_to_none=True)
-    g = torch.opencl.Graph()
-    cleanup.append(g)
-    with torch.opencl.graph(g):
-        F.cross_entropy(model(sx), sy).backward()
-        opt.step()
+    g = capture_optimizer_step(model, opt, sx, sy, cleanup)   # (momentum buffers made before the capture)
     twin = torchvision.models.resnet18(num_classes=10).to("opencl")
     twin.load_state_dict(model.state_dict())
     twin_opt = torch.optim.SGD(twin.parameters(), lr=0.01, momentum=0.9)

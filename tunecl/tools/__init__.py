@@ -99,6 +99,21 @@ def make_inputs(batch: int, image_size: int, classes: int, seed: int = 0) -> tup
     return x, y
 
 
+def model_and_inputs(net: str, batch: int, image_size: int, train: bool, seed: int = 0) -> tuple[Any, Any, Any]:
+    """``net`` on the CPU with random weights (``torch.manual_seed(seed)`` first) and a batch of images and
+    labels it takes (:func:`make_inputs`).
+
+    Raises:
+        TuneclError: an unknown model, or an input it cannot take.
+    """
+    import torch
+
+    torch.manual_seed(seed)
+    model = load_model(net)
+    x, y = make_inputs(batch, image_size, output_classes(model, batch, image_size, train), seed)
+    return model, x, y
+
+
 def synchronize(device: str) -> None:
     """Wait for the device (``torch.opencl.synchronize()``, ``torch.cuda.synchronize()``; CPU: no-op)."""
     import torch

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from tunecl.errors import TuneclError
-from tunecl.tools import load_model, make_inputs, output_classes, synchronize, use_device
+from tunecl.tools import model_and_inputs, synchronize, use_device
 
 COMPARE = ("cpu", "cuda", "none")
 PRECISIONS = ("fp32", "tf32")
@@ -223,10 +223,7 @@ def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_siz
                           f"{torch.__version__}); use --compare cpu or none")
     say = progress or (lambda line: None)
     device_name = use_device(device)
-    torch.manual_seed(seed)
-    model = load_model(net)
-    classes = output_classes(model, batch, image_size, train)
-    x, y = make_inputs(batch, image_size, classes, seed)
+    model, x, y = model_and_inputs(net, batch, image_size, train, seed)
     mode = "train" if train else "inference"
     peer_model = copy.deepcopy(model) if compare == "cpu" else None
 
@@ -322,14 +319,11 @@ def peer_main(spec: dict[str, Any]) -> dict[str, Any]:
         name = torch.cuda.get_device_name()
     else:
         name = "CPU"
-    torch.manual_seed(spec["seed"])
-    model = load_model(spec["net"])
+    model, x, y = model_and_inputs(spec["net"], spec["batch"], spec["image_size"], spec["train"], spec["seed"])
     if "tunecl.backend" in sys.modules:   # the reason this runs in its own process
         raise TuneclError(f"building {spec['net']!r} imported tunecl.backend; the torch {device} peer must "
                           f"run without it (pytorch#161129): build the model in a module that does not "
                           f"import tunecl.backend")
-    classes = output_classes(model, spec["batch"], spec["image_size"], spec["train"])
-    x, y = make_inputs(spec["batch"], spec["image_size"], classes, spec["seed"])
     graph = bool(spec.get("graph")) and device == "cuda"
     times = time_iterations(model, x, y, device, train=spec["train"], warmup=spec["warmup"],
                             repeats=spec["repeats"], graph=graph)
