@@ -104,13 +104,24 @@ def test_inference_capture_sees_weights_updated_between_replays(cleanup):
     sx = torch.randn(2, 4, 9, 9).to("opencl")
     g = torch.opencl.Graph()
     cleanup.append(g)
-    with torch.no_grad(), torch.opencl.graph(g):
-        out = dev(sx)
+    with torch.no_grad():
+        dev(sx)   # warm-up: the weight cache holds the transforms now
+        with torch.opencl.graph(g):
+            out = dev(sx)
+    # the graph reads the cached transforms, and checks the weights' versions before each replay
+    assert len(g._guards) == 2
+    with KernelProfile() as profile:
+        g.replay()
+        profile.summary()
+    assert profile.commands == g.commands   # nothing changed: nothing transformed again
     x = torch.randn(2, 4, 9, 9)
     with torch.no_grad():
         sx.copy_(x)
         dev[2].weight.mul_(-0.5)   # in place: the replay must read the new values
-        g.replay()
+        with KernelProfile() as profile:
+            g.replay()
+            names = [row.name for row in profile.summary()]
+        assert profile.commands == g.commands + 1 and "winograd_filter" in names   # that weight's transform
         expected = F.conv2d(F.relu(F.conv2d(x, dev[0].weight.cpu(), dev[0].bias.cpu(), padding=1)),
                             dev[2].weight.cpu(), dev[2].bias.cpu(), padding=1)
     torch.testing.assert_close(out.cpu(), expected, rtol=1e-4, atol=1e-4)

@@ -48,8 +48,9 @@ host memory (``x.to("opencl")``, ``.cpu()``, ``.item()``, printing a tensor, the
 ops (they draw on the host and upload: a replay would repeat the same numbers), a capture inside a
 capture or while a :class:`tunecl.profiling.KernelProfile` is active (both swap pyopencl's launch and
 copy functions process-wide). Nothing else may use the device while a block is captured. Weights'
-Winograd transforms are recomputed inside the graph rather than served from the weight cache, so a
-replay sees weights updated between replays.
+A Winograd convolution that reads its weight's cached transform records that read only; every replay
+first checks the weight's version counter and transforms it again if it was written since (an inference
+tensor, which has no counter, gets its transform recorded in the graph instead).
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ class Graph:
         self._commands: list[tuple] = []
         self._buffers: list[cl.MemoryObjectHolder] = []   # each once; reserved with the allocator
         self._presets: list[cl.Kernel | None] = []        # per command: its kernel with its arguments set
+        self._guards: list[_TransformGuard] = []           # cached weight transforms the commands read
         self._captured = False
         self._device: Any = None
 
@@ -118,6 +120,7 @@ class Graph:
             _active = self
         self._device = device
         self._commands = []
+        self._guards = []
         self._saved = cl.Kernel.__call__, cl.enqueue_copy
         call, copy = self._saved
         commands = self._commands
@@ -162,7 +165,7 @@ class Graph:
                 _active = None
             profiling._active_lock.release()
         if not keep:
-            self._commands = []
+            self._commands, self._guards = [], []
             return
         seen: dict[int, cl.MemoryObjectHolder] = {}
         for is_launch, a, b, _, args, _ in self._commands:
@@ -181,6 +184,8 @@ class Graph:
             raise GraphCaptureError("nothing to replay: capture the graph first")
         if _active is self:
             raise GraphCaptureError("a graph cannot replay inside its own capture")
+        for guard in self._guards:   # weights changed in place since: their cached transforms first
+            guard.refresh()
         queue = self._device.queue   # (enqueues launches deferred before the replay first)
         call, copy = cl.Kernel.__call__, cl.enqueue_copy   # looked up now: a KernelProfile sees replays
         if profiling._active_lock.locked():
@@ -206,7 +211,7 @@ class Graph:
             raise GraphCaptureError("cannot reset a graph while it is being captured")
         if self._captured:
             memory.allocator.release_from_graph(self._buffers)
-        self._commands, self._buffers, self._presets, self._captured = [], [], [], False
+        self._commands, self._buffers, self._presets, self._guards, self._captured = [], [], [], [], False
 
     @property
     def commands(self) -> int:
@@ -222,6 +227,32 @@ class Graph:
         if getattr(self, "_captured", False) and _active is not self:
             with contextlib.suppress(Exception):
                 memory.allocator.release_from_graph(self._buffers)
+
+
+class _TransformGuard:
+    """A weight whose cached transform (``u``, the weight cache's) a graph's commands read: the version of
+    the weight that ``u`` holds, and the plan that makes it."""
+
+    __slots__ = ("plan", "u", "version", "weight")
+
+    def __init__(self, plan: Any, weight: Any, u: Any) -> None:
+        self.plan, self.weight, self.u, self.version = plan, weight, u, weight._version
+
+    def refresh(self) -> None:
+        """Transform the weight into ``u`` again if it was written since."""
+        version = self.weight._version
+        if version != self.version:
+            from tunecl.backend import weight_cache
+
+            weight_cache.transform_into(self.plan, self.weight, self.u)
+            self.version = version
+
+
+def guard_transform(plan: Any, weight: Any, u: Any) -> None:
+    """Called by the weight cache when the graph being captured reads ``weight``'s cached transform ``u``:
+    every replay first checks the weight's version and transforms it into ``u`` again if it moved on.
+    (The graph keeps ``u`` alive: the cache may drop its entry, never its buffer while the graph lives.)"""
+    _active._guards.append(_TransformGuard(plan, weight, u))
 
 
 def _preset(command: tuple) -> cl.Kernel | None:

@@ -95,7 +95,7 @@ def settings() -> tuple[str, int]:
 
 def allowed(weight: torch.Tensor, backward: bool = False) -> bool:
     """Whether the policy lets a convolution with ``weight`` use the cache (see the module docstring)."""
-    if graphs.capturing():   # a replay must transform the weights as they are then
+    if graphs.capturing() and weight.is_inference():   # (no version counter: a replay could not tell a change)
         return False
     mode = settings()[0]
     if mode == "auto":
@@ -115,6 +115,8 @@ def run_conv(plan: Any, a: torch.Tensor, weight: torch.Tensor, out: torch.Tensor
     if can_transform(plan) and allowed(weight, backward):
         u = transformed(plan, weight)
         if u is not None:
+            if graphs.capturing():   # a replay transforms the weight again first if it has changed since
+                graphs.guard_transform(plan, weight, u)
             plan.run_transformed(buffer_of(a), buffer_of(u), buffer_of(out), a_offset=a.storage_offset(),
                                  bias=bias_buf, bias_offset=bias_offset)
             return
@@ -156,10 +158,15 @@ def transformed(plan: Any, weight: torch.Tensor) -> torch.Tensor | None:
         else:
             _entries.move_to_end(key)
             counts["stale"] += 1   # the version moved on: transform again into the same buffer
-        w = half.to_float32(weight)
-        plan.transform_weight(buffer_of(w), buffer_of(entry.u), w_offset=w.storage_offset())
+        transform_into(plan, weight, entry.u)
         entry.version = version
         return entry.u
+
+
+def transform_into(plan: Any, weight: torch.Tensor, u: torch.Tensor) -> None:
+    """Enqueue ``plan``'s transform of ``weight`` (as float32) into ``u``."""
+    w = half.to_float32(weight)
+    plan.transform_weight(buffer_of(w), buffer_of(u), w_offset=w.storage_offset())
 
 
 def note_write(t: Any) -> None:
