@@ -43,9 +43,15 @@ captured when its step count lives on the device (``fused=True``, or ``capturabl
 before; otherwise the capture refuses it (a host-side count would freeze its bias correction). A learning
 rate given as a Python number is frozen like any other.
 
+Random numbers: outside graphs the backend draws them from torch's CPU generator and uploads them. Inside
+a capture, ``bernoulli_`` with a float probability on a contiguous float32 tensor (dropout's masks,
+stochastic depth) draws on the device instead, from the graph's own Philox generator (keyed from torch's
+CPU generator at capture, its counter advanced on the device), so every replay draws new masks; the
+capture's and the replays' numbers differ from what the CPU generator would have given.
+
 Not capturable (the capture raises :class:`GraphCaptureError` and records nothing): copies from or to
-host memory (``x.to("opencl")``, ``.cpu()``, ``.item()``, printing a tensor, the CPU fallback) and random
-ops (they draw on the host and upload: a replay would repeat the same numbers), a capture inside a
+host memory (``x.to("opencl")``, ``.cpu()``, ``.item()``, printing a tensor, the CPU fallback) and the
+other random ops (they draw on the host and upload: a replay would repeat the same numbers), a capture inside a
 capture or while a :class:`tunecl.profiling.KernelProfile` is active (both swap pyopencl's launch and
 copy functions process-wide). Nothing else may use the device while a block is captured. Weights'
 A Winograd convolution that reads its weight's cached transform records that read only; every replay
@@ -62,6 +68,7 @@ from typing import Any
 
 import numpy as np
 import pyopencl as cl
+import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from tunecl import profiling
@@ -96,6 +103,7 @@ class Graph:
         self._buffers: list[cl.MemoryObjectHolder] = []   # each once; reserved with the allocator
         self._presets: list[cl.Kernel | None] = []        # per command: its kernel with its arguments set
         self._guards: list[_TransformGuard] = []           # cached weight transforms the commands read
+        self._random: cl.Buffer | None = None               # key and counter of the graph's random numbers
         self._captured = False
         self._device: Any = None
 
@@ -177,6 +185,14 @@ class Graph:
         self._presets = [_preset(command) for command in self._commands]
         self._captured = True
 
+    def random_state(self) -> cl.Buffer:
+        """The device buffer of this graph's random numbers (Philox key and counter, ``random.cl``), keyed
+        from torch's CPU generator when the capture first needs it."""
+        if self._random is None:
+            seed = int(torch.randint(0, 2**62, (1,), dtype=torch.int64).item())
+            self._random = state.get().random.new_state(seed)
+        return self._random
+
     # -- replay ------------------------------------------------------------------------------------
     def replay(self) -> None:
         """Enqueue the recorded commands again, in order (returns without waiting for the device)."""
@@ -246,6 +262,15 @@ class _TransformGuard:
 
             weight_cache.transform_into(self.plan, self.weight, self.u)
             self.version = version
+
+
+def bernoulli_(t: Any, p: float) -> bool:
+    """In a capture, fill float32 contiguous ``t`` with 1 (probability ``p``) or 0 from the graph's device
+    generator, so every replay draws anew; False (nothing done) where that does not apply."""
+    if _active is None or t.dtype != torch.float32 or not t.is_contiguous() or not 0.0 <= p <= 1.0:
+        return False
+    state.get().random.bernoulli(memory.buffer_of(t), t.storage_offset(), t.numel(), p, _active.random_state())
+    return True
 
 
 def guard_transform(plan: Any, weight: Any, u: Any) -> None:

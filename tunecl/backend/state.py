@@ -71,6 +71,11 @@ class State:
         from tunecl.kernels.optim import Optim
         return Optim(self.device)
 
+    @functools.cached_property
+    def random(self):
+        from tunecl.kernels.random import Random
+        return Random(self.device)
+
 
 _state: State | None = None
 _lock = threading.Lock()

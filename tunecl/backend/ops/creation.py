@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from tunecl.backend import copies, state
+from tunecl.backend import copies, graphs, state
 from tunecl.backend.operands import is_device, operand
 from tunecl.backend.ops.pointwise import run
 
@@ -80,6 +80,19 @@ def _host_random(method: str) -> Callable[..., torch.Tensor]:
     return kernel
 
 
+def bernoulli_float_(self: torch.Tensor, p: float = 0.5, generator: torch.Generator | None = None,
+                     **kwargs: Any) -> torch.Tensor:
+    """``bernoulli_(p)``: in a graph capture, from the graph's device generator (no explicit generator);
+    else drawn on the host."""
+    generator = kwargs.pop("generator", generator)
+    if generator is None and graphs.bernoulli_(self, float(p)):
+        return self
+    return _host_bernoulli(self, p, generator=generator)
+
+
+_host_bernoulli = _host_random("bernoulli_")
+
+
 def randperm_out(n: int, *, generator: torch.Generator | None = None, out: torch.Tensor) -> torch.Tensor:
     host = torch.randperm(n, generator=generator, dtype=out.dtype)
     if out.shape != host.shape:
@@ -98,7 +111,7 @@ KERNELS: dict[str, Callable[..., Any]] = {
     "eye.m_out": eye_out,
     "uniform_": _host_random("uniform_"),
     "normal_": _host_random("normal_"),
-    "bernoulli_.float": _host_random("bernoulli_"),
+    "bernoulli_.float": bernoulli_float_,
     "bernoulli_.Tensor": _host_random("bernoulli_"),
     "random_": _host_random("random_"),
     "random_.from": _host_random("random_"),

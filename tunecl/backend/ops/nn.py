@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from tunecl.backend import copies, half, memory, state
+from tunecl.backend import copies, graphs, half, memory, state
 from tunecl.backend.copies import contiguous_on_device
 from tunecl.backend.memory import _buffers
 from tunecl.backend.operands import kernel_dtype, operand
@@ -310,15 +310,19 @@ def cat_out(tensors: Sequence[torch.Tensor], dim: int = 0, *, out: torch.Tensor)
 
 
 def native_dropout(input: torch.Tensor, p: float, train: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dropout with the mask drawn on the CPU generator (as the CPU kernel draws it), stored as bool."""
+    """Dropout with the mask drawn on the CPU generator (as the CPU kernel draws it; in a graph capture on
+    the graph's device generator), stored as bool."""
     if train is False or input.numel() == 0:
         mask = new_like(input, torch.bool)
         state.get().pointwise("fill", mask.shape, operand(mask), (), (True,))
         return run("copy", new_like(input), (input,)), mask
     keep = 1.0 - p
     scale = 0.0 if keep == 0 else 1.0 / keep
-    mask_host = torch.empty(input.shape, dtype=input.dtype).bernoulli_(keep).bool()
-    mask = copies.upload(mask_host)
+    drawn = memory.empty_contiguous(list(input.shape), torch.float32) if graphs.capturing() else None
+    if drawn is not None and graphs.bernoulli_(drawn, keep):   # in a graph capture: from its device generator
+        mask = run("copy", new_like(input, torch.bool), (drawn,))
+    else:
+        mask = copies.upload(torch.empty(input.shape, dtype=input.dtype).bernoulli_(keep).bool())
     return run("scale_mask", new_like(input), (input, mask), (scale,)), mask
 
 

@@ -1,0 +1,49 @@
+// random.cl — counter-based random numbers on the device (Philox4x32-10, Salmon et al., SC'11), for the
+// random ops a captured graph replays (tunecl/backend/graphs.py): the key and a 64-bit counter live in a
+// device buffer, so every replay draws new numbers without the host.
+//
+// state (uint[4]): key0, key1, counter low, counter high. Element i of a draw uses counter base + i
+// (the first of Philox's four outputs); `advance` then moves the base past the draw's n elements.
+//
+// Kernels:
+//   bernoulli_f32  out[i] = (u_i < p) ? 1 : 0 with u_i uniform in [0, 1) (24 bits)
+//   advance        counter += n (one work-item)
+
+#define PHILOX_M0 0xD2511F53u
+#define PHILOX_M1 0xCD9E8D57u
+#define PHILOX_W0 0x9E3779B9u
+#define PHILOX_W1 0xBB67AE85u
+
+uint philox_first(uint c0, uint c1, uint c2, uint c3, uint k0, uint k1)
+{
+  for (int round = 0; round < 10; ++round) {
+    const uint hi0 = mul_hi(PHILOX_M0, c0), lo0 = PHILOX_M0 * c0;
+    const uint hi1 = mul_hi(PHILOX_M1, c2), lo1 = PHILOX_M1 * c2;
+    c0 = hi1 ^ c1 ^ k0;
+    c1 = lo1;
+    c2 = hi0 ^ c3 ^ k1;
+    c3 = lo0;
+    k0 += PHILOX_W0;
+    k1 += PHILOX_W1;
+  }
+  return c0;
+}
+
+__kernel void bernoulli_f32(__global float *out, const long offset, const long n, const float p,
+                            __global const uint *state)
+{
+  const long i = get_global_id(0);
+  if (i >= n) return;
+  const ulong base = ((ulong)state[3] << 32) | state[2];
+  const ulong counter = base + (ulong)i;
+  const uint bits = philox_first((uint)counter, (uint)(counter >> 32), 0u, 0u, state[0], state[1]);
+  const float u = (float)(bits >> 8) * (1.0f / 16777216.0f);
+  out[offset + i] = u < p ? 1.0f : 0.0f;
+}
+
+__kernel void advance(__global uint *state, const long n)
+{
+  const ulong base = (((ulong)state[3] << 32) | state[2]) + (ulong)n;
+  state[2] = (uint)base;
+  state[3] = (uint)(base >> 32);
+}

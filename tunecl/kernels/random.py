@@ -1,0 +1,34 @@
+"""The random family: Philox4x32-10 draws on the device from a key and counter held in a device buffer
+(``random.cl``), for the random ops inside a captured graph (see :mod:`tunecl.backend.graphs`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyopencl as cl
+
+from tunecl.kernels.strided import KernelCache, work_group
+from tunecl.runtime import Device
+
+
+class Random:
+    def __init__(self, device: Device):
+        self.device = device
+        self.cache = KernelCache(device, __package__, "random.cl")
+        self.local = work_group(device, 256)
+
+    def _kernel(self, name: str, dtypes: list) -> cl.Kernel:
+        kernel = self.cache.get(name)
+        return kernel if kernel is not None else self.cache.build(name, [], name, dtypes)
+
+    def new_state(self, seed: int) -> cl.Buffer:
+        """A device buffer holding the key from ``seed`` (64 bits) and a zero counter."""
+        words = np.array([seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF, 0, 0], dtype=np.uint32)
+        return cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=words)
+
+    def bernoulli(self, out: cl.Buffer, offset: int, n: int, p: float, state: cl.Buffer) -> None:
+        """``out[offset:offset + n]`` (float32 elements) = 1 with probability ``p``, else 0; then the
+        state's counter moves past the ``n`` numbers drawn."""
+        if n:
+            kernel = self._kernel("bernoulli_f32", [None, np.int64, np.int64, np.float32, None])
+            kernel(self.device.queue, (-(-n // self.local) * self.local,), (self.local,), out, offset, n, p, state)
+        self._kernel("advance", [None, np.int64])(self.device.queue, (1,), (1,), state, n)
