@@ -26,7 +26,9 @@ from typing import Any
 
 import pyopencl as cl
 
-_active_lock = threading.Lock()
+# held while pyopencl's launch and copy functions are swapped, by a KernelProfile or a graph capture
+# (tunecl.backend.graphs): one at a time, since each swaps them process-wide
+swap_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -53,8 +55,8 @@ class KernelProfile:
         self._queues = contextlib.ExitStack()
 
     def __enter__(self) -> KernelProfile:  # noqa: PYI034 (final class in use)
-        if not _active_lock.acquire(blocking=False):
-            raise RuntimeError("a KernelProfile is already active")
+        if not swap_lock.acquire(blocking=False):
+            raise RuntimeError("a KernelProfile or a graph capture is already active")
         from tunecl import runtime
 
         for device in runtime.open_devices():
@@ -88,7 +90,7 @@ class KernelProfile:
         try:
             self._queues.close()
         finally:
-            _active_lock.release()
+            swap_lock.release()
 
     @property
     def commands(self) -> int:

@@ -62,7 +62,6 @@ tensor, which has no counter, gets its transform recorded in the graph instead).
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -79,8 +78,7 @@ class GraphCaptureError(RuntimeError):
     """The block being captured did something a replay could not repeat (see the module docstring)."""
 
 
-_active: Graph | None = None        # the graph being captured
-_active_lock = threading.Lock()     # guards _active
+_active: Graph | None = None        # the graph being captured (set and cleared under profiling's lock)
 
 
 def capturing() -> bool:
@@ -114,7 +112,7 @@ class Graph:
         if self._captured:
             raise GraphCaptureError("this graph already holds a capture; reset() it first")
         device = state.get().device
-        if not profiling._active_lock.acquire(blocking=False):
+        if not profiling.swap_lock.acquire(blocking=False):
             raise GraphCaptureError("cannot capture while another graph is being captured or a KernelProfile "
                                     "is active")
         try:
@@ -122,10 +120,9 @@ class Graph:
             self._optimizer_hooks = (register_optimizer_step_pre_hook(_check_optimizer),
                                      register_optimizer_step_post_hook(_check_optimizer_state))
         except BaseException:
-            profiling._active_lock.release()
+            profiling.swap_lock.release()
             raise
-        with _active_lock:
-            _active = self
+        _active = self
         self._device = device
         self._commands = []
         self._guards = []
@@ -169,9 +166,8 @@ class Graph:
             for hook in self._optimizer_hooks:
                 hook.remove()
             _stateless.clear()
-            with _active_lock:
-                _active = None
-            profiling._active_lock.release()
+            _active = None
+            profiling.swap_lock.release()
         if not keep:
             self._commands, self._guards = [], []
             return
@@ -204,7 +200,7 @@ class Graph:
             guard.refresh()
         queue = self._device.queue   # (enqueues launches deferred before the replay first)
         call, copy = cl.Kernel.__call__, cl.enqueue_copy   # looked up now: a KernelProfile sees replays
-        if profiling._active_lock.locked():
+        if profiling.swap_lock.locked():
             # a KernelProfile (or a capture) is watching pyopencl's launch and copy functions: go through them
             for is_launch, a, b, c, args, kwargs in self._commands:
                 if is_launch:
