@@ -92,3 +92,23 @@ def test_device_index_other_than_zero_is_refused():
         with pytest.raises(RuntimeError, match=message):
             make()
     assert d.to("opencl:0").device == torch.device("opencl:0")
+
+
+def test_large_uploads_go_through_the_pinned_buffer_back_to_back_and_as_it_grows(monkeypatch):
+    from tunecl.backend import copies
+
+    monkeypatch.setattr(copies, "STAGING_LIMIT", 1024)   # every upload below is "large"
+    monkeypatch.setattr(copies, "PINNED_UPLOADS", True)  # (the GPU path, on any device)
+    monkeypatch.setattr(copies, "_pinned", copies._PinnedStaging())
+    hosts = [torch.randn(600), torch.randn(600), torch.randn(5000), torch.arange(7000, dtype=torch.int32)]
+    devices = [h.to("opencl") for h in hosts]   # 2400 B, 2400 B (reusing the buffer), then two that grow it
+    slice_dst = torch.zeros(900).to("opencl")
+    slice_dst[100:700] = hosts[0]   # at an offset into the destination
+    for h, d in zip(hosts, devices):
+        assert torch.equal(d.cpu(), h)
+    assert torch.equal(slice_dst.cpu()[100:700], hosts[0]) and not slice_dst.cpu()[:100].any()
+    source = torch.randn(3000)
+    before = source.clone()
+    uploaded = source.to("opencl")
+    source.add_(1)   # the host data may change right after the call returns, the write still pending
+    assert torch.equal(uploaded.cpu(), before)
