@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 
+import pyopencl as cl
 import pytest
 import torch
 import torch.nn.functional as F
@@ -392,3 +393,24 @@ def test_a_mobilenet_v2_training_step_with_dropout_replays(cleanup, strict):
     after = [p.detach().cpu() for p in model.parameters()]
     assert any(not torch.equal(a, b) for a, b in zip(before, after))
     assert all(torch.isfinite(a).all() for a in after)
+
+
+def test_a_replay_submits_its_commands_every_few_as_the_queue_does(cleanup, monkeypatch):
+    from tunecl.backend import state
+
+    device = state.get().device
+    monkeypatch.setattr(device, "flush_every", 4)   # (a GPU's setting; 0 on CPU devices)
+    a = torch.randn(32).to("opencl")
+    g = torch.opencl.Graph()
+    cleanup.append(g)
+    with torch.opencl.graph(g):
+        b = a
+        for _ in range(10):
+            b = b * 1.5
+    flushes = []
+    real = cl.CommandQueue.flush
+    monkeypatch.setattr(cl.CommandQueue, "flush", lambda q: flushes.append(q) or real(q))
+    g.replay()
+    # every 4 commands and once at the end (plus, maybe, the queue's own count reaching 4 as it is taken)
+    assert g.commands // 4 + 1 <= len(flushes) <= g.commands // 4 + 2
+    torch.testing.assert_close(b.cpu(), a.cpu() * 1.5 ** 10)

@@ -209,6 +209,9 @@ class Graph:
                     copy(queue, a, b, **kwargs)
             return
         enqueue = cl.enqueue_nd_range_kernel
+        # submit every few commands, as the device's queue does (NVIDIA's driver otherwise holds them back
+        # while the host goes on enqueueing; 0 on CPU devices)
+        every, pending = self._device.flush_every, 0
         for (is_launch, a, b, c, args, kwargs), preset in zip(self._commands, self._presets):
             if preset is not None:   # a copy of the kernel with this launch's arguments set at capture
                 enqueue(queue, preset, b, c)
@@ -216,6 +219,13 @@ class Graph:
                 call(a, queue, b, c, *args, **kwargs)
             else:
                 copy(queue, a, b, **kwargs)
+            if every:
+                pending += 1
+                if pending >= every:
+                    queue.flush()
+                    pending = 0
+        if every:
+            queue.flush()
 
     def reset(self) -> None:
         """Drop the recording and give its buffers back to the allocator."""
