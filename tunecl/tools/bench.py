@@ -81,9 +81,9 @@ def time_iterations(model: Any, x: Any, y: Any, device: str, *, train: bool, war
 
     # CUDA graphs want the warm-up on a side stream (lazy library setup stays out of the capture)
     side = torch.cuda.Stream() if graph and device == "cuda" else None
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream())   # (the model and inputs were copied on the default one)
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-        if side is not None:
-            side.wait_stream(torch.cuda.current_stream())
         for _ in range(warmup):
             iteration()
     if side is not None:
