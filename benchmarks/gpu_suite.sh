@@ -85,7 +85,7 @@ for step in $steps; do
         IFS=: read -r net batch precision mode <<< "$spec"
         train=""; [ "$mode" = train ] && train="--train"
         for how in graph eager; do
-          flag=""; [ "$how" = graph ] && flag="--graph"
+          flag=""; [ "$how" = graph ] && flag="--graph --profile 3"   # (device busy of the replays)
           run "bench-$net-b$batch-$precision-$mode-$how" 150 "$PY" -m tunecl bench --net "$net" --batch "$batch" \
             --precision "$precision" $train $flag --compare cuda --json
         done
