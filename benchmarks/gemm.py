@@ -55,6 +55,7 @@ from tunecl.search.evaluate import evaluate
 from tunecl.search.harness import harness_for
 from tunecl.search.measure import TimingPolicy
 from tunecl.search.result import Result
+from tunecl.search.space import parse_named
 from tunecl.tune import tune_problem
 
 SHAPES = ["4096,4096,4096", "1024,1024,1024", "512,512,512", "3136,64,576", "196,1024,256", "49,2048,512",
@@ -129,18 +130,6 @@ def measure_config(device: runtime.Device, problem: GemmProblem, name: str, conf
                    harness: Any, policy: TimingPolicy) -> Result:
     algorithm = {a.name: a for a in algorithms("gemm")}[name]
     return evaluate(algorithm, problem, device, config, harness=harness, policy=policy)
-
-
-def parse_named(spec: str) -> tuple[str, dict[str, int]]:
-    """``NAME[:KEY=VALUE,...]`` -> (name, parameter overrides)."""
-    name, _, rest = spec.partition(":")
-    overrides = {}
-    for item in filter(None, rest.split(",")):
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise ValueError(f"{spec!r}: expected KEY=VALUE after the algorithm name, got {item!r}")
-        overrides[key.strip()] = int(value)
-    return name.strip(), overrides
 
 
 def named_configs(device: runtime.Device, problem: GemmProblem,

@@ -246,3 +246,31 @@ def test_a_convolution_tunes_through_the_same_machinery(device, storage):
     assert outcome.winner is not None and outcome.winner.ok
     assert outcome.statuses.get("ok", 0) >= 1
     assert set(outcome.per_algorithm) <= set(outcome.versions)
+
+
+def test_a_config_asked_to_try_is_measured_after_the_defaults_and_bad_ones_are_usage_errors(
+        device, storage, tmp_path, monkeypatch, capsys):
+    gemm = next(a for a in algorithms("gemm") if a.name == "gemm_tiled")
+    default = dict(gemm.default(PROBLEM, device))
+    space = gemm.space(PROBLEM, device)
+    # a valid config that differs from the default in one parameter
+    name, value = next((p, v) for p, values in space.params.items() for v in values
+                       if v != default[p] and space.is_valid({**default, p: v}))
+    outcome = Tuner(device, storage_url=storage, policy=FAST, seeds=[("gemm_tiled", {name: value})]).tune(
+        PROBLEM, trials=5)
+    tried = {**default, name: value}
+    applicable = len(outcome.defaults)
+    assert [dict(r.config) for r in outcome.results[applicable:applicable + 1]] == [tried]
+    assert [dict(r.config) for r in outcome.tried] == [tried]
+    assert outcome.to_dict()["tried"][0]["config"] == tried
+    monkeypatch.setenv("TUNECL_DB", str(tmp_path / "tuning.sqlite"))
+    monkeypatch.setenv("TUNECL_STORAGE", str(tmp_path / "studies2.sqlite"))
+    from tunecl.cli import main
+
+    for spec, message in [("nosuch", "nosuch is not searched for"),
+                          ("gemm_tiled:NOPE=4", "gemm_tiled has no parameter NOPE"),
+                          (f"gemm_tiled:{name}=3", "is not a valid config")]:
+        assert main(["tune", "--gemm", "33,17,29", "--try", spec, "--trials", "2", "--no-progress"]) == 2
+        assert message in capsys.readouterr().err
+    assert main(["tune", "--net", "resnet18", "--try", "gemm_tiled", "--no-progress"]) == 2
+    assert "--try goes with --gemm or --conv" in capsys.readouterr().err

@@ -40,6 +40,8 @@ def usage_error(capsys, *argv: str) -> str:
     (["--gemm", "4,4,4", "--jobs", "0"], "expected a positive integer"),
     (["--gemm", "4,4,4", "--jobs", "two"], "expected a positive integer"),
     (["--gemm", "4,4,4", "--conv", "n=1,c=1,h=1,w=1,k=1,r=1"], "not allowed with argument"),
+    (["--gemm", "4,4,4", "--try", "gemm_tiled:MWG"], "expected KEY=VALUE after the algorithm name"),
+    (["--gemm", "4,4,4", "--try", "gemm_tiled:MWG=wide"], "MWG must be an integer"),
     ([], "one of the arguments --gemm --conv --net is required"),
 ])
 def test_bad_arguments_are_usage_errors_that_name_the_problem(capsys, argv, message):

@@ -343,3 +343,18 @@ def test_batched_search_starts_no_batch_that_would_end_past_the_time_limit(strat
     assert log.stop_reason == "time_limit"
     assert clock.now <= 10.0            # batches at 0-4 and 4-8 s; one at 8 s would end at 12 s
     assert len(log.results) == 8
+
+
+@pytest.mark.parametrize("strategy", ALL, ids=lambda s: s.name)
+def test_configs_asked_to_try_come_right_after_the_defaults_even_past_a_time_limit(strategy):
+    base = make_space()
+    seeds = (("tiled", {"X": 8, "Y": 4}), ("direct", {"W": 5}))
+    space = SearchSpace(base.spaces, base.defaults, seeds)
+    replay = Replay(space)
+    strategy(seed=1).search(space, replay, Budget(trials=6))
+    assert replay.calls[:4] == [("tiled", {"X": 1, "Y": 1}), ("direct", {"W": 1}), *seeds]
+    clock = FakeClock()   # every evaluation takes 1 s; the limit expires after the first
+    replay = Replay(space, clock=clock)
+    log = strategy(seed=1, clock=clock).search(space, replay, Budget(time_limit=1.0, top_k=0))
+    assert [c for c in replay.calls][:4] == [("tiled", {"X": 1, "Y": 1}), ("direct", {"W": 1}), *seeds]
+    assert log.stop_reason == "time_limit" and len(log.results) == 4

@@ -67,6 +67,21 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def usage_error(message: str) -> int:
+    """A usage error found after parsing (it needs the device or the problem): as argparse words it, exit 2."""
+    print(f"tunecl tune: error: {message}", file=sys.stderr)
+    return 2
+
+
+def try_spec(text: str) -> tuple[str, dict[str, int]]:
+    from tunecl.search.space import parse_named
+
+    try:
+        return parse_named(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "tune", help="tune a GEMM or convolution on a device and store the winner",
@@ -113,6 +128,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="the precision results must satisfy: fp32 (strict, default) or tf32 (also "
                              "tensor-core TF32 algorithms where the device has them; each result is "
                              "verified and stored under its own algorithm's precision)")
+    parser.add_argument("--try", dest="tries", metavar="ALG[:K=V,...]", type=try_spec, action="append",
+                        default=[],
+                        help="with --gemm or --conv: also evaluate ALG's default with these parameters "
+                             "changed, right after the defaults, e.g. a config found elsewhere: --try "
+                             "gemm_tiled:MWG=128,NWG=256 (repeatable; like the defaults, measured before a "
+                             "time limit or --patience stops the search, but counted among --trials)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the inputs and the sampler")
     parser.add_argument("--db", metavar="URL", help="tuning DB URL or SQLite file (default: TUNECL_DB)")
     parser.add_argument("--storage", metavar="URL",
@@ -196,7 +217,10 @@ def run(args: argparse.Namespace) -> int:
     if args.min_time is not None:
         options["policy"] = TimingPolicy(min_time=args.min_time)
     if args.net is not None:
+        if args.tries:
+            return usage_error("--try goes with --gemm or --conv (one problem), not --net")
         return run_net(args, device, options)
+    options["seeds"] = args.tries
     problem = args.gemm if args.gemm is not None else args.conv
     progress = progress_line(args, sys.stderr, problem.flops)
     with TuningDB(args.db) as db:
@@ -204,6 +228,8 @@ def run(args: argparse.Namespace) -> int:
             outcome = tune_problem(problem, device, db, trials=args.trials, time_limit=args.time_limit,
                                    sampler=args.sampler, storage_url=args.storage, progress=progress,
                                    **options)
+        except ValueError as error:   # a --try that does not fit this problem, device or precision
+            return usage_error(f"--try: {error}")
         finally:
             if progress is not None:
                 progress.close()
@@ -253,6 +279,12 @@ def print_outcome(outcome: Any, stored_in: str, out: TextIO | None = None) -> No
     speedup = outcome.speedup
     line("best", f"{_ms(w.time)} ms  {outcome.gflops(w):.2f} GFLOP/s"
                  + (f"  ({speedup:.2f}x the default)" if speedup is not None else ""))
+    for r in getattr(outcome, "tried", ()):   # configs asked for with --try
+        differs = {k: v for k, v in r.config.items() if outcome.defaults.get(r.algorithm) is None
+                   or outcome.defaults[r.algorithm].config.get(k) != v}
+        what = f"{r.algorithm} " + " ".join(f"{k}={v}" for k, v in differs.items())
+        line("tried", f"{what}: {_ms(r.time)} ms  {outcome.gflops(r):.2f} GFLOP/s" if r.ok
+             else f"{what}: {r.status.value.replace('_', ' ')} {r.message}".rstrip())
     precision = outcome.precision_of(w.algorithm)
     line("chosen", f"{w.algorithm} v{outcome.versions[w.algorithm]}"
                    + ("" if precision == "fp32" else f" ({precision})") + "  "

@@ -279,10 +279,10 @@ class StudyDriver:
         b = self.budget
         if b.trials is not None and len(self.results) >= b.trials:
             return "trials"
-        # Time and patience never stop the search before every algorithm's default was measured:
-        # the defaults are the baseline that makes tuned never worse than untuned (a 3 s limit once
-        # expired during setup and left a problem with no result at all).
-        defaults_done = all(config_key(a, c) in self.seen for a, c in self.space.defaults.items())
+        # Time and patience never stop the search before every algorithm's default (and every config the
+        # user asked to try) was measured: the defaults are the baseline that makes tuned never worse than
+        # untuned (a 3 s limit once expired during setup and left a problem with no result at all).
+        defaults_done = self._baseline_done()
         if (b.time_limit is not None and self.strategy.clock() - self.start >= b.time_limit
                 and defaults_done):
             return "time_limit"
@@ -308,6 +308,8 @@ class StudyDriver:
     def run(self) -> SearchLog:
         for algorithm, config in self.space.defaults.items():
             self._enqueue(algorithm, config)  # defaults first: tuned is never worse than untuned
+        for algorithm, config in self.space.seeds:
+            self._enqueue(algorithm, config)  # then what the user asked to try
         if self.strategy.jobs > 1:
             return self._run_batched()
         known = [x for x in (self.budget.trials, self.size) if x is not None]
@@ -491,9 +493,14 @@ class StudyDriver:
         recent = durations[-3:]
         if self.strategy.clock() - self.start + sum(recent) / len(recent) <= b.time_limit:
             return None
-        if not all(config_key(a, c) in self.seen for a, c in self.space.defaults.items()):
+        if not self._baseline_done():
             return None
         return "time_limit"
+
+    def _baseline_done(self) -> bool:
+        """Whether every default and every seed (``--try``) has been measured."""
+        return all(config_key(a, c) in self.seen
+                   for a, c in (*self.space.defaults.items(), *self.space.seeds))
 
     def _claim_batch(self, batch: list[tuple[Trial, str, Config, Key]], stop: str | None,
                      skipped: int) -> tuple[str | None, int]:

@@ -29,10 +29,12 @@ class SearchSpace:
     Attributes:
         spaces: algorithm name -> its space for this problem and device.
         defaults: algorithm name -> its default config (evaluated first by every strategy).
+        seeds: configs asked for by name (``tunecl tune --try``), evaluated right after the defaults.
     """
 
     spaces: dict[str, Space]
     defaults: dict[str, Config]
+    seeds: tuple[tuple[str, Config], ...] = ()
 
     def __post_init__(self) -> None:
         different = set(self.spaces) ^ set(self.defaults)
@@ -121,6 +123,25 @@ class SearchSpace:
             if found is None:
                 return
             yield found
+
+
+def parse_named(spec: str) -> tuple[str, dict[str, int]]:
+    """``NAME[:KEY=VALUE,...]`` -> (algorithm name, parameter overrides of its default).
+
+    Raises:
+        ValueError: an item without ``=`` or a value that is not an integer.
+    """
+    name, _, rest = spec.partition(":")
+    overrides = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"{spec!r}: expected KEY=VALUE after the algorithm name, got {item!r}")
+        try:
+            overrides[key.strip()] = int(value)
+        except ValueError:
+            raise ValueError(f"{spec!r}: {key.strip()} must be an integer, got {value!r}") from None
+    return name.strip(), overrides
 
 
 def _position(values: tuple[int, ...], value: int | None) -> int:

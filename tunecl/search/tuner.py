@@ -23,7 +23,7 @@ import json
 import os
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ import optuna
 from tunecl import __version__, config
 from tunecl.errors import TuneclError
 from tunecl.kernels import algorithms as registered_algorithms
-from tunecl.kernels.base import Algorithm
+from tunecl.kernels.base import Algorithm, Space
 from tunecl.precision import FP32, algorithm_precision, at_least
 from tunecl.problems import Problem
 from tunecl.runtime import Device
@@ -40,7 +40,7 @@ from tunecl.search.evaluate import evaluate
 from tunecl.search.harness import Harness, harness_for
 from tunecl.search.measure import TimingPolicy
 from tunecl.search.prebuild import Prebuilder
-from tunecl.search.result import Config, Result, Status
+from tunecl.search.result import Config, Result, Status, config_key
 from tunecl.search.space import SearchSpace
 from tunecl.search.strategies import STRATEGIES, Budget, ProgressCallback, SearchLog, quiet_optuna
 
@@ -85,6 +85,8 @@ class TuneOutcome:
         precision: the precision the study served (its candidates satisfy it).
         precisions: algorithm name -> the precision its results have (what they are stored under);
             algorithms missing here are fp32.
+        tried: the result of each config asked to try (``seeds``), re-measured where the final round
+            did; configs the trial budget left out are missing.
     """
 
     problem: Problem
@@ -109,6 +111,7 @@ class TuneOutcome:
     final: tuple[Result, ...] = ()
     precision: str = FP32
     precisions: dict[str, str] = dataclasses.field(default_factory=dict)
+    tried: tuple[Result, ...] = ()
 
     def precision_of(self, algorithm: str) -> str:
         """The precision of ``algorithm``'s results (fp32 unless the outcome says otherwise)."""
@@ -151,7 +154,7 @@ class TuneOutcome:
             "invalid_skipped": self.invalid, "trials_per_algorithm": self.trials_per_algorithm,
             "statuses": self.statuses, "study": self.study_name, "storage": self.storage_url,
             "strategy": self.strategy, "space_size": self.space_size, "stop_reason": self.stop_reason,
-            "elapsed_s": self.elapsed}
+            "elapsed_s": self.elapsed, "tried": [one(r) for r in self.tried]}
 
 
 def study_device_key(device: Device) -> str:
@@ -266,12 +269,16 @@ class Tuner:
             one here (1: compile and measure each candidate in turn, in this process).
         precision: the precision the results must satisfy: ``"fp32"`` (strict, the default) or
             ``"tf32"`` (TF32 algorithms too); algorithms of lower precision are never considered.
+        seeds: ``(algorithm, parameter overrides)`` pairs (see :func:`~tunecl.search.space.parse_named`):
+            each algorithm's default with those parameters changed is evaluated right after the defaults
+            (``tunecl tune --try``); counted among the trials.
     """
 
     def __init__(self, device: Device, storage_url: str | None = None, sampler: str = "tpe", *,
                  seed: int = 0, policy: TimingPolicy | None = None, patience: int | None = DEFAULT_PATIENCE,
                  top_k: int = 3, exhaustive_limit: int = EXHAUSTIVE_LIMIT,
-                 algorithms: Sequence[Algorithm] | None = None, jobs: int = 1, precision: str = FP32):
+                 algorithms: Sequence[Algorithm] | None = None, jobs: int = 1, precision: str = FP32,
+                 seeds: Sequence[tuple[str, Mapping[str, int]]] = ()):
         if sampler not in SAMPLERS:
             raise ValueError(f"unknown sampler {sampler!r}; use one of {', '.join(SAMPLERS)}")
         self.precision = precision
@@ -288,6 +295,7 @@ class Tuner:
         if jobs < 1:
             raise ValueError(f"jobs must be at least 1, got {jobs}")
         self.jobs = jobs
+        self.seeds = [(name, dict(overrides)) for name, overrides in seeds]
         self.worker_builds = 0  # builds done in worker processes by the last tune() (jobs > 1)
         self.worker_pids: set[int] = set()  # ... and the processes they ran in
         self._storage: optuna.storages.BaseStorage | None = None
@@ -343,7 +351,8 @@ class Tuner:
         chosen = self.applicable(problem)
         by_name = {a.name: a for a in chosen}
         spaces = {a.name: a.space(problem, self.device) for a in chosen}
-        space = SearchSpace(spaces, {a.name: dict(a.default(problem, self.device)) for a in chosen})
+        defaults = {a.name: dict(a.default(problem, self.device)) for a in chosen}
+        space = SearchSpace(spaces, defaults, self._resolve_seeds(problem, spaces, defaults))
         counted = space.count(self.exhaustive_limit)  # stops counting past the limit: spaces can be huge
         size = counted if counted <= self.exhaustive_limit else None
         strategy_name = self.choose_strategy(counted, trials)
@@ -374,6 +383,31 @@ class Tuner:
                     self.worker_builds, self.worker_pids = builder.built, set(builder.worker_pids)
         return self._outcome(problem, chosen, space, log, strategy_name, size, time.monotonic() - started)
 
+    def _resolve_seeds(self, problem: Problem, spaces: Mapping[str, Space],
+                       defaults: Mapping[str, Config]) -> tuple[tuple[str, Config], ...]:
+        """Each seed as a full valid config.
+
+        Raises:
+            ValueError: an algorithm that is not searched for ``problem`` here, an unknown parameter, or
+                a config outside the algorithm's space (the violated constraints named).
+        """
+        resolved = []
+        for name, overrides in self.seeds:
+            if name not in spaces:
+                raise ValueError(f"{name} is not searched for {problem.key} on this device at "
+                                 f"{self.precision}; these are: {', '.join(spaces)}")
+            unknown = sorted(set(overrides) - set(defaults[name]))
+            if unknown:
+                raise ValueError(f"{name} has no parameter {', '.join(unknown)}; its parameters: "
+                                 f"{', '.join(defaults[name])}")
+            config = {**defaults[name], **overrides}
+            broken = spaces[name].violations(config)
+            if broken:
+                raise ValueError(f"{name} with {overrides} is not a valid config for {problem.key}: "
+                                 f"{', '.join(broken)}")
+            resolved.append((name, config))
+        return tuple(resolved)
+
     def _describe_study(self, name: str, problem: Problem, chosen: Sequence[Algorithm]) -> None:
         """Create the study if needed and label it for humans (optuna-dashboard shows user attrs)."""
         with quiet_optuna():
@@ -399,7 +433,13 @@ class Tuner:
             study_name=log.study_name, storage_url=_hide_password(self.storage_url), strategy=strategy,
             space_size=size, stop_reason=log.stop_reason, elapsed=elapsed, results=tuple(log.results),
             final=tuple(log.final), precision=self.precision,
-            precisions={a.name: algorithm_precision(a) for a in chosen})
+            precisions={a.name: algorithm_precision(a) for a in chosen}, tried=self._tried(space, log))
+
+    @staticmethod
+    def _tried(space: SearchSpace, log: SearchLog) -> tuple[Result, ...]:
+        """The result of each seed, the final round's where it re-measured the config."""
+        latest = {config_key(r.algorithm, r.config): r for r in (*log.results, *log.final)}
+        return tuple(latest[key] for key in (config_key(a, c) for a, c in space.seeds) if key in latest)
 
 
 __all__ = ["SAMPLERS", "NoAlgorithmError", "Status", "TuneOutcome", "Tuner", "open_storage", "study_name"]
