@@ -200,20 +200,14 @@ class Graph:
             guard.refresh()
         queue = self._device.queue   # (enqueues launches deferred before the replay first)
         call, copy = cl.Kernel.__call__, cl.enqueue_copy   # looked up now: a KernelProfile sees replays
-        if profiling.swap_lock.locked():
-            # a KernelProfile (or a capture) is watching pyopencl's launch and copy functions: go through them
-            for is_launch, a, b, c, args, kwargs in self._commands:
-                if is_launch:
-                    call(a, queue, b, c, *args, **kwargs)
-                else:
-                    copy(queue, a, b, **kwargs)
-            return
+        # a KernelProfile (or a capture) watches pyopencl's launch and copy functions: then go through them
+        watched = profiling.swap_lock.locked()
         enqueue = cl.enqueue_nd_range_kernel
         # submit every few commands, as the device's queue does (NVIDIA's driver otherwise holds them back
         # while the host goes on enqueueing; 0 on CPU devices)
         every, pending = self._device.flush_every, 0
         for (is_launch, a, b, c, args, kwargs), preset in zip(self._commands, self._presets):
-            if preset is not None:   # a copy of the kernel with this launch's arguments set at capture
+            if preset is not None and not watched:   # the kernel's copy with this launch's arguments set
                 enqueue(queue, preset, b, c)
             elif is_launch:
                 call(a, queue, b, c, *args, **kwargs)

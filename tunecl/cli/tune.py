@@ -279,7 +279,7 @@ def print_outcome(outcome: Any, stored_in: str, out: TextIO | None = None) -> No
     speedup = outcome.speedup
     line("best", f"{_ms(w.time)} ms  {outcome.gflops(w):.2f} GFLOP/s"
                  + (f"  ({speedup:.2f}x the default)" if speedup is not None else ""))
-    for r in getattr(outcome, "tried", ()):   # configs asked for with --try
+    for r in outcome.tried:   # configs asked for with --try
         differs = {k: v for k, v in r.config.items() if outcome.defaults.get(r.algorithm) is None
                    or outcome.defaults[r.algorithm].config.get(k) != v}
         what = f"{r.algorithm} " + " ".join(f"{k}={v}" for k, v in differs.items())
