@@ -197,3 +197,56 @@ def test_predicates_and_bitwise():
     check_op(torch.bitwise_not, torch.tensor([True, False]), grad=False)
     check_op(lambda a, b: a & b | (a ^ b), torch.arange(6), torch.arange(6).flip(0), grad=False)
     check_op(lambda a, b: torch.logical_and(a, b) | torch.logical_xor(a > 0, b), X(3, 4), X(3, 4) > 0, grad=False)
+
+
+def _launched_plans(monkeypatch):
+    """Every (plan, element offsets) the pointwise family launches from here on, in order."""
+    from tunecl.backend import state
+
+    family = state.get().pointwise
+    plans, at_offsets = [], family.at_offsets
+
+    def recording(plan, offsets):
+        chosen = at_offsets(plan, offsets)
+        plans.append((chosen[0], tuple(offsets)))
+        return chosen
+
+    monkeypatch.setattr(family, "at_offsets", recording)
+    return plans
+
+
+@pytest.mark.parametrize("count", [1, 3, 4, 5, 7, 8, 9, 1027])
+def test_dense_float_ops_run_four_elements_per_work_item(count, strict, monkeypatch):
+    """Dense float32 operands take the float4 variant, whose last work-item finishes a count that is
+    not a multiple of 4 element by element; element offsets that are not multiples of 4 (views) take the
+    scalar twin, since a float4 access there would be misaligned. Unary, binary with a scalar, ternary
+    and in-place ops, each exactly CPU torch's result."""
+    plans = _launched_plans(monkeypatch)
+    a, b, c = (torch.randn(count + 6) for _ in range(3))
+    da, db, dc = (x.to("opencl") for x in (a, b, c))
+    for start in range(6):       # element offsets 0..5 of every operand
+        sa, sb, sc = (x[start:start + count] for x in (a, b, c))
+        ta, tb, tc = (x[start:start + count] for x in (da, db, dc))
+        plans.clear()
+        cases = [(torch.relu(ta), torch.relu(sa)), (torch.add(ta, tb, alpha=-1.5), torch.add(sa, sb, alpha=-1.5)),
+                 (ta * 3.0, sa * 3.0), (torch.addcmul(ta, tb, tc, value=0.5), torch.addcmul(sa, sb, sc, value=0.5)),
+                 (torch.ops.aten.threshold_backward(tb, ta, 0.0), torch.ops.aten.threshold_backward(sb, sa, 0.0))]
+        for got, want in cases:
+            assert torch.equal(got.cpu(), want)
+        views = [(plan, offsets) for plan, offsets in plans if any(offsets)]
+        assert all(not plan.vec for plan, offsets in views if any(o % 4 for o in offsets))
+        assert start % 4 or count == 1 or all(plan.vec for plan, _ in plans)   # (one element: no dims)
+        inplace, expect = dc.clone(), c.clone()
+        inplace[start:start + count].mul_(tb).sub_(ta)
+        expect[start:start + count].mul_(sb).sub_(sa)
+        assert torch.equal(inplace.cpu(), expect)
+
+
+def test_other_layouts_and_dtypes_keep_one_element_per_work_item(strict, monkeypatch):
+    plans = _launched_plans(monkeypatch)
+    x = torch.randn(8, 12)
+    d = x.to("opencl")
+    for got, want in [(d.t() + 1, x.t() + 1), (d[:, ::2] * 2, x[:, ::2] * 2), (d + d[:1], x + x[:1]),
+                      (d.half() * 2, x.half() * 2), (d.long() + 1, x.long() + 1), (d > 0, x > 0)]:
+        assert torch.equal(got.cpu(), want)
+    assert plans and all(not plan.vec for plan, _ in plans if plan.signature[0] not in ("copy",))

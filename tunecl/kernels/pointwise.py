@@ -199,6 +199,9 @@ def _out_kind(dtype: str, tc: str) -> int:
     return 0
 
 
+VEC = 4  # elements per work-item of the float4 variant (dense float32 operands)
+
+
 class _Plan(NamedTuple):
     """What one op signature needs per launch: the kernel and the shape part of ``meta``."""
 
@@ -212,6 +215,8 @@ class _Plan(NamedTuple):
     meta: bytes               # the packed ``meta`` when every offset is 0 (the common case)
     scalar_args: tuple[int, ...]  # positions in the argument list of scalar inputs
     signature: tuple          # (op, shape, out, inputs) without buffers: rebuilds the plan 64-bit wide
+    vec: bool                 # the float4 variant: every element offset must be a multiple of 4
+    unaligned: list           # a vec plan's scalar twin, built the first time offsets need it
 
 
 class Pointwise:
@@ -290,12 +295,7 @@ class Pointwise:
         ``offsets`` (out's, then each input's: 0 for scalars). ``args`` is extended in place. With
         ``defer``, by way of :meth:`Device.defer` (no event: the launch may be enqueued later, in
         order, with the next use of the queue)."""
-        if any(offsets):
-            if not plan.wide and any(o + e > INT32_MAX for o, e in zip(offsets, plan.extents)):
-                plan = self._plan(None, *plan.signature, wide=True)
-            meta = pack_meta(plan.prefix + list(offsets), "long" if plan.wide else "int")
-        else:  # offsets of 0 need no range check: a 32-bit plan's extents all fit
-            meta = plan.meta
+        plan, meta = self.at_offsets(plan, offsets)
         cast = plan.cast
         for i in plan.scalar_args:
             args[i] = cast(args[i])
@@ -307,8 +307,22 @@ class Pointwise:
             return None
         return plan.kernel(self.device.queue, plan.global_size, plan.local_size, *args)
 
+    def at_offsets(self, plan: _Plan, offsets: Sequence[int]) -> tuple[_Plan, bytes]:
+        """The plan that serves ``plan``'s signature at element ``offsets`` and its packed ``meta``: the
+        scalar twin of a float4 plan when an offset is not a multiple of 4, the 64-bit plan when an
+        offset reaches past 32-bit indices."""
+        if not any(offsets):   # offsets of 0 need no range check: a 32-bit plan's extents all fit
+            return plan, plan.meta
+        if plan.vec and any(o % VEC for o in offsets):   # float4 accesses would be misaligned
+            if not plan.unaligned:
+                plan.unaligned.append(self._plan(None, *plan.signature, wide=plan.wide, vec=False))
+            plan = plan.unaligned[0]
+        if not plan.wide and any(o + e > INT32_MAX for o, e in zip(offsets, plan.extents)):
+            plan = self._plan(None, *plan.signature, wide=True, vec=plan.vec)
+        return plan, pack_meta(plan.prefix + list(offsets), "long" if plan.wide else "int")
+
     def _plan(self, key: tuple | None, op: str, shape: Sequence[int], out: Operand, inputs: Sequence[Input],
-              wide: bool) -> _Plan:
+              wide: bool, vec: bool = True) -> _Plan:
         expr = EXPRESSIONS[op]
         if len(inputs) != expr.nin:
             raise ValueError(f"{op} takes {expr.nin} inputs, got {len(inputs)}")
@@ -328,7 +342,9 @@ class Pointwise:
         wide = wide or count > INT32_MAX or any(e > INT32_MAX for e in extents)
         idx = "long" if wide else "int"
         dtypes = tuple(x.dtype if isinstance(x, Operand) else None for x in inputs)
-        kernel_key = (op, tc, out.dtype, dtypes, rank, idx)
+        vec = vec and tc == "float" and all(t.dtype == "float32" for t in tensors) and \
+            len(mshape) == 1 and all(st == [1] for st in mstrides)
+        kernel_key = (op, tc, out.dtype, dtypes, rank, idx, vec)
         kernel = self.cache.get(kernel_key)
         if kernel is None:
             kernel = self._build(kernel_key, expr, 1 + rank + (expr.nin + 1) * (rank + 1))
@@ -346,8 +362,8 @@ class Pointwise:
         signature = (op, shape, out._replace(buffer=None, offset=0),
                      [x._replace(buffer=None, offset=0) if isinstance(x, Operand) else type(x)() for x in inputs])
         plan = _Plan(kernel, prefix, tuple(operand_extents), float if tc == "float" else int,
-                     (round_up(count, self.local),), (self.local,), wide,
-                     pack_meta(prefix + [0] * len(operand_extents), idx), scalar_args, signature)
+                     (round_up(-(-count // VEC) if vec else count, self.local),), (self.local,), wide,
+                     pack_meta(prefix + [0] * len(operand_extents), idx), scalar_args, signature, vec, [])
         if key is not None:
             if len(self._plans) >= self.MAX_PLANS:
                 self._plans.clear()
@@ -355,11 +371,11 @@ class Pointwise:
         return plan
 
     def _build(self, key: tuple, expr: Expr, meta_len: int) -> cl.Kernel:
-        _, tc, out_dtype, signature, rank, idx = key
+        _, tc, out_dtype, signature, rank, idx, vec = key
         code = expr.code if tc == "float" else expr.int_code
         options = [f"-DOP(a,b,c)={code}", f"-DNIN={expr.nin}", f"-DNS={expr.nparams}",
                    f"-DNDIM={rank}", f"-DIDX={idx}", f"-DTC={tc}", f"-DTOUT={CTYPES[out_dtype]}",
-                   f"-DOUT_KIND={_out_kind(out_dtype, tc)}"]
+                   f"-DOUT_KIND={_out_kind(out_dtype, tc)}"] + (["-DVEC"] if vec else [])
         np_tc = np.float32 if tc == "float" else (np.int64 if tc == "long" else np.int32)
         dtypes: list = [None]
         for k, dtype in enumerate(signature):
