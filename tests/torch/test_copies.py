@@ -100,6 +100,7 @@ def test_large_uploads_go_through_the_pinned_buffer_back_to_back_and_as_it_grows
     monkeypatch.setattr(copies, "STAGING_LIMIT", 1024)   # every upload below is "large"
     monkeypatch.setattr(copies, "PINNED_UPLOADS", True)  # (the GPU path, on any device)
     monkeypatch.setattr(copies, "_pinned", copies._PinnedStaging())
+    monkeypatch.setattr(copies, "STAGING_CHUNK", 1000)   # several chunks, the last one partial
     hosts = [torch.randn(600), torch.randn(600), torch.randn(5000), torch.arange(7000, dtype=torch.int32)]
     devices = [h.to("opencl") for h in hosts]   # 2400 B, 2400 B (reusing the buffer), then two that grow it
     slice_dst = torch.zeros(900).to("opencl")
