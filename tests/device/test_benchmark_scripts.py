@@ -134,6 +134,19 @@ def test_launch_cost_times_each_part_of_a_launch(capsys):
     assert all(float(value) > 0 for row in variants for value in row[2:])
 
 
+def test_pointwise_benchmark_times_each_op_and_size_next_to_torch(tmp_path, capsys):
+    pytest.importorskip("torch")
+    script = load_script("pointwise")
+    out = tmp_path / "pw.json"
+    assert script.main(["--batch", "2", "--iterations", "2", "--sizes", "3,5", "8,9", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["op"], r["shape"]) for r in rows] == [(op, shape) for op in ("relu", "threshold_backward", "add")
+                                                     for shape in ([2, 3, 5, 5], [2, 8, 9, 9])]
+    assert all(r["tunecl_s"] > 0 and r["peer_s"] > 0 for r in rows)
+    assert [r["bytes"] for r in rows[:2]] == [2 * 4 * 150, 2 * 4 * 1296]
+    assert "sum" in capsys.readouterr().out
+
+
 def test_batch_norm_benchmark_times_each_shape_next_to_torch(tmp_path, capsys):
     pytest.importorskip("torch")
     script = load_script("batch_norm")
