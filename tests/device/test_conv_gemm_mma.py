@@ -1,5 +1,5 @@
-"""conv_1x1_mma_tf32 and conv_im2col_mma_tf32: the GEMM-backed convolutions with their products on
-gemm_mma_tf32 (tensor cores, TF32), all directions.
+"""conv_1x1_mma_tf32, conv_im2col_mma_tf32 and the Winograd ones: the GEMM-backed convolutions with their
+products on gemm_mma_tf32 (tensor cores, TF32), all directions they apply to.
 
 On a device without the "mma_tf32" capability (PoCL in CI) they never apply. Their plumbing is still checked
 end to end there: with the capability granted to the GEMM family and its kernels built with ``emulate=True``
@@ -27,7 +27,10 @@ SHAPES = {
     "3x3_s2": "n=2,c=6,h=10,w=9,k=8,r=3,s=3,stride=2,pad=1",
     "c3_7x7_s2_b1": "n=1,c=3,h=15,w=13,k=8,r=7,s=7,stride=2,pad=3",
     "k1000": "n=1,c=8,h=3,w=3,k=1000,r=3,s=3,pad=1",
+    "3x3": "n=2,c=6,h=9,w=10,k=8,r=3,s=3,pad=1",
+    "3x3_pad2_groups2": "n=1,c=8,h=7,w=5,k=4,r=3,s=3,pad=2,groups=2",
 }
+WINOGRAD = ("conv_winograd_mma_tf32", "conv_winograd_f4_mma_tf32")
 
 
 def has_capability(device) -> bool:
@@ -55,14 +58,14 @@ def emulated_mma(monkeypatch, device):
 def test_registered_as_tf32_families_after_every_fp32_one():
     algorithms = kernels.algorithms("conv")
     names = [a.name for a in algorithms]
-    assert set(VARIANTS) == {"conv_1x1_mma_tf32", "conv_im2col_mma_tf32"}
+    assert set(VARIANTS) == {"conv_1x1_mma_tf32", "conv_im2col_mma_tf32", *WINOGRAD}
     first_tf32 = min(names.index(name) for name in VARIANTS)
     assert all(algorithm_precision(a) != TF32 for a in algorithms[:first_tf32])
     for name, variant in VARIANTS.items():
         assert kernels.algorithm(name) is variant
         assert (variant.gemm_name, algorithm_precision(variant)) == (gemm_mma.NAME, TF32)
     # the fp32 originals keep gemm_tiled and fp32
-    for name in ("conv_1x1", "conv_im2col"):
+    for name in ("conv_1x1", "conv_im2col", "conv_winograd", "conv_winograd_f4"):
         assert (kernels.algorithm(name).gemm_name, algorithm_precision(kernels.algorithm(name))) == ("gemm_tiled",
                                                                                                        "fp32")
 
@@ -76,13 +79,22 @@ def test_without_the_capability_they_never_apply(device):
             assert not any(v.applies(p, device) for v in VARIANTS.values())
 
 
-# conv_1x1 takes the 1x1 shapes, conv_im2col every shape
-CASES = [(name, shape) for name in sorted(VARIANTS) for shape in sorted(SHAPES)
-         if name == "conv_im2col_mma_tf32" or shape.startswith("1x1")]
+# conv_1x1 takes the 1x1 shapes, conv_im2col every shape, Winograd the 3x3 stride-1 ones (fwd, bwd_data)
+CASES = [(name, shape, direction) for name in sorted(VARIANTS) for shape in sorted(SHAPES) for direction in DIRECTIONS
+         if name == "conv_im2col_mma_tf32" or (name == "conv_1x1_mma_tf32" and shape.startswith("1x1"))
+         or (name in WINOGRAD and shape in ("3x3", "3x3_pad2_groups2", "k1000") and direction != "bwd_weight")]
 
 
-@pytest.mark.parametrize("direction", DIRECTIONS)
-@pytest.mark.parametrize("name, shape", CASES)
+def test_winograd_variants_apply_where_their_fp32_twins_do(emulated_mma):
+    for spec in SHAPES.values():
+        for direction in DIRECTIONS:
+            p = ConvProblem.parse(spec).with_direction(direction)
+            for name in WINOGRAD:
+                twin = kernels.algorithm(name.removesuffix("_mma_tf32"))
+                assert VARIANTS[name].applies(p, emulated_mma) == twin.applies(p, emulated_mma)
+
+
+@pytest.mark.parametrize("name, shape, direction", CASES)
 def test_default_plan_matches_torch_at_the_tf32_tolerance(emulated_mma, name, shape, direction):
     variant, twin = VARIANTS[name], kernels.algorithm(name.removesuffix("_mma_tf32"))
     p = ConvProblem.parse(SHAPES[shape]).with_direction(direction)

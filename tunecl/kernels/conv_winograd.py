@@ -46,6 +46,18 @@ from tunecl.runtime import Device
 
 WORKSPACE_CAP = 256 * 2**20   # bytes of transformed tiles (V and Z) a plan may hold
 
+# m -> (G, Bᵀ, Aᵀ) of F(m×m,3×3), the matrices of conv_winograd.cl (for references and error bounds)
+MATRICES = {
+    2: ([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]],
+        [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]],
+        [[1, 1, 1, 0], [0, 1, -1, -1]]),
+    4: ([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6], [1 / 24, 1 / 12, 1 / 6],
+         [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]],
+        [[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0], [0, -2, -1, 2, 1, 0],
+         [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]],
+        [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]]),
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class Layout:

@@ -13,7 +13,8 @@ of the terms (the same convolution of ``|a|`` and ``|b|``), plus ``|beta * out0|
 families whose transforms amplify rounding (Winograd) get a constant factor from
 :data:`ERROR_FACTOR`. A plan whose ``precision`` is ``"tf32"`` (its inputs are rounded to TF32) also gets
 :func:`~tunecl.search.harness.tf32_tolerance` of the exact 2-norm of each output's terms, the square
-root of the same convolution of ``a**2`` and ``b**2``, as the GEMM harness does with its bound of it.
+root of the same convolution of ``a**2`` and ``b**2``, as the GEMM harness does with its bound of it; for
+a Winograd family the terms are those of its transformed values (:func:`winograd_spread`).
 
 float16 problems (``dtype="float16"``): ``a``, ``b`` and ``out`` are half buffers (the inputs drawn as
 above and rounded to half; the reference uses those half values), the bias is an fp32 buffer of
@@ -24,12 +25,14 @@ the tolerance adds the one rounding of the output to half
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
 
 from tunecl.kernels.base import Plan
 from tunecl.kernels.conv_common import reduction_length
+from tunecl.kernels.conv_winograd import MATRICES
 from tunecl.precision import FP32, TF32
 from tunecl.problems import ConvProblem
 from tunecl.runtime import Device
@@ -42,8 +45,12 @@ from tunecl.search.harness import (
     tf32_tolerance,
 )
 
-# algorithm name -> how much more rounding error than a plain sum it may have
+# algorithm name -> how much more rounding error than a plain sum it may have (a TF32 variant
+# ``NAME_mma_tf32`` has NAME's)
 ERROR_FACTOR = {"conv_winograd": 16.0}
+TF32_SUFFIX = "_mma_tf32"
+# Winograd families -> m of F(m×m,3×3): their TF32 rounding is of transformed values (winograd_spread)
+WINOGRAD = {"conv_winograd": 2, "conv_winograd_f4": 4}
 
 
 def operand_shapes(p: ConvProblem) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
@@ -69,6 +76,62 @@ def reference(p: ConvProblem, a: np.ndarray, b: np.ndarray, bias: np.ndarray | N
     w = torch.zeros(p.weight_shape, dtype=torch.float64, requires_grad=True)
     torch.nn.functional.conv2d(ta, w, **kw).backward(tb)
     return w.grad.numpy()
+
+
+def winograd(p: ConvProblem, a: np.ndarray, b: np.ndarray, m: int, squared: bool = False,
+             rounding: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
+    """The fwd or bwd_data result of Winograd F(m×m,3×3) in float64, computed as the kernels do
+    (bwd_data: the forward convolution of dy with the filters transposed per group and rotated 180°, padding
+    2 − pad): ``out = Aᵀ·Z·A`` with ``Z[ξ] = Σ_ci U[ξ]·V[ξ]``, ``U = G·f·Gᵀ``, ``V = Bᵀ·d·B`` per tile.
+
+    ``squared``: the same with ``A``, ``U`` and ``V`` replaced by their element-wise squares, i.e. for every
+    output ``Σ_ξ A_ξ² Σ_ci U[ξ]² V[ξ]²``, the squared 2-norm of the terms that rounding U and V to TF32
+    perturbs (:func:`winograd_spread`). ``rounding`` (a model of the TF32 kernels) is applied to U and V
+    before their products."""
+    g_mat, bt, at = (np.asarray(x, np.float64) for x in MATRICES[m])
+    g = p.groups
+    if p.direction == "fwd":
+        d, f, pad, ho, wo = a, b, p.padding, p.p, p.q
+    elif p.direction == "bwd_data":
+        k, cg = b.shape[:2]
+        f = b.reshape(g, k // g, cg, 3, 3).transpose(0, 2, 1, 3, 4).reshape(g * cg, k // g, 3, 3)[:, :, ::-1, ::-1]
+        d, pad, ho, wo = a, (2 - p.padding[0], 2 - p.padding[1]), p.h, p.w
+    else:
+        raise ValueError("Winograd computes fwd and bwd_data only")
+    n, ci, hi, wi = d.shape
+    co, cig = f.shape[:2]
+    cog, alpha = co // g, m + 2
+    th, tw = -(-ho // m), -(-wo // m)
+    padded = np.zeros((n, ci, th * m + 2, tw * m + 2))
+    rows, cols = min(hi, th * m + 2 - pad[0]), min(wi, tw * m + 2 - pad[1])   # (what the tiles reach)
+    r0, c0 = max(0, -pad[0]), max(0, -pad[1])                                  # (negative padding crops)
+    padded[:, :, max(0, pad[0]):max(0, pad[0]) + rows - r0, max(0, pad[1]):max(0, pad[1]) + cols - c0] = \
+        d[:, :, r0:rows, c0:cols]
+    tiles = np.lib.stride_tricks.sliding_window_view(padded, (alpha, alpha), axis=(2, 3))[:, :, ::m, ::m]
+    v = bt @ tiles @ bt.T                                  # (n, ci, th, tw, alpha, alpha)
+    u = g_mat @ f @ g_mat.T                                # (co, cig, alpha, alpha)
+    if rounding is not None:
+        u, v = rounding(u), rounding(v)
+    if squared:
+        u, v, at = u * u, v * v, at * at
+    # Z per group and transform position: (g * alpha², cog, cig) @ (g * alpha², cig, n * th * tw)
+    u = u.reshape(g, cog, cig, alpha * alpha).transpose(0, 3, 1, 2).reshape(g * alpha * alpha, cog, cig)
+    v = v.reshape(n, g, cig, th * tw, alpha * alpha).transpose(1, 4, 2, 0, 3).reshape(g * alpha * alpha, cig, -1)
+    z = (u @ v).reshape(g, alpha, alpha, cog, n, th, tw)
+    out = np.einsum("px,gxyonij,qy->ngoipjq", at, z, at, optimize=True)
+    return out.reshape(n, co, th * m, tw * m)[:, :, :ho, :wo]
+
+
+def winograd_spread(p: ConvProblem, a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
+    """The TF32 spread of Winograd F(m×m,3×3): per output, ``sqrt(Σ_ξ A_ξ² Σ_ci U[ξ]² V[ξ]²)``.
+
+    Why: rounding U and V to TF32 moves ``Z[ξ]`` by ``Σ_ci U V (d_U + d_V)``, whose standard deviation is at
+    most ``0.82 u_tf32 sqrt(Σ_ci U² V²)`` (as for a GEMM, :func:`~tunecl.search.harness.tf32_tolerance`);
+    the output transform sums the ξ with coefficients ``A_ξ``, independent errors adding in squares. The
+    transforms themselves run in fp32 (the fp32 part of the tolerance). For the harness's inputs this is
+    ~2x (F(2×2)) and ~10x (F(4×4)) the direct convolution's spread: the TF32 error of Winograd is that much
+    larger than that of a direct TF32 convolution (``tests/unit/test_winograd_tf32.py``)."""
+    return np.sqrt(winograd(p, a, b, m, squared=True))
 
 
 class ConvHarness:
@@ -106,15 +169,19 @@ class ConvHarness:
                 "bias_f64": None if bias is None else bias.astype(np.float64)}
         return self._data
 
-    def _spread(self) -> np.ndarray:
-        """``sqrt(sum of squared terms)`` of every output (for TF32 plans; computed on first use)."""
+    def _spread(self, algorithm: str = "") -> np.ndarray:
+        """``sqrt(sum of squared terms)`` of every output (for TF32 plans; computed on first use): of the
+        convolution, or of the transformed values a Winograd family multiplies (:func:`winograd_spread`)."""
         data = self._prepare()
-        if "spread" not in data:
+        m = WINOGRAD.get(algorithm.removesuffix(TF32_SUFFIX))
+        key = "spread" if m is None else f"spread_winograd{m}"
+        if key not in data:
             g, shapes = self.guard, operand_shapes(self.problem)
             a, b = (data[name][g:g + int(np.prod(shape))].reshape(shape).astype(np.float64)
                     for name, shape in (("a", shapes[0]), ("b", shapes[1])))
-            data["spread"] = np.sqrt(reference(self.problem, a * a, b * b, None))
-        return data["spread"]
+            data[key] = (np.sqrt(reference(self.problem, a * a, b * b, None)) if m is None
+                         else winograd_spread(self.problem, a, b, m))
+        return data[key]
 
     def bind(self, plan: Plan) -> ConvBinding:
         data = self._prepare()
@@ -136,11 +203,11 @@ class ConvHarness:
             shape = (1, -1, 1, 1)
             expected = expected + data["bias_f64"].reshape(shape)
             magnitude = magnitude + np.abs(data["bias_f64"]).reshape(shape)
-        factor = ERROR_FACTOR.get(algorithm, 1.0)
+        factor = ERROR_FACTOR.get(algorithm.removesuffix(TF32_SUFFIX), 1.0)
         tolerance = factor * reduction_tolerance(reduction_length(self.problem)) * magnitude
         case = f"beta={beta:g}" + (", bias" if with_bias else "")
         if precision == TF32:
-            tolerance = tolerance + tf32_tolerance(self._spread())
+            tolerance = tolerance + tf32_tolerance(self._spread(algorithm))
             case += ", tf32"
         elif precision != FP32:
             raise ValueError(f"no convolution tolerance for precision {precision!r}")
