@@ -148,7 +148,10 @@ def test_pointwise_benchmark_times_each_op_and_size_next_to_torch(tmp_path, caps
 
 
 def test_batch_norm_benchmark_times_each_shape_next_to_torch(tmp_path, capsys):
-    pytest.importorskip("torch")
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():   # (the script runs its CUDA peer before registering the backend, which
+        # this process has done: autograd on CUDA then trips an internal assert of torch's engine)
+        pytest.skip("the CUDA peer needs a process without the opencl backend (run the script itself)")
     script = load_script("batch_norm")
     out = tmp_path / "bn.json"
     assert script.main(["--batch", "2", "--iterations", "2", "--shapes", "3,5", "8,4", "--json", str(out)]) == 0
