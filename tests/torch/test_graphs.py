@@ -257,6 +257,62 @@ def test_a_fused_adam_step_in_the_graph_replays_exactly_as_eager_steps(cleanup):
         assert torch.equal(a, b)
 
 
+def test_a_learning_rate_tensor_set_between_replays_takes_effect(cleanup):
+    """Fused Adam and SGD with the learning rate in a device tensor: each replay reads its current value, so
+    a scheduler can update it between replays; replayed steps equal eager steps with the same rates."""
+    batches = [(torch.randn(4, 3, 8, 8), torch.randint(0, 5, (4,))) for _ in range(3)]
+    rates = [0.02, 0.005, 0.0]   # the last: a replay at lr 0 leaves the parameters as they are
+    for make in (lambda p, lr: torch.optim.Adam(p, lr=lr, fused=True),
+                 lambda p, lr: torch.optim.SGD(p, lr=lr, momentum=0.9, fused=True)):
+        results = {}
+        for name in ("eager", "graph"):
+            torch.manual_seed(0)
+            model = small_net().to("opencl")
+            lr = torch.tensor(0.01, device="opencl")
+            opt = make(model.parameters(), lr)
+            sx, sy = batches[0][0].to("opencl"), batches[0][1].to("opencl")
+            F.cross_entropy(model(sx), sy).backward()   # a warm-up step creates the optimizer's state
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if name == "graph":
+                g = torch.opencl.Graph()
+                cleanup.append(g)
+                with torch.opencl.graph(g):
+                    F.cross_entropy(model(sx), sy).backward()
+                    opt.step()
+            else:
+                F.cross_entropy(model(sx), sy).backward()
+                opt.step()
+            snapshots = []
+            for (bx, by), rate in zip(batches, rates):
+                lr.fill_(rate)
+                sx.copy_(bx)
+                sy.copy_(by)
+                before = [p.detach().cpu() for p in model.parameters()]
+                if name == "graph":
+                    g.replay()
+                else:
+                    opt.zero_grad(set_to_none=True)
+                    F.cross_entropy(model(sx), sy).backward()
+                    opt.step()
+                snapshots.append([p.detach().cpu() for p in model.parameters()])
+            assert all(torch.equal(a, b) for a, b in zip(before, snapshots[-1]))   # lr 0 moved nothing
+            results[name] = snapshots
+        for eager, graph in zip(results["eager"], results["graph"]):
+            assert all(torch.equal(a, b) for a, b in zip(eager, graph))
+
+
+def test_a_cpu_learning_rate_tensor_fails_the_capture():
+    model = small_net().to("opencl")
+    opt = torch.optim.Adam(model.parameters(), lr=torch.tensor(0.01), fused=True)
+    sx, sy = torch.randn(2, 3, 8, 8).to("opencl"), torch.randint(0, 5, (2,)).to("opencl")
+    F.cross_entropy(model(sx), sy).backward()
+    opt.step()
+    with pytest.raises(graphs.GraphCaptureError, match="learning-rate"), torch.opencl.graph(torch.opencl.Graph()):
+        F.cross_entropy(model(sx), sy).backward()
+        opt.step()
+
+
 @pytest.mark.parametrize("case", ["host_step_count", "no_warm_up"])
 def test_optimizer_steps_a_replay_would_get_wrong_fail_the_capture(case):
     model = small_net().to("opencl")

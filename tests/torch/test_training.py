@@ -20,7 +20,18 @@ OPTIMIZERS = {
     "adam_fused": lambda p: torch.optim.Adam(p, lr=1e-2, fused=True),
     "adamw_fused_amsgrad": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1, amsgrad=True, fused=True),
     "adam_foreach_false": lambda p: torch.optim.Adam(p, lr=1e-2, foreach=False),
+    # a learning-rate tensor on the parameters' device (the opencl one: read by the kernel), as schedulers
+    # with graphs need, and on the CPU (read on the host)
+    "adam_fused_tensor_lr": lambda p: _with_tensor_lr(torch.optim.Adam, p, fused=True),
+    "adamw_fused_cpu_tensor_lr": lambda p: _with_tensor_lr(torch.optim.AdamW, p, on_cpu=True, fused=True),
+    "sgd_momentum_fused_tensor_lr": lambda p: _with_tensor_lr(torch.optim.SGD, p, momentum=0.9, fused=True),
 }
+
+
+def _with_tensor_lr(optimizer, params, on_cpu=False, **options):
+    params = list(params)
+    lr = torch.tensor(1e-2, device="cpu" if on_cpu else params[0].device)
+    return optimizer(params, lr=lr, **options)
 
 
 def _mlp() -> nn.Module:
@@ -54,12 +65,14 @@ def _train_mlp_and_compare(name, fresh_stats):
         xd, yd = x.to(device), y.to(device)
         torch.manual_seed(1)  # same dropout masks on both devices
         losses = []
-        for _ in range(3):
+        for step in range(3):
             opt.zero_grad()
             loss = nn.functional.cross_entropy(model(xd), yd)
             loss.backward()
             opt.step()
             losses.append(loss.item())
+            if isinstance(opt.param_groups[0]["lr"], torch.Tensor):   # as a scheduler updates it
+                opt.param_groups[0]["lr"].fill_(0.02 / (step + 1))
         runs[device] = (model, losses)
     (cpu_model, cpu_losses), (dev_model, dev_losses) = runs["cpu"], runs["opencl"]
     assert dev_losses == pytest.approx(cpu_losses, abs=1e-5)

@@ -78,9 +78,20 @@ typedef struct { long v[4 * SLOTS]; } sgd_meta_t;
 typedef struct { long v[5 * SLOTS]; } map_meta_t;
 typedef struct { float v[5 * SLOTS]; } map_numbers_t;
 
-__kernel void adam_step(const float lr, const float beta1, const float beta2, const float weight_decay,
-                        const float eps, const adam_meta_t m FOR_SLOTS(ADAM_SLOT))
+// LR_TENSOR: the learning rate is read from lr_t[lr_offset] (a device tensor a scheduler may update between
+// steps, or between replays of a graph) instead of the lr_value argument.
+#ifdef LR_TENSOR
+  #define LR_PARAMS , __global const float *lr_t, const long lr_offset
+  #define LR_VALUE (lr_t[lr_offset])
+#else
+  #define LR_PARAMS
+  #define LR_VALUE lr_value
+#endif
+
+__kernel void adam_step(const float lr_value, const float beta1, const float beta2, const float weight_decay,
+                        const float eps, const adam_meta_t m FOR_SLOTS(ADAM_SLOT) LR_PARAMS)
 {
+  const float lr = LR_VALUE;
 #ifdef GROUP_CORRECTIONS
   __local float corrections[2];   // one pow() pair per work-group rather than per work-item
 #endif
@@ -136,9 +147,10 @@ __kernel void adam_step(const float lr, const float beta1, const float beta2, co
   }
 }
 
-__kernel void sgd_step(const float lr, const float weight_decay, const float momentum, const float dampening,
-                       const int first_step, const sgd_meta_t m FOR_SLOTS(SGD_SLOT))
+__kernel void sgd_step(const float lr_value, const float weight_decay, const float momentum, const float dampening,
+                       const int first_step, const sgd_meta_t m FOR_SLOTS(SGD_SLOT) LR_PARAMS)
 {
+  const float lr = LR_VALUE;
   const int slot = (int)get_global_id(1);
   __global float *p = 0, *buf = 0;
   __global const float *g = 0;

@@ -25,6 +25,15 @@ MAX_ITEMS = 1 << 16  # work-items per slot; larger tensors are strided over
 MAX_ITEMS_CPU = 1 << 24
 
 
+def _lr_operand(lr: float | Operand) -> bool:
+    """Whether ``lr`` is a tensor operand (checked: one float32 element) rather than a number."""
+    if not isinstance(lr, Operand):
+        return False
+    if lr.dtype != "float32":
+        raise Unsupported("a learning-rate tensor must be float32")
+    return True
+
+
 class Optim:
     def __init__(self, device: Device):
         self.device = device
@@ -40,13 +49,16 @@ class Optim:
         if kernel is None:
             options = [f"-DSLOTS={SLOTS}"] + [f"-D{f}" for f in flags]
             dtypes = [np.float32] * scalars + ([np.int32] if name == "sgd_step" else []) + \
-                [meta_dtype(meta_len, "long")] + [None] * (per_slot_buffers * SLOTS)
+                [meta_dtype(meta_len, "long")] + [None] * (per_slot_buffers * SLOTS) + \
+                ([None, np.int64] if "LR_TENSOR" in flags else [])
             kernel = self.cache.build(key, options, name, dtypes)
         return kernel
 
     def _launch(self, kernel: cl.Kernel, scalars: list, rows: Sequence[Sequence[Operand | None]],
-                numels: Sequence[int], per_slot: int) -> None:
-        """Launch over ``rows`` (one tuple of operands per tensor) in chunks of SLOTS."""
+                numels: Sequence[int], per_slot: int, lr: Operand | None = None) -> None:
+        """Launch over ``rows`` (one tuple of operands per tensor) in chunks of SLOTS; ``lr``: the learning
+        rate's one-element tensor (kernels built with ``LR_TENSOR``)."""
+        tail = [] if lr is None else [lr.buffer, lr.offset]
         for start in range(0, len(rows), SLOTS):
             chunk, sizes = rows[start:start + SLOTS], numels[start:start + SLOTS]
             meta: list[int] = []
@@ -59,7 +71,8 @@ class Optim:
             buffers += [None] * (per_slot * pad)
             items = min(max(sizes, default=1), self.items)
             global_size = (-(-items // self.local) * self.local, len(chunk))
-            kernel(self.device.queue, global_size, (self.local, 1), *scalars, pack_meta(meta, "long"), *buffers)
+            kernel(self.device.queue, global_size, (self.local, 1), *scalars, pack_meta(meta, "long"), *buffers,
+                   *tail)
 
     @staticmethod
     def _check(rows: Sequence[Sequence[Operand | None]]) -> None:
@@ -69,24 +82,29 @@ class Optim:
                     raise Unsupported("fused optimizer steps need float32 tensors")
 
     def adam(self, rows: Sequence[tuple[Operand, Operand, Operand, Operand, Operand | None, Operand]],
-             numels: Sequence[int], *, lr: float, beta1: float, beta2: float, weight_decay: float, eps: float,
-             amsgrad: bool, maximize: bool, adamw: bool) -> None:
-        """``rows``: (param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq or None, step) per tensor."""
+             numels: Sequence[int], *, lr: float | Operand, beta1: float, beta2: float, weight_decay: float,
+             eps: float, amsgrad: bool, maximize: bool, adamw: bool) -> None:
+        """``rows``: (param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq or None, step) per tensor; ``lr`` a
+        number or a one-element float32 tensor read on the device."""
         self._check(rows)
+        lr_tensor = _lr_operand(lr)
         flags = tuple(f for f, on in (("AMSGRAD", amsgrad), ("MAXIMIZE", maximize), ("ADAMW", adamw),
-                                      ("GROUP_CORRECTIONS", self.cpu_layout)) if on)
+                                      ("GROUP_CORRECTIONS", self.cpu_layout), ("LR_TENSOR", lr_tensor)) if on)
         kernel = self._kernel("adam_step", flags, 5, 6, 7 * SLOTS)
-        self._launch(kernel, [lr, beta1, beta2, weight_decay, eps], rows, numels, 6)
+        self._launch(kernel, [0.0 if lr_tensor else lr, beta1, beta2, weight_decay, eps], rows, numels, 6,
+                     lr if lr_tensor else None)
 
-    def sgd(self, rows: Sequence[tuple[Operand, Operand, Operand | None]], numels: Sequence[int], *, lr: float,
-            weight_decay: float, momentum: float, dampening: float, nesterov: bool, maximize: bool,
-            first_step: bool) -> None:
-        """``rows``: (param, grad, momentum buffer or None) per tensor."""
+    def sgd(self, rows: Sequence[tuple[Operand, Operand, Operand | None]], numels: Sequence[int], *,
+            lr: float | Operand, weight_decay: float, momentum: float, dampening: float, nesterov: bool,
+            maximize: bool, first_step: bool) -> None:
+        """``rows``: (param, grad, momentum buffer or None) per tensor; ``lr`` as for :meth:`adam`."""
         self._check(rows)
+        lr_tensor = _lr_operand(lr)
         flags = tuple(f for f, on in (("MOMENTUM", momentum != 0), ("NESTEROV", nesterov),
-                                      ("MAXIMIZE", maximize)) if on)
+                                      ("MAXIMIZE", maximize), ("LR_TENSOR", lr_tensor)) if on)
         kernel = self._kernel("sgd_step", flags, 4, 3, 4 * SLOTS)
-        self._launch(kernel, [lr, weight_decay, momentum, dampening, int(first_step)], rows, numels, 3)
+        self._launch(kernel, [0.0 if lr_tensor else lr, weight_decay, momentum, dampening, int(first_step)], rows,
+                     numels, 3, lr if lr_tensor else None)
 
     def map(self, expr: str, outs: Sequence[tuple[cl.Buffer, int]],
             inputs: Sequence[Sequence[tuple[cl.Buffer, int]] | Sequence[float]],

@@ -12,11 +12,11 @@ from typing import Any
 
 import torch
 
-from tunecl.backend import half, memory, state
+from tunecl.backend import graphs, half, memory, state
 from tunecl.backend.operands import operand
 from tunecl.backend.ops.pointwise import run
 from tunecl.backend.ops.reduction import reduce
-from tunecl.kernels.strided import Unsupported
+from tunecl.kernels.strided import Operand, Unsupported
 
 
 def _dense(tensors: Sequence[torch.Tensor]) -> None:
@@ -30,12 +30,30 @@ def _no_amp(grad_scale: torch.Tensor | None, found_inf: torch.Tensor | None) -> 
         raise Unsupported("grad_scale/found_inf (AMP) in fused optimizer steps")
 
 
+def _lr(lr: float | torch.Tensor) -> float | Operand:
+    """The learning rate a kernel takes: a number, or a device tensor's element (read by the kernel, so a
+    scheduler's update between steps, or between replays of a graph, takes effect). A CPU tensor, as torch
+    passes one, is read on the host (not inside a graph capture, where the value would be frozen)."""
+    if not isinstance(lr, torch.Tensor):
+        return lr
+    if lr.numel() != 1:
+        raise Unsupported("a learning-rate tensor must have one element")
+    if lr.device.type == "cpu":
+        graphs.check_not_capturing("reading a CPU learning-rate tensor (keep it on the opencl device)")
+        return float(lr.item())
+    if lr.device.type != "opencl" or lr.dtype != torch.float32:
+        raise Unsupported("a learning-rate tensor must be float32 on the opencl device or the CPU")
+    return operand(lr)
+
+
 def fused_adam(adamw: bool) -> Callable[..., None]:
     def kernel(self: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
                exp_avg_sqs: list[torch.Tensor], max_exp_avg_sqs: list[torch.Tensor], state_steps: list[torch.Tensor],
-               *, lr: float, beta1: float, beta2: float, weight_decay: float, eps: float, amsgrad: bool,
-               maximize: bool, grad_scale: torch.Tensor | None = None, found_inf: torch.Tensor | None = None) -> None:
+               *, lr: float | torch.Tensor, beta1: float, beta2: float, weight_decay: float, eps: float,
+               amsgrad: bool, maximize: bool, grad_scale: torch.Tensor | None = None,
+               found_inf: torch.Tensor | None = None) -> None:
         _no_amp(grad_scale, found_inf)
+        lr = _lr(lr)
         _dense([*self, *grads, *exp_avgs, *exp_avg_sqs, *(max_exp_avg_sqs if amsgrad else ()), *state_steps])
         rows = [(operand(p), operand(g), operand(m), operand(v), operand(max_exp_avg_sqs[i]) if amsgrad else None,
                  operand(s)) for i, (p, g, m, v, s) in enumerate(zip(self, grads, exp_avgs, exp_avg_sqs, state_steps))]
@@ -45,10 +63,11 @@ def fused_adam(adamw: bool) -> Callable[..., None]:
 
 
 def fused_sgd(self: list[torch.Tensor], grads: list[torch.Tensor], momentum_buffer_list: list[torch.Tensor], *,
-              weight_decay: float, momentum: float, lr: float, dampening: float, nesterov: bool, maximize: bool,
-              is_first_step: bool, grad_scale: torch.Tensor | None = None,
+              weight_decay: float, momentum: float, lr: float | torch.Tensor, dampening: float, nesterov: bool,
+              maximize: bool, is_first_step: bool, grad_scale: torch.Tensor | None = None,
               found_inf: torch.Tensor | None = None) -> None:
     _no_amp(grad_scale, found_inf)
+    lr = _lr(lr)
     buffers = momentum_buffer_list if momentum != 0 else []
     _dense([*self, *grads, *buffers])
     rows = [(operand(p), operand(g), operand(buffers[i]) if buffers else None) for i, (p, g) in enumerate(zip(self, grads))]
@@ -102,4 +121,8 @@ KERNELS: dict[str, Callable[..., Any]] = {
     "_fused_adam_": fused_adam(adamw=False),
     "_fused_adamw_": fused_adam(adamw=True),
     "_fused_sgd_": fused_sgd,
+    # the same with a learning-rate tensor (a scheduler updates it in place)
+    "_fused_adam_.tensor_lr": fused_adam(adamw=False),
+    "_fused_adamw_.tensor_lr": fused_adam(adamw=True),
+    "_fused_sgd_.tensor_lr": fused_sgd,
 }
