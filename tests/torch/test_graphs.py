@@ -218,42 +218,51 @@ def test_buffers_a_graph_replays_into_never_go_to_other_tensors_until_reset():
         g.replay()
 
 
+def _step(model, opt, sx, sy):
+    F.cross_entropy(model(sx), sy).backward()
+    opt.step()
+
+
+def _train(model, opt, sx, sy, batches, graph, cleanup, before_each=lambda index: None):
+    """A warm-up step (it creates the optimizer's state), one step captured into a graph (``graph``) or run
+    eagerly, then a step per batch copied into ``sx``/``sy``: a replay, or an eager step. Returns the
+    parameters after each batch."""
+    _step(model, opt, sx, sy)
+    opt.zero_grad(set_to_none=True)
+    if graph:
+        g = torch.opencl.Graph()
+        cleanup.append(g)
+        with torch.opencl.graph(g):
+            _step(model, opt, sx, sy)
+    else:
+        _step(model, opt, sx, sy)
+    snapshots = []
+    for index, (bx, by) in enumerate(batches):
+        before_each(index)
+        sx.copy_(bx)
+        sy.copy_(by)
+        if graph:
+            g.replay()
+        else:
+            opt.zero_grad(set_to_none=True)
+            _step(model, opt, sx, sy)
+        snapshots.append([p.detach().cpu() for p in model.parameters()])
+    return snapshots
+
+
 def test_a_fused_adam_step_in_the_graph_replays_exactly_as_eager_steps(cleanup):
     x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 5, (4,))
     batches = [(torch.randn(4, 3, 8, 8), torch.randint(0, 5, (4,))) for _ in range(3)]
     eager_model = small_net().to("opencl")
     graph_model = small_net().to("opencl")
     graph_model.load_state_dict(eager_model.state_dict())
-    models = {}
+    results, steps = {}, {}
     for name, model in (("eager", eager_model), ("graph", graph_model)):
         opt = torch.optim.Adam(model.parameters(), lr=1e-2, fused=True)
-        sx, sy = x.to("opencl"), y.to("opencl")
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(sx), sy).backward()   # the warm-up step creates Adam's state
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if name == "graph":
-            g = torch.opencl.Graph()
-            cleanup.append(g)
-            with torch.opencl.graph(g):
-                F.cross_entropy(model(sx), sy).backward()
-                opt.step()
-        else:
-            F.cross_entropy(model(sx), sy).backward()
-            opt.step()
-        for bx, by in batches:
-            sx.copy_(bx)
-            sy.copy_(by)
-            if name == "graph":
-                g.replay()
-            else:
-                opt.zero_grad(set_to_none=True)
-                F.cross_entropy(model(sx), sy).backward()
-                opt.step()
-        models[name] = [p.detach().cpu() for p in model.parameters()]
-        models[name + "_steps"] = [opt.state[p]["step"].item() for p in model.parameters()]
-    assert models["graph_steps"] == models["eager_steps"] == [5.0] * len(models["eager_steps"])
-    for a, b in zip(models["graph"], models["eager"]):
+        results[name] = _train(model, opt, x.to("opencl"), y.to("opencl"), batches, name == "graph", cleanup)[-1]
+        steps[name] = [opt.state[p]["step"].item() for p in model.parameters()]
+    assert steps["graph"] == steps["eager"] == [5.0] * len(steps["eager"])
+    for a, b in zip(results["graph"], results["eager"]):
         assert torch.equal(a, b)
 
 
@@ -269,35 +278,10 @@ def test_a_learning_rate_tensor_set_between_replays_takes_effect(cleanup):
             torch.manual_seed(0)
             model = small_net().to("opencl")
             lr = torch.tensor(0.01, device="opencl")
-            opt = make(model.parameters(), lr)
             sx, sy = batches[0][0].to("opencl"), batches[0][1].to("opencl")
-            F.cross_entropy(model(sx), sy).backward()   # a warm-up step creates the optimizer's state
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            if name == "graph":
-                g = torch.opencl.Graph()
-                cleanup.append(g)
-                with torch.opencl.graph(g):
-                    F.cross_entropy(model(sx), sy).backward()
-                    opt.step()
-            else:
-                F.cross_entropy(model(sx), sy).backward()
-                opt.step()
-            snapshots = []
-            for (bx, by), rate in zip(batches, rates):
-                lr.fill_(rate)
-                sx.copy_(bx)
-                sy.copy_(by)
-                before = [p.detach().cpu() for p in model.parameters()]
-                if name == "graph":
-                    g.replay()
-                else:
-                    opt.zero_grad(set_to_none=True)
-                    F.cross_entropy(model(sx), sy).backward()
-                    opt.step()
-                snapshots.append([p.detach().cpu() for p in model.parameters()])
-            assert all(torch.equal(a, b) for a, b in zip(before, snapshots[-1]))   # lr 0 moved nothing
-            results[name] = snapshots
+            results[name] = _train(model, make(model.parameters(), lr), sx, sy, batches, name == "graph", cleanup,
+                                   before_each=lambda index, lr=lr: lr.fill_(rates[index]))
+            assert all(torch.equal(a, b) for a, b in zip(results[name][-2], results[name][-1]))   # lr 0
         for eager, graph in zip(results["eager"], results["graph"]):
             assert all(torch.equal(a, b) for a, b in zip(eager, graph))
 
