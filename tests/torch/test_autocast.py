@@ -224,15 +224,25 @@ def test_amp_unscale_and_update_scale_match_cpu(strict):
             torch.testing.assert_close(d, c, equal_nan=True)
 
 
-def test_grad_scaler_steps_match_cpu(strict, fresh_stats):
-    """Three SGD steps with GradScaler under autocast; the second step's gradients are poisoned with
+OPTIMIZERS = {
+    "sgd": lambda p: torch.optim.SGD(p, lr=0.1),
+    # fused steps take the scale and found_inf themselves: grads unscaled in the kernel, a skipped step
+    # decided on the device
+    "sgd_momentum_fused": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, fused=True),
+    "adam_fused": lambda p: torch.optim.Adam(p, lr=1e-2, fused=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_grad_scaler_steps_match_cpu(name, strict, fresh_stats):
+    """Three optimizer steps with GradScaler under autocast; the second step's gradients are poisoned with
     inf, so it is skipped and the scale backs off, exactly as on the CPU."""
     x, y = torch.randn(4, 3, 12, 12), torch.randint(0, 5, (4,))
     runs = {}
     for device, scaler in (("cpu", torch.amp.GradScaler("cpu", growth_interval=2)),
                            ("opencl", GradScaler(growth_interval=2))):
         model = _small_cnn().to(device)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        opt = OPTIMIZERS[name](model.parameters())
         scales = []
         for step in range(3):
             opt.zero_grad()
@@ -244,9 +254,16 @@ def test_grad_scaler_steps_match_cpu(strict, fresh_stats):
             scaler.step(opt)
             scaler.update()
             scales.append(scaler.get_scale())
-        runs[device] = (model, scales)
-    (cpu_model, cpu_scales), (dev_model, dev_scales) = runs["cpu"], runs["opencl"]
+        runs[device] = (model, scales, opt)
+    (cpu_model, cpu_scales, cpu_opt), (dev_model, dev_scales, dev_opt) = runs["cpu"], runs["opencl"]
     assert dev_scales == cpu_scales == [65536.0, 32768.0, 32768.0]
-    for (name, p_cpu), p_dev in zip(cpu_model.state_dict().items(), dev_model.state_dict().values()):
-        torch.testing.assert_close(p_dev.cpu(), p_cpu, rtol=1e-2, atol=2e-3, msg=name)
+    for (key, p_cpu), p_dev in zip(cpu_model.state_dict().items(), dev_model.state_dict().values()):
+        torch.testing.assert_close(p_dev.cpu(), p_cpu, rtol=1e-2, atol=2e-3, msg=key)
+    for p_cpu, p_dev in zip(cpu_model.parameters(), dev_model.parameters()):
+        # the gradients are unscaled (fused steps write them back so); the skipped step did not count
+        torch.testing.assert_close(p_dev.grad.cpu(), p_cpu.grad, rtol=1e-2, atol=2e-3)
+        if "step" in cpu_opt.state[p_cpu]:
+            assert dev_opt.state[p_dev]["step"].item() == cpu_opt.state[p_cpu]["step"].item() == 2
     assert not fresh_stats()["fallback_ops"]
+    if "fused" in name:
+        assert any(op.startswith("aten::_fused_") for op in fresh_stats()["ops"])

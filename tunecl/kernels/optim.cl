@@ -12,6 +12,9 @@
 //                p -= lr/(1-b1^t) * m / (sqrt(v or vmax)/sqrt(1-b2^t) + eps)
 //   sgd_step   SGD: g = maximize ? -g : g;  g += wd*p;  with MOMENTUM: buf = first ? g :
 //              momentum*buf + (1-dampening)*g;  g = NESTEROV ? g + momentum*buf : buf;  p -= lr*g
+//   Both, mixed precision (torch.amp.GradScaler), as torch's fused kernels: with FOUND_INF nothing is
+//   updated when found_inf is 1; with GRAD_SCALE each gradient is first divided by the scale and
+//   written back so (g = g / scale, before maximize).
 //   foreach_map  o = MAP_EXPR(a, b, c, s0, s1) elementwise (torch's _foreach_* ops; MAP_EXPR is one of
 //              the pointwise family's float expressions). Each of a, b, c is a tensor of the slot or,
 //              with A_SCALAR / B_SCALAR / C_SCALAR, a number of the slot; s0 and s1 are numbers of the slot.
@@ -23,10 +26,15 @@
   #define SLOTS 8
 #endif
 
-#define ADAM_SLOT(k) , __global float *p##k, __global const float *g##k, __global float *m##k, \
+#ifdef GRAD_SCALE
+  #define GRAD_T __global float    // (the unscaled gradient is written back)
+#else
+  #define GRAD_T __global const float
+#endif
+#define ADAM_SLOT(k) , __global float *p##k, GRAD_T *g##k, __global float *m##k, \
                        __global float *v##k, __global float *vmax##k, __global const float *step##k
 #define ADAM_PICK(k) case k: p = p##k; g = g##k; mo = m##k; ve = v##k; vmax = vmax##k; st = step##k; break;
-#define SGD_SLOT(k)  , __global float *p##k, __global const float *g##k, __global float *buf##k
+#define SGD_SLOT(k)  , __global float *p##k, GRAD_T *g##k, __global float *buf##k
 #define SGD_PICK(k)  case k: p = p##k; g = g##k; buf = buf##k; break;
 #define MAP_SLOT(k)  , __global float *o##k, __global const float *ta##k, __global const float *tb##k, \
                        __global const float *tc##k
@@ -87,17 +95,34 @@ typedef struct { float v[5 * SLOTS]; } map_numbers_t;
   #define LR_PARAMS
   #define LR_VALUE lr_value
 #endif
+#ifdef GRAD_SCALE
+  #define SCALE_PARAMS , __global const float *scale_t, const long scale_offset
+  #define UNSCALE(grad, i) { grad = grad / scale_t[scale_offset]; g[i] = grad; }
+#else
+  #define SCALE_PARAMS
+  #define UNSCALE(grad, i)
+#endif
+#ifdef FOUND_INF
+  #define INF_PARAMS , __global const float *inf_t, const long inf_offset
+  #define SKIP_IF_INF if (inf_t[inf_offset] == 1.0f) return;   // (the same for every work-item)
+#else
+  #define INF_PARAMS
+  #define SKIP_IF_INF
+#endif
+#define STEP_PARAMS LR_PARAMS SCALE_PARAMS INF_PARAMS
 
 __kernel void adam_step(const float lr_value, const float beta1, const float beta2, const float weight_decay,
-                        const float eps, const adam_meta_t m FOR_SLOTS(ADAM_SLOT) LR_PARAMS)
+                        const float eps, const adam_meta_t m FOR_SLOTS(ADAM_SLOT) STEP_PARAMS)
 {
+  SKIP_IF_INF
   const float lr = LR_VALUE;
 #ifdef GROUP_CORRECTIONS
   __local float corrections[2];   // one pow() pair per work-group rather than per work-item
 #endif
   const int slot = (int)get_global_id(1);
   __global float *p = 0, *mo = 0, *ve = 0, *vmax = 0;
-  __global const float *g = 0, *st = 0;
+  GRAD_T *g = 0;
+  __global const float *st = 0;
   switch (slot) { FOR_SLOTS(ADAM_PICK) }
   const long n = m.v[7 * slot];
   if (n == 0) return;
@@ -121,6 +146,7 @@ __kernel void adam_step(const float lr_value, const float beta1, const float bet
 #endif
   for (long i = get_global_id(0); i < n; i += get_global_size(0)) {
     float grad = g[i];
+    UNSCALE(grad, i)
     float param = p[i];
 #ifdef MAXIMIZE
     grad = -grad;
@@ -148,12 +174,13 @@ __kernel void adam_step(const float lr_value, const float beta1, const float bet
 }
 
 __kernel void sgd_step(const float lr_value, const float weight_decay, const float momentum, const float dampening,
-                       const int first_step, const sgd_meta_t m FOR_SLOTS(SGD_SLOT) LR_PARAMS)
+                       const int first_step, const sgd_meta_t m FOR_SLOTS(SGD_SLOT) STEP_PARAMS)
 {
+  SKIP_IF_INF
   const float lr = LR_VALUE;
   const int slot = (int)get_global_id(1);
   __global float *p = 0, *buf = 0;
-  __global const float *g = 0;
+  GRAD_T *g = 0;
   switch (slot) { FOR_SLOTS(SGD_PICK) }
   const long n = m.v[4 * slot];
   if (n == 0) return;
@@ -163,6 +190,7 @@ __kernel void sgd_step(const float lr_value, const float weight_decay, const flo
 #endif
   for (long i = get_global_id(0); i < n; i += get_global_size(0)) {
     float grad = g[i];
+    UNSCALE(grad, i)
 #ifdef MAXIMIZE
     grad = -grad;
 #endif

@@ -25,13 +25,17 @@ MAX_ITEMS = 1 << 16  # work-items per slot; larger tensors are strided over
 MAX_ITEMS_CPU = 1 << 24
 
 
-def _lr_operand(lr: float | Operand) -> bool:
-    """Whether ``lr`` is a tensor operand (checked: one float32 element) rather than a number."""
-    if not isinstance(lr, Operand):
-        return False
-    if lr.dtype != "float32":
-        raise Unsupported("a learning-rate tensor must be float32")
-    return True
+# one-element tensors a step kernel may read on the device, in the order of its trailing arguments
+TENSOR_ARGUMENTS = ("LR_TENSOR", "GRAD_SCALE", "FOUND_INF")
+
+
+def _tensor_arguments(lr: float | Operand, grad_scale: Operand | None, found_inf: Operand | None
+                      ) -> tuple[Operand | None, Operand | None, Operand | None]:
+    """(lr if it is a tensor, grad_scale, found_inf), each a float32 operand or None."""
+    tensors = (lr if isinstance(lr, Operand) else None, grad_scale, found_inf)
+    if any(t is not None and t.dtype != "float32" for t in tensors):
+        raise Unsupported("learning-rate, grad_scale and found_inf tensors must be float32")
+    return tensors
 
 
 class Optim:
@@ -50,15 +54,15 @@ class Optim:
             options = [f"-DSLOTS={SLOTS}"] + [f"-D{f}" for f in flags]
             dtypes = [np.float32] * scalars + ([np.int32] if name == "sgd_step" else []) + \
                 [meta_dtype(meta_len, "long")] + [None] * (per_slot_buffers * SLOTS) + \
-                ([None, np.int64] if "LR_TENSOR" in flags else [])
+                [None, np.int64] * sum(f in flags for f in TENSOR_ARGUMENTS)
             kernel = self.cache.build(key, options, name, dtypes)
         return kernel
 
     def _launch(self, kernel: cl.Kernel, scalars: list, rows: Sequence[Sequence[Operand | None]],
-                numels: Sequence[int], per_slot: int, lr: Operand | None = None) -> None:
-        """Launch over ``rows`` (one tuple of operands per tensor) in chunks of SLOTS; ``lr``: the learning
-        rate's one-element tensor (kernels built with ``LR_TENSOR``)."""
-        tail = [] if lr is None else [lr.buffer, lr.offset]
+                numels: Sequence[int], per_slot: int, tensors: Sequence[Operand | None] = ()) -> None:
+        """Launch over ``rows`` (one tuple of operands per tensor) in chunks of SLOTS; ``tensors``: the
+        one-element tensors of TENSOR_ARGUMENTS the kernel was built for, in that order (None: not built)."""
+        tail = [value for t in tensors if t is not None for value in (t.buffer, t.offset)]
         for start in range(0, len(rows), SLOTS):
             chunk, sizes = rows[start:start + SLOTS], numels[start:start + SLOTS]
             meta: list[int] = []
@@ -83,28 +87,33 @@ class Optim:
 
     def adam(self, rows: Sequence[tuple[Operand, Operand, Operand, Operand, Operand | None, Operand]],
              numels: Sequence[int], *, lr: float | Operand, beta1: float, beta2: float, weight_decay: float,
-             eps: float, amsgrad: bool, maximize: bool, adamw: bool) -> None:
+             eps: float, amsgrad: bool, maximize: bool, adamw: bool, grad_scale: Operand | None = None,
+             found_inf: Operand | None = None) -> None:
         """``rows``: (param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq or None, step) per tensor; ``lr`` a
-        number or a one-element float32 tensor read on the device."""
+        number or a one-element float32 tensor read on the device; ``grad_scale`` and ``found_inf`` as in
+        torch's fused step (mixed precision: grads are divided by the scale and written back; nothing
+        changes when found_inf is 1)."""
         self._check(rows)
-        lr_tensor = _lr_operand(lr)
+        tensors = _tensor_arguments(lr, grad_scale, found_inf)
         flags = tuple(f for f, on in (("AMSGRAD", amsgrad), ("MAXIMIZE", maximize), ("ADAMW", adamw),
-                                      ("GROUP_CORRECTIONS", self.cpu_layout), ("LR_TENSOR", lr_tensor)) if on)
+                                      ("GROUP_CORRECTIONS", self.cpu_layout),
+                                      *zip(TENSOR_ARGUMENTS, (t is not None for t in tensors))) if on)
         kernel = self._kernel("adam_step", flags, 5, 6, 7 * SLOTS)
-        self._launch(kernel, [0.0 if lr_tensor else lr, beta1, beta2, weight_decay, eps], rows, numels, 6,
-                     lr if lr_tensor else None)
+        self._launch(kernel, [0.0 if tensors[0] else lr, beta1, beta2, weight_decay, eps], rows, numels, 6, tensors)
 
     def sgd(self, rows: Sequence[tuple[Operand, Operand, Operand | None]], numels: Sequence[int], *,
             lr: float | Operand, weight_decay: float, momentum: float, dampening: float, nesterov: bool,
-            maximize: bool, first_step: bool) -> None:
-        """``rows``: (param, grad, momentum buffer or None) per tensor; ``lr`` as for :meth:`adam`."""
+            maximize: bool, first_step: bool, grad_scale: Operand | None = None,
+            found_inf: Operand | None = None) -> None:
+        """``rows``: (param, grad, momentum buffer or None) per tensor; ``lr``, ``grad_scale`` and
+        ``found_inf`` as for :meth:`adam`."""
         self._check(rows)
-        lr_tensor = _lr_operand(lr)
-        flags = tuple(f for f, on in (("MOMENTUM", momentum != 0), ("NESTEROV", nesterov),
-                                      ("MAXIMIZE", maximize), ("LR_TENSOR", lr_tensor)) if on)
+        tensors = _tensor_arguments(lr, grad_scale, found_inf)
+        flags = tuple(f for f, on in (("MOMENTUM", momentum != 0), ("NESTEROV", nesterov), ("MAXIMIZE", maximize),
+                                      *zip(TENSOR_ARGUMENTS, (t is not None for t in tensors))) if on)
         kernel = self._kernel("sgd_step", flags, 4, 3, 4 * SLOTS)
-        self._launch(kernel, [0.0 if lr_tensor else lr, weight_decay, momentum, dampening, int(first_step)], rows,
-                     numels, 3, lr if lr_tensor else None)
+        self._launch(kernel, [0.0 if tensors[0] else lr, weight_decay, momentum, dampening, int(first_step)], rows,
+                     numels, 3, tensors)
 
     def map(self, expr: str, outs: Sequence[tuple[cl.Buffer, int]],
             inputs: Sequence[Sequence[tuple[cl.Buffer, int]] | Sequence[float]],

@@ -1,7 +1,9 @@
 """Optimizer steps: torch's fused Adam/AdamW/SGD entry points as multi-tensor kernels.
 
 ``torch.optim.Adam(..., fused=True)`` (likewise AdamW, SGD) calls these once per step with every
-parameter of a group; each launch updates up to ``tunecl.kernels.optim.SLOTS`` tensors. The default
+parameter of a group; each launch updates up to ``tunecl.kernels.optim.SLOTS`` tensors. A learning rate given
+as a device tensor, and GradScaler's ``grad_scale`` and ``found_inf``, are read by the kernels on the device
+(so they may change between replays of a graph). The default
 (foreach) optimizers run on the device through the multi-tensor ``_foreach_*`` ops of :mod:`.foreach`.
 """
 
@@ -25,9 +27,12 @@ def _dense(tensors: Sequence[torch.Tensor]) -> None:
             raise Unsupported("fused optimizer steps need contiguous float32 opencl tensors")
 
 
-def _no_amp(grad_scale: torch.Tensor | None, found_inf: torch.Tensor | None) -> None:
-    if grad_scale is not None or found_inf is not None:
-        raise Unsupported("grad_scale/found_inf (AMP) in fused optimizer steps")
+def _amp(tensor: torch.Tensor | None, name: str) -> Operand | None:
+    """``grad_scale`` or ``found_inf`` of a fused step (torch.amp.GradScaler) as the kernel reads it."""
+    if tensor is None:
+        return None
+    _scalar_float32(tensor, name)
+    return operand(tensor)
 
 
 def _lr(lr: float | torch.Tensor) -> float | Operand:
@@ -52,13 +57,13 @@ def fused_adam(adamw: bool) -> Callable[..., None]:
                *, lr: float | torch.Tensor, beta1: float, beta2: float, weight_decay: float, eps: float,
                amsgrad: bool, maximize: bool, grad_scale: torch.Tensor | None = None,
                found_inf: torch.Tensor | None = None) -> None:
-        _no_amp(grad_scale, found_inf)
         lr = _lr(lr)
         _dense([*self, *grads, *exp_avgs, *exp_avg_sqs, *(max_exp_avg_sqs if amsgrad else ()), *state_steps])
         rows = [(operand(p), operand(g), operand(m), operand(v), operand(max_exp_avg_sqs[i]) if amsgrad else None,
                  operand(s)) for i, (p, g, m, v, s) in enumerate(zip(self, grads, exp_avgs, exp_avg_sqs, state_steps))]
         state.get().optim.adam(rows, [p.numel() for p in self], lr=lr, beta1=beta1, beta2=beta2,
-                               weight_decay=weight_decay, eps=eps, amsgrad=amsgrad, maximize=maximize, adamw=adamw)
+                               weight_decay=weight_decay, eps=eps, amsgrad=amsgrad, maximize=maximize, adamw=adamw,
+                               grad_scale=_amp(grad_scale, "grad_scale"), found_inf=_amp(found_inf, "found_inf"))
     return kernel
 
 
@@ -66,13 +71,13 @@ def fused_sgd(self: list[torch.Tensor], grads: list[torch.Tensor], momentum_buff
               weight_decay: float, momentum: float, lr: float | torch.Tensor, dampening: float, nesterov: bool,
               maximize: bool, is_first_step: bool, grad_scale: torch.Tensor | None = None,
               found_inf: torch.Tensor | None = None) -> None:
-    _no_amp(grad_scale, found_inf)
     lr = _lr(lr)
     buffers = momentum_buffer_list if momentum != 0 else []
     _dense([*self, *grads, *buffers])
     rows = [(operand(p), operand(g), operand(buffers[i]) if buffers else None) for i, (p, g) in enumerate(zip(self, grads))]
     state.get().optim.sgd(rows, [p.numel() for p in self], lr=lr, weight_decay=weight_decay, momentum=momentum,
-                          dampening=dampening, nesterov=nesterov, maximize=maximize, first_step=is_first_step)
+                          dampening=dampening, nesterov=nesterov, maximize=maximize, first_step=is_first_step,
+                          grad_scale=_amp(grad_scale, "grad_scale"), found_inf=_amp(found_inf, "found_inf"))
 
 
 # -- mixed precision (torch.amp.GradScaler) ---------------------------------------------------------------
