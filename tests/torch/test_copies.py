@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from opcheck import check_op
@@ -113,3 +114,44 @@ def test_large_uploads_go_through_the_pinned_buffer_back_to_back_and_as_it_grows
     uploaded = source.to("opencl")
     source.add_(1)   # the host data may change right after the call returns, the write still pending
     assert torch.equal(uploaded.cpu(), before)
+
+
+def test_a_forked_child_stages_large_uploads_with_its_own_threads(monkeypatch):
+    """The staging threads do not survive a fork; a child that uploads through the page-locked path must not
+    wait for them (it gets a pool of its own). The child only copies on the host: OpenCL is not fork-safe,
+    so the staging copy is run directly, the way the upload runs it."""
+    import os
+
+    from tunecl.backend import copies
+
+    import threading
+    import time
+
+    # the parent's pool with all its threads started and idle (each an idle-slot a child would think it has)
+    started = threading.Barrier(copies.STAGING_THREADS)
+    list(copies._copy_pool().map(lambda _: started.wait(10), range(copies.STAGING_THREADS)))
+    time.sleep(0.1)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child: stage 3 chunks through the pool, report, exit without cleanup
+        try:
+            src, view = np.arange(10, dtype=np.uint8), np.zeros(10, dtype=np.uint8)
+            spans = range(0, 10, 4)[:copies.STAGING_THREADS]
+            list(copies._copy_pool().map(lambda s: np.copyto(view[s:s + 4], src[s:s + 4]), spans))
+            src[4 * len(spans):] = 0
+            os.write(write, b"ok" if (view == src).all() else b"bad")
+        finally:
+            os._exit(0)
+    os.close(write)
+    import select
+    import signal
+
+    try:
+        ready, _, _ = select.select([read], [], [], 30)
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+        assert ready, "the child's staging copy hung"
+        assert os.read(read, 8) == b"ok"
+    finally:
+        os.waitpid(pid, 0)
+        os.close(read)

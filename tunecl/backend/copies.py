@@ -107,6 +107,10 @@ def _copy_pool() -> concurrent.futures.ThreadPoolExecutor:
     return concurrent.futures.ThreadPoolExecutor(STAGING_THREADS, thread_name_prefix="tunecl-staging")
 
 
+# A forked child (a DataLoader worker) has none of the pool's threads: it makes its own pool if it needs one.
+os.register_at_fork(after_in_child=_copy_pool.cache_clear)
+
+
 _pinned = _PinnedStaging()
 
 
