@@ -121,11 +121,12 @@ def test_a_forked_child_stages_large_uploads_with_its_own_threads(monkeypatch):
     wait for them (it gets a pool of its own). The child only copies on the host: OpenCL is not fork-safe,
     so the staging copy is run directly, the way the upload runs it."""
     import os
-
-    from tunecl.backend import copies
-
+    import select
+    import signal
     import threading
     import time
+
+    from tunecl.backend import copies
 
     # the parent's pool with all its threads started and idle (each an idle-slot a child would think it has)
     started = threading.Barrier(copies.STAGING_THREADS)
@@ -143,9 +144,6 @@ def test_a_forked_child_stages_large_uploads_with_its_own_threads(monkeypatch):
         finally:
             os._exit(0)
     os.close(write)
-    import select
-    import signal
-
     try:
         ready, _, _ = select.select([read], [], [], 30)
         if not ready:
