@@ -500,6 +500,7 @@ class Device:
         self._queue_uses = 0
         self._deferred: list[tuple[cl.Kernel, tuple[int, ...], tuple[int, ...] | None, list]] = []
         self._deferred_lock = threading.RLock()  # reentrant: a finalizer run by the GC mid-flush may flush
+        self._held: tuple[object, tuple, Callable[[], cl.Kernel]] | None = None   # see hold()
         self.local_mem_size = int(entry.cl_device.local_mem_size)
         self.max_work_group_size = int(entry.cl_device.max_work_group_size)
         self.max_alloc_size = int(entry.cl_device.max_mem_alloc_size)
@@ -609,6 +610,29 @@ class Device:
             waiting, self._deferred = self._deferred, []
             self._enqueue(waiting)
 
+    def hold(self, kernel: cl.Kernel, global_size: tuple[int, ...], local_size: tuple[int, ...] | None,
+             args: list, tag: object, fused: Callable[[], cl.Kernel]) -> None:
+        """Defer one launch, whatever ``launch_batch`` is, so that the op right after it may run ``fused()``
+        (a kernel with the same grid and arguments that also does that op's work) instead, by
+        :meth:`replace_held` with the same ``tag``. Like every deferred launch it is enqueued, in order,
+        with the next use of :attr:`queue`."""
+        entry = (kernel, global_size, local_size, args)
+        with self._deferred_lock:
+            self._deferred.append(entry)
+            self._held = (tag, entry, fused)
+
+    def replace_held(self, tag: object) -> bool:
+        """Launch the fused kernel of the launch held under ``tag`` instead of it, if that is still the last
+        deferred launch; False when it was enqueued already or another launch came after it."""
+        with self._deferred_lock:
+            held = self._held
+            if held is None or held[0] != tag or not self._deferred or self._deferred[-1] is not held[1]:
+                return False
+            _, global_size, local_size, args = held[1]
+            self._deferred[-1] = (held[2](), global_size, local_size, args)
+            self._held = None
+            return True
+
     def flush(self) -> None:
         """Enqueue every deferred launch now (in order)."""
         with self._deferred_lock:
@@ -616,6 +640,7 @@ class Device:
             self._enqueue(waiting)
 
     def _enqueue(self, waiting: list) -> None:  # with _deferred_lock held, so flushes keep their order
+        self._held = None
         for index, (kernel, global_size, local_size, args) in enumerate(waiting):
             try:
                 kernel(self._queue, global_size, local_size, *args)

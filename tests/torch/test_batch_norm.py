@@ -280,3 +280,63 @@ def test_big_mean_with_an_outlying_first_element(norm, forced, shape):
     m64, v64 = x64.mean((0, 2, 3)), x64.var((0, 2, 3), unbiased=False)
     torch.testing.assert_close(mean.cpu().double(), m64, atol=5e-4, rtol=0)  # a float32 ulp of 5000: 4.9e-4
     torch.testing.assert_close(1 / invstd.cpu().double() ** 2, v64, rtol=2e-6, atol=0)
+
+
+# -- an in-place relu right after a batch norm runs inside its normalising launch ----------------------------
+def _block(channels: int = 8) -> torch.nn.Module:
+    torch.manual_seed(3)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, channels, 3, padding=1), torch.nn.BatchNorm2d(channels),
+                               torch.nn.ReLU(inplace=True), torch.nn.Conv2d(channels, 4, 1), torch.nn.BatchNorm2d(4),
+                               torch.nn.ReLU(inplace=True))
+
+
+def _fusions(monkeypatch) -> list[bool]:
+    norm = state.get().norm
+    results, fuse = [], norm.fuse_relu
+
+    def recording(*args):
+        results.append(fuse(*args))
+        return results[-1]
+
+    monkeypatch.setattr(norm, "fuse_relu", recording)
+    return results
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_relu_after_batch_norm_is_fused_and_bit_identical(train, monkeypatch):
+    x = torch.randn(2, 3, 9, 7)
+    x[0, 1, 2, 3] = float("nan")   # relu keeps NaN (eval: only that element; train: its channels)
+    runs = {}
+    for fused in (True, False):
+        model = _block().to("opencl").train(train)
+        fusions = _fusions(monkeypatch) if fused else None
+        if not fused:
+            monkeypatch.setattr(state.get().norm, "fuse_relu", lambda *args: False)
+        xd = x.to("opencl").requires_grad_()
+        y = model(xd)
+        y.backward(torch.ones_like(y))
+        runs[fused] = [t.detach().cpu() for t in (y, xd.grad, *[p.grad for p in model.parameters()])]
+        if fused:
+            assert fusions == [True, True]
+        monkeypatch.undo()
+    for a, b in zip(runs[True], runs[False]):
+        assert torch.equal(a, b) or torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+    clean = x.nan_to_num()   # (against the CPU without the NaN, which convolutions spread differently)
+    torch.testing.assert_close(_block().to("opencl").train(train)(clean.to("opencl")).detach().cpu(),
+                               _block().train(train)(clean).detach(), atol=1e-5, rtol=1e-4)
+
+
+def test_relu_is_not_fused_across_another_op_or_into_a_view(monkeypatch):
+    fusions = _fusions(monkeypatch)
+    bn = torch.nn.BatchNorm2d(4).to("opencl")
+    x = torch.randn(2, 4, 5, 5)
+    expected = F.batch_norm(x, None, None, training=True)
+    cases = [(lambda y: y.add_(0.5).relu_(), lambda e: (e + 0.5).relu()),         # another op came between
+             (lambda y: (y[:, :2].relu_(), y)[1], lambda e: torch.cat([e[:, :2].relu(), e[:, 2:]], 1)),  # a view
+             (lambda y: torch.relu(y), lambda e: e.relu()),                          # not in place
+             (lambda y: y.relu_(), lambda e: e.relu())]                              # fused
+    for op, reference in cases:
+        fusions.clear()
+        got = op(bn(x.to("opencl"))).cpu()
+        torch.testing.assert_close(got, reference(expected), atol=1e-5, rtol=1e-4)
+        assert fusions == ([True] if reference is cases[-1][1] else [False] * len(fusions))

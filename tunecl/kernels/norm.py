@@ -137,9 +137,10 @@ class BatchNorm:
         return (local0 * groups0, local1 * groups1), (local0, local1)
 
     def _launch(self, name: str, kind: str, shape: tuple[int, int, int], ops: Mapping[str, Tensor | None],
-                flags: tuple[str, ...], eps: float, momentum: float, parts: int, scratch: cl.Buffer | None) -> None:
+                flags: tuple[str, ...], eps: float, momentum: float, parts: int, scratch: cl.Buffer | None,
+                held: bool = False) -> None:
         """Enqueue ``name``: ``kind`` "partial" (grid (GROUP * parts, C)), "finalize" (one item per channel)
-        or "elementwise"."""
+        or "elementwise". ``held``: through :meth:`Device.hold`, tagged by y's buffer, offset and size."""
         located = [ops.get(k) for k in _OFFSETS]
         offsets = tuple(0 if t is None else t[1] for t in located)
         key = (name, kind, shape, flags, parts, offsets)
@@ -151,7 +152,18 @@ class BatchNorm:
             self._launches[key] = launch
         kernel, global_size, local_size, meta = launch
         args = [None if t is None else t[0] for t in located] + [scratch, np.float32(eps), np.float32(momentum), meta]
-        self.device.defer(kernel, global_size, local_size, args)
+        y_buffer, y_offset = ops["y"]
+        if held and y_buffer is not None:
+            n, c, length = shape
+
+            def with_relu() -> cl.Kernel:   # the same launch's kernel built with RELU (same grid and meta)
+                return self._plan_launch(name, kind, shape, ops, (*flags, "RELU"), parts, offsets)[0]
+
+            # (the held arguments keep y's buffer object alive, so its id names it while the tag is held)
+            self.device.hold(kernel, global_size, local_size, args, (name, id(y_buffer), y_offset, n * c * length),
+                             with_relu)
+        else:
+            self.device.defer(kernel, global_size, local_size, args)
 
     def forget_launches(self) -> None:
         """Drop the kept launch plans: after changing this module's launch constants (tests, tuning)."""
@@ -189,8 +201,10 @@ class BatchNorm:
         return scratch
 
     def forward(self, shape: tuple[int, int, int], ops: Mapping[str, Tensor | None], training: bool,
-                eps: float, momentum: float) -> None:
-        """``ops`` names x, y, weight, bias, running_mean, running_var, save_mean, save_invstd."""
+                eps: float, momentum: float, fusable: bool = False) -> None:
+        """``ops`` names x, y, weight, bias, running_mean, running_var, save_mean, save_invstd. ``fusable``
+        (y contiguous float32): the normalising launch waits, held, so that an in-place relu of y right
+        after it can run inside it instead (:meth:`fuse_relu`)."""
         n, c, length = shape
         if c == 0:
             return
@@ -202,7 +216,14 @@ class BatchNorm:
                              tuple(f for f in flags if f == "HAS_RUNNING"), eps, momentum, c)
             if n * length:
                 self._launch("bn_apply", "elementwise", shape, ops, tuple(f for f in flags if f != "HAS_RUNNING"),
-                             eps, momentum, 1, None)
+                             eps, momentum, 1, None, held=fusable)
+
+    def fuse_relu(self, buffer: cl.Buffer, offset: int, count: int) -> bool:
+        """Make the held ``bn_apply`` launch that writes exactly ``count`` elements of ``buffer`` from element
+        ``offset`` apply relu too, if it is still the last launch waiting; whether it did (then the relu
+        is done)."""
+        with self._lock:
+            return self.device.replace_held(("bn_apply", id(buffer), offset, count))
 
     def backward(self, shape: tuple[int, int, int], ops: Mapping[str, Tensor | None], training: bool,
                  eps: float, need_input_grad: bool) -> None:

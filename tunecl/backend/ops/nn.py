@@ -152,7 +152,8 @@ def native_batch_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: to
            "running_mean": _at(running_mean), "running_var": _at(running_var)}
     if training:
         ops.update(save_mean=_at(save_mean), save_invstd=_at(save_invstd))
-    state.get().norm.forward(shape, ops, training, eps, momentum)
+    # (plain: y is a fresh contiguous float32 tensor, so an in-place relu of it may run inside the launch)
+    state.get().norm.forward(shape, ops, training, eps, momentum, fusable=plain)
     return half.cast(y, input.dtype), half.cast(save_mean, stat_dtype), half.cast(save_invstd, stat_dtype)
 
 

@@ -97,6 +97,17 @@ def _shape_for_out(out: torch.Tensor, inputs: Sequence[Any]) -> torch.Size:
     return out.shape
 
 
+def _relu_in_batch_norm(t: torch.Tensor) -> bool:
+    """``t.relu_()`` done by the batch norm that has just produced ``t``: its normalising launch, still held
+    (:meth:`tunecl.kernels.norm.Norm.fuse_relu`), applies relu as it writes. torchvision's nets follow
+    every batch norm but the last of a block by ``ReLU(inplace=True)``: one pass over the activations and
+    one launch fewer each."""
+    if t.dtype is not torch.float32 or not t.is_contiguous() or not t.numel():
+        return False
+    buffer = _buffers.get(t.untyped_storage().data_ptr())
+    return buffer is not None and state.get().norm.fuse_relu(buffer, t.storage_offset(), t.numel())
+
+
 def new_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """An uninitialised device tensor shaped like ``t`` (dense layouts kept)."""
     return memory.empty(t.shape, dense_strides_like(t), t.dtype if dtype is None else dtype)
@@ -359,7 +370,7 @@ KERNELS: dict[str, Callable[..., Any]] = {
     # activations
     **_with_suffixes("relu", {
         "": lambda self: run("relu", new_like(self), (self,)),
-        "_": lambda self: run("relu", self, (self,)),
+        "_": lambda self: self if _relu_in_batch_norm(self) else run("relu", self, (self,)),
     }),
     **_with_suffixes("hardtanh", functional_and_inplace("hardtanh", lambda lo=-1, hi=1: (lo, hi))),
     **_with_suffixes("hardswish", functional_and_inplace("hardswish", lambda: ())),
