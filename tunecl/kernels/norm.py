@@ -157,7 +157,12 @@ class BatchNorm:
             n, c, length = shape
 
             def with_relu() -> cl.Kernel:   # the same launch's kernel built with RELU (same grid and meta)
-                return self._plan_launch(name, kind, shape, ops, (*flags, "RELU"), parts, offsets)[0]
+                relu_key = (name, kind, shape, (*flags, "RELU"), parts, offsets)
+                twin = self._launches.get(relu_key)
+                if twin is None:
+                    twin = self._launches[relu_key] = self._plan_launch(name, kind, shape, ops, (*flags, "RELU"),
+                                                                        parts, offsets)
+                return twin[0]
 
             # (the held arguments keep y's buffer object alive, so its id names it while the tag is held)
             self.device.hold(kernel, global_size, local_size, args, (name, id(y_buffer), y_offset, n * c * length),
