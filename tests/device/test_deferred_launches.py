@@ -88,6 +88,43 @@ def test_batch_of_one_or_zero_enqueues_at_once(monkeypatch):
     assert not device._deferred
 
 
+SQUARE = """
+__kernel void square_axpb(__global float* x, const float a, const float b) {
+  const int i = get_global_id(0);
+  const float v = a * x[i] + b;
+  x[i] = v * v;
+}
+"""
+
+
+@pytest.mark.parametrize("batch", ["0", "4"])
+def test_a_held_launch_is_replaced_only_while_it_is_the_last_one_waiting(batch, monkeypatch):
+    """Device.hold defers one launch even on an unbatched device; replace_held swaps in its fused kernel
+    (same grid and arguments) until the queue is used or another launch is deferred after it."""
+    monkeypatch.setenv("TUNECL_LAUNCH_BATCH", batch)
+    device = runtime.Device(runtime.resolve())
+    kernel = _kernel(device)
+    fused = device.kernel(device.build(SQUARE), "square_axpb", [None, np.float32, np.float32])
+    buf = device.upload(np.full(16, 2, np.float32))
+    args = [buf, np.float32(1), np.float32(1)]
+
+    device.hold(kernel, (16,), None, list(args), "tag", lambda: fused)
+    assert not device.replace_held("another tag")
+    assert device.replace_held("tag")            # 2 -> (2 + 1)^2
+    assert not device.replace_held("tag")        # once
+    np.testing.assert_array_equal(device.download(buf, (16,)), np.full(16, 9, np.float32))
+
+    device.hold(kernel, (16,), None, list(args), "tag", lambda: fused)
+    device.synchronize()                         # the queue was used: enqueued as it was
+    assert not device.replace_held("tag")
+    np.testing.assert_array_equal(device.download(buf, (16,)), np.full(16, 10, np.float32))
+
+    device.hold(kernel, (16,), None, list(args), "tag", lambda: fused)
+    device.defer(kernel, (16,), None, list(args))   # another launch after it (batched: still waiting)
+    assert not device.replace_held("tag")
+    np.testing.assert_array_equal(device.download(buf, (16,)), np.full(16, 12, np.float32))
+
+
 @pytest.mark.parametrize(("variable", "field", "auto", "number", "bad"), [
     ("TUNECL_LAUNCH_BATCH", "launch_batch", "AUTO", 16, ("-1", "many")),
     ("TUNECL_FLUSH_EVERY", "flush_every", "auto", 8, ("-2", "often")),
