@@ -11,13 +11,14 @@ from typing import Any
 
 import torch
 
-from tunecl.backend import graphs, memory, state
+from tunecl.backend import graphed, graphs, memory, state
 from tunecl.backend.state import check_index
 
 # record once, replay without Python (see tunecl.backend.graphs): torch.opencl.graph(g) like torch.cuda.graph
 Graph = OpenCLGraph = graphs.Graph
 GraphCaptureError = graphs.GraphCaptureError
 graph = graphs.graph
+make_graphed_callables = graphed.make_graphed_callables
 
 DeviceLike = torch.device | str | int | None
 
