@@ -340,3 +340,16 @@ def test_relu_is_not_fused_across_another_op_or_into_a_view(monkeypatch):
         got = op(bn(x.to("opencl"))).cpu()
         torch.testing.assert_close(got, reference(expected), atol=1e-5, rtol=1e-4)
         assert fusions == ([True] if reference is cases[-1][1] else [False] * len(fusions))
+
+
+def test_backward_without_an_input_gradient_matches_cpu():
+    """Only the weight and bias need gradients (the input does not require grad)."""
+    torch.manual_seed(5)
+    x = torch.randn(3, 4, 5, 5)
+    grads = {}
+    for device in ("cpu", "opencl"):
+        bn = torch.nn.BatchNorm2d(4).to(device)
+        (bn(x.to(device)) * torch.arange(4.0, device=device).view(1, 4, 1, 1)).pow(2).sum().backward()
+        grads[device] = [bn.weight.grad.cpu(), bn.bias.grad.cpu()]
+    for a, b in zip(grads["cpu"], grads["opencl"]):
+        torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)

@@ -152,8 +152,8 @@ class BatchNorm:
             self._launches[key] = launch
         kernel, global_size, local_size, meta = launch
         args = [None if t is None else t[0] for t in located] + [scratch, np.float32(eps), np.float32(momentum), meta]
-        y_buffer, y_offset = ops["y"]
-        if held and y_buffer is not None:
+        y_buffer, y_offset = ops["y"] if held else (None, 0)
+        if y_buffer is not None:
             n, c, length = shape
 
             def with_relu() -> cl.Kernel:   # the same launch's kernel built with RELU (same grid and meta)
