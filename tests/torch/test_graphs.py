@@ -110,7 +110,7 @@ def test_inference_capture_sees_weights_updated_between_replays(cleanup):
         with torch.opencl.graph(g):
             out = dev(sx)
     # the graph reads the cached transforms, and checks the weights' versions before each replay
-    assert len(g._guards) == 2
+    assert len(g._before_replay) == 2
     with KernelProfile() as profile:
         g.replay()
         profile.summary()

@@ -62,7 +62,7 @@ tensor, which has no counter, gets its transform recorded in the graph instead).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -100,7 +100,7 @@ class Graph:
         self._commands: list[tuple] = []
         self._buffers: list[cl.MemoryObjectHolder] = []   # each once; reserved with the allocator
         self._presets: list[cl.Kernel | None] = []        # per command: its kernel with its arguments set
-        self._guards: list[_TransformGuard] = []           # cached weight transforms the commands read
+        self._before_replay: list[Callable[[], None]] = []   # run before each replay (see before_each_replay)
         self._random: cl.Buffer | None = None               # key and counter of the graph's random numbers
         self._captured = False
         self._device: Any = None
@@ -125,7 +125,7 @@ class Graph:
         _active = self
         self._device = device
         self._commands = []
-        self._guards = []
+        self._before_replay = []
         self._saved = cl.Kernel.__call__, cl.enqueue_copy
         call, copy = self._saved
         commands = self._commands
@@ -169,7 +169,7 @@ class Graph:
             _active = None
             profiling.swap_lock.release()
         if not keep:
-            self._commands, self._guards = [], []
+            self._commands, self._before_replay = [], []
             return
         seen: dict[int, cl.MemoryObjectHolder] = {}
         for is_launch, a, b, _, args, _ in self._commands:
@@ -196,8 +196,8 @@ class Graph:
             raise GraphCaptureError("nothing to replay: capture the graph first")
         if _active is self:
             raise GraphCaptureError("a graph cannot replay inside its own capture")
-        for guard in self._guards:   # weights changed in place since: their cached transforms first
-            guard.refresh()
+        for hook in self._before_replay:   # e.g. weights changed in place since: their cached transforms first
+            hook()
         queue = self._device.queue   # (enqueues launches deferred before the replay first)
         call, copy = cl.Kernel.__call__, cl.enqueue_copy   # looked up now: a KernelProfile sees replays
         # a KernelProfile (or a capture) watches pyopencl's launch and copy functions: then go through them
@@ -227,7 +227,7 @@ class Graph:
             raise GraphCaptureError("cannot reset a graph while it is being captured")
         if self._captured:
             memory.allocator.release_from_graph(self._buffers)
-        self._commands, self._buffers, self._presets, self._guards, self._captured = [], [], [], [], False
+        self._commands, self._buffers, self._presets, self._before_replay, self._captured = [], [], [], [], False
 
     @property
     def commands(self) -> int:
@@ -245,25 +245,6 @@ class Graph:
                 memory.allocator.release_from_graph(self._buffers)
 
 
-class _TransformGuard:
-    """A weight whose cached transform (``u``, the weight cache's) a graph's commands read: the version of
-    the weight that ``u`` holds, and the plan that makes it."""
-
-    __slots__ = ("plan", "u", "version", "weight")
-
-    def __init__(self, plan: Any, weight: Any, u: Any) -> None:
-        self.plan, self.weight, self.u, self.version = plan, weight, u, weight._version
-
-    def refresh(self) -> None:
-        """Transform the weight into ``u`` again if it was written since."""
-        version = self.weight._version
-        if version != self.version:
-            from tunecl.backend import weight_cache
-
-            weight_cache.transform_into(self.plan, self.weight, self.u)
-            self.version = version
-
-
 def bernoulli_(t: Any, p: float) -> bool:
     """In a capture, fill float32 contiguous ``t`` with 1 (probability ``p``) or 0 from the graph's device
     generator, so every replay draws anew; False (nothing done) where that does not apply."""
@@ -273,11 +254,11 @@ def bernoulli_(t: Any, p: float) -> bool:
     return True
 
 
-def guard_transform(plan: Any, weight: Any, u: Any) -> None:
-    """Called by the weight cache when the graph being captured reads ``weight``'s cached transform ``u``:
-    every replay first checks the weight's version and transforms it into ``u`` again if it moved on.
-    (The graph keeps ``u`` alive: the cache may drop its entry, never its buffer while the graph lives.)"""
-    _active._guards.append(_TransformGuard(plan, weight, u))
+def before_each_replay(hook: Callable[[], None]) -> None:
+    """Run ``hook`` before every replay of the graph being captured (the weight cache: a weight whose cached
+    transform the graph reads is transformed again first if it was written since; see
+    :func:`tunecl.backend.weight_cache.run_conv`)."""
+    _active._before_replay.append(hook)
 
 
 def _preset(command: tuple) -> cl.Kernel | None:

@@ -107,6 +107,24 @@ def can_transform(plan: Any) -> bool:
     return getattr(plan, "transform_weight", None) is not None
 
 
+class _VersionGuard:
+    """A weight whose cached transform ``u`` a graph's commands read: the version of the weight ``u`` holds,
+    and the plan that makes it. (The graph keeps ``u`` alive: the cache may drop its entry, never its buffer
+    while the graph lives.)"""
+
+    __slots__ = ("plan", "u", "version", "weight")
+
+    def __init__(self, plan: Any, weight: torch.Tensor, u: torch.Tensor) -> None:
+        self.plan, self.weight, self.u, self.version = plan, weight, u, weight._version
+
+    def refresh(self) -> None:
+        """Transform the weight into ``u`` again if it was written since."""
+        version = self.weight._version
+        if version != self.version:
+            transform_into(self.plan, self.weight, self.u)
+            self.version = version
+
+
 def run_conv(plan: Any, a: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, *, backward: bool = False,
              bias: torch.Tensor | None = None) -> None:
     """``plan.run(a, weight as float32, out, bias=...)`` (``a``, ``out``, ``bias``: contiguous float32);
@@ -116,7 +134,7 @@ def run_conv(plan: Any, a: torch.Tensor, weight: torch.Tensor, out: torch.Tensor
         u = transformed(plan, weight)
         if u is not None:
             if graphs.capturing():   # a replay transforms the weight again first if it has changed since
-                graphs.guard_transform(plan, weight, u)
+                graphs.before_each_replay(_VersionGuard(plan, weight, u).refresh)
             plan.run_transformed(buffer_of(a), buffer_of(u), buffer_of(out), a_offset=a.storage_offset(),
                                  bias=bias_buf, bias_offset=bias_offset)
             return
