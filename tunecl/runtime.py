@@ -618,6 +618,9 @@ class Device:
         with the next use of :attr:`queue`."""
         entry = (kernel, global_size, local_size, args)
         with self._deferred_lock:
+            # what waits already goes first, as defer would send it (a run of held launches never piles up)
+            if self._deferred and (self.launch_batch <= 1 or len(self._deferred) >= self.launch_batch):
+                self.queue   # noqa: B018 (the property enqueues the waiting launches and counts the use)
             self._deferred.append(entry)
             self._held = (tag, entry, fused)
 

@@ -181,3 +181,17 @@ def test_auto_flushes_on_non_cpu_devices_only(device):
     expected = 0 if device.fingerprint.device_type == "cpu" else runtime.AUTO_FLUSH_EVERY
     if config.get().flush_every is None:
         assert device.flush_every == expected
+
+
+@pytest.mark.parametrize("batch", ["0", "4"])
+def test_held_launches_do_not_pile_up(batch, monkeypatch):
+    """A run of held launches (adds, each waiting for a relu that does not come) is sent on as defer would
+    send it: one waits at a time unbatched, at most a batch batched."""
+    monkeypatch.setenv("TUNECL_LAUNCH_BATCH", batch)
+    device = runtime.Device(runtime.resolve())
+    kernel = _kernel(device)
+    buf = device.upload(np.zeros(16, np.float32))
+    for step in range(10):
+        device.hold(kernel, (16,), None, [buf, np.float32(1), np.float32(1)], ("tag", step), lambda: kernel)
+        assert len(device._deferred) <= max(1, device.launch_batch)
+    np.testing.assert_array_equal(device.download(buf, (16,)), np.full(16, 10, np.float32))

@@ -282,7 +282,7 @@ def test_big_mean_with_an_outlying_first_element(norm, forced, shape):
     torch.testing.assert_close(1 / invstd.cpu().double() ** 2, v64, rtol=2e-6, atol=0)
 
 
-# -- an in-place relu right after a batch norm runs inside its normalising launch ----------------------------
+# -- an in-place relu right after a batch norm (or an add) runs inside its launch -------------------------------
 def _block(channels: int = 8) -> torch.nn.Module:
     torch.manual_seed(3)
     return torch.nn.Sequential(torch.nn.Conv2d(3, channels, 3, padding=1), torch.nn.BatchNorm2d(channels),
@@ -291,14 +291,15 @@ def _block(channels: int = 8) -> torch.nn.Module:
 
 
 def _fusions(monkeypatch) -> list[bool]:
-    norm = state.get().norm
-    results, fuse = [], norm.fuse_relu
+    """Whether each in-place relu from here on was folded into the launch before it."""
+    device = state.get().device
+    results, replace = [], device.replace_held
 
-    def recording(*args):
-        results.append(fuse(*args))
+    def recording(tag):
+        results.append(replace(tag))
         return results[-1]
 
-    monkeypatch.setattr(norm, "fuse_relu", recording)
+    monkeypatch.setattr(device, "replace_held", recording)
     return results
 
 
@@ -311,7 +312,7 @@ def test_relu_after_batch_norm_is_fused_and_bit_identical(train, monkeypatch):
         model = _block().to("opencl").train(train)
         fusions = _fusions(monkeypatch) if fused else None
         if not fused:
-            monkeypatch.setattr(state.get().norm, "fuse_relu", lambda *args: False)
+            monkeypatch.setattr(state.get().device, "replace_held", lambda tag: False)
         xd = x.to("opencl").requires_grad_()
         y = model(xd)
         y.backward(torch.ones_like(y))
@@ -331,7 +332,7 @@ def test_relu_is_not_fused_across_another_op_or_into_a_view(monkeypatch):
     bn = torch.nn.BatchNorm2d(4).to("opencl")
     x = torch.randn(2, 4, 5, 5)
     expected = F.batch_norm(x, None, None, training=True)
-    cases = [(lambda y: y.add_(0.5).relu_(), lambda e: (e + 0.5).relu()),         # another op came between
+    cases = [(lambda y: y.mul_(0.5).relu_(), lambda e: (e * 0.5).relu()),         # another op came between
              (lambda y: (y[:, :2].relu_(), y)[1], lambda e: torch.cat([e[:, :2].relu(), e[:, 2:]], 1)),  # a view
              (lambda y: torch.relu(y), lambda e: e.relu()),                          # not in place
              (lambda y: y.relu_(), lambda e: e.relu())]                              # fused

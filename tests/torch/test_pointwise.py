@@ -250,3 +250,30 @@ def test_other_layouts_and_dtypes_keep_one_element_per_work_item(strict, monkeyp
                       (d.half() * 2, x.half() * 2), (d.long() + 1, x.long() + 1), (d > 0, x > 0)]:
         assert torch.equal(got.cpu(), want)
     assert plans and all(not plan.vec for plan, _ in plans if plan.signature[0] not in ("copy",))
+
+
+def test_relu_after_an_add_runs_inside_it(strict, monkeypatch):
+    """``out += identity; out.relu_()`` (a residual block): the add waits, held, and the relu folds into it
+    as ``add_relu``; results are CPU torch's, NaN and broadcasting included, and a relu that does not follow
+    the add directly, or of another tensor, runs on its own."""
+    from tunecl.backend import state
+
+    device = state.get().device
+    folded, replace = [], device.replace_held
+    monkeypatch.setattr(device, "replace_held", lambda tag: folded.append(replace(tag)) or folded[-1])
+    a, b, bias = torch.randn(3, 8, 5, 5), torch.randn(3, 8, 5, 5), torch.randn(8, 1, 1)
+    a[0, 0, 0, :2] = torch.tensor([float("nan"), -0.0])
+    cases = [
+        (lambda x, y, c: x.add_(y).relu_(), [True]),
+        (lambda x, y, c: x.add_(c, alpha=-2.0).relu_(), [True]),              # a broadcast input
+        (lambda x, y, c: (x + y).relu_(), [True]),                            # out of place, then relu_
+        (lambda x, y, c: x.add_(y).mul_(2.0).relu_(), [False]),               # another op between
+        (lambda x, y, c: (x.add_(y), y.relu_())[0], [False]),                 # relu of another tensor
+        (lambda x, y, c: (x[:, :4].add_(y[:, :4]).relu_(), x)[1], []),         # a view: not even tried
+    ]
+    for op, expected in cases:
+        folded.clear()
+        got = op(a.to("opencl"), b.to("opencl"), bias.to("opencl")).cpu()
+        want = op(a.clone(), b.clone(), bias.clone())
+        assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num())
+        assert folded == expected, op

@@ -25,6 +25,7 @@ from tunecl.kernels.strided import (
     KernelCache,
     meta_dtype,
     pack_meta,
+    relu_tag,
     round_up,
     work_group,
 )
@@ -164,8 +165,7 @@ class BatchNorm:
                                                                         parts, offsets)
                 return twin[0]
 
-            # (the held arguments keep y's buffer object alive, so its id names it while the tag is held)
-            self.device.hold(kernel, global_size, local_size, args, (name, id(y_buffer), y_offset, n * c * length),
+            self.device.hold(kernel, global_size, local_size, args, relu_tag(y_buffer, y_offset, n * c * length),
                              with_relu)
         else:
             self.device.defer(kernel, global_size, local_size, args)
@@ -209,7 +209,7 @@ class BatchNorm:
                 eps: float, momentum: float, fusable: bool = False) -> None:
         """``ops`` names x, y, weight, bias, running_mean, running_var, save_mean, save_invstd. ``fusable``
         (y contiguous float32): the normalising launch waits, held, so that an in-place relu of y right
-        after it can run inside it instead (:meth:`fuse_relu`)."""
+        after it can run inside it instead (:func:`tunecl.kernels.pointwise.relu_tag`)."""
         n, c, length = shape
         if c == 0:
             return
@@ -222,13 +222,6 @@ class BatchNorm:
             if n * length:
                 self._launch("bn_apply", "elementwise", shape, ops, tuple(f for f in flags if f != "HAS_RUNNING"),
                              eps, momentum, 1, None, held=fusable)
-
-    def fuse_relu(self, buffer: cl.Buffer, offset: int, count: int) -> bool:
-        """Make the held ``bn_apply`` launch that writes exactly ``count`` elements of ``buffer`` from element
-        ``offset`` apply relu too, if it is still the last launch waiting; whether it did (then the relu
-        is done)."""
-        with self._lock:
-            return self.device.replace_held(("bn_apply", id(buffer), offset, count))
 
     def backward(self, shape: tuple[int, int, int], ops: Mapping[str, Tensor | None], training: bool,
                  eps: float, need_input_grad: bool) -> None:

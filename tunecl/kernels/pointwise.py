@@ -26,6 +26,7 @@ from tunecl.kernels.strided import (
     pack_meta,
     pad_front,
     rank_bucket,
+    relu_tag,
     round_up,
     work_group,
 )
@@ -69,6 +70,7 @@ EXPRESSIONS: dict[str, Expr] = {
     "eye": _same(0, 1, "(TC)((i/(IDX)s0)==(i%(IDX)s0))"),  # over an (n, m) output, s0 = m
     # arithmetic
     "add": _same(2, 1, "a+s0*b"),
+    "add_relu": _float(2, 1, "((a+s0*b)<0?(TC)0:(a+s0*b))"),   # add's relu twin (see RELU_TWINS)
     "sub": _same(2, 1, "a-s0*b"),
     "mul": _same(2, 0, "a*b"),
     "div": _float(2, 0, "a/b"),
@@ -200,6 +202,20 @@ def _out_kind(dtype: str, tc: str) -> int:
 
 
 VEC = 4  # elements per work-item of the float4 variant (dense float32 operands)
+# ops whose launch waits, held, when they write a contiguous float32 output: an in-place relu of exactly that
+# output right after runs inside them, as the twin expression (see relu_tag)
+RELU_TWINS = {"add": "add_relu"}
+
+
+
+def _dense(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """Whether ``strides`` lay ``shape`` out contiguously (row-major, no gaps)."""
+    step = 1
+    for size, stride in zip(reversed(shape), reversed(strides)):
+        if stride != step:
+            return False
+        step *= size
+    return True
 
 
 class _Plan(NamedTuple):
@@ -217,6 +233,7 @@ class _Plan(NamedTuple):
     signature: tuple          # (op, shape, out, inputs) without buffers: rebuilds the plan 64-bit wide
     vec: bool                 # the float4 variant: every element offset must be a multiple of 4
     unaligned: list           # a vec plan's scalar twin, built the first time offsets need it
+    relu_twin: list           # RELU_TWINS: [] when the launch may wait for a relu (built when one comes), else None
 
 
 class Pointwise:
@@ -303,9 +320,20 @@ class Pointwise:
             args.append(cast(p))
         args.append(meta)
         if defer:
-            self.device.defer(plan.kernel, plan.global_size, plan.local_size, args)
+            if plan.relu_twin is not None:   # an in-place relu of the output may follow: wait for it
+                self.device.hold(plan.kernel, plan.global_size, plan.local_size, args,
+                                 relu_tag(args[0], offsets[0], plan.prefix[0]), lambda: self._relu_twin(plan))
+            else:
+                self.device.defer(plan.kernel, plan.global_size, plan.local_size, args)
             return None
         return plan.kernel(self.device.queue, plan.global_size, plan.local_size, *args)
+
+    def _relu_twin(self, plan: _Plan) -> cl.Kernel:
+        """The kernel of ``plan``'s launch with its op's relu twin (same arguments, grid and meta)."""
+        if not plan.relu_twin:
+            op, *rest = plan.signature
+            plan.relu_twin.append(self._plan(None, RELU_TWINS[op], *rest, wide=plan.wide, vec=plan.vec).kernel)
+        return plan.relu_twin[0]
 
     def at_offsets(self, plan: _Plan, offsets: Sequence[int]) -> tuple[_Plan, bytes]:
         """The plan that serves ``plan``'s signature at element ``offsets`` and its packed ``meta``: the
@@ -363,7 +391,9 @@ class Pointwise:
                      [x._replace(buffer=None, offset=0) if isinstance(x, Operand) else type(x)() for x in inputs])
         plan = _Plan(kernel, prefix, tuple(operand_extents), float if tc == "float" else int,
                      (round_up(-(-count // VEC) if vec else count, self.local),), (self.local,), wide,
-                     pack_meta(prefix + [0] * len(operand_extents), idx), scalar_args, signature, vec, [])
+                     pack_meta(prefix + [0] * len(operand_extents), idx), scalar_args, signature, vec, [],
+                     [] if op in RELU_TWINS and tc == "float" and out.dtype == "float32" and _dense(mshape, mstrides[0])
+                     else None)
         if key is not None:
             if len(self._plans) >= self.MAX_PLANS:
                 self._plans.clear()

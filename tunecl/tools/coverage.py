@@ -237,6 +237,10 @@ class DryRun:
         self.plans[problem.key] = first.name
         return _DryPlan(self)
 
+    def launch_now(self, kernel: Any, global_size: Any, local_size: Any, args: list, tag: Any, fused: Any) -> None:
+        """``Device.hold`` in a dry run: the (dry) kernel is called at once, never replaced by its fused twin."""
+        kernel(self.device.queue, global_size, local_size, *args)
+
     def write_bytes(self, buffer: Any, offset: int, data: Any) -> None:
         if data.nbytes:
             self.transfers["host_to_device"] += 1
@@ -314,6 +318,7 @@ def dry_run() -> Iterator[DryRun]:
         try:
             with _patched([
                 (run.device, "launch_batch", 0),  # the dry kernels run (are counted) when called
+                (run.device, "hold", run.launch_now),  # (none waits for a fused twin either)
                 (state, "_state", _dry_state(run)),
                 (allocator, "_new_buffer", lambda reserved, requested: None),
                 (plans, "plan", run.plan),

@@ -16,7 +16,7 @@ import torch
 from tunecl.backend import memory, state
 from tunecl.backend.memory import _buffers
 from tunecl.backend.operands import dense_strides_like, operand, scalar_or_operand
-from tunecl.kernels.strided import Operand, Unsupported
+from tunecl.kernels.strided import Operand, Unsupported, relu_tag
 
 Number = bool | int | float
 
@@ -97,15 +97,14 @@ def _shape_for_out(out: torch.Tensor, inputs: Sequence[Any]) -> torch.Size:
     return out.shape
 
 
-def _relu_in_batch_norm(t: torch.Tensor) -> bool:
-    """``t.relu_()`` done by the batch norm that has just produced ``t``: its normalising launch, still held
-    (:meth:`tunecl.kernels.norm.Norm.fuse_relu`), applies relu as it writes. torchvision's nets follow
-    every batch norm but the last of a block by ``ReLU(inplace=True)``: one pass over the activations and
-    one launch fewer each."""
+def _relu_folded(t: torch.Tensor) -> bool:
+    """``t.relu_()`` done by the launch that has just produced ``t``, if it still waits, held, and can apply
+    relu as it writes (a batch norm's normalisation, an add: torchvision's nets follow those by
+    ``ReLU(inplace=True)``): one pass over the activations and one launch fewer each."""
     if t.dtype is not torch.float32 or not t.is_contiguous() or not t.numel():
         return False
     buffer = _buffers.get(t.untyped_storage().data_ptr())
-    return buffer is not None and state.get().norm.fuse_relu(buffer, t.storage_offset(), t.numel())
+    return buffer is not None and state.get().device.replace_held(relu_tag(buffer, t.storage_offset(), t.numel()))
 
 
 def new_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -370,7 +369,7 @@ KERNELS: dict[str, Callable[..., Any]] = {
     # activations
     **_with_suffixes("relu", {
         "": lambda self: run("relu", new_like(self), (self,)),
-        "_": lambda self: self if _relu_in_batch_norm(self) else run("relu", self, (self,)),
+        "_": lambda self: self if _relu_folded(self) else run("relu", self, (self,)),
     }),
     **_with_suffixes("hardtanh", functional_and_inplace("hardtanh", lambda lo=-1, hi=1: (lo, hi))),
     **_with_suffixes("hardswish", functional_and_inplace("hardswish", lambda: ())),
