@@ -144,6 +144,21 @@ class BatchNorm:
         or "elementwise". ``held``: through :meth:`Device.hold`, tagged by y's buffer, offset and size."""
         located = [ops.get(k) for k in _OFFSETS]
         offsets = tuple(0 if t is None else t[1] for t in located)
+        kernel, global_size, local_size, meta = self._kept_launch(name, kind, shape, ops, flags, parts, offsets)
+        args = [None if t is None else t[0] for t in located] + [scratch, np.float32(eps), np.float32(momentum), meta]
+        y_buffer, y_offset = ops["y"] if held else (None, 0)
+        if y_buffer is not None:
+            n, c, length = shape
+            # the RELU twin: the same launch's kernel built with RELU (same grid and meta)
+            self.device.hold(kernel, global_size, local_size, args, relu_tag(y_buffer, y_offset, n * c * length),
+                             lambda: self._kept_launch(name, kind, shape, ops, (*flags, "RELU"), parts, offsets)[0])
+        else:
+            self.device.defer(kernel, global_size, local_size, args)
+
+    def _kept_launch(self, name: str, kind: str, shape: tuple[int, int, int], ops: Mapping[str, Tensor | None],
+                     flags: tuple[str, ...], parts: int, offsets: tuple[int, ...]
+                     ) -> tuple[cl.Kernel, tuple[int, ...], tuple[int, ...], bytes]:
+        """:meth:`_plan_launch`, planned once per signature."""
         key = (name, kind, shape, flags, parts, offsets)
         launch = self._launches.get(key)
         if launch is None:
@@ -151,24 +166,7 @@ class BatchNorm:
             if len(self._launches) >= MAX_LAUNCHES:  # a safety valve for ever-changing shapes
                 self._launches.clear()
             self._launches[key] = launch
-        kernel, global_size, local_size, meta = launch
-        args = [None if t is None else t[0] for t in located] + [scratch, np.float32(eps), np.float32(momentum), meta]
-        y_buffer, y_offset = ops["y"] if held else (None, 0)
-        if y_buffer is not None:
-            n, c, length = shape
-
-            def with_relu() -> cl.Kernel:   # the same launch's kernel built with RELU (same grid and meta)
-                relu_key = (name, kind, shape, (*flags, "RELU"), parts, offsets)
-                twin = self._launches.get(relu_key)
-                if twin is None:
-                    twin = self._launches[relu_key] = self._plan_launch(name, kind, shape, ops, (*flags, "RELU"),
-                                                                        parts, offsets)
-                return twin[0]
-
-            self.device.hold(kernel, global_size, local_size, args, relu_tag(y_buffer, y_offset, n * c * length),
-                             with_relu)
-        else:
-            self.device.defer(kernel, global_size, local_size, args)
+        return launch
 
     def forget_launches(self) -> None:
         """Drop the kept launch plans: after changing this module's launch constants (tests, tuning)."""
@@ -209,7 +207,7 @@ class BatchNorm:
                 eps: float, momentum: float, fusable: bool = False) -> None:
         """``ops`` names x, y, weight, bias, running_mean, running_var, save_mean, save_invstd. ``fusable``
         (y contiguous float32): the normalising launch waits, held, so that an in-place relu of y right
-        after it can run inside it instead (:func:`tunecl.kernels.pointwise.relu_tag`)."""
+        after it can run inside it instead (:func:`tunecl.kernels.strided.relu_tag`)."""
         n, c, length = shape
         if c == 0:
             return
