@@ -23,6 +23,7 @@ from tunecl.kernels.base import Algorithm
 # gemm_wgmma (Hopper's warpgroup MMA, where the probe granted "wgmma") comes before gemm_mma, so it gives
 # the untuned float16 default where it applies: on the H200 its default ran 4096^3 at 364 TFLOP/s against
 # gemm_mma_f16's 58 and 1024^3 at 107 against 36. (TF32 defaults are unaffected: fp32 families come first.)
+# conv_gemm_wgmma (the same GEMM-backed families on gemm_wgmma_tf32, "wgmma") are TF32 too, never a default.
 # gemm_simt (CUTLASS-style warp tiling, fp32) comes after gemm_tiled and gemm_direct so that untuned fp32
 # defaults do not change; the tuner picks it where it is faster.
 _REGISTRY: dict[str, tuple[str, ...]] = {
@@ -30,7 +31,7 @@ _REGISTRY: dict[str, tuple[str, ...]] = {
              "tunecl.kernels.gemm_wgmma", "tunecl.kernels.gemm_mma"),
     "conv": ("tunecl.kernels.conv_depthwise", "tunecl.kernels.conv_1x1", "tunecl.kernels.conv_winograd",
              "tunecl.kernels.conv_implicit_gemm", "tunecl.kernels.conv_im2col", "tunecl.kernels.conv_direct",
-             "tunecl.kernels.conv_gemm_mma", "tunecl.kernels.conv_implicit_gemm_mma"),
+             "tunecl.kernels.conv_gemm_mma", "tunecl.kernels.conv_gemm_wgmma", "tunecl.kernels.conv_implicit_gemm_mma"),
 }
 
 

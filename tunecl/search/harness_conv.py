@@ -46,11 +46,20 @@ from tunecl.search.harness import (
 )
 
 # algorithm name -> how much more rounding error than a plain sum it may have (a TF32 variant
-# ``NAME_mma_tf32`` has NAME's)
+# ``NAME_mma_tf32`` or ``NAME_wgmma_tf32`` has NAME's)
 ERROR_FACTOR = {"conv_winograd": 16.0}
-TF32_SUFFIX = "_mma_tf32"
+TF32_SUFFIXES = ("_mma_tf32", "_wgmma_tf32")
 # Winograd families -> m of F(m×m,3×3): their TF32 rounding is of transformed values (winograd_spread)
 WINOGRAD = {"conv_winograd": 2, "conv_winograd_f4": 4}
+
+
+def fp32_twin(algorithm: str) -> str:
+    """The fp32 family a TF32 variant computes with tensor cores (``conv_winograd_f4_wgmma_tf32`` ->
+    ``conv_winograd_f4``); any other name as it is."""
+    for suffix in TF32_SUFFIXES:
+        if algorithm.endswith(suffix):
+            return algorithm.removesuffix(suffix)
+    return algorithm
 
 
 def operand_shapes(p: ConvProblem) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
@@ -173,7 +182,7 @@ class ConvHarness:
         """``sqrt(sum of squared terms)`` of every output (for TF32 plans; computed on first use): of the
         convolution, or of the transformed values a Winograd family multiplies (:func:`winograd_spread`)."""
         data = self._prepare()
-        m = WINOGRAD.get(algorithm.removesuffix(TF32_SUFFIX))
+        m = WINOGRAD.get(fp32_twin(algorithm))
         key = "spread" if m is None else f"spread_winograd{m}"
         if key not in data:
             g, shapes = self.guard, operand_shapes(self.problem)
@@ -203,7 +212,7 @@ class ConvHarness:
             shape = (1, -1, 1, 1)
             expected = expected + data["bias_f64"].reshape(shape)
             magnitude = magnitude + np.abs(data["bias_f64"]).reshape(shape)
-        factor = ERROR_FACTOR.get(algorithm.removesuffix(TF32_SUFFIX), 1.0)
+        factor = ERROR_FACTOR.get(fp32_twin(algorithm), 1.0)
         tolerance = factor * reduction_tolerance(reduction_length(self.problem)) * magnitude
         case = f"beta={beta:g}" + (", bias" if with_bias else "")
         if precision == TF32:
