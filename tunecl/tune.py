@@ -11,12 +11,13 @@ from __future__ import annotations
 import dataclasses
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from tunecl import config
 from tunecl.fingerprint import Fingerprint
 from tunecl.kernels import algorithms
+from tunecl.kernels.base import Algorithm
 from tunecl.precision import FP32, algorithm_precision, at_least
 from tunecl.problems import Problem
 from tunecl.runtime import Device
@@ -54,7 +55,9 @@ def tune_problem(problem: Problem, device: Device, db: ResultSink | None = None,
         storage_url: Optuna storage (default: ``config.get().storage_url``).
         progress: called after every evaluation.
         **tuner_options: passed to :class:`Tuner` (``seed``, ``policy``, ``patience``, ``top_k``,
-            ``algorithms``, ``jobs``, ``precision`` ...).
+            ``algorithms``, ``jobs``, ``precision`` ...). With ``jobs`` > 1 candidates compile in worker
+            processes started by ``spawn``, which import the calling script again: a script that calls
+            this must do so under ``if __name__ == "__main__":`` (else each worker runs the script too).
 
     Returns:
         The tuner's outcome.
@@ -113,8 +116,9 @@ class NetRow:
     ``default_s`` and ``tuned_s`` are per call, ``seconds`` the wall time its tuning took (search,
     verification, re-measurement and storing; about the time limit plus a few seconds); ``status`` is ``tuned``, ``skipped`` (already in the DB
     at the current algorithm versions), ``shipped`` (likewise in the shipped results, for this exact
-    device and driver), ``failed`` (no verified candidate) or ``not run`` (the total
-    time limit or an interrupt came first).
+    device and driver), ``failed`` (no verified candidate), ``not applicable`` (a search restricted to
+    some algorithms, none of which applies) or ``not run`` (the total time limit or an interrupt came
+    first).
     """
 
     problem: Problem
@@ -130,18 +134,21 @@ class NetRow:
         return self.default_s / self.tuned_s if self.default_s and self.tuned_s else None
 
 
-def _tuned_before(db: Any, device: Device, problem: Problem, precision: str) -> Any:
+def _tuned_before(db: Any, device: Device, problem: Problem, precision: str,
+                  only: Sequence[Algorithm] | None = None) -> Any:
     """The fastest stored result when every precision among the applicable algorithms has one at the
-    current versions (what makes a problem "already tuned"), else None. Results count from the user DB
-    and from the shipped results, for this exact device and driver."""
+    current versions (what makes a problem "already tuned"), else None. With ``only`` (a search restricted
+    to those algorithms), when each of them that applies has one. Results count from the user DB and from
+    the shipped results, for this exact device and driver."""
     versions = algorithm_versions(problem, device, precision)
-    by_precision: dict[str, dict[str, int]] = {}
-    for algorithm in algorithms(problem.kind):
+    groups: dict[str, tuple[str, dict[str, int]]] = {}   # group -> (its precision, its algorithm versions)
+    for algorithm in (only if only is not None else algorithms(problem.kind)):
         if algorithm.name in versions:
-            group = by_precision.setdefault(algorithm_precision(algorithm), {})
+            kind = algorithm_precision(algorithm)
+            _, group = groups.setdefault(algorithm.name if only is not None else kind, (kind, {}))
             group[algorithm.name] = versions[algorithm.name]
-    hits = [db.best_or_shipped(device.fingerprint, problem, versions=names, precision=name)
-            for name, names in by_precision.items()]
+    hits = [db.best_or_shipped(device.fingerprint, problem, versions=names, precision=kind)
+            for kind, names in groups.values()]
     if not hits or any(hit is None for hit in hits):
         return None
     return min(hits, key=lambda hit: hit.time_s)
@@ -164,7 +171,9 @@ def tune_workload(workload: Mapping[Problem, int], device: Device, db: Any, *, t
 
     Problems the DB or the shipped results already hold for this exact device at the current algorithm
     versions are skipped unless ``retune``; at ``precision="tf32"`` that takes a result of each precision whose algorithms
-    apply (fp32 results alone do not mean the TF32 algorithms were tuned). Every finished problem is
+    apply (fp32 results alone do not mean the TF32 algorithms were tuned). A search restricted to some
+    algorithms (``algorithms=`` among ``tune_options``) skips a problem when each of them that applies has
+    a stored result, and lists a problem none of them applies to as ``not applicable``. Every finished problem is
     recorded before the next starts, so Ctrl-C (which propagates after the rows so far are reported
     through ``on_done``) loses at most the problem in progress, whose finished trials stay in the
     Optuna study and are resumed by the next run.
@@ -177,6 +186,8 @@ def tune_workload(workload: Mapping[Problem, int], device: Device, db: Any, *, t
     workload order.
     """
     order = sorted(workload.items(), key=lambda item: -item[0].flops * item[1])
+    only = tune_options.get("algorithms")
+    accepted = at_least(precision)
     if claims is None:
         claims = Claims(open_storage(tune_options.get("storage_url") or config.get().storage_url),
                         study_device_key(device))
@@ -214,10 +225,19 @@ def tune_workload(workload: Mapping[Problem, int], device: Device, db: Any, *, t
         return NetRow(problem, count, "shipped" if hit.source == "shipped" else "skipped", hit.algorithm,
                       hit.default_time_s, hit.time_s)
 
+    def none_applies(problem: Problem) -> bool:   # of the algorithms a restricted search asked for
+        return only is not None and not any(a.kind == problem.kind and algorithm_precision(a) in accepted
+                                            and a.applies(problem, device) for a in only)
+
+    # a restricted search is other work than a full one (claims tell workers apart by key)
+    restricted = "" if only is None else "|" + ",".join(sorted(a.name for a in only))
     put_off: list[tuple[int, Problem, int, str]] = []
     for index, (problem, count) in enumerate(order):
-        key = claim_key(problem.key, precision)
-        hit = None if retune else _tuned_before(db, device, problem, precision)
+        key = claim_key(problem.key, precision) + restricted
+        if none_applies(problem):
+            finish(index, NetRow(problem, count, "not applicable"))
+            continue
+        hit = None if retune else _tuned_before(db, device, problem, precision, only)
         if hit is not None:
             finish(index, skipped(problem, count, hit))
         elif total_time_limit is not None and time.monotonic() - started > total_time_limit:
@@ -229,7 +249,7 @@ def tune_workload(workload: Mapping[Problem, int], device: Device, db: Any, *, t
     for index, problem, count, key in put_off:
         # the other worker may have finished it meanwhile (with --retune the DB held it before, so
         # only its finished claim tells)
-        hit = (_tuned_before(db, device, problem, precision)
+        hit = (_tuned_before(db, device, problem, precision, only)
                if not retune or claims.done_elsewhere(key) else None)
         if hit is not None:
             finish(index, skipped(problem, count, hit))

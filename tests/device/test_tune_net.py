@@ -80,3 +80,30 @@ def test_tune_net_then_skip_what_is_stored(capsys, tmp_path, monkeypatch):
         assert {p["status"] for p in json.loads(capsys.readouterr().out)["problems"]} == {"tuned"}
     finally:
         shipped.clear_cache()
+
+
+def test_a_search_restricted_to_some_algorithms_tunes_only_them(capsys):
+    """--algorithms: one problem searches only the families named (a --try of another is a usage error);
+    a net tunes the problems they apply to, lists the others as not applicable, and counts a problem as
+    tuned once each named family that applies has a result."""
+    args = ["tune", "--gemm", "33,17,9", "--algorithms", "gemm_direct", "--trials", "2", "--no-progress",
+            "--json"]
+    assert main(args) == 0
+    outcome = json.loads(capsys.readouterr().out)
+    assert set(outcome["per_algorithm"]) == {"gemm_direct"} and outcome["winner"]["algorithm"] == "gemm_direct"
+    assert main(args + ["--try", "gemm_tiled:MWG=32"]) == 2
+    assert "gemm_tiled is not searched for" in capsys.readouterr().err
+    assert main(["tune", "--conv", "n=1,c=2,h=4,w=4,k=2,r=3,pad=1", "--algorithms", "gemm_direct",
+                 "--no-progress"]) == 1
+    assert "no convolution algorithm applies" in capsys.readouterr().err
+
+    net = ["tune", "--net", "tiny_net:build", "--batch", "1", "--image-size", "6", "--trials", "2",
+           "--algorithms", "conv_direct", "--no-progress", "--json"]
+    runs = []
+    for _ in range(2):
+        assert main(net) == 0
+        problems = json.loads(capsys.readouterr().out)["problems"]
+        runs.append({(p["problem"].split(":")[0], p["status"], p["algorithm"]) for p in problems})
+        assert len(problems) == 3
+    assert runs[0] == {("conv", "tuned", "conv_direct"), ("gemm", "not applicable", None)}, runs[0]
+    assert runs[1] == {("conv", "skipped", "conv_direct"), ("gemm", "not applicable", None)}, runs[1]

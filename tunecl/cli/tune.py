@@ -82,6 +82,21 @@ def try_spec(text: str) -> tuple[str, dict[str, int]]:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def algorithm_names(text: str) -> list[str]:
+    """``NAME[,NAME...]``: registered algorithm names (an unknown one is a usage error that lists them)."""
+    from tunecl import kernels
+
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"empty algorithm name in {text!r}")
+    for name in names:
+        try:
+            kernels.algorithm(name)
+        except KeyError as error:
+            raise argparse.ArgumentTypeError(str(error.args[0])) from None
+    return list(dict.fromkeys(names))
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "tune", help="tune a GEMM or convolution on a device and store the winner",
@@ -128,6 +143,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="the precision results must satisfy: fp32 (strict, default) or tf32 (also "
                              "tensor-core TF32 algorithms where the device has them; each result is "
                              "verified and stored under its own algorithm's precision)")
+    parser.add_argument("--algorithms", metavar="NAME[,NAME...]", type=algorithm_names,
+                        help="search only these algorithms (registered names, e.g. conv_1x1_wgmma_tf32, "
+                             "gemm_simt), for instance to add a new family's results without searching "
+                             "the others again; with --net a problem counts as tuned when each of them "
+                             "that applies has a stored result, and problems none of them applies to are "
+                             "listed as not applicable")
     parser.add_argument("--try", dest="tries", metavar="ALG[:K=V,...]", type=try_spec, action="append",
                         default=[],
                         help="with --gemm or --conv: also evaluate ALG's default with these parameters "
@@ -210,6 +231,10 @@ def run(args: argparse.Namespace) -> int:
     device = runtime.select_device(args.device)
     jobs = args.jobs if args.jobs is not None else (default_net_jobs() if args.net is not None else 1)
     options: dict[str, Any] = {"seed": args.seed, "jobs": jobs, "precision": args.precision}
+    if args.algorithms:
+        from tunecl import kernels
+
+        options["algorithms"] = [kernels.algorithm(name) for name in args.algorithms]
     if args.patience is not None:
         options["patience"] = args.patience or None
     else:
