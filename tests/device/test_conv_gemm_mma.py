@@ -42,17 +42,35 @@ def device():
     return runtime.select_device()
 
 
+def emulate_gemm(monkeypatch, device, module, family, capability):
+    """GEMM ``family`` (a class of kernel ``module``) applies (``capability`` granted) and builds its
+    PTX-free stand-in, unless the device has the real thing; returns ``device``."""
+    if capability not in device.capabilities:
+        real_build = family.build
+        monkeypatch.setattr(module, "capabilities", lambda d: frozenset({capability}))
+        monkeypatch.setattr(family, "build",
+                            lambda self, problem, dev, config, emulate=False: real_build(self, problem, dev, config,
+                                                                                         emulate=True))
+    return device
+
+
+def check_plan(variant, p, device, config) -> None:
+    """``variant``'s plan of ``config`` is a TF32 one and passes the tuner's harness against torch."""
+    plan = variant.build(p, device, config)
+    assert (plan.algorithm, plan.precision, plan.gemm_plan.precision) == (variant.name, TF32, TF32)
+    binding = ConvHarness(p, device, seed=3).bind(plan)
+    try:
+        message = binding.check()
+    finally:
+        binding.release()
+    assert message is None, f"{variant.name} {p.key} {config}: {message}"
+
+
 @pytest.fixture
 def emulated_mma(monkeypatch, device):
     """gemm_mma_tf32 applies (capability granted) and builds its PTX-free stand-in, unless the device has
     the real thing."""
-    if not has_capability(device):
-        real_build = gemm_mma.GemmMmaTF32.build
-        monkeypatch.setattr(gemm_mma, "capabilities", lambda d: frozenset({runtime.MMA_TF32}))
-        monkeypatch.setattr(gemm_mma.GemmMmaTF32, "build",
-                            lambda self, problem, dev, config, emulate=False: real_build(self, problem, dev, config,
-                                                                                         emulate=True))
-    return device
+    return emulate_gemm(monkeypatch, device, gemm_mma, gemm_mma.GemmMmaTF32, runtime.MMA_TF32)
 
 
 def test_registered_as_tf32_families_after_every_fp32_one():
@@ -104,11 +122,4 @@ def test_default_plan_matches_torch_at_the_tf32_tolerance(emulated_mma, name, sh
     sub = variant.gemm_problem(p)
     gemm_params = {GEMM_PREFIX + k for k in gemm_space(sub, emulated_mma, gemm_mma.NAME).params}
     assert gemm_params <= set(variant.space(p, emulated_mma).params)
-    plan = variant.build(p, emulated_mma, config)
-    assert (plan.algorithm, plan.precision, plan.gemm_plan.precision) == (name, TF32, TF32)
-    binding = ConvHarness(p, emulated_mma, seed=3).bind(plan)
-    try:
-        message = binding.check()
-    finally:
-        binding.release()
-    assert message is None, f"{name} {p.key} {config}: {message}"
+    check_plan(variant, p, emulated_mma, config)

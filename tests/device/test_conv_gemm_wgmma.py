@@ -12,14 +12,14 @@ values). Where the device has the capability the real PTX runs the same checks.
 from __future__ import annotations
 
 import pytest
-from test_conv_gemm_mma import SHAPES
+from test_conv_gemm_mma import SHAPES, check_plan, emulate_gemm
 
 from tunecl import kernels, runtime
 from tunecl.kernels import conv_gemm_wgmma, gemm_wgmma
 from tunecl.kernels.conv_common import GEMM_PREFIX, gemm_space
 from tunecl.precision import TF32, algorithm_precision
 from tunecl.problems import DIRECTIONS, ConvProblem
-from tunecl.search.harness_conv import ConvHarness, fp32_twin
+from tunecl.search.harness_conv import fp32_twin
 
 VARIANTS = {a.name: a for a in conv_gemm_wgmma.ALGORITHMS}
 WINOGRAD = ("conv_winograd_wgmma_tf32", "conv_winograd_f4_wgmma_tf32")
@@ -38,13 +38,7 @@ def device():
 def emulated_wgmma(monkeypatch, device):
     """gemm_wgmma_tf32 applies (capability granted) and builds its PTX-free stand-in, unless the device has
     the real thing."""
-    if not has_capability(device):
-        real_build = gemm_wgmma.GemmWgmmaTF32.build
-        monkeypatch.setattr(gemm_wgmma, "capabilities", lambda d: frozenset({runtime.WGMMA}))
-        monkeypatch.setattr(gemm_wgmma.GemmWgmmaTF32, "build",
-                            lambda self, problem, dev, config, emulate=False: real_build(self, problem, dev, config,
-                                                                                         emulate=True))
-    return device
+    return emulate_gemm(monkeypatch, device, gemm_wgmma, gemm_wgmma.GemmWgmmaTF32, runtime.WGMMA)
 
 
 def test_registered_as_tf32_families_after_every_fp32_one(emulated_wgmma):
@@ -101,17 +95,6 @@ CASES = [(name, shape, direction) for name in sorted(VARIANTS) for shape in sort
          or (name in WINOGRAD and shape == "3x3_c64" and direction != "bwd_weight")]
 
 
-def _check(variant, p, device, config) -> None:
-    plan = variant.build(p, device, config)
-    assert (plan.algorithm, plan.precision, plan.gemm_plan.precision) == (variant.name, TF32, TF32)
-    binding = ConvHarness(p, device, seed=3).bind(plan)
-    try:
-        message = binding.check()
-    finally:
-        binding.release()
-    assert message is None, f"{variant.name} {p.key} {config}: {message}"
-
-
 @pytest.mark.parametrize("name, shape, direction", CASES)
 def test_default_plan_matches_torch_at_the_tf32_tolerance(emulated_wgmma, name, shape, direction):
     variant = VARIANTS[name]
@@ -122,8 +105,8 @@ def test_default_plan_matches_torch_at_the_tf32_tolerance(emulated_wgmma, name, 
     sub = variant.gemm_problem(p)
     gemm_params = {GEMM_PREFIX + k for k in gemm_space(sub, emulated_wgmma, gemm_wgmma.NAME).params}
     assert gemm_params <= set(variant.space(p, emulated_wgmma).params)
-    _check(variant, p, emulated_wgmma, config)
+    check_plan(variant, p, emulated_wgmma, config)
     # the other way of taking an MN-contiguous operand (element-wise copies or a transposed copy first)
     other = {**config, GEMM_PREFIX + "PRETRANS": 1 - config.get(GEMM_PREFIX + "PRETRANS", 0)}
     if variant.space(p, emulated_wgmma).is_valid(other):
-        _check(variant, p, emulated_wgmma, other)
+        check_plan(variant, p, emulated_wgmma, other)
