@@ -16,6 +16,14 @@ the host thread; on a GPU ``host`` is what limits small ops.
     python benchmarks/overhead.py --ops 20000 --repeats 7
     TUNECL_LAUNCH_BATCH=0 python benchmarks/overhead.py   # every launch enqueued at once (no batching)
 
+``--layers`` adds the ops that dominate a convolutional net's step, on a small 2x64x8x8 activation
+(``--layer-ops`` calls per round, default 500): convolution forward (3x3 and 1x1) and backward, batch norm
+forward (training) and backward. Their host cost is what bounds an eager training step on a GPU (resnet50
+calls each about 53 times per step); on PoCL the device's kernels share the cores, so there only ``host``
+says something, and the CPU peer's time is mostly its arithmetic.
+
+    python benchmarks/overhead.py --layers --only conv    # the layer cases whose name contains "conv"
+
 On CPU devices the backend's elementwise launches and reductions are enqueued in batches
 (``TUNECL_LAUNCH_BATCH``, ``Device.defer``); the header says which batch this run used, and with a
 batch the ``unbatched`` column times each case with batching off in rounds interleaved with the others.
@@ -78,6 +86,41 @@ def _cases(size: int) -> dict[str, Callable[[torch.device], Callable[[], object]
     }
 
 
+def _layer_cases() -> dict[str, Callable[[torch.device], Callable[[], object]]]:
+    """A resnet-like layer's ops on a 2x64x8x8 activation (the ``--layers`` cases)."""
+    aten = torch.ops.aten
+
+    def tensors(device: torch.device) -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(0)
+        made = {"x": (2, 64, 8, 8), "dy": (2, 64, 8, 8), "w": (64, 64, 3, 3), "w1": (256, 64, 1, 1),
+                "gamma": (64,), "beta": (64,)}
+        t = {k: torch.randn(shape, generator=g).to(device) for k, shape in made.items()}
+        t["mean"], t["var"] = torch.zeros(64, device=device), torch.ones(64, device=device)
+        _, t["save_mean"], t["save_invstd"] = aten.native_batch_norm(t["x"], t["gamma"], t["beta"], t["mean"],
+                                                                     t["var"], True, 0.1, 1e-5)
+        return t
+
+    def case(op: Callable[[dict[str, torch.Tensor]], object]) -> Callable[[torch.device], Callable]:
+        def make(device: torch.device) -> Callable[[], object]:
+            t = tensors(device)
+            return lambda: op(t)
+        return make
+
+    return {
+        "conv2d 3x3 64->64": case(lambda t: aten.convolution(t["x"], t["w"], None, [1, 1], [1, 1], [1, 1], False,
+                                                             [0, 0], 1)),
+        "conv2d 1x1 64->256": case(lambda t: aten.convolution(t["x"], t["w1"], None, [1, 1], [0, 0], [1, 1],
+                                                              False, [0, 0], 1)),
+        "conv2d 3x3 backward": case(lambda t: aten.convolution_backward(
+            t["dy"], t["x"], t["w"], None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False])),
+        "batch_norm (train)": case(lambda t: aten.native_batch_norm(t["x"], t["gamma"], t["beta"], t["mean"],
+                                                                    t["var"], True, 0.1, 1e-5)),
+        "batch_norm backward": case(lambda t: aten.native_batch_norm_backward(
+            t["dy"], t["x"], t["gamma"], t["mean"], t["var"], t["save_mean"], t["save_invstd"], True, 1e-5,
+            [True, True, True])),
+    }
+
+
 def _breakdown(args: argparse.Namespace, dev: torch.device) -> None:
     """Split ``a.add_(b)`` into the backend's Python work and the OpenCL enqueue itself."""
     from tunecl.backend import state
@@ -121,6 +164,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size", type=int, default=16, help="elements per tensor (default 16)")
     parser.add_argument("--repeats", type=int, default=5, help="rounds; the median is reported (default 5)")
     parser.add_argument("--only", default="", help="run only the cases whose name contains this text")
+    parser.add_argument("--layers", action="store_true",
+                        help="also time convolution and batch norm, forward and backward (2x64x8x8)")
+    parser.add_argument("--layer-ops", type=int, default=500, help="calls per round of a layer case (default 500)")
     args = parser.parse_args(argv)
 
     dev = torch.device("opencl")
@@ -136,22 +182,25 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'case':24s} {'cpu µs':>8s} {'opencl µs':>10s} {'host µs':>8s} {'ratio':>7s}"
           + (f" {'unbatched µs':>13s}" if paired else ""))
     torch.set_grad_enabled(True)
-    for name, make in _cases(args.size).items():
+    cases = [(name, make, args.ops) for name, make in _cases(args.size).items()]
+    if args.layers:
+        cases += [(name, make, args.layer_ops) for name, make in _layer_cases().items()]
+    for name, make, ops in cases:
         if args.only and args.only not in name:
             continue
         cpu_fn, dev_fn = make(torch.device("cpu")), make(dev)
         for fn, sync in ((cpu_fn, lambda: None), (dev_fn, torch.opencl.synchronize)):
-            _time(fn, min(500, args.ops), sync)  # warm-up: compiles, caches, allocator
+            _time(fn, min(500, ops), sync)  # warm-up: compiles, caches, allocator
         cpu, host, total, unbatched = [], [], [], []
         for _ in range(args.repeats):  # interleaved, so all see the same machine load
-            cpu.append(_time(cpu_fn, args.ops, lambda: None)[1])
-            h, t = _time(dev_fn, args.ops, torch.opencl.synchronize)
+            cpu.append(_time(cpu_fn, ops, lambda: None)[1])
+            h, t = _time(dev_fn, ops, torch.opencl.synchronize)
             host.append(h)
             total.append(t)
             if paired:
                 device.launch_batch = 0
                 try:
-                    unbatched.append(_time(dev_fn, args.ops, torch.opencl.synchronize)[1])
+                    unbatched.append(_time(dev_fn, ops, torch.opencl.synchronize)[1])
                 finally:
                     device.launch_batch = batch
         c, h, t = statistics.median(cpu), statistics.median(host), statistics.median(total)

@@ -159,3 +159,16 @@ def test_batch_norm_benchmark_times_each_shape_next_to_torch(tmp_path, capsys):
     assert [r["shape"] for r in rows] == [[2, 3, 5, 5], [2, 8, 4, 4]]
     assert all(r["tunecl_s"] > 0 and r["peer_s"] > 0 and r["max_abs_error"] < 1e-4 for r in rows)
     assert "sum" in capsys.readouterr().out
+
+
+def test_overhead_layer_cases_time_each_op_next_to_cpu_torch(capsys):
+    script = load_script("overhead")
+    script.main(["--ops", "20", "--repeats", "1", "--layers", "--layer-ops", "3", "--only", "2"])
+    printed = capsys.readouterr().out
+    rows = {line[:24].strip(): line[24:].split() for line in printed.splitlines()
+            if line.startswith(("conv2d", "batch_norm"))}
+    assert set(rows) == {"conv2d 3x3 64->64", "conv2d 1x1 64->256", "conv2d 3x3 backward"}  # names with "2"
+    for values in rows.values():   # (then, with launch batching, the unbatched time)
+        cpu, opencl, host, ratio = values[:4]
+        assert float(cpu) > 0 and float(host) > 0 and float(opencl) >= float(host) and ratio.endswith("x")
+    assert "ops served by the CPU fallback: none" in printed
