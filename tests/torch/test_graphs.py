@@ -4,6 +4,9 @@ into its static tensors, and everything a replay could not repeat fails the capt
 from __future__ import annotations
 
 import copy
+import gc
+import threading
+import weakref
 
 import pyopencl as cl
 import pytest
@@ -454,3 +457,45 @@ def test_a_replay_submits_its_commands_every_few_as_the_queue_does(cleanup, monk
     # every 4 commands and once at the end (plus, maybe, the queue's own count reaching 4 as it is taken)
     assert g.commands // 4 + 1 <= len(flushes) <= g.commands // 4 + 2
     torch.testing.assert_close(b.cpu(), a.cpu() * 1.5 ** 10)
+
+
+class _FailingLock:
+    """The allocator's lock, raising instead of waiting forever: a deadlock becomes a failure."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> None:
+        if not self._lock.acquire(timeout=5):
+            raise RuntimeError("the allocator's lock was not free after 5 s (a deadlock)")
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+def test_a_graph_collected_inside_an_allocation_is_released_without_deadlock(monkeypatch):
+    """A captured graph in a reference cycle is finalized by whatever garbage collection comes next, possibly
+    one inside an allocation, while the allocator's lock is held (making a DLPack slot allocates). Its
+    release must not wait for that lock: it did, and a test run hung there. It is released at the
+    allocator's next use instead."""
+    monkeypatch.setattr(memory.allocator, "_lock", _FailingLock())
+    static = torch.randn(16, 16).to("opencl")
+    g = torch.opencl.Graph()
+    with torch.opencl.graph(g):
+        torch.relu(static * 2.0 - 1.0).sum()
+    before, held = memory.allocator.stats()["graph_bytes"], g.nbytes
+    assert held > 0
+    g.cycle = g   # only the cyclic collector frees it now
+    collected = weakref.ref(g)
+    del g
+    real_slot = memory._Slot
+
+    def slot_after_a_collection(ndim: int):
+        gc.collect()   # a collection right here, inside allocate's locked section
+        return real_slot(ndim)
+
+    monkeypatch.setattr(memory, "_Slot", slot_after_a_collection)
+    monkeypatch.setitem(memory.allocator._free_large_slots, 11, [])   # so an 11-d tensor makes a new slot
+    t = torch.empty((1,) * 11, device="opencl")
+    assert collected() is None and t.dim() == 11
+    assert memory.allocator.stats()["graph_bytes"] == before - held

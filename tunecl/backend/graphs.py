@@ -240,9 +240,10 @@ class Graph:
         return sum(b.size for b in self._buffers)
 
     def __del__(self) -> None:
+        # (never the locking release: a garbage collection inside an allocation would wait for its own lock)
         if getattr(self, "_captured", False) and _active is not self:
             with contextlib.suppress(Exception):
-                memory.allocator.release_from_graph(self._buffers)
+                memory.allocator.release_from_graph_soon(self._buffers)
 
 
 def bernoulli_(t: Any, p: float) -> bool:

@@ -169,6 +169,8 @@ class CachingAllocator:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        # buffers of graphs collected since the last locked call (release_from_graph_soon)
+        self._pending_graph_releases: list[Sequence[cl.MemoryObjectHolder]] = []
         self._cache: dict[int, list[cl.Buffer]] = {}
         self._blocks: dict[int, _Block] = {}      # struct address -> live block
         self._free_slots: list[_Slot] = []
@@ -301,6 +303,8 @@ class CachingAllocator:
         reserved = size_class(nbytes) if nbytes else 0
         rank = max(ndim, MAX_DIMS_RECYCLED)  # (slots of up to MAX_DIMS_RECYCLED dims are all that wide)
         with self._lock:
+            if self._pending_graph_releases:
+                self._drain_graph_releases()
             newest = next(reversed(self._blocks.values()), None)
             if newest is not None and newest.weak and _weak_ref_expired(newest.weak) and _fits(newest, reserved, rank):
                 # the newest block has died (the previous op's temporary, typically) and fits
@@ -365,6 +369,7 @@ class CachingAllocator:
         """Keep ``buffers`` (each once) out of circulation while the graph that replays into them lives:
         the ones in the cache leave it, the others never enter it (the graph holds them)."""
         with self._lock:
+            self._drain_graph_releases()
             for buffer in buffers:
                 graph_buffers[id(buffer)] = graph_buffers.get(id(buffer), 0) + 1
             for reserved, cached in self._cache.items():
@@ -378,18 +383,36 @@ class CachingAllocator:
         """Undo :meth:`reserve_for_graph` for a graph that is reset or dropped. Buffers still held by live
         tensors return to the cache when those die; the others are freed with the graph's references."""
         with self._lock:
-            for buffer in buffers:
-                left = graph_buffers.get(id(buffer), 0) - 1
-                if left > 0:
-                    graph_buffers[id(buffer)] = left
-                else:
-                    graph_buffers.pop(id(buffer), None)
-            self.graph_bytes -= sum(b.size for b in buffers)
+            self._drain_graph_releases()
+            self._release_from_graph(buffers)
+
+    def release_from_graph_soon(self, buffers: Sequence[cl.MemoryObjectHolder]) -> None:
+        """:meth:`release_from_graph` for a finalizer (a graph garbage-collected): it takes no lock, since a
+        collection may run inside any allocator call on this thread (one that allocates, say) whose lock
+        it would wait for forever; the release happens at the allocator's next use (the list keeps the
+        buffers, so their ids stay theirs until then)."""
+        self._pending_graph_releases.append(buffers)
+
+    # called with the lock held
+    def _drain_graph_releases(self) -> None:
+        pending = self._pending_graph_releases
+        while pending:
+            self._release_from_graph(pending.pop())
+
+    def _release_from_graph(self, buffers: Sequence[cl.MemoryObjectHolder]) -> None:  # with the lock held
+        for buffer in buffers:
+            left = graph_buffers.get(id(buffer), 0) - 1
+            if left > 0:
+                graph_buffers[id(buffer)] = left
+            else:
+                graph_buffers.pop(id(buffer), None)
+        self.graph_bytes -= sum(b.size for b in buffers)
 
     def empty_cache(self) -> None:
         """Give every cached (unused) buffer back to the driver."""
         self._sweep_derived()
         with self._lock:
+            self._drain_graph_releases()
             self._sweep()
             self._release_cache()
 
@@ -400,6 +423,7 @@ class CachingAllocator:
     def stats(self) -> dict[str, int]:
         self._sweep_derived()
         with self._lock:
+            self._drain_graph_releases()
             self._sweep()
             return {"allocated_bytes": self.allocated, "requested_bytes": self.requested,
                     "reserved_bytes": self.reserved, "cached_bytes": self.cached,
@@ -417,6 +441,7 @@ class CachingAllocator:
     def reset_peak(self) -> None:
         self._sweep_derived()
         with self._lock:
+            self._drain_graph_releases()
             self._sweep()
             self.peak_allocated = self.allocated
             self.peak_reserved = self.reserved
