@@ -479,6 +479,8 @@ def test_a_graph_collected_inside_an_allocation_is_released_without_deadlock(mon
     release must not wait for that lock: it did, and a test run hung there. It is released at the
     allocator's next use instead."""
     monkeypatch.setattr(memory.allocator, "_lock", _FailingLock())
+    gc.collect()   # earlier tests' unreachable graphs go now (and are released by the next call), not below
+    memory.allocator.stats()
     static = torch.randn(16, 16).to("opencl")
     g = torch.opencl.Graph()
     with torch.opencl.graph(g):
