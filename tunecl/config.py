@@ -47,6 +47,10 @@ class Config:
         flush_every: submit the queue's commands to the device (``clFlush``) every this many uses of
             the queue (``TUNECL_FLUSH_EVERY``): ``None`` (``auto``: 16 on GPUs and other non-CPU devices,
             off on CPU devices) or a number (0: never); see :attr:`tunecl.runtime.Device.queue`.
+        optim_slots: tensors per launch of the multi-tensor optimizer and ``_foreach_*`` kernels
+            (``TUNECL_OPTIM_SLOTS``): 8 (the default), 1-8, 16, 24 or 32, or ``None`` (``auto``: the most
+            of 8, 16, 24 and 32 the device's kernel-argument bytes allow: 32 on NVIDIA, 8 on PoCL); see
+            :func:`tunecl.kernels.optim.slots_for`.
     """
 
     device: str = "0"
@@ -60,6 +64,7 @@ class Config:
     winograd_cache_mb: int = 512
     launch_batch: int | None = None
     flush_every: int | None = None
+    optim_slots: int | None = 8
 
     @staticmethod
     def from_env(env: dict[str, str] | None = None) -> Config:
@@ -79,6 +84,7 @@ class Config:
             winograd_cache_mb=_int(env, "TUNECL_WINOGRAD_CACHE_MB", 512),
             launch_batch=_count(env.get("TUNECL_LAUNCH_BATCH") or "auto", "TUNECL_LAUNCH_BATCH", "launches"),
             flush_every=_count(env.get("TUNECL_FLUSH_EVERY") or "auto", "TUNECL_FLUSH_EVERY", "queue uses"),
+            optim_slots=_slots(env.get("TUNECL_OPTIM_SLOTS") or "8"),
         )
 
 
@@ -97,6 +103,23 @@ def _count(value: str, name: str, what: str) -> int | None:
     if count < 0:
         raise ValueError(f"{name} must not be negative, not {value!r}")
     return count
+
+
+OPTIM_SLOTS = (1, 2, 3, 4, 5, 6, 7, 8, 16, 24, 32)
+
+
+def _slots(value: str) -> int | None:
+    """``TUNECL_OPTIM_SLOTS``: ``auto`` (None) or one of :data:`OPTIM_SLOTS`."""
+    if value.strip().lower() == "auto":
+        return None
+    try:
+        slots = int(value)
+    except ValueError:
+        slots = -1
+    if slots not in OPTIM_SLOTS:
+        raise ValueError(f"TUNECL_OPTIM_SLOTS must be 'auto' or one of {', '.join(map(str, OPTIM_SLOTS))}, "
+                         f"not {value!r}")
+    return slots
 
 
 def _int(env: dict[str, str], name: str, default: int) -> int:

@@ -1,4 +1,4 @@
-"""torch's ``_foreach_*`` ops on opencl: multi-tensor kernels (one launch per SLOTS tensors) where every
+"""torch's ``_foreach_*`` ops on opencl: multi-tensor kernels (one launch per ``slots`` tensors) where every
 tensor is contiguous float32, torch's per-tensor loop otherwise; both against CPU torch."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 
 from tunecl.backend import state
 from tunecl.backend.ops.foreach import KERNELS
-from tunecl.kernels.optim import MAX_ITEMS, SLOTS
+from tunecl.kernels.optim import MAX_ITEMS, SLOTS, parameter_bytes, slots_for
 from tunecl.profiling import KernelProfile
 
 # shapes of one list: odd sizes, a scalar tensor, an empty one, one past a slot's work-items, more than
@@ -74,13 +74,15 @@ def _check(got, expected):
             torch.testing.assert_close(g.cpu(), e, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("items", ["device", "strided"])
+@pytest.mark.parametrize("items, slots", [("device", SLOTS), ("strided", SLOTS), ("device", 32), ("strided", 3)])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_multi_tensor_path_matches_cpu_in_few_launches(name, items, strict, monkeypatch):
+def test_multi_tensor_path_matches_cpu_in_few_launches(name, items, slots, strict, monkeypatch):
     # "device": this device's work-items per slot (on CPU devices up to one per element); "strided": few
-    # work-items per slot, each striding over many elements (the GPU layout)
+    # work-items per slot, each striding over many elements (the GPU layout); ``slots`` tensors per launch
+    # (8 by default, 32 where the device's argument bytes allow: one launch for these 11 tensors)
     if items == "strided":
         monkeypatch.setattr(state.get().optim, "items", 64)
+    monkeypatch.setattr(state.get().optim, "slots", slots)
     call, lists, positive = CASES[name]
     cpu = _lists(lists, positive)
     dev = [_to(tensors) for tensors in cpu]
@@ -92,7 +94,7 @@ def test_multi_tensor_path_matches_cpu_in_few_launches(name, items, strict, monk
     _check(got, expected)
     for d, c in zip(dev, cpu):   # in-place calls wrote the first list; the others changed nothing
         _check(d, c)
-    assert launches == {"foreach_map": -(-N // SLOTS)}, launches
+    assert launches == {"foreach_map": -(-N // slots)}, launches
 
 
 def test_every_registered_overload_is_a_real_foreach_op_and_covered_here():
@@ -172,3 +174,17 @@ def test_default_foreach_optimizers_match_cpu_and_launch_per_slots(name, make, s
     # a handful of multi-tensor launches per step (at most 10 foreach calls), not several per parameter
     launches = runs["opencl"][1]
     assert [name for name, _ in launches] == ["foreach_map"] and launches[0][1] <= 10 * -(-len(params) // SLOTS)
+
+
+def test_slots_follow_the_setting_or_the_devices_argument_bytes():
+    class Device:
+        def __init__(self, limit):
+            self.cl_device = type("ClDevice", (), {"max_parameter_size": limit})()
+
+    # OpenCL's guaranteed minimum (1024 bytes, PoCL's) takes 8; NVIDIA's 4352 take 32
+    assert parameter_bytes(8) <= 1024 < parameter_bytes(16) and parameter_bytes(32) <= 4352
+    assert [slots_for(Device(limit), None) for limit in (256, 1024, 2048, 4352, 1 << 20)] == [8, 8, 16, 32, 32]
+    assert slots_for(Device(1024), 24) == 24 and slots_for(Device(4352), 8) == 8   # a setting wins
+    with pytest.raises(ValueError, match="one of 1, 2, 3, 4, 5, 6, 7, 8, 16, 24, 32, not 12"):
+        slots_for(Device(4352), 12)
+    assert state.get().optim.slots == SLOTS   # the default setting (TUNECL_OPTIM_SLOTS unset)

@@ -56,6 +56,17 @@ def test_fused_steps_in_the_gpu_layout_match_cpu(name, strict, fresh_stats, monk
     _train_mlp_and_compare(name, fresh_stats)
 
 
+@pytest.mark.parametrize("slots", [3, 16, 32])
+@pytest.mark.parametrize("name", ["adam", "adam_fused", "adamw_fused_amsgrad", "sgd_momentum_fused_tensor_lr"])
+def test_steps_match_cpu_at_every_slot_count(name, slots, strict, fresh_stats, monkeypatch):
+    # tensors per launch (TUNECL_OPTIM_SLOTS; 32 where the device's argument bytes allow, as NVIDIA's do):
+    # several partly filled launches, or one mostly empty launch, give the same steps
+    from tunecl.backend import state
+
+    monkeypatch.setattr(state.get().optim, "slots", slots)
+    _train_mlp_and_compare(name, fresh_stats)
+
+
 def _train_mlp_and_compare(name, fresh_stats):
     x, y = torch.randn(16, 10), torch.randint(0, 4, (16,))
     runs = {}

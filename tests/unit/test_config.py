@@ -30,3 +30,13 @@ def test_winograd_cache_settings_from_env():
     assert (cfg.winograd_cache, cfg.winograd_cache_mb) == ("off", 64)
     with pytest.raises(ValueError, match="TUNECL_WINOGRAD_CACHE_MB"):
         config.Config.from_env({"TUNECL_WINOGRAD_CACHE_MB": "lots"})
+
+
+def test_optimizer_slots_from_env():
+    assert config.Config.from_env({}).optim_slots == 8
+    assert config.Config.from_env({"TUNECL_OPTIM_SLOTS": "AUTO"}).optim_slots is None
+    assert config.Config.from_env({"TUNECL_OPTIM_SLOTS": "32"}).optim_slots == 32
+    for bad in ("12", "0", "many", "-8"):
+        with pytest.raises(ValueError, match="TUNECL_OPTIM_SLOTS must be 'auto' or one of 1, 2, 3, 4, 5, 6, 7, 8, "
+                                             "16, 24, 32"):
+            config.Config.from_env({"TUNECL_OPTIM_SLOTS": bad})

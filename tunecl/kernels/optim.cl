@@ -40,9 +40,10 @@
                        __global const float *tc##k
 #define MAP_PICK(k)  case k: o = o##k; ta = ta##k; tb = tb##k; tc = tc##k; break;
 
-// FOR_SLOTS(M) expands M(k) for every slot k < SLOTS (SLOTS <= 8)
-#if SLOTS > 8
-  #error "at most 8 slots"
+// FOR_SLOTS(M) expands M(k) for every slot k < SLOTS: 1 .. 8, 16, 24 or 32 slots (above 8 only where the
+// device takes that many parameter bytes: the host picks SLOTS, tunecl.kernels.optim.slots_for)
+#if SLOTS > 8 && (SLOTS % 8 != 0 || SLOTS > 32)
+  #error "SLOTS is 1 .. 8, 16, 24 or 32"
 #endif
 #define S1(M) M(0)
 #if SLOTS > 1
@@ -76,9 +77,21 @@
   #define S7(M) S6(M)
 #endif
 #if SLOTS > 7
-  #define FOR_SLOTS(M) S7(M) M(7)
+  #define S8(M) S7(M) M(7)
 #else
-  #define FOR_SLOTS(M) S7(M)
+  #define S8(M) S7(M)
+#endif
+#define S16(M) S8(M) M(8) M(9) M(10) M(11) M(12) M(13) M(14) M(15)
+#define S24(M) S16(M) M(16) M(17) M(18) M(19) M(20) M(21) M(22) M(23)
+#define S32(M) S24(M) M(24) M(25) M(26) M(27) M(28) M(29) M(30) M(31)
+#if SLOTS == 32
+  #define FOR_SLOTS(M) S32(M)
+#elif SLOTS == 24
+  #define FOR_SLOTS(M) S24(M)
+#elif SLOTS == 16
+  #define FOR_SLOTS(M) S16(M)
+#else
+  #define FOR_SLOTS(M) S8(M)
 #endif
 
 typedef struct { long v[7 * SLOTS]; } adam_meta_t;

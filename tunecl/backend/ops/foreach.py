@@ -3,7 +3,7 @@
 torch.optim's default (foreach) optimizers update every parameter with a handful of ``_foreach_*``
 calls per step (Adam: lerp_, mul_, addcmul_, sqrt, div_, add_, addcdiv_). torch's generic version of
 these ops loops over the tensors, one device op each: on resnet50 (161 parameters) ~970 launches per
-Adam step. Here each call is one launch per :data:`tunecl.kernels.optim.SLOTS` tensors, computing the
+Adam step. Here each call is one launch per ``Optim.slots`` tensors (8 by default), computing the
 pointwise family's expression for the op (so the result is the per-tensor op's, bit for bit).
 
 The multi-tensor path takes contiguous float32 opencl tensors of equal shapes per index, where an input

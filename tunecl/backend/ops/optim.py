@@ -1,10 +1,11 @@
 """Optimizer steps: torch's fused Adam/AdamW/SGD entry points as multi-tensor kernels.
 
 ``torch.optim.Adam(..., fused=True)`` (likewise AdamW, SGD) calls these once per step with every
-parameter of a group; each launch updates up to ``tunecl.kernels.optim.SLOTS`` tensors. A learning rate given
-as a device tensor, and GradScaler's ``grad_scale`` and ``found_inf``, are read by the kernels on the device
-(so they may change between replays of a graph). The default
-(foreach) optimizers run on the device through the multi-tensor ``_foreach_*`` ops of :mod:`.foreach`.
+parameter of a group; each launch updates up to ``Optim.slots`` tensors (8 unless ``TUNECL_OPTIM_SLOTS``
+says otherwise). A learning rate given as a device tensor, and GradScaler's ``grad_scale`` and
+``found_inf``, are read by the kernels on the device (so they may change between replays of a graph).
+The default (foreach) optimizers run on the device through the multi-tensor ``_foreach_*`` ops of
+:mod:`.foreach`.
 """
 
 from __future__ import annotations
