@@ -79,22 +79,32 @@ def test_registered_as_tf32_families_after_every_fp32_one():
     assert set(VARIANTS) == {"conv_1x1_mma_tf32", "conv_im2col_mma_tf32", *WINOGRAD}
     first_tf32 = min(names.index(name) for name in VARIANTS)
     assert all(algorithm_precision(a) != TF32 for a in algorithms[:first_tf32])
-    for name, variant in VARIANTS.items():
+    check_registered(VARIANTS, gemm_mma.NAME)
+
+
+def check_registered(variants, gemm_name: str) -> None:
+    """Each variant is the registered algorithm of its name, on ``gemm_name`` at TF32; the fp32 originals keep
+    gemm_tiled and fp32."""
+    for name, variant in variants.items():
         assert kernels.algorithm(name) is variant
-        assert (variant.gemm_name, algorithm_precision(variant)) == (gemm_mma.NAME, TF32)
-    # the fp32 originals keep gemm_tiled and fp32
+        assert (variant.gemm_name, algorithm_precision(variant)) == (gemm_name, TF32)
     for name in ("conv_1x1", "conv_im2col", "conv_winograd", "conv_winograd_f4"):
         assert (kernels.algorithm(name).gemm_name, algorithm_precision(kernels.algorithm(name))) == ("gemm_tiled",
                                                                                                        "fp32")
 
 
-def test_without_the_capability_they_never_apply(device):
-    if has_capability(device):
-        pytest.skip("this device has the capability")
+def check_none_applies(variants, device) -> None:
+    """No variant applies to any shape and direction here (a device without their GEMM's capability)."""
     for spec in SHAPES.values():
         for direction in DIRECTIONS:
             p = ConvProblem.parse(spec).with_direction(direction)
-            assert not any(v.applies(p, device) for v in VARIANTS.values())
+            assert not any(v.applies(p, device) for v in variants.values())
+
+
+def test_without_the_capability_they_never_apply(device):
+    if has_capability(device):
+        pytest.skip("this device has the capability")
+    check_none_applies(VARIANTS, device)
 
 
 # conv_1x1 takes the 1x1 shapes, conv_im2col every shape, Winograd the 3x3 stride-1 ones (fwd, bwd_data)

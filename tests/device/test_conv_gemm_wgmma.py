@@ -12,7 +12,7 @@ values). Where the device has the capability the real PTX runs the same checks.
 from __future__ import annotations
 
 import pytest
-from test_conv_gemm_mma import SHAPES, check_plan, emulate_gemm
+from test_conv_gemm_mma import SHAPES, check_none_applies, check_plan, check_registered, emulate_gemm
 
 from tunecl import kernels, runtime
 from tunecl.kernels import conv_gemm_wgmma, gemm_wgmma
@@ -54,23 +54,14 @@ def test_registered_as_tf32_families_after_every_fp32_one(emulated_wgmma):
             p = ConvProblem.parse(spec).with_direction(direction)
             first = next(a for a in algorithms if a.applies(p, emulated_wgmma))
             assert algorithm_precision(first) != TF32, (p.key, first.name)
-    for name, variant in VARIANTS.items():
-        assert kernels.algorithm(name) is variant
-        assert (variant.gemm_name, algorithm_precision(variant)) == (gemm_wgmma.NAME, TF32)
-        assert fp32_twin(name) == name.removesuffix("_wgmma_tf32")
-    # the fp32 originals keep gemm_tiled and fp32
-    for name in ("conv_1x1", "conv_im2col", "conv_winograd", "conv_winograd_f4"):
-        assert (kernels.algorithm(name).gemm_name, algorithm_precision(kernels.algorithm(name))) == ("gemm_tiled",
-                                                                                                       "fp32")
+    check_registered(VARIANTS, gemm_wgmma.NAME)
+    assert all(fp32_twin(name) == name.removesuffix("_wgmma_tf32") for name in VARIANTS)
 
 
 def test_without_the_capability_they_never_apply(device):
     if has_capability(device):
         pytest.skip("this device has the capability")
-    for spec in SHAPES.values():
-        for direction in DIRECTIONS:
-            p = ConvProblem.parse(spec).with_direction(direction)
-            assert not any(v.applies(p, device) for v in VARIANTS.values())
+    check_none_applies(VARIANTS, device)
 
 
 def test_they_apply_only_where_their_fp32_twins_do(emulated_wgmma):
