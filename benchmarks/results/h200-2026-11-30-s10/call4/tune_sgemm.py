@@ -1,4 +1,4 @@
-"""Focused tuning of one fp32 GEMM family at 4096^3 (GPU session helper, not committed)."""
+"""Focused tuning of one fp32 GEMM family at 4096^3 (call 4 of this folder): tune_sgemm.py DB FAMILY TRIALS SECONDS OUT [SEED_CONFIG_JSON]."""
 import json, sys, time
 
 

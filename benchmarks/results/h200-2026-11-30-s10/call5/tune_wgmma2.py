@@ -1,5 +1,5 @@
 """Tune the wgmma GEMM-backed conv variants on resnet50's b64 problems they apply to that the earlier
-run did not reach (longest first, until a deadline). GPU session helper."""
+run did not reach (longest first, until a deadline); call 5 of this folder: tune_wgmma2.py DB SECONDS OUT."""
 import json, sys, time
 
 
