@@ -187,7 +187,6 @@ def tune_workload(workload: Mapping[Problem, int], device: Device, db: Any, *, t
     """
     order = sorted(workload.items(), key=lambda item: -item[0].flops * item[1])
     only = tune_options.get("algorithms")
-    accepted = at_least(precision)
     if claims is None:
         claims = Claims(open_storage(tune_options.get("storage_url") or config.get().storage_url),
                         study_device_key(device))
@@ -226,8 +225,7 @@ def tune_workload(workload: Mapping[Problem, int], device: Device, db: Any, *, t
                       hit.default_time_s, hit.time_s)
 
     def none_applies(problem: Problem) -> bool:   # of the algorithms a restricted search asked for
-        return only is not None and not any(a.kind == problem.kind and algorithm_precision(a) in accepted
-                                            and a.applies(problem, device) for a in only)
+        return only is not None and not {a.name for a in only} & algorithm_versions(problem, device, precision).keys()
 
     # a restricted search is other work than a full one (claims tell workers apart by key)
     restricted = "" if only is None else "|" + ",".join(sorted(a.name for a in only))
