@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tunecl import config
 from tunecl.backend import state
 from tunecl.backend.ops.foreach import KERNELS
 from tunecl.kernels.optim import MAX_ITEMS, SLOTS, parameter_bytes, slots_for
@@ -187,4 +188,7 @@ def test_slots_follow_the_setting_or_the_devices_argument_bytes():
     assert slots_for(Device(1024), 24) == 24 and slots_for(Device(4352), 8) == 8   # a setting wins
     with pytest.raises(ValueError, match="one of 1, 2, 3, 4, 5, 6, 7, 8, 16, 24, 32, not 12"):
         slots_for(Device(4352), 12)
-    assert state.get().optim.slots == SLOTS   # the default setting (TUNECL_OPTIM_SLOTS unset)
+    # the backend's: the setting's (SLOTS when TUNECL_OPTIM_SLOTS is unset) or, at "auto", the device's
+    backend = state.get()
+    assert backend.optim.slots == slots_for(backend.device, config.get().optim_slots)
+    assert config.Config.from_env({}).optim_slots == SLOTS

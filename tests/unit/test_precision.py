@@ -289,6 +289,33 @@ def test_tf32_tolerance_holds_a_tf32_product_and_rejects_wrong_pairings(k):
     assert (np.abs(transposed - exact) > tolerance).mean() > 0.5
 
 
+def _tf32_truncated_product(a, b):
+    """As the wgmma kernels compute: the tensor cores ignore the 13 low mantissa bits of the fp32 inputs."""
+    def truncate(x):
+        return (x.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)
+    return truncate(a) @ truncate(b)
+
+
+@pytest.mark.parametrize("k", [64, 512, 4096])
+def test_tf32_tolerance_holds_a_truncated_product_through_its_value_term(k):
+    """Truncation errors all point towards zero: with inputs of one sign (a convolution's activations
+    after a relu are) they add up in proportion to the output, beyond the spread term. The value term
+    covers them and still rejects a lost k step."""
+    rng = np.random.default_rng(k)
+    m, n = 64, 48
+    a = rng.uniform(0, 1, (m, k)).astype(np.float32)
+    b = rng.uniform(-0.25, 1, (k, n)).astype(np.float32)
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    spread = gemm_spread(a[None].astype(np.float64), b[None].astype(np.float64))[0]
+    fp32 = reduction_tolerance(k) * np.linalg.norm(a, axis=1)[:, None] * np.linalg.norm(b, axis=0)[None, :]
+    error = np.abs(_tf32_truncated_product(a, b) - exact)
+    assert (error <= fp32 + tf32_tolerance(spread, exact)).all()
+    if k >= 512:   # the bias grows like k, the spread like sqrt(k)
+        assert (error > fp32 + tf32_tolerance(spread)).any()   # the spread term alone is exceeded
+    lost = np.abs(_tf32_truncated_product(a[:, 8:], b[8:]) - exact)
+    assert (lost > fp32 + tf32_tolerance(spread, exact)).mean() > 0.5
+
+
 def test_spread_bounds_the_norm_of_the_terms():
     rng = np.random.default_rng(3)
     a = rng.standard_normal((2, 5, 33))

@@ -17,7 +17,7 @@ import pytest
 from tunecl.kernels.conv_winograd import MATRICES
 from tunecl.problems import ConvProblem
 from tunecl.search.harness import tf32_tolerance
-from tunecl.search.harness_conv import operand_shapes, reference, winograd, winograd_spread
+from tunecl.search.harness_conv import operand_shapes, reference, winograd, winograd_spread, winograd_value
 
 pytest.importorskip("torch")
 
@@ -82,3 +82,23 @@ def test_winograd_spreads_are_a_few_times_the_direct_ones(m, low, high):
         p, a, b = _operands(SHAPES[-1], direction)
         ratio = winograd_spread(p, a, b, m) / np.sqrt(reference(p, a * a, b * b, None))
         assert low < np.median(ratio) < high
+
+
+def _tf32_truncated(x: np.ndarray) -> np.ndarray:
+    """x as the wgmma kernels' tensor cores read it: its float32 bits with the 13 low mantissa bits ignored."""
+    bits = x.astype(np.float32).view(np.uint32)
+    return (bits & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)
+
+
+@pytest.mark.parametrize("m", [2, 4])
+def test_tf32_truncation_of_u_and_v_stays_within_the_bound_with_the_winograd_value(m):
+    """Inputs in [0, 1]: the sums grow with the channels and the truncation bias with them."""
+    p = ConvProblem.parse("n=2,c=256,h=8,w=8,k=4,r=3,s=3,pad=1")
+    rng = np.random.default_rng(4)
+    a_shape, b_shape, _ = operand_shapes(p)
+    a, b = rng.uniform(0, 1, a_shape), rng.uniform(0, 1, b_shape)
+    exact = reference(p, a, b, None)
+    error = np.abs(winograd(p, a, b, m, rounding=_tf32_truncated) - exact)
+    spread = winograd_spread(p, a, b, m)
+    assert (error <= tf32_tolerance(spread, winograd_value(p, a, b, m))).all()
+    assert (error > tf32_tolerance(spread)).any()   # the bias needs its own term

@@ -13,8 +13,9 @@ of the terms (the same convolution of ``|a|`` and ``|b|``), plus ``|beta * out0|
 families whose transforms amplify rounding (Winograd) get a constant factor from
 :data:`ERROR_FACTOR`. A plan whose ``precision`` is ``"tf32"`` (its inputs are rounded to TF32) also gets
 :func:`~tunecl.search.harness.tf32_tolerance` of the exact 2-norm of each output's terms, the square
-root of the same convolution of ``a**2`` and ``b**2``, as the GEMM harness does with its bound of it; for
-a Winograd family the terms are those of its transformed values (:func:`winograd_spread`).
+root of the same convolution of ``a**2`` and ``b**2``, as the GEMM harness does with its bound of it, and of
+the exact result (what truncating the inputs to TF32 biases); for a Winograd family the terms and sums are
+those of its transformed values (:func:`winograd_spread`, :func:`winograd_value`).
 
 float16 problems (``dtype="float16"``): ``a``, ``b`` and ``out`` are half buffers (the inputs drawn as
 above and rounded to half; the reference uses those half values), the bias is an fp32 buffer of
@@ -88,7 +89,7 @@ def reference(p: ConvProblem, a: np.ndarray, b: np.ndarray, bias: np.ndarray | N
 
 
 def winograd(p: ConvProblem, a: np.ndarray, b: np.ndarray, m: int, squared: bool = False,
-             rounding: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
+             rounding: Callable[[np.ndarray], np.ndarray] | None = None, absolute: bool = False) -> np.ndarray:
     """The fwd or bwd_data result of Winograd F(m×m,3×3) in float64, computed as the kernels do
     (bwd_data: the forward convolution of dy with the filters transposed per group and rotated 180°, padding
     2 − pad): ``out = Aᵀ·Z·A`` with ``Z[ξ] = Σ_ci U[ξ]·V[ξ]``, ``U = G·f·Gᵀ``, ``V = Bᵀ·d·B`` per tile.
@@ -96,7 +97,8 @@ def winograd(p: ConvProblem, a: np.ndarray, b: np.ndarray, m: int, squared: bool
     ``squared``: the same with ``A``, ``U`` and ``V`` replaced by their element-wise squares, i.e. for every
     output ``Σ_ξ A_ξ² Σ_ci U[ξ]² V[ξ]²``, the squared 2-norm of the terms that rounding U and V to TF32
     perturbs (:func:`winograd_spread`). ``rounding`` (a model of the TF32 kernels) is applied to U and V
-    before their products."""
+    before their products. ``absolute``: ``Σ_ξ |A_ξ| |Z[ξ]|`` instead, what a bias of every ``Z[ξ]`` in
+    proportion to itself (TF32 truncation) can move an output by (:func:`winograd_value`)."""
     g_mat, bt, at = (np.asarray(x, np.float64) for x in MATRICES[m])
     g = p.groups
     if p.direction == "fwd":
@@ -123,10 +125,14 @@ def winograd(p: ConvProblem, a: np.ndarray, b: np.ndarray, m: int, squared: bool
         u, v = rounding(u), rounding(v)
     if squared:
         u, v, at = u * u, v * v, at * at
+    if absolute:
+        at = np.abs(at)
     # Z per group and transform position: (g * alpha², cog, cig) @ (g * alpha², cig, n * th * tw)
     u = u.reshape(g, cog, cig, alpha * alpha).transpose(0, 3, 1, 2).reshape(g * alpha * alpha, cog, cig)
     v = v.reshape(n, g, cig, th * tw, alpha * alpha).transpose(1, 4, 2, 0, 3).reshape(g * alpha * alpha, cig, -1)
     z = (u @ v).reshape(g, alpha, alpha, cog, n, th, tw)
+    if absolute:
+        z = np.abs(z)
     out = np.einsum("px,gxyonij,qy->ngoipjq", at, z, at, optimize=True)
     return out.reshape(n, co, th * m, tw * m)[:, :, :ho, :wo]
 
@@ -141,6 +147,16 @@ def winograd_spread(p: ConvProblem, a: np.ndarray, b: np.ndarray, m: int) -> np.
     ~2x (F(2×2)) and ~10x (F(4×4)) the direct convolution's spread: the TF32 error of Winograd is that much
     larger than that of a direct TF32 convolution (``tests/unit/test_winograd_tf32.py``)."""
     return np.sqrt(winograd(p, a, b, m, squared=True))
+
+
+def winograd_value(p: ConvProblem, a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
+    """The TF32 value of Winograd F(m×m,3×3) (the ``value`` of
+    :func:`~tunecl.search.harness.tf32_tolerance`): per output, ``Σ_ξ |A_ξ| |Z[ξ]|``.
+
+    Why: truncating U and V to TF32 biases every ``Z[ξ] = Σ_ci U V`` by up to ``4 u_tf32 |Z[ξ]|`` in its own
+    direction; the output transform sums the ξ with coefficients ``A_ξ``, and the biases of different ξ need
+    not cancel."""
+    return winograd(p, a, b, m, absolute=True)
 
 
 class ConvHarness:
@@ -192,6 +208,21 @@ class ConvHarness:
                          else winograd_spread(self.problem, a, b, m))
         return data[key]
 
+    def _tf32_value(self, algorithm: str = "") -> np.ndarray:
+        """The exact sum of the terms whose TF32 truncation biases each output (for TF32 plans): the
+        convolution's result itself, or for a Winograd family :func:`winograd_value` (computed on first use)."""
+        data = self._prepare()
+        m = WINOGRAD.get(fp32_twin(algorithm))
+        if m is None:
+            return data["plain"]
+        key = f"value_winograd{m}"
+        if key not in data:
+            g, shapes = self.guard, operand_shapes(self.problem)
+            a, b = (data[name][g:g + int(np.prod(shape))].reshape(shape).astype(np.float64)
+                    for name, shape in (("a", shapes[0]), ("b", shapes[1])))
+            data[key] = winograd_value(self.problem, a, b, m)
+        return data[key]
+
     def bind(self, plan: Plan) -> ConvBinding:
         data = self._prepare()
         up = self.device.upload
@@ -216,7 +247,7 @@ class ConvHarness:
         tolerance = factor * reduction_tolerance(reduction_length(self.problem)) * magnitude
         case = f"beta={beta:g}" + (", bias" if with_bias else "")
         if precision == TF32:
-            tolerance = tolerance + tf32_tolerance(self._spread(algorithm))
+            tolerance = tolerance + tf32_tolerance(self._spread(algorithm), self._tf32_value(algorithm))
             case += ", tf32"
         elif precision != FP32:
             raise ValueError(f"no convolution tolerance for precision {precision!r}")
