@@ -4,13 +4,18 @@ On a GPU, small and medium nets are bound by the host: ``tunecl bench --profile`
 for most of the wall time. This prints, for ``--iterations`` inference (or ``--train``) iterations after
 a warm-up, the wall time per iteration with and without the profiler, and the functions with the most
 self time (``tottime``) and cumulative time per iteration, so the cost of dispatch, plan lookup,
-allocation and kernel enqueueing can be told apart. cProfile sees the calling thread only; autograd runs
-a device's backward ops on a thread of its own, so ``--torch-profiler`` instead prints torch's per-op
-host time over every thread (self CPU time per ATen op, which includes tunecl's Python kernels).
+allocation and kernel enqueueing can be told apart. cProfile sees the calling thread only, and autograd
+runs a device's backward ops on a thread of its own: with ``--train`` the profiled iterations therefore
+run backward on the calling thread (``torch.autograd.set_multithreading_enabled(False)``, which does the
+same work one thread over), so the tables cover forward, backward and the optimizer.
+``--torch-profiler`` instead prints torch's per-op host time over every thread (self CPU time per ATen
+op, which includes tunecl's Python kernels). ``--precision tf32`` allows TF32 convolutions and matmuls
+(torch's flags, as ``tunecl bench --precision tf32``); the default is strict fp32.
 
     python benchmarks/host_profile.py --net resnet50 --batch 16              # default device
     TUNECL_DEVICE=nvidia python benchmarks/host_profile.py --net resnet50 --batch 16 --top 30
     python benchmarks/host_profile.py --net resnet50 --batch 2 --image-size 32 --train --torch-profiler
+    TUNECL_DEVICE=nvidia python benchmarks/host_profile.py --net resnet50 --batch 64 --train --precision tf32
 """
 
 from __future__ import annotations
@@ -39,10 +44,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=25, help="functions listed per table")
     parser.add_argument("--torch-profiler", action="store_true",
                         help="torch.profiler's per-op host time (all threads) instead of cProfile")
+    parser.add_argument("--precision", choices=("fp32", "tf32"), default="fp32",
+                        help="tf32: torch's TF32 flags on for convolutions and matmuls (default: fp32, off)")
     args = parser.parse_args(argv)
 
     import torch
     import torch.nn.functional as F
+
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = args.precision == "tf32"
 
     import tunecl.backend  # noqa: F401
     from tunecl.tools import model_and_inputs
@@ -82,15 +91,21 @@ def main(argv: list[str] | None = None) -> int:
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top))
         return 0
     profiler = cProfile.Profile()
-    start = time.perf_counter()
-    profiler.enable()
-    for _ in range(args.iterations):
-        iteration()
-    profiler.disable()
-    profiled = (time.perf_counter() - start) / args.iterations
-    print(f"{args.net} batch {args.batch} image {args.image_size} {'train' if args.train else 'inference'} on "
-          f"{torch.opencl.get_device_name()}: {plain * 1e3:.2f} ms per iteration, {profiled * 1e3:.2f} ms under "
-          f"cProfile; times below are totals over {args.iterations} iterations")
+    with torch.autograd.set_multithreading_enabled(False):  # backward on this thread, where cProfile looks
+        start = time.perf_counter()
+        for _ in range(args.iterations):
+            iteration()
+        one_thread = (time.perf_counter() - start) / args.iterations
+        start = time.perf_counter()
+        profiler.enable()
+        for _ in range(args.iterations):
+            iteration()
+        profiler.disable()
+        profiled = (time.perf_counter() - start) / args.iterations
+    print(f"{args.net} batch {args.batch} image {args.image_size} {'train' if args.train else 'inference'} "
+          f"{args.precision} on {torch.opencl.get_device_name()}: {plain * 1e3:.2f} ms per iteration, "
+          + (f"{one_thread * 1e3:.2f} ms with backward on the calling thread, " if args.train else "")
+          + f"{profiled * 1e3:.2f} ms under cProfile; times below are totals over {args.iterations} iterations")
     for order in ("tottime", "cumulative"):
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).strip_dirs().sort_stats(order).print_stats(args.top)
