@@ -201,9 +201,7 @@ class ConvHarness:
         m = WINOGRAD.get(fp32_twin(algorithm))
         key = "spread" if m is None else f"spread_winograd{m}"
         if key not in data:
-            g, shapes = self.guard, operand_shapes(self.problem)
-            a, b = (data[name][g:g + int(np.prod(shape))].reshape(shape).astype(np.float64)
-                    for name, shape in (("a", shapes[0]), ("b", shapes[1])))
+            a, b = self._inputs64()
             data[key] = (np.sqrt(reference(self.problem, a * a, b * b, None)) if m is None
                          else winograd_spread(self.problem, a, b, m))
         return data[key]
@@ -217,11 +215,14 @@ class ConvHarness:
             return data["plain"]
         key = f"value_winograd{m}"
         if key not in data:
-            g, shapes = self.guard, operand_shapes(self.problem)
-            a, b = (data[name][g:g + int(np.prod(shape))].reshape(shape).astype(np.float64)
-                    for name, shape in (("a", shapes[0]), ("b", shapes[1])))
-            data[key] = winograd_value(self.problem, a, b, m)
+            data[key] = winograd_value(self.problem, *self._inputs64(), m)
         return data[key]
+
+    def _inputs64(self) -> tuple[np.ndarray, np.ndarray]:
+        """``a`` and ``b`` as the device sees them (their guarded buffers without the guards), in float64."""
+        data, g, shapes = self._prepare(), self.guard, operand_shapes(self.problem)
+        return tuple(data[name][g:g + int(np.prod(shape))].reshape(shape).astype(np.float64)
+                     for name, shape in (("a", shapes[0]), ("b", shapes[1])))
 
     def bind(self, plan: Plan) -> ConvBinding:
         data = self._prepare()
