@@ -118,7 +118,8 @@ class NetRow:
     at the current algorithm versions), ``shipped`` (likewise in the shipped results, for this exact
     device and driver), ``failed`` (no verified candidate), ``not applicable`` (a search restricted to
     some algorithms, none of which applies) or ``not run`` (the total time limit or an interrupt came
-    first).
+    first). A ``failed`` row says why in ``reason``: how many candidates ended in each status, and what
+    went wrong with the first default that failed.
     """
 
     problem: Problem
@@ -128,6 +129,7 @@ class NetRow:
     default_s: float | None = None
     tuned_s: float | None = None
     seconds: float | None = None   # wall time spent tuning it (None: not tuned in this run)
+    reason: str | None = None      # why a failed row failed
 
     @property
     def speedup(self) -> float | None:
@@ -160,6 +162,16 @@ def algorithm_versions(problem: Problem, device: Device, precision: str = FP32) 
     accepted = at_least(precision)
     return {a.name: a.version for a in algorithms(problem.kind)
             if algorithm_precision(a) in accepted and a.applies(problem, device)}
+
+
+def failure_reason(outcome: Any) -> str:
+    """Why no candidate of a tuning outcome passed, in one line: the count of each status, then the
+    first failed default's status and message (the configs every family starts from)."""
+    counts = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in sorted(outcome.statuses.items()) if k != "ok")
+    failed = next((d for d in outcome.defaults.values() if d is not None and not d.ok), None)
+    detail = (f"{failed.algorithm} default: {failed.status.value.replace('_', ' ')} {failed.message}".rstrip()
+              if failed is not None else "")
+    return "; ".join(part for part in (counts or "no candidate ran", detail) if part)
 
 
 def tune_workload(workload: Mapping[Problem, int], device: Device, db: Any, *, trials: int | None = None,
@@ -218,7 +230,8 @@ def tune_workload(workload: Mapping[Problem, int], device: Device, db: Any, *, t
         winner, default = outcome.winner, outcome.default
         return NetRow(problem, count, "tuned" if winner else "failed", winner.algorithm if winner else None,
                       default.time if default is not None and default.ok else None,
-                      winner.time if winner else None, time.monotonic() - began)
+                      winner.time if winner else None, time.monotonic() - began,
+                      None if winner else failure_reason(outcome))
 
     def skipped(problem: Problem, count: int, hit: Any) -> NetRow:
         return NetRow(problem, count, "shipped" if hit.source == "shipped" else "skipped", hit.algorithm,

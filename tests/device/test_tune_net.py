@@ -1,6 +1,7 @@
 """``tunecl tune --net``: workload extraction, tuning every problem, skipping what is stored."""
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -107,3 +108,29 @@ def test_a_search_restricted_to_some_algorithms_tunes_only_them(capsys):
         assert len(problems) == 3
     assert runs[0] == {("conv", "tuned", "conv_direct"), ("gemm", "not applicable", None)}, runs[0]
     assert runs[1] == {("conv", "skipped", "conv_direct"), ("gemm", "not applicable", None)}, runs[1]
+
+
+def test_a_failed_problem_says_why(device, tmp_path, capsys, monkeypatch):
+    """No candidate verifies (a family that zero-fills C, the only one registered): the row is
+    ``failed``, and its reason, in the summary and the JSON, counts the statuses and quotes the failed
+    default's check."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tuning_algorithms import WrongGemm, gemm_algorithms
+
+    from tunecl import tune
+    from tunecl.cli.tune import print_net_summary
+    from tunecl.db import TuningDB
+
+    wrong = WrongGemm(gemm_algorithms()[0])
+    monkeypatch.setattr(tune, "algorithms", lambda kind: [wrong])
+    problem = GemmProblem(33, 17, 29)
+    with TuningDB(str(tmp_path / "tuning.sqlite")) as db:
+        [row] = tune.tune_workload({problem: 2}, device, db, trials=2, algorithms=[wrong],
+                              storage_url=f"sqlite:///{tmp_path / 'studies.sqlite'}")
+    assert (row.status, row.algorithm, row.tuned_s) == ("failed", None, None)
+    assert re.fullmatch(rf"\d+ wrong result; {wrong.name} default: wrong result \d+ of 561 elements wrong .*",
+                        row.reason), row.reason
+    print_net_summary([row], "db")
+    assert f"failed    {problem.key}: {row.reason}" in capsys.readouterr().out
+    print_net_summary([row], "db", json_out=True)
+    assert json.loads(capsys.readouterr().out)["problems"][0]["reason"] == row.reason

@@ -374,7 +374,8 @@ def run_net(args: argparse.Namespace, device: Any, options: dict[str, Any]) -> i
                   f"{_round(_ms_num(row.default_s)) or '-'} -> {_round(_ms_num(row.tuned_s))} ms", file=err, flush=True)
         else:
             print(f"[{index + 1}/{total}] {row.problem.key}: {row.status}"
-                  + (f" after {row.seconds:.1f} s" if row.seconds is not None else ""), file=err, flush=True)
+                  + (f" after {row.seconds:.1f} s" if row.seconds is not None else "")
+                  + (f": {row.reason}" if row.reason else ""), file=err, flush=True)
 
     def draw(event: Any) -> None:
         """Forwards the tuner's progress to the line of the problem being tuned (tune_workload
@@ -414,7 +415,8 @@ def print_net_summary(rows: list[Any], stored_in: str, json_out: bool = False,
         print_json({"db": stored_in, "estimated_default_ms": before * 1e3, "estimated_tuned_ms": after * 1e3,
                     "problems": [{"problem": r.problem.key, "count": r.count, "status": r.status,
                                   "algorithm": r.algorithm, "default_ms": _ms_num(r.default_s),
-                                  "tuned_ms": _ms_num(r.tuned_s), "speedup": r.speedup, "seconds": r.seconds}
+                                  "tuned_ms": _ms_num(r.tuned_s), "speedup": r.speedup, "seconds": r.seconds,
+                                  "reason": r.reason}
                                  for r in rows],
                     "tuning_seconds": sum(r.seconds or 0.0 for r in rows)},
                    out=out)
@@ -431,6 +433,9 @@ def print_net_summary(rows: list[Any], stored_in: str, json_out: bool = False,
     if tuned:
         spent = sum(r.seconds for r in tuned)
         print(f"tuning    {len(tuned)} problems in {spent:.1f} s ({spent / len(tuned):.1f} s each)", file=out)
+    for r in rows:
+        if r.reason:
+            print(f"failed    {r.problem.key}: {r.reason}", file=out)
     print(f"stored    {stored_in}", file=out)
 
 
