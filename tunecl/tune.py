@@ -164,10 +164,16 @@ def algorithm_versions(problem: Problem, device: Device, precision: str = FP32) 
             if algorithm_precision(a) in accepted and a.applies(problem, device)}
 
 
+def failure_counts(statuses: Mapping[str, int]) -> str:
+    """How many candidates ended in each status other than ok, e.g. ``2 compile error, 6 wrong result``
+    ("" when all passed)."""
+    return ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in sorted(statuses.items()) if k != "ok")
+
+
 def failure_reason(outcome: Any) -> str:
     """Why no candidate of a tuning outcome passed, in one line: the count of each status, then the
     first failed default's status and message (the configs every family starts from)."""
-    counts = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in sorted(outcome.statuses.items()) if k != "ok")
+    counts = failure_counts(outcome.statuses)
     failed = next((d for d in outcome.defaults.values() if d is not None and not d.ok), None)
     detail = (f"{failed.algorithm} default: {failed.status.value.replace('_', ' ')} {failed.message}".rstrip()
               if failed is not None else "")

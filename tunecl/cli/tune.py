@@ -279,6 +279,8 @@ def _ms(seconds: float | None) -> str:
 
 def print_outcome(outcome: Any, stored_in: str, out: TextIO | None = None) -> None:
     """The human summary of a :class:`~tunecl.search.tuner.TuneOutcome`."""
+    from tunecl.tune import failure_counts
+
     out = out or sys.stdout
     w, d = outcome.winner, outcome.default
 
@@ -291,9 +293,9 @@ def print_outcome(outcome: Any, stored_in: str, out: TextIO | None = None) -> No
     line("search", f"{outcome.strategy}: {outcome.trials} trials ({outcome.resumed} resumed, "
                    f"{outcome.invalid} invalid proposals skipped) of {space} valid configs; "
                    f"stopped by {outcome.stop_reason.replace('_', ' ')} after {outcome.elapsed:.1f} s")
-    failures = {k: v for k, v in outcome.statuses.items() if k != "ok"}
+    failures = failure_counts(outcome.statuses)
     if failures:
-        line("failures", ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in sorted(failures.items())))
+        line("failures", failures)
     if d is not None:
         text = (f"{_ms(d.time)} ms  {outcome.gflops(d):.2f} GFLOP/s  ({d.algorithm} default)" if d.ok
                 else f"{d.algorithm} default failed: {d.status.value} {d.message}")
