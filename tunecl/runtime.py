@@ -706,6 +706,11 @@ class Device:
                 kernel._tunecl_program = program
             return kernel
 
+    def kernel_max_threads(self, kernel: cl.Kernel) -> int:
+        """The most work-items per work-group ``kernel`` can launch with here: the device's limit, or
+        fewer where each work-item needs many registers (CL_KERNEL_WORK_GROUP_SIZE)."""
+        return int(kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.cl_device))
+
     def launch(self, kernel: cl.Kernel, global_size: Sequence[int], local_size: Sequence[int] | None,
                *args: Any, wait_for: Sequence[cl.Event] | None = None) -> cl.Event:
         """Enqueue ``kernel`` over ``global_size`` (rounded by the caller) without waiting."""

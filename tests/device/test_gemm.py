@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 from tunecl import kernels
-from tunecl.kernels import gemm, gemm_direct
+from tunecl.errors import BuildError
+from tunecl.kernels import gemm, gemm_direct, gemm_pretrans
 from tunecl.problems import GemmProblem
 
 ALGORITHMS = {"gemm_tiled": gemm.GemmTiled(), "gemm_direct": gemm_direct.GemmDirect()}
@@ -110,6 +111,8 @@ def check_run(device, algorithm, problem: GemmProblem, config, layout: Layout, r
     plan = algorithm.build(p, device, config)
     splitk = config.get("SPLITK", 1)
     workspace = 4 * splitk * p.batch * p.m * gemm.workspace_ld(p.n) if splitk > 1 else 0
+    # ASYNC (gemm_tiled) copies an operand stored the other way first: the copies are workspace too
+    workspace += 4 * sum(gemm_pretrans.workspace_words(p, gemm_pretrans.with_layout(p, *gemm.kernel_layout(p, config))))
     assert (plan.algorithm, plan.problem, plan.config, plan.workspace_bytes) == (algorithm.name, p, config, workspace)
     shape_a = (p.k, p.m) if p.trans_a else (p.m, p.k)
     shape_b = (p.n, p.k) if p.trans_b else (p.k, p.n)
@@ -198,7 +201,12 @@ def test_random_config_matches_numpy(device, rng, name, index):
         (BROADCAST_A, BROADCAST_B)[index % 4 // 2]]
     for step, layout in enumerate(layouts):
         shape = SHAPES[(index + 3 * step) % len(SHAPES)]
-        check_run(device, algorithm, problem(shape, transposes, layout.batch), config, layout, rng)
+        try:
+            check_run(device, algorithm, problem(shape, transposes, layout.batch), config, layout, rng)
+        except BuildError as error:  # a GPU whose registers do not allow the work-group size says so
+            if "threads per work-group" not in str(error):
+                raise
+            pytest.skip(f"this device cannot run the config: {error}")
 
 
 def test_random_configs_are_distinct_and_cover_variants():

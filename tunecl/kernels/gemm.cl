@@ -31,6 +31,13 @@
 //                memory (caches do the sharing).
 //   DB           1: double-buffered local memory; the next tile is fetched into registers while the
 //                current one is multiplied, one barrier per tile. 0: load, barrier, multiply, barrier.
+//   ASYNC        0: copies through registers (DB above). 2, 3, 4: cp.async (PTX, devices whose probe
+//                granted "cp_async") copies global memory straight into ASYNC local buffers: the
+//                copies of the next ASYNC - 1 tiles are in flight while one is multiplied, no
+//                registers held, matrix edges by cp.async's zero fill; one barrier per tile. Each
+//                staged tile must be copied as it lies: A stored K x M (TRANS_A), B stored K x N (not
+//                TRANS_B); the host transposes an operand stored the other way first.
+//   ASYNC_STUB   host-internal, for tests on devices without cp.async: plain copies instead of PTX.
 //   STRM / STRN  0: a thread's outputs are contiguous along M / N; 1: its vectors are strided by
 //                MDIMC*VWM / NDIMC*VWN (neighbouring threads read neighbouring local memory).
 //   PAD          1: local rows are padded by one vector (against bank conflicts of the transposed
@@ -308,6 +315,100 @@ void PrivateToLocalB(const floatB breg[B_LOADS], __local float* blm, const int t
 }
 #endif  // SB
 
+// ---- global memory -> local memory with cp.async (ASYNC) ------------------------------------------
+
+#ifndef ASYNC
+  #define ASYNC 0     // local buffers filled by cp.async: 0 (registers instead), 2, 3, 4
+#endif
+#ifndef ASYNC_STUB
+  #define ASYNC_STUB 0  // host-internal: 1 = plain copies instead of cp.async
+#endif
+#if ASYNC
+#if (SA && !TRANS_A) || (SB && TRANS_B)
+  #error "ASYNC copies tiles as they lie: A stored K x M (TRANS_A), B stored K x N"
+#endif
+#if ASYNC < 2 || ASYNC > 4
+  #error "ASYNC is 0, 2, 3 or 4"
+#endif
+
+// Copy `width` floats (1, 2, 4) of row `row` from column `col` to lm[off]; elements outside rows x
+// cols become zeros (cp.async copies `bytes` from the source and zero-fills the rest). cp.async takes
+// the .shared address of the destination: the integer value of the __local pointer.
+void AsyncCopy(__local float* lm, const int off, const __global float* restrict src, const int row,
+               const int col, const int ld, const int rows, const int cols, const int width) {
+  const int inside = row < rows ? clamp(cols - col, 0, width) : 0;
+  const __global float* from = inside ? src + row * ld + col : src;
+  #if ASYNC_STUB
+    for (int e = 0; e < width; ++e) { lm[off + e] = e < inside ? from[e] : 0.0f; }
+  #else
+    const uint to = (uint)(size_t)(lm + off);
+    const uint bytes = 4 * inside;
+    if (width == 4) {
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                   :: "r"(to), "l"((ulong)from), "r"(bytes) : "memory");
+    } else if (width == 2) {
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;"
+                   :: "r"(to), "l"((ulong)from), "r"(bytes) : "memory");
+    } else {
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;"
+                   :: "r"(to), "l"((ulong)from), "r"(bytes) : "memory");
+    }
+  #endif
+}
+
+void AsyncCommit(void) {
+  #if !ASYNC_STUB
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  #endif
+}
+
+// Wait until this thread's copies of the oldest tile in flight have landed (the ASYNC - 2 newer
+// groups may still be in flight); the barrier after it makes everyone's visible.
+void AsyncWaitOldest(void) {
+  #if !ASYNC_STUB
+    #if ASYNC == 2
+      asm volatile("cp.async.wait_group 0;" ::: "memory");
+    #elif ASYNC == 3
+      asm volatile("cp.async.wait_group 1;" ::: "memory");
+    #else
+      asm volatile("cp.async.wait_group 2;" ::: "memory");
+    #endif
+  #endif
+}
+
+// Start copying tile step k0 of the staged operands into buffer `buf`: this thread's vectors, laid out
+// as GlobalToPrivateA/B lay them out (A rows along M, B rows along N).
+void GlobalToLocalAsync(const __global float* restrict agm, const __global float* restrict bgm,
+                        __local float* alm, __local float* blm, const int buf, const int tid,
+                        const int m0, const int n0, const int k0, const int M, const int N, const int K,
+                        const int lda, const int ldb) {
+  #if SA
+    const int ma = tid % MDIMA, ka = tid / MDIMA;
+    #pragma unroll
+    for (int i = 0; i < A_LOAD_M; ++i) {
+      #pragma unroll
+      for (int j = 0; j < A_LOAD_K; ++j) {
+        const int m = (ma + i * MDIMA) * VWA;
+        const int k = ka + j * KDIMA;
+        AsyncCopy(alm, buf * (KWG * ALD) + k * ALD + m, agm, k0 + k, m0 + m, lda, K, M, VWA);
+      }
+    }
+  #endif
+  #if SB
+    const int nb = tid % NDIMB, kb = tid / NDIMB;
+    #pragma unroll
+    for (int i = 0; i < B_LOAD_N; ++i) {
+      #pragma unroll
+      for (int j = 0; j < B_LOAD_K; ++j) {
+        const int n = (nb + i * NDIMB) * VWB;
+        const int k = kb + j * KDIMB;
+        AsyncCopy(blm, buf * (KWG * BLD) + k * BLD + n, bgm, k0 + k, n0 + n, ldb, K, N, VWB);
+      }
+    }
+  #endif
+}
+#endif  // ASYNC
+
 // ---- per-thread output coordinates --------------------------------------------------------------
 
 // Offset inside the tile of this thread's v-th VWM-vector along M (STRM) / VWN-vector along N (STRN).
@@ -515,13 +616,26 @@ __kernel WORK_GROUP_SIZE void gemm_tiled(const int M, const int N, const int K, 
   const int tm = get_local_id(1);
   const int tid = tm * NDIMC + tn;
 
+  #if ASYNC
+    #define BUFFERS ASYNC
+  #else
+    #define BUFFERS (DB + 1)
+  #endif
   #if SA
-    __local float alm[(DB + 1) * KWG * ALD] __attribute__((aligned(32)));
+    __local float alm[BUFFERS * KWG * ALD] __attribute__((aligned(32)));
+    #if !ASYNC
     floatA areg[A_LOADS];
+    #endif
+  #else
+    __local float* alm = 0;  // not staged (GlobalToLocalAsync ignores it)
   #endif
   #if SB
-    __local float blm[(DB + 1) * KWG * BLD] __attribute__((aligned(32)));
+    __local float blm[BUFFERS * KWG * BLD] __attribute__((aligned(32)));
+    #if !ASYNC
     floatB breg[B_LOADS];
+    #endif
+  #else
+    __local float* blm = 0;
   #endif
 
   float cpm[MWI][NWI];
@@ -545,7 +659,30 @@ __kernel WORK_GROUP_SIZE void gemm_tiled(const int M, const int N, const int K, 
 
   // This work-group's K range is [k_begin, k_end) (all of K unless split); loads past k_end read zeros.
   const int tiles = (k_end - k_begin + KWG - 1) / KWG;
-  #if DB && (SA || SB)
+  #if ASYNC
+    // Prologue: tiles 0 .. ASYNC - 2, one commit group each (committed even when empty, so that "all
+    // but the newest ASYNC - 2 groups" always means "up to tile t"). Per step: wait for tile t, one
+    // barrier (everyone's copies of t are in; everyone has multiplied t - 1, so its buffer is free),
+    // start the copies of tile t + ASYNC - 1 into that buffer, multiply tile t.
+    #pragma unroll
+    for (int s = 0; s < ASYNC - 1; ++s) {
+      if (s < tiles) {
+        GlobalToLocalAsync(agm, bgm, alm, blm, s, tid, m0, n0, k_begin + s * KWG, M, N, k_end, lda, ldb);
+      }
+      AsyncCommit();
+    }
+    for (int t = 0; t < tiles; ++t) {
+      AsyncWaitOldest();
+      barrier(CLK_LOCAL_MEM_FENCE);
+      const int ahead = t + ASYNC - 1;
+      if (ahead < tiles) {
+        GlobalToLocalAsync(agm, bgm, alm, blm, ahead % ASYNC, tid, m0, n0, k_begin + ahead * KWG, M, N,
+                           k_end, lda, ldb);
+      }
+      AsyncCommit();
+      MultiplyTile(cpm, A_ARGS(t % ASYNC), B_ARGS(t % ASYNC), k_begin + t * KWG, k_end, tm, tn);
+    }
+  #elif DB && (SA || SB)
     // Prologue: tile 0 into buffer 0. Then per step: fetch tile t+1 into registers, multiply tile t,
     // store tile t+1 into the other buffer, one barrier (it also protects the buffer read at t-1).
     #if SA

@@ -16,6 +16,8 @@ VWA/VWB    1 2 4               vector width of global loads of A / B along their
 STRM/STRN  0 1                 0: a thread's outputs are contiguous; 1: strided by MDIMC*VWM
 SA/SB      0 1                 stage A / B tiles in local memory (0: read global memory directly)
 DB         0 1                 double-buffered local memory with register prefetch
+ASYNC      0 (2 3 4)           cp.async into ASYNC local buffers instead of registers (devices with
+                               ``"cp_async"``; 0 elsewhere); operands transposed first where needed
 PAD        0 1                 pad local rows by one vector (bank conflicts of transposed stores)
 GM         1 8                 work-group order: bands of GM tile rows (L2 locality)
 RWGS       0 1                 declare reqd_work_group_size
@@ -36,6 +38,16 @@ K work; the default picks it on GPUs for such shapes (see :meth:`GemmTiled.defau
 the plain kernel: results stored before SPLITK existed mean SPLITK = 1 (``Space.implied``) and stay
 valid, so the family's version did not change.
 
+ASYNC (NVIDIA, sm_80+): the staged tiles go from global to local memory with ``cp.async`` through
+ASYNC buffers, the copies of the next ASYNC - 1 tiles in flight while one is multiplied; no registers
+hold them, and one barrier per tile. cp.async copies a tile only as it lies, so a staged A must be
+stored K x M and a staged B K x N (MN-contiguous); for a problem stored otherwise (``A @ B`` of
+row-major tensors: A is M x K) the plan first transposes that operand into a packed workspace
+(:class:`~tunecl.kernels.gemm_pretrans.PretransposedPlan`; the transposes are part of every timing).
+Where the layout needs no copy the kernel reads the operands in place. On the H200, 4096^3 NN: the
+register-prefetch kernel's own inner loop, fed stale tiles, ran as fast as cuBLAS (2.79 vs 2.70 ms)
+while the whole kernel took 2.98: the global-to-local path cost the difference.
+
 Alignment: global vector loads need offsets, leading dimensions and batch strides that are multiples of
 the vector width. :class:`GemmPlan` checks that per call and runs a variant compiled with scalar
 accesses for the operand that is not aligned (compiled on first need, then kept), so any offset and any
@@ -51,9 +63,10 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
+from tunecl.errors import BuildError
 from tunecl.kernels.base import Config, Constraint, Space, build_options, read_source
 from tunecl.problems import DTYPES, GemmProblem
-from tunecl.runtime import Device
+from tunecl.runtime import CP_ASYNC, Device
 
 NAME = "gemm_tiled"
 VERSION = 1  # SPLITK was added without a bump: a stored config without it is SPLITK = 1, the same kernel
@@ -256,7 +269,12 @@ class GemmPlan:
         kernel = self._kernels.get(variant)
         if kernel is None:
             program = self.device.build(self._source, self._options(variant))
-            kernel = self._kernels[variant] = self.device.kernel(program, self.algorithm, SCALAR_DTYPES)
+            kernel = self.device.kernel(program, self.algorithm, SCALAR_DTYPES)
+            threads, allowed = math.prod(self._local_size), self.device.kernel_max_threads(kernel)
+            if threads > allowed:  # else every launch fails with OUT_OF_RESOURCES
+                raise BuildError(f"{self.algorithm} {self.config}: the compiled kernel runs at most {allowed} "
+                                 f"threads per work-group on this device (registers), the config needs {threads}")
+            self._kernels[variant] = kernel
         return kernel
 
     def _variant(self, a_offset: int, lda: int, stride_a: int, b_offset: int, ldb: int, stride_b: int,
@@ -320,24 +338,48 @@ _THREADS = (8, 16, 32)
 _LOADERS = (8, 16, 32, 64, 128, 256)
 
 
-def _params(device: Any) -> dict[str, tuple[int, ...]]:
+def capabilities(device: Any) -> frozenset[str]:
+    """``device.capabilities`` (test doubles without the attribute have none)."""
+    return frozenset(getattr(device, "capabilities", ()) or ())
+
+
+def _params(device: Any, async_copies: bool) -> dict[str, tuple[int, ...]]:
     return {
         "MWG": _TILES, "NWG": _TILES, "KWG": (8, 16, 32), "SPLITK": SPLITS, "MDIMC": _THREADS,
         "NDIMC": _THREADS, "VWM": (1, 2, 4), "VWN": (1, 2, 4), "STRM": (0, 1), "STRN": (0, 1), "KWI": (2, 8),
-        "SA": (0, 1), "SB": (0, 1), "MDIMA": _LOADERS, "NDIMB": _LOADERS, "VWA": (1, 2, 4),
+        "SA": (0, 1), "SB": (0, 1),
+        # before the loaders: the tile-load rules read the layout ASYNC gives the kernel (kernel_layout)
+        "ASYNC": (0, 2, 3, 4) if async_copies else (0,),
+        "MDIMA": _LOADERS, "NDIMB": _LOADERS, "VWA": (1, 2, 4),
         "VWB": (1, 2, 4), "DB": (0, 1), "PAD": (0, 1), "GM": (1, 8), "RWGS": (0, 1),
         "MAXRREG": (0, 128, 168) if is_nvidia(device) else (0,),
     }
 
 
+def kernel_layout(problem: GemmProblem, config: Mapping[str, int]) -> tuple[bool, bool]:
+    """(TRANS_A, TRANS_B) of the operands as the kernel reads them. With ASYNC a staged tile is copied
+    as it lies, so a staged A is read stored K x M and a staged B stored K x N; the plan transposes an
+    operand stored the other way first."""
+    if not config.get("ASYNC"):
+        return problem.trans_a, problem.trans_b
+    return problem.trans_a or bool(config["SA"]), problem.trans_b and not config["SB"]
+
+
+def _transposes_fit(problem: GemmProblem, config: Mapping[str, int], device: Any) -> bool:
+    from tunecl.kernels.gemm_pretrans import with_layout, workspace_fits  # it builds on this module
+
+    return workspace_fits(problem, with_layout(problem, *kernel_layout(problem, config)), max_alloc_bytes(device))
+
+
 def local_memory_bytes(config: Mapping[str, int], problem: GemmProblem) -> int:
     """Bytes of local memory ``gemm.cl`` declares for ``config`` (mirrors ALD / BLD there)."""
     c = config
-    pad_a = max(c["VWM"], c["VWA"] if problem.trans_a else 1)
-    pad_b = max(c["VWN"], 1 if problem.trans_b else c["VWB"])
+    ta, tb = kernel_layout(problem, c)
+    pad_a = max(c["VWM"], c["VWA"] if ta else 1)
+    pad_b = max(c["VWN"], 1 if tb else c["VWB"])
     a = c["SA"] * c["KWG"] * (c["MWG"] + c["PAD"] * pad_a)
     b = c["SB"] * c["KWG"] * (c["NWG"] + c["PAD"] * pad_b)
-    return 4 * (c["DB"] + 1) * (a + b)
+    return 4 * (c.get("ASYNC") or c["DB"] + 1) * (a + b)
 
 
 def _tile_load_fits(along: int, across: int, threads_along: int, threads: int, width: int,
@@ -354,7 +396,12 @@ def _tile_load_fits(along: int, across: int, threads_along: int, threads: int, w
 
 
 def _constraints(problem: GemmProblem, device: Any) -> list[Rule]:
-    ta, tb = problem.trans_a, problem.trans_b
+    def ta(c: Mapping[str, int]) -> bool:
+        return kernel_layout(problem, c)[0]
+
+    def tb(c: Mapping[str, int]) -> bool:
+        return kernel_layout(problem, c)[1]
+
     return [
         ("MWG_multiple_of_MDIMC", ("MWG", "MDIMC"), lambda c: c["MWG"] % c["MDIMC"] == 0),
         ("NWG_multiple_of_NDIMC", ("NWG", "NDIMC"), lambda c: c["NWG"] % c["NDIMC"] == 0),
@@ -373,21 +420,25 @@ def _constraints(problem: GemmProblem, device: Any) -> list[Rule]:
          lambda c: c["STRN"] == 0 or c["NWG"] // c["NDIMC"] > c["VWN"]),
         ("KWI_divides_KWG", ("KWG", "KWI"), lambda c: c["KWG"] % c["KWI"] == 0),
         ("A_tile_load_layout",  # MDIMA x KDIMA threads cover the A tile with VWA-wide vectors
-         ("MWG", "KWG", "MDIMC", "NDIMC", "SA", "MDIMA", "VWA"),
+         ("MWG", "KWG", "MDIMC", "NDIMC", "SA", "MDIMA", "VWA", "SB", "ASYNC"),
          lambda c: c["SA"] == 0 or _tile_load_fits(c["MWG"], c["KWG"], c["MDIMA"], c["MDIMC"] * c["NDIMC"],
-                                                   c["VWA"], vectors_along=ta)),
+                                                   c["VWA"], vectors_along=ta(c))),
         ("MDIMA_VWA_unused_without_SA", ("MDIMC", "SA", "MDIMA", "VWA"),
          lambda c: c["SA"] == 1 or (c["MDIMA"] == c["MDIMC"] and c["VWA"] == 1)),
         ("B_tile_load_layout",
-         ("NWG", "KWG", "MDIMC", "NDIMC", "SB", "NDIMB", "VWB"),
+         ("NWG", "KWG", "MDIMC", "NDIMC", "SB", "NDIMB", "VWB", "SA", "ASYNC"),
          lambda c: c["SB"] == 0 or _tile_load_fits(c["NWG"], c["KWG"], c["NDIMB"], c["MDIMC"] * c["NDIMC"],
-                                                   c["VWB"], vectors_along=not tb)),
+                                                   c["VWB"], vectors_along=not tb(c))),
         ("NDIMB_VWB_unused_without_SB", ("NDIMC", "SB", "NDIMB", "VWB"),
          lambda c: c["SB"] == 1 or (c["NDIMB"] == c["NDIMC"] and c["VWB"] == 1)),
         ("DB_PAD_need_local_memory", ("SA", "SB", "DB", "PAD"),
          lambda c: (c["SA"] or c["SB"]) or (c["DB"] == 0 and c["PAD"] == 0)),
+        ("ASYNC_replaces_DB", ("DB", "ASYNC"), lambda c: not (c["ASYNC"] and c["DB"])),
+        ("ASYNC_needs_a_staged_tile", ("SA", "SB", "ASYNC"), lambda c: not c["ASYNC"] or c["SA"] or c["SB"]),
+        ("ASYNC_transposed_copies_within_cap", ("SA", "SB", "ASYNC"),
+         lambda c: not c["ASYNC"] or _transposes_fit(problem, c, device)),
         ("local_memory_within_device",
-         ("MWG", "NWG", "KWG", "VWM", "VWN", "SA", "SB", "VWA", "VWB", "DB", "PAD"),
+         ("MWG", "NWG", "KWG", "VWM", "VWN", "SA", "SB", "VWA", "VWB", "DB", "PAD", "ASYNC"),
          lambda c: local_memory_bytes(c, problem) <= device.local_mem_size),
         ("MAXRREG_ignored_with_RWGS", ("RWGS", "MAXRREG"), lambda c: not (c["RWGS"] and c["MAXRREG"])),
         ("workspace_within_device", ("SPLITK",),
@@ -424,13 +475,22 @@ def _pruning(problem: GemmProblem, device: Any) -> list[Rule]:
 
     A pruned config is still valid: it builds and computes correctly, it is just not searched.
     """
-    ta, tb = problem.trans_a, problem.trans_b
     m_cap, n_cap, k_cap = (max(16, pow2_ceil(problem.m)), max(16, pow2_ceil(problem.n)),
                            max(8, pow2_ceil(problem.k)))
+
+    def ta(c: Mapping[str, int]) -> bool:  # the layout the kernel reads (ASYNC: after the transposes)
+        return kernel_layout(problem, c)[0]
+
+    def tb(c: Mapping[str, int]) -> bool:
+        return kernel_layout(problem, c)[1]
+
     # Vector loads that the packed layout cannot use would only re-measure the scalar variant; on a
     # GPU scalar loads are not searched where vectors work (float4 loads gave +10-14% on the H200).
-    wide_a = _widest(problem.m if ta else problem.k)
-    wide_b = _widest(problem.k if tb else problem.n)
+    def wide_a(c: Mapping[str, int]) -> int:
+        return _widest(problem.m if ta(c) else problem.k)
+
+    def wide_b(c: Mapping[str, int]) -> int:
+        return _widest(problem.k if tb(c) else problem.n)
     gpu = device_type(device) == "gpu"
     units = compute_units(device)
 
@@ -441,11 +501,11 @@ def _pruning(problem: GemmProblem, device: Any) -> list[Rule]:
         return -(-problem.m // c["MWG"]) * -(-problem.n // c["NWG"]) * problem.batch
 
     def widths_a(c: Mapping[str, int]) -> tuple[int, ...]:
-        best = _best_width(c["MWG"], c["KWG"], threads(c), wide_a, ta)
+        best = _best_width(c["MWG"], c["KWG"], threads(c), wide_a(c), ta(c))
         return (best,) if gpu else (1, best)
 
     def widths_b(c: Mapping[str, int]) -> tuple[int, ...]:
-        best = _best_width(c["NWG"], c["KWG"], threads(c), wide_b, not tb)
+        best = _best_width(c["NWG"], c["KWG"], threads(c), wide_b(c), not tb(c))
         return (best,) if gpu else (1, best)
 
     return [
@@ -463,18 +523,18 @@ def _pruning(problem: GemmProblem, device: Any) -> list[Rule]:
          ("MWG", "NWG", "MDIMC", "NDIMC"),
          lambda c: _balanced(c["MWG"] // c["MDIMC"], c["NWG"] // c["NDIMC"])),
         ("stage_both_or_neither", ("SA", "SB"), lambda c: c["SA"] == c["SB"]),
-        ("VWA_widest_for_tile_and_packed_A", ("MWG", "KWG", "MDIMC", "NDIMC", "SA", "VWA"),
+        ("VWA_widest_for_tile_and_packed_A", ("MWG", "KWG", "MDIMC", "NDIMC", "SA", "VWA", "SB", "ASYNC"),
          lambda c: c["SA"] == 0 or c["VWA"] in widths_a(c)),
-        ("VWB_widest_for_tile_and_packed_B", ("NWG", "KWG", "MDIMC", "NDIMC", "SB", "VWB"),
+        ("VWB_widest_for_tile_and_packed_B", ("NWG", "KWG", "MDIMC", "NDIMC", "SB", "VWB", "SA", "ASYNC"),
          lambda c: c["SB"] == 0 or c["VWB"] in widths_b(c)),
-        ("A_tile_load_coalesced", ("MWG", "KWG", "MDIMC", "NDIMC", "SA", "MDIMA", "VWA"),
-         lambda c: c["SA"] == 0 or (_coalesced(c["MWG"], threads(c), c["MDIMA"], c["VWA"]) if ta else
+        ("A_tile_load_coalesced", ("MWG", "KWG", "MDIMC", "NDIMC", "SA", "MDIMA", "VWA", "SB", "ASYNC"),
+         lambda c: c["SA"] == 0 or (_coalesced(c["MWG"], threads(c), c["MDIMA"], c["VWA"]) if ta(c) else
                                     _coalesced(c["KWG"], threads(c), threads(c) // c["MDIMA"], c["VWA"]))),
-        ("B_tile_load_coalesced", ("NWG", "KWG", "MDIMC", "NDIMC", "SB", "NDIMB", "VWB"),
-         lambda c: c["SB"] == 0 or (_coalesced(c["KWG"], threads(c), threads(c) // c["NDIMB"], c["VWB"]) if tb
+        ("B_tile_load_coalesced", ("NWG", "KWG", "MDIMC", "NDIMC", "SB", "NDIMB", "VWB", "SA", "ASYNC"),
+         lambda c: c["SB"] == 0 or (_coalesced(c["KWG"], threads(c), threads(c) // c["NDIMB"], c["VWB"]) if tb(c)
                                     else _coalesced(c["NWG"], threads(c), c["NDIMB"], c["VWB"]))),
-        ("PAD_only_with_transposed_stores", ("SA", "SB", "PAD"),
-         lambda c: c["PAD"] == 0 or (c["SA"] and not ta) or (c["SB"] and tb)),
+        ("PAD_only_with_transposed_stores", ("SA", "SB", "PAD", "ASYNC"),
+         lambda c: c["PAD"] == 0 or (c["SA"] and not ta(c)) or (c["SB"] and tb(c))),
         ("GM_only_with_several_bands", ("MWG", "NWG", "GM"),
          lambda c: c["GM"] == 1 or (-(-problem.m // c["MWG"]) > c["GM"] and problem.n > c["NWG"])),
         ("MAXRREG_only_for_big_register_tiles", ("MWG", "NWG", "MDIMC", "NDIMC", "MAXRREG"),
@@ -534,8 +594,12 @@ class GemmTiled:
         return isinstance(problem, GemmProblem) and problem.dtype == "float32"
 
     def space(self, problem: GemmProblem, device: Device) -> Space:
-        return make_space(_params(device), _constraints(problem, device), _pruning(problem, device),
-                          implied={"SPLITK": 1})
+        return self._space(problem, device, CP_ASYNC in capabilities(device))
+
+    def _space(self, problem: GemmProblem, device: Device, async_copies: bool) -> Space:
+        # configs stored before SPLITK / ASYNC existed built what 1 / 0 build now
+        return make_space(_params(device, async_copies), _constraints(problem, device), _pruning(problem, device),
+                          implied={"SPLITK": 1, "ASYNC": 0})
 
     def default(self, problem: GemmProblem, device: Device) -> Config:
         """A heuristic config: the largest preset tile that still gives every compute unit a
@@ -558,7 +622,7 @@ class GemmTiled:
         if plain is None:
             searched = space.configs()
             # Pruning emptied the searched space: any valid config still computes correctly.
-            plain = searched[0] if searched else next(iter(enumerate_space(_params(device),
+            plain = searched[0] if searched else next(iter(enumerate_space(_params(device, False),
                                                                            _constraints(problem, device))))
         if gpu:
             return self._split_default(plain, problem, device, space, rules) or plain
@@ -570,7 +634,8 @@ class GemmTiled:
         mwg, nwg, kwg, mdimc, ndimc, vwm, vwn = preset
         base = {"MWG": mwg, "NWG": nwg, "KWG": kwg, "SPLITK": splitk, "MDIMC": mdimc, "NDIMC": ndimc,
                 "VWM": vwm, "VWN": vwn, "STRM": int(gpu), "STRN": int(gpu), "KWI": 2 if gpu else 8, "SA": 1,
-                "SB": 1, "DB": 1 if gpu else 0, "PAD": 0, "GM": 8 if gpu else 1, "RWGS": 0, "MAXRREG": 0}
+                "SB": 1, "DB": 1 if gpu else 0, "PAD": 0, "GM": 8 if gpu else 1, "RWGS": 0, "MAXRREG": 0,
+                "ASYNC": 0}
         for config in self._complete(base, problem):
             # If the preset breaks a rule for this problem, give up its refinements one by one.
             for relax in ({}, {"GM": 1}, {"GM": 1, "KWG": 8, "KWI": 2}, {"GM": 1, "STRM": 0, "STRN": 0}):
@@ -636,13 +701,32 @@ class GemmTiled:
                     for ndimb in _LOADERS:
                         yield {**base, "MDIMA": mdima, "NDIMB": ndimb, "VWA": wa, "VWB": wb}
 
-    def build(self, problem: GemmProblem, device: Device, config: Config) -> GemmPlan:
-        """Compile ``config`` for ``problem``; ValueError (before compiling) if the config is invalid."""
-        space = self.space(problem, device)
+    def build(self, problem: GemmProblem, device: Device, config: Config, *, emulate: bool = False) -> Any:
+        """Compile ``config`` for ``problem``; ValueError (before compiling) if the config is invalid.
+
+        Returns a :class:`GemmPlan`, or with ASYNC for an operand stored the other way a
+        :class:`~tunecl.kernels.gemm_pretrans.PretransposedPlan` around one (same ``run``).
+
+        Args:
+            emulate: allow ASYNC on any device, compiled with plain copies instead of cp.async
+                (``ASYNC_STUB``): tests of the ASYNC layouts where the PTX does not run.
+        """
+        space = self._space(problem, device, True) if emulate else self.space(problem, device)
         check_config(space, config, NAME)
-        config = space.complete(config)  # results stored before SPLITK existed: SPLITK = 1
+        config = space.complete(config)  # results stored before SPLITK / ASYNC existed: 1 / 0
+        trans_a, trans_b = kernel_layout(problem, config)
+        if (trans_a, trans_b) != (problem.trans_a, problem.trans_b):
+            from tunecl.kernels.gemm_pretrans import (  # it builds on this module
+                PretransposedPlan,
+                with_layout,
+            )
+
+            inner = self.build(with_layout(problem, trans_a, trans_b), device, config, emulate=emulate)
+            return PretransposedPlan(problem, inner, config, device)
         source = read_source(__package__, "gemm.cl")
         layout = [f"-DTRANS_A={int(problem.trans_a)}", f"-DTRANS_B={int(problem.trans_b)}"]
+        if emulate and config["ASYNC"]:
+            layout.append("-DASYNC_STUB=1")
         if config["MAXRREG"]:
             layout.append(f"-cl-nv-maxrregcount={config['MAXRREG']}")
 

@@ -57,6 +57,7 @@ from tunecl.kernels.gemm import (
     GemmPlan,
     Rule,
     Variant,
+    capabilities,
     check_config,
     compute_units,
     enumerate_space,
@@ -144,11 +145,6 @@ def _params(async_copies: bool, nvidia: bool, variant: MmaVariant = TF32_VARIANT
 
 
 MMA_STUB_WORDS = 192  # local words per warp of the emulated mma (MMA_WORDS in the .cl)
-
-
-def capabilities(device: Any) -> frozenset[str]:
-    """``device.capabilities`` (test doubles without the attribute have none)."""
-    return frozenset(getattr(device, "capabilities", ()) or ())
 
 
 def warps(config: Mapping[str, int]) -> int:

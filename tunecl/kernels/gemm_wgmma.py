@@ -50,8 +50,6 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-import pyopencl as cl
-
 from tunecl.kernels.base import Config, Space, build_options, read_source
 from tunecl.kernels.gemm import (
     Rule,
@@ -61,11 +59,10 @@ from tunecl.kernels.gemm import (
     enumerate_space,
     make_space,
     max_alloc_bytes,
-    operand_layouts,
     pow2_ceil,
 )
 from tunecl.kernels.gemm_mma import MmaPlan, capabilities
-from tunecl.kernels.transpose import Transpose
+from tunecl.kernels.gemm_pretrans import PretransposedPlan, with_layout, workspace_fits
 from tunecl.precision import FP32, TF32
 from tunecl.problems import GemmProblem
 from tunecl.runtime import ARCH_PTX_OPTION, WGMMA, Device
@@ -145,19 +142,13 @@ def kernel_problem(problem: GemmProblem, config: Mapping[str, int]) -> GemmProbl
     """The layout the kernel itself computes: with PRETRANS, both operands K-contiguous (A as M x K, B
     as N x K), the MN-contiguous ones having been transposed into the workspace."""
     if config.get("PRETRANS"):
-        return dataclasses.replace(problem, trans_a=False, trans_b=True)
+        return with_layout(problem, trans_a=False, trans_b=True)
     return problem
-
-
-def pretrans_workspace_words(problem: GemmProblem) -> tuple[int, int]:
-    """Elements of the transposed copies of A and of B that PRETRANS = 1 needs (0 where none)."""
-    p = problem
-    return (p.batch * p.m * p.k if p.trans_a else 0, p.batch * p.n * p.k if not p.trans_b else 0)
 
 
 def pretrans_fits(problem: GemmProblem, device: Any) -> bool:
     """Whether each transposed copy PRETRANS = 1 needs fits one of the device's buffers (the cap)."""
-    return 4 * max(pretrans_workspace_words(problem)) <= max_alloc_bytes(device)
+    return workspace_fits(problem, with_layout(problem, trans_a=False, trans_b=True), max_alloc_bytes(device))
 
 
 def accumulators(config: Mapping[str, int]) -> int:
@@ -356,47 +347,6 @@ class GemmWgmmaTF32:
             global_size=glob,
             local_size=(threads, 1, 1),
         )
-
-
-class PretransposedPlan:
-    """gemm_wgmma_tf32 with PRETRANS = 1: each MN-contiguous operand (A with TRANS_A, B without TRANS_B)
-    is transposed into a packed workspace (allocated with the plan), then ``inner`` — the K-major
-    kernel's plan (A as M x K, B as N x K) — runs on the copies. Same ``run`` as :class:`GemmPlan`."""
-
-    def __init__(self, problem: GemmProblem, inner: MmaPlan, config: Config, device: Device):
-        self.problem = problem
-        self.inner = inner
-        self.algorithm = inner.algorithm
-        self.precision = inner.precision
-        self.config = dict(config)
-        self.device = device
-        a_words, b_words = pretrans_workspace_words(problem)
-        self.workspace_bytes = 4 * (a_words + b_words)
-        self._transpose = Transpose(device)
-        self._a_copy = device.alloc(4 * a_words) if a_words else None
-        self._b_copy = device.alloc(4 * b_words) if b_words else None
-
-    def run(self, a: cl.Buffer, b: cl.Buffer, c: cl.Buffer, *, alpha: float = 1.0, beta: float = 0.0,
-            a_offset: int = 0, b_offset: int = 0, c_offset: int = 0,
-            lda: int | None = None, ldb: int | None = None, ldc: int | None = None,
-            stride_a: int | None = None, stride_b: int | None = None, stride_c: int | None = None,
-            wait_for: list | None = None) -> list[cl.Event]:
-        """As :meth:`GemmPlan.run`; returns the transposes' events, then the GEMM's. A broadcast operand
-        (stride 0) is transposed once."""
-        p = self.problem
-        lda, stride_a, ldb, stride_b = operand_layouts(p, a, a_offset, lda, stride_a, b, b_offset, ldb, stride_b)
-        events: list[cl.Event] = []
-        if self._a_copy is not None:  # A is K x M: its copy is M x K
-            events.append(self._transpose.run(a, a_offset, lda, stride_a, p.k, p.m, p.batch if stride_a else 1,
-                                              self._a_copy, wait_for=wait_for))
-            a, a_offset, lda, stride_a = self._a_copy, 0, p.k, p.m * p.k if stride_a else 0
-        if self._b_copy is not None:  # B is K x N: its copy is N x K
-            events.append(self._transpose.run(b, b_offset, ldb, stride_b, p.k, p.n, p.batch if stride_b else 1,
-                                              self._b_copy, wait_for=None if events else wait_for))
-            b, b_offset, ldb, stride_b = self._b_copy, 0, p.k, p.n * p.k if stride_b else 0
-        return events + self.inner.run(a, b, c, alpha=alpha, beta=beta, a_offset=a_offset, b_offset=b_offset,
-                                       c_offset=c_offset, lda=lda, ldb=ldb, ldc=ldc, stride_a=stride_a,
-                                       stride_b=stride_b, stride_c=stride_c)
 
 
 class GemmWgmmaF16(GemmWgmmaTF32):
