@@ -13,6 +13,11 @@ class BuildError(TuneclError):
     """An OpenCL program failed to compile; the message carries the build log."""
 
 
+class WorkGroupTooLargeError(BuildError):
+    """A kernel compiled, but this device cannot launch it at the work-group size its config needs
+    (each work-item uses too many registers)."""
+
+
 class DatabaseError(TuneclError):
     """The tuning database could not be read or written."""
 

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from tunecl import kernels
-from tunecl.errors import BuildError
+from tunecl.errors import WorkGroupTooLargeError
 from tunecl.kernels import gemm, gemm_direct, gemm_pretrans
 from tunecl.problems import GemmProblem
 
@@ -203,9 +203,7 @@ def test_random_config_matches_numpy(device, rng, name, index):
         shape = SHAPES[(index + 3 * step) % len(SHAPES)]
         try:
             check_run(device, algorithm, problem(shape, transposes, layout.batch), config, layout, rng)
-        except BuildError as error:  # a GPU whose registers do not allow the work-group size says so
-            if "threads per work-group" not in str(error):
-                raise
+        except WorkGroupTooLargeError as error:  # a GPU whose registers do not allow the work-group size
             pytest.skip(f"this device cannot run the config: {error}")
 
 
@@ -351,3 +349,14 @@ def test_skinny_fc_products_have_a_searched_default(device, spec, target):
     tiled = ALGORITHMS["gemm_tiled"]
     configs = tiled.space(p, dev).configs()
     assert configs and tiled.default(p, dev) in configs
+
+
+def test_a_kernel_the_device_cannot_launch_at_its_work_group_size_fails_at_build(device, monkeypatch):
+    """Where registers cap the work-group size below the config's (CL_KERNEL_WORK_GROUP_SIZE), the plan
+    says so when it is built instead of failing every launch."""
+    p = problem((64, 64, 64), (False, False))
+    config = ALGORITHMS["gemm_tiled"].default(p, device)
+    threads = config["MDIMC"] * config["NDIMC"]
+    monkeypatch.setattr(device, "kernel_max_threads", lambda kernel: threads // 2)
+    with pytest.raises(WorkGroupTooLargeError, match=f"at most {threads // 2} threads per work-group"):
+        ALGORITHMS["gemm_tiled"].build(p, device, config)

@@ -81,12 +81,12 @@ def test_async_with_split_k_and_every_layout(device, rng, stages):
         base = TILED.default(p, device)
         config = {**base, "ASYNC": stages, "DB": 0, "PAD": 0, "SPLITK": 4, "KWG": 8, "KWI": 2}
         space = TILED._space(p, device, True)
-        config = next((c for c in _with_loaders(config, p) if space.is_valid(c)), None)
+        config = next((c for c in _with_loaders(config) if space.is_valid(c)), None)
         assert config is not None, f"no ASYNC {stages} split-K config near the default for {p.key}"
         check_run(device, Emulated(), p, config, ALIGNED if transposes[1] else UNALIGNED, rng)
 
 
-def _with_loaders(config: dict[str, int], p) -> list[dict[str, int]]:
+def _with_loaders(config: dict[str, int]) -> list[dict[str, int]]:
     """``config`` with each tile-loader layout (the kernel reads a staged A as K x M, B as K x N)."""
     return [{**config, "MDIMA": ma, "NDIMB": nb, "VWA": wa, "VWB": wb}
             for wa in (4, 2, 1) for wb in (4, 2, 1) for ma in gemm._LOADERS for nb in gemm._LOADERS]
@@ -95,7 +95,7 @@ def _with_loaders(config: dict[str, int], p) -> list[dict[str, int]]:
 def test_nn_problem_transposes_a_and_reads_b_in_place(device):
     p = problem((64, 96, 32), (False, False), batch=3)
     config = {**TILED.default(p, device), "ASYNC": 2, "DB": 0, "PAD": 0}
-    config = next(c for c in _with_loaders(config, p) if TILED._space(p, device, True).is_valid(c))
+    config = next(c for c in _with_loaders(config) if TILED._space(p, device, True).is_valid(c))
     plan = Emulated().build(p, device, config)
     assert isinstance(plan, gemm_pretrans.PretransposedPlan)
     assert plan.inner.problem == problem((64, 96, 32), (True, False), batch=3)

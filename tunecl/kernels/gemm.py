@@ -63,7 +63,7 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from tunecl.errors import BuildError
+from tunecl.errors import WorkGroupTooLargeError
 from tunecl.kernels.base import Config, Constraint, Space, build_options, read_source
 from tunecl.problems import DTYPES, GemmProblem
 from tunecl.runtime import CP_ASYNC, Device
@@ -272,7 +272,7 @@ class GemmPlan:
             kernel = self.device.kernel(program, self.algorithm, SCALAR_DTYPES)
             threads, allowed = math.prod(self._local_size), self.device.kernel_max_threads(kernel)
             if threads > allowed:  # else every launch fails with OUT_OF_RESOURCES
-                raise BuildError(f"{self.algorithm} {self.config}: the compiled kernel runs at most {allowed} "
+                raise WorkGroupTooLargeError(f"{self.algorithm} {self.config}: the compiled kernel runs at most {allowed} "
                                  f"threads per work-group on this device (registers), the config needs {threads}")
             self._kernels[variant] = kernel
         return kernel
