@@ -330,6 +330,8 @@ void PrivateToLocalB(const floatB breg[B_LOADS], __local float* blm, const int t
 #if ASYNC < 2 || ASYNC > 4
   #error "ASYNC is 0, 2, 3 or 4"
 #endif
+#define CP_ASYNC_STUB ASYNC_STUB
+#include "cp_async.cl"  // CpAsync, CpAsyncCommit, CpAsyncWait
 
 // Copy `width` floats (1, 2, 4) of row `row` from column `col` to lm[off]; elements outside rows x
 // cols become zeros (cp.async copies `bytes` from the source and zero-fills the rest). cp.async takes
@@ -341,38 +343,7 @@ void AsyncCopy(__local float* lm, const int off, const __global float* restrict 
   #if ASYNC_STUB
     for (int e = 0; e < width; ++e) { lm[off + e] = e < inside ? from[e] : 0.0f; }
   #else
-    const uint to = (uint)(size_t)(lm + off);
-    const uint bytes = 4 * inside;
-    if (width == 4) {
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                   :: "r"(to), "l"((ulong)from), "r"(bytes) : "memory");
-    } else if (width == 2) {
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;"
-                   :: "r"(to), "l"((ulong)from), "r"(bytes) : "memory");
-    } else {
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;"
-                   :: "r"(to), "l"((ulong)from), "r"(bytes) : "memory");
-    }
-  #endif
-}
-
-void AsyncCommit(void) {
-  #if !ASYNC_STUB
-    asm volatile("cp.async.commit_group;" ::: "memory");
-  #endif
-}
-
-// Wait until this thread's copies of the oldest tile in flight have landed (the ASYNC - 2 newer
-// groups may still be in flight); the barrier after it makes everyone's visible.
-void AsyncWaitOldest(void) {
-  #if !ASYNC_STUB
-    #if ASYNC == 2
-      asm volatile("cp.async.wait_group 0;" ::: "memory");
-    #elif ASYNC == 3
-      asm volatile("cp.async.wait_group 1;" ::: "memory");
-    #else
-      asm volatile("cp.async.wait_group 2;" ::: "memory");
-    #endif
+    CpAsync((uint)(size_t)(lm + off), from, 4 * width, 4 * inside);
   #endif
 }
 
@@ -669,17 +640,17 @@ __kernel WORK_GROUP_SIZE void gemm_tiled(const int M, const int N, const int K, 
       if (s < tiles) {
         GlobalToLocalAsync(agm, bgm, alm, blm, s, tid, m0, n0, k_begin + s * KWG, M, N, k_end, lda, ldb);
       }
-      AsyncCommit();
+      CpAsyncCommit();
     }
     for (int t = 0; t < tiles; ++t) {
-      AsyncWaitOldest();
+      CpAsyncWait(ASYNC - 2);  // this thread's copies of tile t have landed (newer ones may not)
       barrier(CLK_LOCAL_MEM_FENCE);
       const int ahead = t + ASYNC - 1;
       if (ahead < tiles) {
         GlobalToLocalAsync(agm, bgm, alm, blm, ahead % ASYNC, tid, m0, n0, k_begin + ahead * KWG, M, N,
                            k_end, lda, ldb);
       }
-      AsyncCommit();
+      CpAsyncCommit();
       MultiplyTile(cpm, A_ARGS(t % ASYNC), B_ARGS(t % ASYNC), k_begin + t * KWG, k_end, tm, tn);
     }
   #elif DB && (SA || SB)

@@ -363,6 +363,9 @@ void PrivateToLocalB(const floatB breg[B_LOADS], __local LTYPE* blm, const int t
 // ---- global memory -> local memory with cp.async (ASYNC) --------------------------------------------
 
 #if ASYNC
+#define CP_ASYNC_STUB MMA_STUB
+#include "cp_async.cl"  // CpAsync, CpAsyncCommit, CpAsyncWait
+
 // Copy `width` elements (4, 2 or 1 floats; 8, 4, 2 or 1 halves) of row `row` from column `col` to
 // local memory at `dst`; elements outside rows x cols become zeros (cp.async copies `bytes` from the
 // source and zero-fills the rest). cp.async takes the .shared address of the destination: the integer
@@ -380,18 +383,9 @@ void AsyncCopy(__local LTYPE* dst, const __global GTYPE* restrict src, const int
       for (int e = 0; e < width; ++e) { dst[e] = e < inside ? as_uint(from[e]) : 0u; }
     #endif
   #else
-    const uint to = (uint)(size_t)dst;
-    const uint bytes = sizeof(GTYPE) * inside;
     const int size = sizeof(GTYPE) * width;
-    if (size == 16) {
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                   :: "r"(to), "l"((ulong)from), "r"(bytes) : "memory");
-    } else if (size == 8) {
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;"
-                   :: "r"(to), "l"((ulong)from), "r"(bytes) : "memory");
-    } else if (size == 4) {
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;"
-                   :: "r"(to), "l"((ulong)from), "r"(bytes) : "memory");
+    if (size >= 4) {
+      CpAsync((uint)(size_t)dst, from, size, sizeof(GTYPE) * inside);
     } else {
       *dst = inside ? *from : (LTYPE)0;
     }
@@ -429,25 +423,6 @@ void GlobalToLocalAsyncB(const __global GTYPE* restrict bgm, __local LTYPE* blm,
   }
 }
 
-// Close the group of copies this thread issued since the last commit (possibly none).
-void AsyncCommit(void) {
-  #if MMA_STUB == 0
-    asm volatile("cp.async.commit_group;" ::: "memory");
-  #endif
-}
-
-// Wait until at most STAGES - 2 of this thread's groups are in flight: the oldest tile has arrived.
-void AsyncWaitOldest(void) {
-  #if MMA_STUB == 0
-    #if STAGES == 2
-      asm volatile("cp.async.wait_group 0;" ::: "memory");
-    #elif STAGES == 3
-      asm volatile("cp.async.wait_group 1;" ::: "memory");
-    #else
-      asm volatile("cp.async.wait_group 2;" ::: "memory");
-    #endif
-  #endif
-}
 #endif  // ASYNC
 
 // ---- local memory -> fragments ----------------------------------------------------------------------
@@ -666,10 +641,10 @@ __kernel void gemm_mma_tf32(
         GlobalToLocalAsyncA(agm, alm + s * A_TILE, tid, m0, s * KWG, M, K, lda);
         GlobalToLocalAsyncB(bgm, blm + s * B_TILE, tid, n0, s * KWG, N, K, ldb);
       }
-      AsyncCommit();
+      CpAsyncCommit();
     }
     for (int tile = 0; tile < tiles; ++tile) {
-      AsyncWaitOldest();
+      CpAsyncWait(STAGES - 2);  // the oldest tile in flight (tile) has arrived
       barrier(CLK_LOCAL_MEM_FENCE);
       const int ahead = tile + STAGES - 1;
       if (ahead < tiles) {
@@ -677,7 +652,7 @@ __kernel void gemm_mma_tf32(
         GlobalToLocalAsyncA(agm, alm + buf * A_TILE, tid, m0, ahead * KWG, M, K, lda);
         GlobalToLocalAsyncB(bgm, blm + buf * B_TILE, tid, n0, ahead * KWG, N, K, ldb);
       }
-      AsyncCommit();
+      CpAsyncCommit();
       const int cur = tile % STAGES;
       MultiplyTile(cpm, alm + cur * A_TILE, blm + cur * B_TILE, wm0, wn0, g, t MMA_ARGS);
     }

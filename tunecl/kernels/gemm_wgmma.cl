@@ -397,6 +397,9 @@ void ProxyFence(void) {}
 
 // ---- global memory -> local memory (cp.async) ---------------------------------------------------------
 
+#define CP_ASYNC_STUB WGMMA_STUB
+#include "cp_async.cl"  // CpAsync, CpAsyncCommit, CpAsyncWait
+
 // Copy `width` elements (1, 2, 4 or 8) of row `row` from column `col` to local byte offset `off`
 // (shared address `addr`); elements outside rows x cols become zeros (cp.async's zero fill). A single
 // half is copied synchronously (cp.async copies 4 bytes at least; the barrier orders it).
@@ -409,18 +412,9 @@ void AsyncCopy(__local uchar* smem, const uint addr, const uint off, const __glo
   #if WGMMA_STUB
     for (int e = 0; e < width; ++e) { dst[e] = e < inside ? from[e] : (GTYPE)0; }
   #else
-    const uint to = addr + off;
-    const uint bytes = ELT * inside;
     const int size = ELT * width;
-    if (size == 16) {
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                   :: "r"(to), "l"((ulong)from), "r"(bytes) : "memory");
-    } else if (size == 8) {
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;"
-                   :: "r"(to), "l"((ulong)from), "r"(bytes) : "memory");
-    } else if (size == 4) {
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;"
-                   :: "r"(to), "l"((ulong)from), "r"(bytes) : "memory");
+    if (size >= 4) {
+      CpAsync(addr + off, from, size, ELT * inside);
     } else {
       *dst = inside ? *from : (GTYPE)0;
     }
@@ -469,25 +463,6 @@ void GlobalToLocalB(const __global GTYPE* restrict bgm, __local uchar* smem, con
       }
     #endif
   }
-}
-
-void AsyncCommit(void) {
-  #if WGMMA_STUB == 0
-    asm volatile("cp.async.commit_group;" ::: "memory");
-  #endif
-}
-
-// Wait until at most AHEAD - 1 of this thread's copy groups are in flight: step t has arrived.
-void AsyncWaitOldest(void) {
-  #if WGMMA_STUB == 0
-    #if AHEAD == 1
-      asm volatile("cp.async.wait_group 0;" ::: "memory");
-    #elif AHEAD == 2
-      asm volatile("cp.async.wait_group 1;" ::: "memory");
-    #else
-      asm volatile("cp.async.wait_group 2;" ::: "memory");
-    #endif
-  #endif
 }
 
 // ---- registers -> global memory (C) ----------------------------------------------------------------
@@ -602,10 +577,10 @@ __kernel void gemm_wgmma_tf32(
       GlobalToLocalA(agm, smem, addr, s * STAGE_BYTES, tid, m0, s * KWG, M, K, lda);
       GlobalToLocalB(bgm, smem, addr, s * STAGE_BYTES + A_TILE_BYTES, tid, n0, s * KWG, N, K, ldb);
     }
-    AsyncCommit();
+    CpAsyncCommit();
   }
   for (int tile = 0; tile < tiles; ++tile) {
-    AsyncWaitOldest();
+    CpAsyncWait(AHEAD - 1);  // this thread's copies of step `tile` have arrived
     ProxyFence();
     #if INFLIGHT
     WgmmaWaitAllButOne();
@@ -635,7 +610,7 @@ __kernel void gemm_wgmma_tf32(
       GlobalToLocalA(agm, smem, addr, buf, tid, m0, ahead * KWG, M, K, lda);
       GlobalToLocalB(bgm, smem, addr, buf + A_TILE_BYTES, tid, n0, ahead * KWG, N, K, ldb);
     }
-    AsyncCommit();
+    CpAsyncCommit();
   }
   WgmmaWait();
   FenceAccumulators(acc);
