@@ -153,3 +153,31 @@ def test_resnet18_train_steps_match_cpu_with_everything_on_the_device(name, stri
     # conv1 needs no input gradient: forward and backward-weight only
     assert any("c=3,h=64" in key and "dir=bwd_weight" in key for key in conv_plans)
     assert not any("c=3,h=64" in key and "dir=bwd_data" in key for key in conv_plans)
+
+
+def test_fused_steps_match_cpu_on_every_other_usable_cpu_device():
+    """The fused steps' tests above, in a child process on each other CPU OpenCL device that compiles
+    (the package's own PyPI PoCL, where the distribution's PoCL is the default). adam_step's work-group
+    corrections once had a ``return`` ahead of a barrier, which no work-item took: PyPI's PoCL 3.0 then
+    corrupted the heap and the process died later, in whatever ran next; the distribution's 3.1 did not."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tunecl import runtime
+
+    default = runtime.resolve(None).index
+    others = [e for e in runtime.list_devices() if e.usable and e.device_type == "cpu" and e.index != default]
+    if not others:
+        pytest.skip("no other CPU OpenCL device compiles here")
+    root = Path(__file__).resolve().parents[2]
+    for entry in others:
+        child = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+             f"{Path(__file__).relative_to(root)}::test_mlp_training_matches_cpu", "-k", "fused"],
+            cwd=root, env={**os.environ, "TUNECL_DEVICE": str(entry.index)}, capture_output=True, text=True, check=False,
+            timeout=600)
+        assert child.returncode == 0, (f"device {entry.index} ({entry.platform}: {entry.name}): exit code "
+                                       f"{child.returncode}\n{child.stdout[-3000:]}\n{child.stderr[-2000:]}")
+        assert " passed" in child.stdout, child.stdout[-2000:]

@@ -117,43 +117,45 @@ typedef struct { float v[5 * SLOTS]; } map_numbers_t;
 #endif
 #ifdef FOUND_INF
   #define INF_PARAMS , __global const float *inf_t, const long inf_offset
-  #define SKIP_IF_INF if (inf_t[inf_offset] == 1.0f) return;   // (the same for every work-item)
+  #define INF_FOUND (inf_t[inf_offset] == 1.0f)   // (the same for every work-item)
 #else
   #define INF_PARAMS
-  #define SKIP_IF_INF
+  #define INF_FOUND false
 #endif
 #define STEP_PARAMS LR_PARAMS SCALE_PARAMS INF_PARAMS
 
 __kernel void adam_step(const float lr_value, const float beta1, const float beta2, const float weight_decay,
                         const float eps, const adam_meta_t m FOR_SLOTS(ADAM_SLOT) STEP_PARAMS)
 {
-  SKIP_IF_INF
-  const float lr = LR_VALUE;
-#ifdef GROUP_CORRECTIONS
-  __local float corrections[2];   // one pow() pair per work-group rather than per work-item
-#endif
   const int slot = (int)get_global_id(1);
   __global float *p = 0, *mo = 0, *ve = 0, *vmax = 0;
   GRAD_T *g = 0;
   __global const float *st = 0;
   switch (slot) { FOR_SLOTS(ADAM_PICK) }
-  const long n = m.v[7 * slot];
+  // n = 0 (an unused slot, or FOUND_INF set) updates nothing. No work-item returns before the barrier
+  // of GROUP_CORRECTIONS (the same for the whole work-group, which lies in one slot; PyPI's PoCL 3.0
+  // corrupted the heap when a kernel could return before a barrier, even when none did).
+  const long n = INF_FOUND ? 0 : m.v[7 * slot];
+#ifdef GROUP_CORRECTIONS
+  __local float corrections[2];   // one pow() pair per work-group rather than per work-item
+  if (get_local_id(0) == 0 && n != 0) {
+    const float step = st[m.v[7 * slot + 6]];
+    corrections[0] = LR_VALUE / (1.0f - pow(beta1, step));
+    corrections[1] = sqrt(1.0f - pow(beta2, step));
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+#endif
   if (n == 0) return;
+  const float lr = LR_VALUE;
   p += m.v[7 * slot + 1]; g += m.v[7 * slot + 2]; mo += m.v[7 * slot + 3]; ve += m.v[7 * slot + 4];
-  const float step = st[m.v[7 * slot + 6]];
 #ifdef AMSGRAD
   vmax += m.v[7 * slot + 5];
 #endif
 #ifdef GROUP_CORRECTIONS
-  // (n == 0 above returns for whole work-groups: a work-group lies in one slot)
-  if (get_local_id(0) == 0) {
-    corrections[0] = lr / (1.0f - pow(beta1, step));
-    corrections[1] = sqrt(1.0f - pow(beta2, step));
-  }
-  barrier(CLK_LOCAL_MEM_FENCE);
   const float step_size = corrections[0];
   const float bc2_sqrt = corrections[1];
 #else
+  const float step = st[m.v[7 * slot + 6]];
   const float step_size = lr / (1.0f - pow(beta1, step));
   const float bc2_sqrt = sqrt(1.0f - pow(beta2, step));
 #endif
@@ -189,7 +191,7 @@ __kernel void adam_step(const float lr_value, const float beta1, const float bet
 __kernel void sgd_step(const float lr_value, const float weight_decay, const float momentum, const float dampening,
                        const int first_step, const sgd_meta_t m FOR_SLOTS(SGD_SLOT) STEP_PARAMS)
 {
-  SKIP_IF_INF
+  if (INF_FOUND) return;
   const float lr = LR_VALUE;
   const int slot = (int)get_global_id(1);
   __global float *p = 0, *buf = 0;
