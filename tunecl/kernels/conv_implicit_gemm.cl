@@ -257,7 +257,6 @@ void conv_implicit_gemm(__global const float *a_agm, const int a_offset,
   GlobalToPrivateA(a_agm, a_offset, g, m0, k_begin, k_end, a_lane0, a_row0, a_reg_apm);
   GlobalToPrivateB(b_agm, b_offset, k_begin, k_end, b_lane0, col_base_apm, col_h_apm, col_w_apm, b_reg_apm);
   for (int k0 = k_begin; k0 < k_end; k0 += KWG) {
-    barrier(CLK_LOCAL_MEM_FENCE);
     // PrivateToLocal: a_alm[kk][m] = A[m0+m][k0+kk], b_alm[kk][col] = B[k0+kk][n0+col]
     for (int l = 0; l < A_LANES; l++)
       for (int i = 0; i < A_ROWS; i++) { a_flm[(a_lane0 + l * A_TK) * A_LD * VWM + a_row0 + i * A_TM] = a_reg_apm[l][i]; }
@@ -286,6 +285,10 @@ void conv_implicit_gemm(__global const float *a_agm, const int a_offset,
       GlobalToPrivateB(b_agm, b_offset, k0 + KWG, k_end, b_lane0, col_base_apm, col_h_apm, col_w_apm, b_reg_apm);
     }
 #endif
+    // the tiles are read: the next step may overwrite them. (At the end of the step rather than at the
+    // start of the next: with the barrier first in the loop, PyPI's PoCL 3.0-rc2 computed
+    // MWG 16, NWG 16, KWG 8, MDIMC 16, NDIMC 4 wrong; the same number of barriers either way.)
+    barrier(CLK_LOCAL_MEM_FENCE);
   }
 
   // ---- StoreC: element (i, j) of the work-item is C[m0 + mi][n0 + nj] ----
