@@ -149,6 +149,20 @@ def check_run(device, algorithm, problem: GemmProblem, config, layout: Layout, r
     np.testing.assert_array_equal(out_flat[~c_mask], c_flat[~c_mask], err_msg=f"wrote outside C: {where}")
 
 
+def check_launchable_draw(draw, index: int, check) -> None:
+    """``check(transposes, config)`` on draw ``index``; where this device cannot launch the config at
+    its work-group size (a GPU's registers), on the next draw instead, as the tuner passes over it."""
+    refused = []
+    for attempt in range(6):
+        transposes, config = draw(index, attempt)
+        try:
+            check(transposes, config)
+            return
+        except WorkGroupTooLargeError as error:
+            refused.append(str(error))
+    pytest.skip("this device cannot launch any of the drawn configs: " + "; ".join(refused))
+
+
 def problem(shape: tuple[int, int, int], transposes: tuple[bool, bool], batch: int = 1) -> GemmProblem:
     return GemmProblem(*shape, *transposes, batch=batch)
 

@@ -27,10 +27,10 @@ from tests.device.test_gemm import (
     TRANSPOSES,
     UNALIGNED,
     _fake_device,
+    check_launchable_draw,
     check_run,
     problem,
 )
-from tunecl.errors import WorkGroupTooLargeError
 from tunecl.kernels import gemm, gemm_pretrans
 from tunecl.runtime import CP_ASYNC
 
@@ -57,20 +57,6 @@ def async_config(index: int, attempt: int = 0) -> tuple[tuple[bool, bool], dict[
         space = TILED._space(problem(DRAW_SHAPE, transposes), DRAW_DEVICE, True)
         _drawn[transposes] = [c for c in space.configs() if c["ASYNC"]]
     return transposes, random.Random(7 * index + 1 + 1000 * attempt).choice(_drawn[transposes])
-
-
-def check_launchable_draw(draw, index: int, check) -> None:
-    """``check(transposes, config)`` on draw ``index``; where this device cannot launch the config at
-    its work-group size (a GPU's registers), on the next draw instead, as the tuner passes over it."""
-    refused = []
-    for attempt in range(6):
-        transposes, config = draw(index, attempt)
-        try:
-            check(transposes, config)
-            return
-        except WorkGroupTooLargeError as error:
-            refused.append(str(error))
-    pytest.skip("this device cannot launch any of the drawn configs: " + "; ".join(refused))
 
 
 @pytest.mark.parametrize("index", range(CONFIGS))

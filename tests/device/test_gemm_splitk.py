@@ -29,6 +29,7 @@ from test_gemm import (
     PACKED_NAN_C,
     TRANSPOSES,
     UNALIGNED,
+    check_launchable_draw,
     check_run,
     problem,
 )
@@ -72,11 +73,16 @@ def _searched_splits(transposes: tuple[bool, bool]) -> list[dict[str, int]]:
 def test_random_split_configs_match_numpy(device, rng, index):
     """Seeded draws among the searched split configs of a GPU-like device (every variant of the tiled
     kernel: staging, double buffering, strides, vector widths, combined with a split)."""
-    transposes = TRANSPOSES[index % 4]
-    config = random.Random(7000 + index).choice(_searched_splits(transposes))
-    for step in range(2):
-        shape, layout = CASES[(index + 2 * step) % len(CASES)]
-        check_run(device, TILED, problem(shape, transposes, layout.batch), config, layout, rng)
+    def draw(index, attempt):
+        transposes = TRANSPOSES[index % 4]
+        return transposes, random.Random(7000 + index + 1000 * attempt).choice(_searched_splits(transposes))
+
+    def check(transposes, config):
+        for step in range(2):
+            shape, layout = CASES[(index + 2 * step) % len(CASES)]
+            check_run(device, TILED, problem(shape, transposes, layout.batch), config, layout, rng)
+
+    check_launchable_draw(draw, index, check)
 
 
 def test_random_split_draws_vary_the_split():

@@ -32,7 +32,8 @@ def test_select_by_index_pair_and_name(fake_devices):
     assert runtime.resolve("old").index == 2
 
 
-def test_default_comes_from_config(fake_devices):
+def test_default_comes_from_config(fake_devices, monkeypatch):
+    monkeypatch.delenv("TUNECL_DEVICE", raising=False)
     with config.override(device="epyc"):
         assert runtime.resolve().index == 1
     assert runtime.resolve().index == 0
