@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+from tunecl import runtime
 from tunecl.backend import plans
 
 pytestmark = pytest.mark.skipif(not plans.gemm_algorithms(), reason="no GEMM algorithm is registered")
@@ -160,13 +165,6 @@ def test_fused_steps_match_cpu_on_every_other_usable_cpu_device():
     (the package's own PyPI PoCL, where the distribution's PoCL is the default). adam_step's work-group
     corrections once had a ``return`` ahead of a barrier, which no work-item took: PyPI's PoCL 3.0 then
     corrupted the heap and the process died later, in whatever ran next; the distribution's 3.1 did not."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from tunecl import runtime
-
     default = runtime.resolve(None).index
     others = [e for e in runtime.list_devices() if e.usable and e.device_type == "cpu" and e.index != default]
     if not others:
@@ -176,8 +174,8 @@ def test_fused_steps_match_cpu_on_every_other_usable_cpu_device():
         child = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
              f"{Path(__file__).relative_to(root)}::test_mlp_training_matches_cpu", "-k", "fused"],
-            cwd=root, env={**os.environ, "TUNECL_DEVICE": str(entry.index)}, capture_output=True, text=True, check=False,
-            timeout=600)
+            cwd=root, env={**os.environ, "TUNECL_DEVICE": str(entry.index)}, capture_output=True, text=True,
+            check=False, timeout=600)
         assert child.returncode == 0, (f"device {entry.index} ({entry.platform}: {entry.name}): exit code "
                                        f"{child.returncode}\n{child.stdout[-3000:]}\n{child.stderr[-2000:]}")
         assert " passed" in child.stdout, child.stdout[-2000:]
