@@ -45,6 +45,8 @@
 //   RWGS         1: declare reqd_work_group_size (NVIDIA then ignores -cl-nv-maxrregcount).
 //   TRANS_A/B    problem layout, set by the host from the problem (not tuned).
 //   SPLITK       work-groups along K per C tile (1: the plain kernel, no workspace, one launch).
+//   STREAMK      > 0: also compile gemm_streamk + gemm_streamk_fixup (a stream-K tail for outputs whose
+//                tiles leave the last wave part-empty; see there). 0: gemm_tiled only.
 //   CSCALAR      host-internal: 1 = scalar C accesses, for C offsets/ldc that are not VWN-aligned.
 // Global vector loads dereference floatN pointers (what makes the compiler emit 128-bit loads), so
 // they need aligned addresses: the host compiles VWA=1 / VWB=1 / CSCALAR=1 variants for calls whose
@@ -543,92 +545,51 @@ void PrivateToGlobalC(float cpm[MWI][NWI], __global float* restrict cgm, const i
   }
 }
 
-// ---- the kernel -------------------------------------------------------------------------------------
+// ---- one K range of one C tile -----------------------------------------------------------------------
 
-#if RWGS
-  #define WORK_GROUP_SIZE __attribute__((reqd_work_group_size(NDIMC, MDIMC, 1)))
+#if ASYNC
+  #define BUFFERS ASYNC
 #else
-  #define WORK_GROUP_SIZE
+  #define BUFFERS (DB + 1)
 #endif
-__kernel WORK_GROUP_SIZE void gemm_tiled(const int M, const int N, const int K, const float alpha, const float beta,
-                         const __global float* restrict agm, const long a_offset, const int lda,
-                         const long stride_a,
-                         const __global float* restrict bgm, const long b_offset, const int ldb,
-                         const long stride_b,
-                         __global float* restrict cgm, const long c_offset, const int ldc,
-                         const long stride_c) {
-  #if SPLITK == 1
-    const long batch = get_group_id(2);
-    const int k_begin = 0;
-    const int k_end = K;
-  #else
-    // Slice-major: group z = slice * batches + batch; its partial C is workspace matrix z.
-    const int batches = get_num_groups(2) / SPLITK;
-    const int slice = get_group_id(2) / batches;
-    const long batch = get_group_id(2) - slice * batches;
-    const int kchunk = ((K + SPLITK - 1) / SPLITK + KWG - 1) / KWG * KWG;
-    const int k_begin = min(K, slice * kchunk);
-    const int k_end = min(K, k_begin + kchunk);
-  #endif
-  agm += a_offset + batch * stride_a;
-  bgm += b_offset + batch * stride_b;
-  #if SPLITK == 1
-    cgm += c_offset + batch * stride_c;
-  #else
-    cgm += c_offset + get_group_id(2) * stride_c;
-  #endif
+// The local tiles, declared in each kernel (OpenCL C declares __local arrays at kernel scope only).
+#if SA
+  #define DECLARE_LOCAL_A __local float alm[BUFFERS * KWG * ALD] __attribute__((aligned(32)));
+#else
+  #define DECLARE_LOCAL_A __local float* alm = 0;  /* not staged (GlobalToLocalAsync ignores it) */
+#endif
+#if SB
+  #define DECLARE_LOCAL_B __local float blm[BUFFERS * KWG * BLD] __attribute__((aligned(32)));
+#else
+  #define DECLARE_LOCAL_B __local float* blm = 0;
+#endif
 
-  const int2 tile = gemm_tile_of_group();  // gemm_common.cl: plain or GM-banded order
-  const int gm = tile.x;
-  const int gn = tile.y;
-  const int m0 = gm * MWG;
-  const int n0 = gn * NWG;
-  const int tn = get_local_id(0);
-  const int tm = get_local_id(1);
-  const int tid = tm * NDIMC + tn;
+// Arguments of MultiplyTile for the staged / direct operands.
+#if SA
+  #define A_ARGS(buf) alm + (buf) * (KWG * ALD)
+#else
+  #define A_ARGS(buf) agm, m0, M, lda
+#endif
+#if SB
+  #define B_ARGS(buf) blm + (buf) * (KWG * BLD)
+#else
+  #define B_ARGS(buf) bgm, n0, N, ldb
+#endif
 
-  #if ASYNC
-    #define BUFFERS ASYNC
-  #else
-    #define BUFFERS (DB + 1)
-  #endif
-  #if SA
-    __local float alm[BUFFERS * KWG * ALD] __attribute__((aligned(32)));
-    #if !ASYNC
+// cpm += the (m0, n0) tile's product over K range [k_begin, k_end) (loads past k_end read zeros). agm
+// and bgm point at the batch's matrices. The caller zeroes cpm; a caller that runs several ranges with
+// the same local tiles puts a barrier between them.
+void MultiplyRange(float cpm[MWI][NWI], const __global float* restrict agm,
+                   const __global float* restrict bgm, __local float* alm, __local float* blm,
+                   const int tid, const int tm, const int tn, const int m0, const int n0,
+                   const int k_begin, const int k_end, const int M, const int N, const int lda,
+                   const int ldb) {
+  #if SA && !ASYNC
     floatA areg[A_LOADS];
-    #endif
-  #else
-    __local float* alm = 0;  // not staged (GlobalToLocalAsync ignores it)
   #endif
-  #if SB
-    __local float blm[BUFFERS * KWG * BLD] __attribute__((aligned(32)));
-    #if !ASYNC
+  #if SB && !ASYNC
     floatB breg[B_LOADS];
-    #endif
-  #else
-    __local float* blm = 0;
   #endif
-
-  float cpm[MWI][NWI];
-  #pragma unroll
-  for (int mi = 0; mi < MWI; ++mi) {
-    #pragma unroll
-    for (int ni = 0; ni < NWI; ++ni) { cpm[mi][ni] = 0.0f; }
-  }
-
-  // Arguments of MultiplyTile for the staged / direct operands.
-  #if SA
-    #define A_ARGS(buf) alm + (buf) * (KWG * ALD)
-  #else
-    #define A_ARGS(buf) agm, m0, M, lda
-  #endif
-  #if SB
-    #define B_ARGS(buf) blm + (buf) * (KWG * BLD)
-  #else
-    #define B_ARGS(buf) bgm, n0, N, ldb
-  #endif
-
-  // This work-group's K range is [k_begin, k_end) (all of K unless split); loads past k_end read zeros.
   const int tiles = (k_end - k_begin + KWG - 1) / KWG;
   #if ASYNC
     // Prologue: tiles 0 .. ASYNC - 2, one commit group each (committed even when empty, so that "all
@@ -708,9 +669,212 @@ __kernel WORK_GROUP_SIZE void gemm_tiled(const int M, const int N, const int K, 
       #endif
     }
   #endif
+}
 
+void ZeroC(float cpm[MWI][NWI]) {
+  #pragma unroll
+  for (int mi = 0; mi < MWI; ++mi) {
+    #pragma unroll
+    for (int ni = 0; ni < NWI; ++ni) { cpm[mi][ni] = 0.0f; }
+  }
+}
+
+// ---- the kernels ------------------------------------------------------------------------------------
+
+#if RWGS
+  #define WORK_GROUP_SIZE __attribute__((reqd_work_group_size(NDIMC, MDIMC, 1)))
+#else
+  #define WORK_GROUP_SIZE
+#endif
+__kernel WORK_GROUP_SIZE void gemm_tiled(const int M, const int N, const int K, const float alpha, const float beta,
+                         const __global float* restrict agm, const long a_offset, const int lda,
+                         const long stride_a,
+                         const __global float* restrict bgm, const long b_offset, const int ldb,
+                         const long stride_b,
+                         __global float* restrict cgm, const long c_offset, const int ldc,
+                         const long stride_c) {
+  #if SPLITK == 1
+    const long batch = get_group_id(2);
+    const int k_begin = 0;
+    const int k_end = K;
+  #else
+    // Slice-major: group z = slice * batches + batch; its partial C is workspace matrix z.
+    const int batches = get_num_groups(2) / SPLITK;
+    const int slice = get_group_id(2) / batches;
+    const long batch = get_group_id(2) - slice * batches;
+    const int kchunk = ((K + SPLITK - 1) / SPLITK + KWG - 1) / KWG * KWG;
+    const int k_begin = min(K, slice * kchunk);
+    const int k_end = min(K, k_begin + kchunk);
+  #endif
+  agm += a_offset + batch * stride_a;
+  bgm += b_offset + batch * stride_b;
+  #if SPLITK == 1
+    cgm += c_offset + batch * stride_c;
+  #else
+    cgm += c_offset + get_group_id(2) * stride_c;
+  #endif
+
+  const int2 tile = gemm_tile_of_group();  // gemm_common.cl: plain or GM-banded order
+  const int m0 = tile.x * MWG;
+  const int n0 = tile.y * NWG;
+  const int tn = get_local_id(0);
+  const int tm = get_local_id(1);
+  const int tid = tm * NDIMC + tn;
+  DECLARE_LOCAL_A
+  DECLARE_LOCAL_B
+
+  float cpm[MWI][NWI];
+  ZeroC(cpm);
+  MultiplyRange(cpm, agm, bgm, alm, blm, tid, tm, tn, m0, n0, k_begin, k_end, M, N, lda, ldb);
   PrivateToGlobalC(cpm, cgm, m0, n0, tm, tn, M, N, ldc, alpha, beta);
 }
+
+#ifndef STREAMK
+  #define STREAMK 0   // work-groups per compute unit of the stream-K tail (0: no gemm_streamk)
+#endif
+#if STREAMK
+// Stream-K (for outputs whose tiles leave the last wave of work-groups part-empty). The work is
+// tiles x steps k steps (KWG deep), the tiles in gemm_tile_of_index order, batch-major. A 1-D grid of
+// dp_tiles + G work-groups: group g < dp_tiles computes tile g whole (data-parallel, as gemm_tiled);
+// the G stream-K groups share the k steps of the remaining tiles evenly, group j taking steps
+// [base + j * S / G, base + (j + 1) * S / G) of them (base = dp_tiles * steps, S = what is left). The
+// host makes dp_tiles a multiple of G (the whole waves), so fewer than G tiles are left and a group's
+// steps touch at most two tiles: its first segment, and a second one in the next tile. A segment that
+// is a whole tile goes to C; a part of a tile goes to the workspace as raw partial sums (MWG x NWG
+// floats, rows of NWG): slot 2j for group j's first segment, 2j + 1 for its second.
+// gemm_streamk_fixup then adds the parts of each split tile in group order (bit-identical run to run,
+// no atomics, no waiting between work-groups) and applies alpha and beta. The host picks G = STREAMK x
+// compute units, the work-groups resident at once, so that the stream-K groups share the last wave.
+// Registers matter: on the H200, gemm_tiled's 4096^3 winner uses 119 (two work-groups per SM); looping
+// over the segments took 168 and writing both out 136 (one work-group per SM), so the second segment's
+// range goes through local memory (123).
+
+// One segment: tile t's k steps [kb, ke), into C if whole, else into workspace slot `slot`.
+void StreamKSegment(const int t, const int kb, const int ke, const int slot, const int M, const int N,
+                    const int K, const float alpha, const float beta,
+                    const __global float* restrict agm, const int lda, const long stride_a,
+                    const __global float* restrict bgm, const int ldb, const long stride_b,
+                    __global float* restrict cgm, const int ldc, const long stride_c,
+                    __global float* restrict wgm, __local float* alm, __local float* blm,
+                    const int tid, const int tm, const int tn) {
+  const int ngm = (M + MWG - 1) / MWG;
+  const int ngn = (N + NWG - 1) / NWG;
+  const int steps = (K + KWG - 1) / KWG;
+  const int batch = t / (ngm * ngn);
+  const int2 tile = gemm_tile_of_index(t - batch * (ngm * ngn), ngm, ngn);
+  const int m0 = tile.x * MWG;
+  const int n0 = tile.y * NWG;
+  float cpm[MWI][NWI];
+  ZeroC(cpm);
+  MultiplyRange(cpm, agm + batch * stride_a, bgm + batch * stride_b, alm, blm, tid, tm, tn, m0, n0,
+                kb * KWG, min(K, ke * KWG), M, N, lda, ldb);
+  const bool whole = kb == 0 && ke == steps;
+  if (kb < ke) {  // an empty segment stores nothing
+    PrivateToGlobalC(cpm, whole ? cgm + batch * stride_c : wgm + (long)slot * (MWG * NWG), whole ? m0 : 0,
+                     whole ? n0 : 0, tm, tn, whole ? M : MWG, whole ? N : NWG, whole ? ldc : NWG,
+                     whole ? alpha : 1.0f, whole ? beta : 0.0f);
+  }
+}
+
+__kernel WORK_GROUP_SIZE void gemm_streamk(const int M, const int N, const int K, const float alpha,
+                         const float beta,
+                         const __global float* restrict agm, const long a_offset, const int lda,
+                         const long stride_a,
+                         const __global float* restrict bgm, const long b_offset, const int ldb,
+                         const long stride_b,
+                         __global float* restrict cgm, const long c_offset, const int ldc,
+                         const long stride_c, __global float* restrict wgm, const int batches,
+                         const int dp_tiles) {
+  const int steps = (K + KWG - 1) / KWG;
+  const int group = get_group_id(0);
+  int begin, end;  // this group's k steps, counted over all tiles
+  if (group < dp_tiles) {
+    begin = group * steps;
+    end = begin + steps;
+  } else {
+    const int j = group - dp_tiles;
+    const int sk_groups = get_num_groups(0) - dp_tiles;
+    const int per_matrix = ((M + MWG - 1) / MWG) * ((N + NWG - 1) / NWG);
+    const long left = (long)(per_matrix * batches - dp_tiles) * steps;
+    begin = dp_tiles * steps + (int)(j * left / sk_groups);
+    end = dp_tiles * steps + (int)((j + 1) * left / sk_groups);
+  }
+  const int tn = get_local_id(0);
+  const int tm = get_local_id(1);
+  const int tid = tm * NDIMC + tn;
+  DECLARE_LOCAL_A
+  DECLARE_LOCAL_B
+  agm += a_offset;
+  bgm += b_offset;
+  cgm += c_offset;
+  // The second segment's steps go through local memory, so that nothing of it is computed ahead and
+  // kept in registers through the first.
+  __local int second[2];
+  // A stream-K group without steps (fewer steps than groups) runs an empty segment of a valid tile: PoCL
+  // 3.1 computed wrong results and corrupted its heap with this segment's barriers under an `if`.
+  const int t = min(begin / steps, ((M + MWG - 1) / MWG) * ((N + NWG - 1) / NWG) * batches - 1);
+  const int first_end = min(end, (t + 1) * steps);  // the end of begin's tile, or of the range
+  if (tid == 0) {
+    second[0] = first_end;
+    second[1] = end;
+  }
+  StreamKSegment(t, begin - t * steps, first_end - t * steps, 2 * (group - dp_tiles), M, N, K, alpha, beta,
+                 agm, lda, stride_a, bgm, ldb, stride_b, cgm, ldc, stride_c, wgm, alm, blm, tid, tm, tn);
+  barrier(CLK_LOCAL_MEM_FENCE);  // everyone is done with the first segment's local tiles
+  const int from = second[0];
+  const int to = second[1];
+  if (from < to) {  // the rest of the group's steps: the start of the next tile
+    StreamKSegment(from / steps, 0, to - from, 2 * (group - dp_tiles) + 1, M, N, K, alpha, beta, agm, lda,
+                   stride_a, bgm, ldb, stride_b, cgm, ldc, stride_c, wgm, alm, blm, tid, tm, tn);
+  }
+}
+
+// C = alpha * (the sum of a split tile's parts) + beta * C. Work-group w handles tile dp_tiles + w (a
+// tile that one group computed whole is already in C: nothing to do); its threads walk the tile's
+// MWG x NWG outputs row by row (neighbouring threads, neighbouring addresses).
+__kernel void gemm_streamk_fixup(const int M, const int N, const int K, const float alpha, const float beta,
+                                 const __global float* restrict wgm, const int batches, const int dp_tiles,
+                                 const int sk_groups, __global float* restrict cgm, const long c_offset,
+                                 const int ldc, const long stride_c) {
+  const int ngm = (M + MWG - 1) / MWG;
+  const int ngn = (N + NWG - 1) / NWG;
+  const int per_matrix = ngm * ngn;
+  const int steps = (K + KWG - 1) / KWG;
+  const int t = dp_tiles + get_group_id(0);
+  const long left = (long)(per_matrix * batches - dp_tiles) * steps;
+  const int first = (t - dp_tiles) * steps;  // the tile's k steps, counted from the stream-K base
+  const int last = first + steps - 1;
+  // The group holding step x is the largest j with j * left / sk_groups <= x.
+  const int j_lo = (int)(((long)(first + 1) * sk_groups - 1) / left);
+  const int j_hi = (int)(((long)(last + 1) * sk_groups - 1) / left);
+  if (j_lo == j_hi) {
+    return;
+  }
+  const int batch = t / per_matrix;
+  const int2 tile = gemm_tile_of_index(t - batch * per_matrix, ngm, ngn);
+  const int m0 = tile.x * MWG;
+  const int n0 = tile.y * NWG;
+  cgm += c_offset + batch * stride_c;
+  for (int e = get_local_id(0); e < MWG * NWG; e += get_local_size(0)) {
+    const int m = m0 + e / NWG;
+    const int n = n0 + e % NWG;
+    if (m < M && n < N) {
+      float sum = 0.0f;
+      for (int j = j_lo; j <= j_hi; ++j) {
+        const int jb = (int)(j * left / sk_groups);
+        if (jb == (int)((j + 1) * left / sk_groups)) {
+          continue;  // a group without steps wrote nothing
+        }
+        const long slot = 2 * (long)j + (jb < first);  // the group's first segment, or its second
+        sum += wgm[slot * (MWG * NWG) + e];
+      }
+      float r = alpha * sum;
+      if (beta != 0.0f) { r = fma(beta, cgm[m * ldc + n], r); }
+      cgm[m * ldc + n] = r;
+    }
+  }
+}
+#endif  // STREAMK
 
 #if SPLITK > 1
 // C = alpha * (sum of the SPLITK partial results in the workspace) + beta * C, one output per thread,

@@ -8,6 +8,8 @@ machinery both GEMM families share.
 MWG/NWG    16 32 64 128 256    C tile per work-group along M / N
 KWG        8 16 32             depth of one K step (the local-memory tiles)
 SPLITK     1 2 4 .. 32         work-groups along K per C tile (> 1: partial sums, then a reduction)
+STREAMK    0 1 2               stream-K tail: work-groups per compute unit sharing the last wave's
+                               tiles (0: off; GPUs, where the tiles leave the last wave part-empty)
 MDIMC      8 16 32             threads along M (NDIMC: along N); MWI = MWG/MDIMC outputs per thread
 MDIMA      8 .. 256            threads along M when loading the A tile (NDIMB: along N for B)
 KWI        2 8                 unroll of the k loop inside a tile
@@ -26,7 +28,7 @@ MAXRREG    0 (128 168)         -cl-nv-maxrregcount (NVIDIA only; 0: not passed)
 
 Constraints (named; ``Space.violations`` reports them, ``build`` refuses before compiling) cover
 divisibility, tile-load layouts, device limits and duplicate configs. Pruning rules then keep the
-searched space to tens of thousands (see :func:`_pruning`); pruned configs remain valid.
+searched space to 10^4-10^5 configs (see :func:`_pruning`); pruned configs remain valid.
 
 Split K: with SPLITK = S > 1 the plan owns a workspace of S x batch x M x N' floats (N' = N rounded
 up to 4), allocated when it is built and freed with it. The tiled kernel runs S work-groups per C tile,
@@ -37,6 +39,17 @@ searched space offers S > 1 only where the output has few tiles for the device a
 K work; the default picks it on GPUs for such shapes (see :meth:`GemmTiled.default`). SPLITK = 1 is
 the plain kernel: results stored before SPLITK existed mean SPLITK = 1 (``Space.implied``) and stay
 valid, so the family's version did not change.
+
+Stream-K (STREAMK = S > 0, ``gemm_streamk`` in gemm.cl): with T tiles and G = S x compute units
+work-groups resident at once, T mod G tiles would run in a last, part-empty wave (4096^3 in 128 x 128
+tiles on the H200: 1024 = 3 x 264 + 232; a full last wave ran 3.4% faster per flop). The plan runs
+T - T mod G tiles whole, as gemm_tiled does, and spreads the k steps of the rest evenly over G more
+work-groups; the parts of tiles split between them go to a workspace of 2 x G tiles and
+``gemm_streamk_fixup`` adds them in a fixed order (bit-identical run to run). Results stored before
+STREAMK existed mean STREAMK = 0. Measured on the H200 with the 4096^3 winner's other parameters
+(TN, the kernels alone): 4096 x 4352 x 4096 3.23 -> 3.11 ms and 4224^2 x 4096 3.22 -> 3.08 ms with
+STREAMK 1, but 4096^3 2.85 -> 2.89 (STREAMK 1) and 2.95 (2): there the stream-K groups' misaligned K
+ranges and the fixup cost more than the 232-of-264 last wave, so the tuner decides per shape.
 
 ASYNC (NVIDIA, sm_80+): the staged tiles go from global to local memory with ``cp.async`` through
 ASYNC buffers, the copies of the next ASYNC - 1 tiles in flight while one is multiplied; no registers
@@ -73,6 +86,8 @@ VERSION = 1  # SPLITK was added without a bump: a stored config without it is SP
 _INT32_MAX = 2**31 - 1
 WORKSPACE_CAP = 256 * 2**20  # bytes the split-K partial sums of one plan may use
 SPLITS = (1, 2, 4, 8, 16, 32)
+STREAMK_VALUES = (0, 1, 2)  # work-groups per compute unit of the stream-K tail (0: off)
+FIXUP_THREADS = 256  # work-group of gemm_streamk_fixup (one split tile per work-group)
 
 # ---- helpers shared by the GEMM families ---------------------------------------------------------
 
@@ -154,6 +169,12 @@ SCALAR_DTYPES = [np.int32, np.int32, np.int32, np.float32, np.float32,
 
 Variant = tuple[bool, bool, bool]  # (A, B, C) addresses aligned for the vector accesses
 
+# gemm_streamk: gemm_tiled's arguments, then the workspace, batches, dp_tiles
+STREAMK_SCALAR_DTYPES = SCALAR_DTYPES + [None, np.int32, np.int32]
+# gemm_streamk_fixup: M, N, K, alpha, beta, workspace, batches, dp_tiles, sk_groups, C, c_offset, ldc, stride_c
+FIXUP_SCALAR_DTYPES = [np.int32, np.int32, np.int32, np.float32, np.float32, None, np.int32, np.int32, np.int32,
+                       None, np.int64, np.int32, np.int64]
+
 # gemm_splitk_reduce: M, N, alpha, beta, workspace, ldw, C, c_offset, ldc, stride_c
 REDUCE_SCALAR_DTYPES = [np.int32, np.int32, np.float32, np.float32, None, np.int32, None, np.int64, np.int32,
                         np.int64]
@@ -168,6 +189,34 @@ def workspace_ld(n: int) -> int:
 def splitk_workspace_bytes(problem: GemmProblem, splitk: int) -> int:
     """Bytes of the partial sums of ``splitk`` K slices of every output (0 without split K)."""
     return 0 if splitk == 1 else 4 * splitk * problem.batch * problem.m * workspace_ld(problem.n)
+
+
+def tile_count(problem: GemmProblem, mwg: int, nwg: int) -> int:
+    """C tiles of ``mwg`` x ``nwg`` over the whole batch."""
+    return -(-problem.m // mwg) * -(-problem.n // nwg) * problem.batch
+
+
+def streamk_split(tiles: int, groups: int) -> tuple[int, int]:
+    """(tiles computed whole, stream-K work-groups) for ``tiles`` tiles on ``groups`` resident
+    work-groups: the whole waves stay whole; the part-filled last wave, or everything when the tiles do
+    not fill one wave, is shared by ``groups`` stream-K work-groups (none if the waves are all full)."""
+    if tiles % groups == 0:
+        return tiles, 0
+    return tiles - tiles % groups, groups
+
+
+def streamk_groups(config: Mapping[str, int], device: Any) -> int:
+    """G: the work-groups the stream-K tail is spread over (STREAMK per compute unit)."""
+    return config.get("STREAMK", 0) * compute_units(device)
+
+
+def streamk_workspace_bytes(problem: GemmProblem, config: Mapping[str, int], device: Any) -> int:
+    """Bytes of the stream-K parts: two MWG x NWG tiles per stream-K work-group (0 without)."""
+    groups = streamk_groups(config, device)
+    if not groups:
+        return 0
+    sk_groups = streamk_split(tile_count(problem, config["MWG"], config["NWG"]), groups)[1]
+    return 4 * 2 * sk_groups * config["MWG"] * config["NWG"]
 
 
 def k_chunk(k: int, splitk: int, kwg: int) -> int:
@@ -230,19 +279,25 @@ class GemmPlan:
         algorithm: the family's name (``gemm_tiled``, ``gemm_direct``).
         config: the tunables it was built with.
         problem: the :class:`GemmProblem` it computes.
-        workspace_bytes: device memory it holds besides A, B and C (the split-K partial sums; 0 without
-            split K). Allocated when the plan is built, freed with the plan.
+        workspace_bytes: device memory it holds besides A, B and C (the split-K partial sums or the
+            stream-K parts; 0 without). Allocated when the plan is built, freed with the plan.
     """
 
     def __init__(self, *, algorithm: str, problem: GemmProblem, device: Device, config: Config,
                  source: str, options: Callable[[Variant], list[str]], widths: tuple[int, int, int],
-                 global_size: tuple[int, int, int], local_size: tuple[int, int, int], splitk: int = 1):
+                 global_size: tuple[int, int, int], local_size: tuple[int, int, int], splitk: int = 1,
+                 streamk: tuple[int, int] | None = None):
         self.algorithm = algorithm
         self.problem = problem
         self.config = dict(config)
         self.splitk = splitk
+        self.streamk = streamk  # (tiles computed whole, stream-K work-groups): gemm_streamk
+        self._kernel_name, self._scalar_dtypes = ((algorithm, SCALAR_DTYPES) if streamk is None
+                                                  else ("gemm_streamk", STREAMK_SCALAR_DTYPES))
         self._ldw = workspace_ld(problem.n)
         self.workspace_bytes = splitk_workspace_bytes(problem, splitk)
+        if streamk is not None and streamk[1]:
+            self.workspace_bytes = 4 * 2 * streamk[1] * config["MWG"] * config["NWG"]
         self.device = device
         self._source = source
         self._options = options
@@ -263,13 +318,23 @@ class GemmPlan:
             self._reduce_local = (threads, 1)
             self._reduce_global = (-(-(p.m * p.n) // threads) * threads, p.batch)
             self.workspace = device.alloc(self.workspace_bytes)
+        elif streamk is not None:
+            tiles = tile_count(p, config["MWG"], config["NWG"])
+            if streamk[1]:
+                program = device.build(source, options(packed))
+                self._fixup = device.kernel(program, "gemm_streamk_fixup", FIXUP_SCALAR_DTYPES)
+                threads = min(FIXUP_THREADS, device.max_work_group_size)
+                self._fixup_local = (threads,)
+                self._fixup_global = ((tiles - streamk[0]) * threads,)
+            # Every launch passes a workspace argument; without stream-K groups nothing touches it.
+            self.workspace = device.alloc(max(4, self.workspace_bytes))
 
     def kernel_for(self, variant: Variant) -> cl.Kernel:
         """The kernel of ``variant``, compiled on first use (the aligned one is the tuned one)."""
         kernel = self._kernels.get(variant)
         if kernel is None:
             program = self.device.build(self._source, self._options(variant))
-            kernel = self.device.kernel(program, self.algorithm, SCALAR_DTYPES)
+            kernel = self.device.kernel(program, self._kernel_name, self._scalar_dtypes)
             threads, allowed = math.prod(self._local_size), self.device.kernel_max_threads(kernel)
             if threads > allowed:  # else every launch fails with OUT_OF_RESOURCES
                 raise WorkGroupTooLargeError(f"{self.algorithm} {self.config}: the compiled kernel runs at most {allowed} "
@@ -303,7 +368,8 @@ class GemmPlan:
             wait_for: events to wait for before the kernel starts.
 
         Returns:
-            The enqueued events: one kernel, or with split K the partial products and the reduction.
+            The enqueued events: one kernel, or with split K the partial products and the reduction, or
+            with a stream-K tail the tiles and the fixup of the split ones.
 
         Raises:
             ValueError: a layout that does not fit its buffer or is malformed.
@@ -316,6 +382,17 @@ class GemmPlan:
         variant = self._variant(a_offset, lda, stride_a, b_offset, ldb, stride_b, c_offset, ldc, stride_c)
         kernel = self._kernels.get(variant) or self.kernel_for(variant)
         queue = self.device.queue
+        if self.streamk is not None:
+            dp_tiles, sk_groups = self.streamk
+            main = kernel(queue, self._global_size, self._local_size, p.m, p.n, p.k, alpha, beta,
+                          a, a_offset, lda, stride_a, b, b_offset, ldb, stride_b, c, c_offset, ldc, stride_c,
+                          self.workspace, p.batch, dp_tiles, wait_for=wait_for)
+            if not sk_groups:
+                return [main]
+            fixed = self._fixup(queue, self._fixup_global, self._fixup_local, p.m, p.n, p.k, alpha, beta,
+                                self.workspace, p.batch, dp_tiles, sk_groups, c, c_offset, ldc, stride_c,
+                                wait_for=[main])
+            return [main, fixed]
         if self.splitk == 1:
             return [kernel(queue, self._global_size, self._local_size, p.m, p.n, p.k, alpha, beta,
                            a, a_offset, lda, stride_a, b, b_offset, ldb, stride_b, c, c_offset, ldc, stride_c,
@@ -345,7 +422,8 @@ def capabilities(device: Any) -> frozenset[str]:
 
 def _params(device: Any, async_copies: bool) -> dict[str, tuple[int, ...]]:
     return {
-        "MWG": _TILES, "NWG": _TILES, "KWG": (8, 16, 32), "SPLITK": SPLITS, "MDIMC": _THREADS,
+        "MWG": _TILES, "NWG": _TILES, "KWG": (8, 16, 32), "SPLITK": SPLITS, "STREAMK": STREAMK_VALUES,
+        "MDIMC": _THREADS,
         "NDIMC": _THREADS, "VWM": (1, 2, 4), "VWN": (1, 2, 4), "STRM": (0, 1), "STRN": (0, 1), "KWI": (2, 8),
         "SA": (0, 1), "SB": (0, 1),
         # before the loaders: the tile-load rules read the layout ASYNC gives the kernel (kernel_layout)
@@ -443,6 +521,12 @@ def _constraints(problem: GemmProblem, device: Any) -> list[Rule]:
         ("MAXRREG_ignored_with_RWGS", ("RWGS", "MAXRREG"), lambda c: not (c["RWGS"] and c["MAXRREG"])),
         ("workspace_within_device", ("SPLITK",),
          lambda c: splitk_workspace_bytes(problem, c["SPLITK"]) <= max_alloc_bytes(device)),
+        ("STREAMK_without_SPLITK", ("SPLITK", "STREAMK"), lambda c: c["STREAMK"] == 0 or c["SPLITK"] == 1),
+        ("STREAMK_steps_within_int32", ("MWG", "NWG", "KWG", "STREAMK"),
+         lambda c: c["STREAMK"] == 0 or tile_count(problem, c["MWG"], c["NWG"]) * -(-problem.k // c["KWG"])
+         < _INT32_MAX),
+        ("STREAMK_workspace_within_device", ("MWG", "NWG", "STREAMK"),
+         lambda c: streamk_workspace_bytes(problem, c, device) <= max_alloc_bytes(device)),
     ]
 
 
@@ -471,7 +555,7 @@ def _best_width(along: int, across: int, threads: int, widest: int, vectors_alon
 
 
 def _pruning(problem: GemmProblem, device: Any) -> list[Rule]:
-    """Rules that drop valid configs which cannot pay off, to keep the space in the tens of thousands.
+    """Rules that drop valid configs which cannot pay off, to keep the space to 10^4-10^5 configs.
 
     A pruned config is still valid: it builds and computes correctly, it is just not searched.
     """
@@ -515,6 +599,16 @@ def _pruning(problem: GemmProblem, device: Any) -> list[Rule]:
         # that keep the work-groups under 4 per compute unit; every slice gets K work.
         ("SPLITK_fills_the_device", ("MWG", "NWG", "SPLITK"),
          lambda c: c["SPLITK"] == 1 or c["SPLITK"] in useful_splits(groups(c), units)),
+        # Stream-K only where whole waves are followed by a part-filled one (fewer tiles than work-groups
+        # is split K's regime), and only for tiles of at least 128 x 128 with 64 outputs per thread or
+        # more, whose work-groups run long enough for a part-empty last wave to cost much (the parts cost
+        # two tile stores and a fixup pass; the H200 gains were with 128 x 128, 8 x 8 per thread).
+        ("STREAMK_only_for_a_part_filled_last_wave", ("MWG", "NWG", "STREAMK"),
+         lambda c: c["STREAMK"] == 0 or (gpu and groups(c) > c["STREAMK"] * units
+                                         and groups(c) % (c["STREAMK"] * units) != 0)),
+        ("STREAMK_only_for_big_tiles", ("MWG", "NWG", "MDIMC", "NDIMC", "STREAMK"),
+         lambda c: c["STREAMK"] == 0 or (c["MWG"] * c["NWG"] >= 128 * 128
+                                         and (c["MWG"] // c["MDIMC"]) * (c["NWG"] // c["NDIMC"]) >= 64)),
         ("SPLITK_slices_have_k_work", ("KWG", "SPLITK"),
          lambda c: (c["SPLITK"] - 1) * k_chunk(problem.k, c["SPLITK"], c["KWG"]) < problem.k),
         ("tile_aspect_at_most_2", ("MWG", "NWG"),
@@ -557,9 +651,12 @@ def _balanced(mwi: int, nwi: int) -> bool:
     return mwi * nwi >= 4 and max(mwi, nwi) <= 2 * min(mwi, nwi)
 
 
-def _grid(config: Mapping[str, int], problem: GemmProblem) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _grid(config: Mapping[str, int], problem: GemmProblem,
+          streamk: tuple[int, int] | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
     c = config
     local = (c["NDIMC"], c["MDIMC"], 1)
+    if streamk is not None:  # gemm_streamk: a 1-D list of work-groups (whole tiles, then stream-K)
+        return (sum(streamk) * c["NDIMC"], c["MDIMC"], 1), local
     glob = (-(-problem.n // c["NWG"]) * c["NDIMC"], -(-problem.m // c["MWG"]) * c["MDIMC"],
             problem.batch * c["SPLITK"])
     return glob, local
@@ -597,9 +694,9 @@ class GemmTiled:
         return self._space(problem, device, CP_ASYNC in capabilities(device))
 
     def _space(self, problem: GemmProblem, device: Device, async_copies: bool) -> Space:
-        # configs stored before SPLITK / ASYNC existed built what 1 / 0 build now
+        # configs stored before SPLITK / ASYNC / STREAMK existed built what 1 / 0 / 0 build now
         return make_space(_params(device, async_copies), _constraints(problem, device), _pruning(problem, device),
-                          implied={"SPLITK": 1, "ASYNC": 0})
+                          implied={"SPLITK": 1, "ASYNC": 0, "STREAMK": 0})
 
     def default(self, problem: GemmProblem, device: Device) -> Config:
         """A heuristic config: the largest preset tile that still gives every compute unit a
@@ -635,7 +732,7 @@ class GemmTiled:
         base = {"MWG": mwg, "NWG": nwg, "KWG": kwg, "SPLITK": splitk, "MDIMC": mdimc, "NDIMC": ndimc,
                 "VWM": vwm, "VWN": vwn, "STRM": int(gpu), "STRN": int(gpu), "KWI": 2 if gpu else 8, "SA": 1,
                 "SB": 1, "DB": 1 if gpu else 0, "PAD": 0, "GM": 8 if gpu else 1, "RWGS": 0, "MAXRREG": 0,
-                "ASYNC": 0}
+                "ASYNC": 0, "STREAMK": 0}
         for config in self._complete(base, problem):
             # If the preset breaks a rule for this problem, give up its refinements one by one.
             for relax in ({}, {"GM": 1}, {"GM": 1, "KWG": 8, "KWI": 2}, {"GM": 1, "STRM": 0, "STRN": 0}):
@@ -736,12 +833,14 @@ class GemmTiled:
                            "VWB": config["VWB"] if aligned_b else 1, "CSCALAR": int(not aligned_c)}
             return build_options(specialized, layout)
 
-        glob, local = _grid(config, problem)
+        groups = streamk_groups(config, device)
+        streamk = streamk_split(tile_count(problem, config["MWG"], config["NWG"]), groups) if groups else None
+        glob, local = _grid(config, problem, streamk)
         # With split K the kernel's "C" is the aligned workspace; the reduction accesses C by scalars.
         width_c = config["VWN"] if config["SPLITK"] == 1 else 1
         return GemmPlan(algorithm=NAME, problem=problem, device=device, config=config, source=source,
                         options=options, widths=(config["VWA"], config["VWB"], width_c),
-                        global_size=glob, local_size=local, splitk=config["SPLITK"])
+                        global_size=glob, local_size=local, splitk=config["SPLITK"], streamk=streamk)
 
 
 ALGORITHMS = [GemmTiled()]
