@@ -61,6 +61,10 @@ class KernelProfile:
 
         for device in runtime.open_devices():
             self._queues.enter_context(device.profiling())
+            # Launches deferred before the block belong to what ran before it: enqueued now, unrecorded. (A
+            # switch to the profiling queue does this; a queue that profiles already would otherwise send
+            # them from inside the block, where they were counted as its commands.)
+            device.flush()
         call, copy = cl.Kernel.__call__, cl.enqueue_copy
         self._saved = call, copy
         events, names = self._events, self._names

@@ -58,6 +58,7 @@ def test_profiling_can_be_off_outside_profiling_blocks_and_order_holds(device):
     n = 1 << 16
     x = np.ones(n, dtype=np.float32)
     xb, yb = device.upload(x), device.upload(np.zeros(n, dtype=np.float32))
+    default = device.profiles  # (outside any profiling block: the default, which the backend turns off)
     try:
         device.set_profiling_default(False)
         assert not device.profiles
@@ -74,8 +75,8 @@ def test_profiling_can_be_off_outside_profiling_blocks_and_order_holds(device):
         device.launch(kernel, (n,), None, yb, xb, 100.0, n)
         np.testing.assert_array_equal(device.download(yb, (n,)), np.full(n, 111, np.float32))
     finally:
-        device.set_profiling_default(True)
-    assert device.profiles
+        device.set_profiling_default(default)  # other tests in this process share the device
+    assert device.profiles == default
 
 
 def test_offsets_in_copies(device):
