@@ -829,9 +829,12 @@ __kernel WORK_GROUP_SIZE void gemm_streamk(const int M, const int N, const int K
   }
 }
 
-// C = alpha * (the sum of a split tile's parts) + beta * C. Work-group w handles tile dp_tiles + w (a
-// tile that one group computed whole is already in C: nothing to do); its threads walk the tile's
-// MWG x NWG outputs row by row (neighbouring threads, neighbouring addresses).
+// C = alpha * (the sum of a split tile's parts) + beta * C, four neighbouring outputs of a row per
+// thread: thread i handles outputs 4 (i mod Q) .. + 3 of tile dp_tiles + i / Q (Q = MWG * NWG / 4, the
+// tile's rows of NWG one after the other), so that the parts are read as float4 and the threads of a
+// work-group cover a contiguous stretch of the workspace. A tile that one group computed whole is
+// already in C: its threads do nothing. (One work-group per tile, each thread walking 64 outputs, took
+// 0.09-0.27 ms on the H200 after a 4096^3 product; this takes 0.008-0.025.)
 __kernel void gemm_streamk_fixup(const int M, const int N, const int K, const float alpha, const float beta,
                                  const __global float* restrict wgm, const int batches, const int dp_tiles,
                                  const int sk_groups, __global float* restrict cgm, const long c_offset,
@@ -840,8 +843,15 @@ __kernel void gemm_streamk_fixup(const int M, const int N, const int K, const fl
   const int ngn = (N + NWG - 1) / NWG;
   const int per_matrix = ngm * ngn;
   const int steps = (K + KWG - 1) / KWG;
-  const int t = dp_tiles + get_group_id(0);
-  const long left = (long)(per_matrix * batches - dp_tiles) * steps;
+  const int quads = MWG * NWG / 4;
+  const int i = get_global_id(0);
+  const int left_tiles = per_matrix * batches - dp_tiles;
+  if (i >= left_tiles * quads) {
+    return;
+  }
+  const int t = dp_tiles + i / quads;
+  const int e = 4 * (i % quads);  // the first of this thread's outputs inside the tile
+  const long left = (long)left_tiles * steps;
   const int first = (t - dp_tiles) * steps;  // the tile's k steps, counted from the stream-K base
   const int last = first + steps - 1;
   // The group holding step x is the largest j with j * left / sk_groups <= x.
@@ -850,27 +860,29 @@ __kernel void gemm_streamk_fixup(const int M, const int N, const int K, const fl
   if (j_lo == j_hi) {
     return;
   }
+  float4 sum = (float4)(0.0f);
+  for (int j = j_lo; j <= j_hi; ++j) {
+    const int jb = (int)(j * left / sk_groups);
+    if (jb == (int)((j + 1) * left / sk_groups)) {
+      continue;  // a group without steps wrote nothing
+    }
+    const long slot = 2 * (long)j + (jb < first);  // the group's first segment, or its second
+    sum += *((const __global float4*)(wgm + slot * (MWG * NWG) + e));
+  }
   const int batch = t / per_matrix;
   const int2 tile = gemm_tile_of_index(t - batch * per_matrix, ngm, ngn);
-  const int m0 = tile.x * MWG;
-  const int n0 = tile.y * NWG;
-  cgm += c_offset + batch * stride_c;
-  for (int e = get_local_id(0); e < MWG * NWG; e += get_local_size(0)) {
-    const int m = m0 + e / NWG;
-    const int n = n0 + e % NWG;
-    if (m < M && n < N) {
-      float sum = 0.0f;
-      for (int j = j_lo; j <= j_hi; ++j) {
-        const int jb = (int)(j * left / sk_groups);
-        if (jb == (int)((j + 1) * left / sk_groups)) {
-          continue;  // a group without steps wrote nothing
-        }
-        const long slot = 2 * (long)j + (jb < first);  // the group's first segment, or its second
-        sum += wgm[slot * (MWG * NWG) + e];
+  const int m = tile.x * MWG + e / NWG;
+  const int n = tile.y * NWG + e % NWG;
+  if (m < M) {
+    __global float* c = cgm + c_offset + batch * stride_c + (long)m * ldc;
+    const float r[4] = {sum.x, sum.y, sum.z, sum.w};
+    #pragma unroll
+    for (int f = 0; f < 4; ++f) {
+      if (n + f < N) {
+        float v = alpha * r[f];
+        if (beta != 0.0f) { v = fma(beta, c[n + f], v); }
+        c[n + f] = v;
       }
-      float r = alpha * sum;
-      if (beta != 0.0f) { r = fma(beta, cgm[m * ldc + n], r); }
-      cgm[m * ldc + n] = r;
     }
   }
 }

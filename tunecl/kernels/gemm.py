@@ -47,9 +47,9 @@ T - T mod G tiles whole, as gemm_tiled does, and spreads the k steps of the rest
 work-groups; the parts of tiles split between them go to a workspace of 2 x G tiles and
 ``gemm_streamk_fixup`` adds them in a fixed order (bit-identical run to run). Results stored before
 STREAMK existed mean STREAMK = 0. Measured on the H200 with the 4096^3 winner's other parameters
-(TN, the kernels alone): 4096 x 4352 x 4096 3.23 -> 3.11 ms and 4224^2 x 4096 3.22 -> 3.08 ms with
-STREAMK 1, but 4096^3 2.85 -> 2.89 (STREAMK 1) and 2.95 (2): there the stream-K groups' misaligned K
-ranges and the fixup cost more than the 232-of-264 last wave, so the tuner decides per shape.
+(TN, tiles and fixup): 4096^3 2.85 -> 2.81 ms, 4224^2 x 4096 3.22 -> 2.97 ms with STREAMK 1; the tuner
+decides per shape (the 4096^3 result shipped in tuning_db/ is this one: 0.95x cuBLAS with the
+transpose of A).
 
 ASYNC (NVIDIA, sm_80+): the staged tiles go from global to local memory with ``cp.async`` through
 ASYNC buffers, the copies of the next ASYNC - 1 tiles in flight while one is multiplied; no registers
@@ -87,7 +87,7 @@ _INT32_MAX = 2**31 - 1
 WORKSPACE_CAP = 256 * 2**20  # bytes the split-K partial sums of one plan may use
 SPLITS = (1, 2, 4, 8, 16, 32)
 STREAMK_VALUES = (0, 1, 2)  # work-groups per compute unit of the stream-K tail (0: off)
-FIXUP_THREADS = 256  # work-group of gemm_streamk_fixup (one split tile per work-group)
+FIXUP_THREADS = 256  # work-group of gemm_streamk_fixup (four outputs per thread)
 
 # ---- helpers shared by the GEMM families ---------------------------------------------------------
 
@@ -324,8 +324,9 @@ class GemmPlan:
                 program = device.build(source, options(packed))
                 self._fixup = device.kernel(program, "gemm_streamk_fixup", FIXUP_SCALAR_DTYPES)
                 threads = min(FIXUP_THREADS, device.max_work_group_size)
+                quads = (tiles - streamk[0]) * config["MWG"] * config["NWG"] // 4  # four outputs per thread
                 self._fixup_local = (threads,)
-                self._fixup_global = ((tiles - streamk[0]) * threads,)
+                self._fixup_global = (-(-quads // threads) * threads,)
             # Every launch passes a workspace argument; without stream-K groups nothing touches it.
             self.workspace = device.alloc(max(4, self.workspace_bytes))
 
