@@ -210,13 +210,17 @@ def streamk_groups(config: Mapping[str, int], device: Any) -> int:
     return config.get("STREAMK", 0) * compute_units(device)
 
 
+def streamk_parts_bytes(sk_groups: int, config: Mapping[str, int]) -> int:
+    """Bytes of the stream-K parts: two MWG x NWG tiles per stream-K work-group."""
+    return 4 * 2 * sk_groups * config["MWG"] * config["NWG"]
+
+
 def streamk_workspace_bytes(problem: GemmProblem, config: Mapping[str, int], device: Any) -> int:
-    """Bytes of the stream-K parts: two MWG x NWG tiles per stream-K work-group (0 without)."""
+    """Bytes of the stream-K parts ``config`` needs for ``problem`` on ``device`` (0 without)."""
     groups = streamk_groups(config, device)
     if not groups:
         return 0
-    sk_groups = streamk_split(tile_count(problem, config["MWG"], config["NWG"]), groups)[1]
-    return 4 * 2 * sk_groups * config["MWG"] * config["NWG"]
+    return streamk_parts_bytes(streamk_split(tile_count(problem, config["MWG"], config["NWG"]), groups)[1], config)
 
 
 def k_chunk(k: int, splitk: int, kwg: int) -> int:
@@ -296,8 +300,8 @@ class GemmPlan:
                                                   else ("gemm_streamk", STREAMK_SCALAR_DTYPES))
         self._ldw = workspace_ld(problem.n)
         self.workspace_bytes = splitk_workspace_bytes(problem, splitk)
-        if streamk is not None and streamk[1]:
-            self.workspace_bytes = 4 * 2 * streamk[1] * config["MWG"] * config["NWG"]
+        if streamk is not None:
+            self.workspace_bytes = streamk_parts_bytes(streamk[1], config)
         self.device = device
         self._source = source
         self._options = options
@@ -319,12 +323,12 @@ class GemmPlan:
             self._reduce_global = (-(-(p.m * p.n) // threads) * threads, p.batch)
             self.workspace = device.alloc(self.workspace_bytes)
         elif streamk is not None:
-            tiles = tile_count(p, config["MWG"], config["NWG"])
             if streamk[1]:
                 program = device.build(source, options(packed))
                 self._fixup = device.kernel(program, "gemm_streamk_fixup", FIXUP_SCALAR_DTYPES)
                 threads = min(FIXUP_THREADS, device.max_work_group_size)
-                quads = (tiles - streamk[0]) * config["MWG"] * config["NWG"] // 4  # four outputs per thread
+                split_tiles = tile_count(p, config["MWG"], config["NWG"]) - streamk[0]
+                quads = split_tiles * config["MWG"] * config["NWG"] // 4  # four outputs per thread
                 self._fixup_local = (threads,)
                 self._fixup_global = (-(-quads // threads) * threads,)
             # Every launch passes a workspace argument; without stream-K groups nothing touches it.
@@ -424,8 +428,7 @@ def capabilities(device: Any) -> frozenset[str]:
 def _params(device: Any, async_copies: bool) -> dict[str, tuple[int, ...]]:
     return {
         "MWG": _TILES, "NWG": _TILES, "KWG": (8, 16, 32), "SPLITK": SPLITS, "STREAMK": STREAMK_VALUES,
-        "MDIMC": _THREADS,
-        "NDIMC": _THREADS, "VWM": (1, 2, 4), "VWN": (1, 2, 4), "STRM": (0, 1), "STRN": (0, 1), "KWI": (2, 8),
+        "MDIMC": _THREADS, "NDIMC": _THREADS, "VWM": (1, 2, 4), "VWN": (1, 2, 4), "STRM": (0, 1), "STRN": (0, 1), "KWI": (2, 8),
         "SA": (0, 1), "SB": (0, 1),
         # before the loaders: the tile-load rules read the layout ASYNC gives the kernel (kernel_layout)
         "ASYNC": (0, 2, 3, 4) if async_copies else (0,),
