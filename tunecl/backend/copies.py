@@ -143,14 +143,34 @@ def contiguous_on_device(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def has_math_bits(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a lazy conjugate or negative view: its values are its storage's, conjugated or
+    negated (``x.conj()`` of a complex tensor, ``x.conj().imag``)."""
+    return t.is_conj() or t.is_neg()
+
+
+def apply_math_bits(host: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``host`` conjugated where ``like`` has the conjugate bit and negated where it has the negative bit:
+    ``like``'s values from its storage's (host: the storage's values, no bits of its own), and back (both
+    maps are involutions)."""
+    if like.is_conj():
+        host = host.conj_physical()
+    if like.is_neg():
+        host = host.neg()
+    return host
+
+
 def to_cpu(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """A CPU copy of device tensor ``t``; dense layouts keep their strides, others become contiguous."""
+    """A CPU copy of device tensor ``t`` (its values: a conjugate or negative bit is applied); dense
+    layouts keep their strides, others become contiguous."""
     if is_dense(t.shape, t.stride()):
         host = host_view(t)
-    elif t.dtype in KERNEL_NAMES:
+    elif t.dtype in KERNEL_NAMES and not has_math_bits(t):
         host = host_view(contiguous_on_device(t))  # gather on the device, transfer only the elements
     else:
         host = host_view(t).contiguous()
+    if has_math_bits(t):
+        host = apply_math_bits(host, t)
     if dtype is not None and dtype != host.dtype:
         host = host.to(dtype)
     return host
@@ -235,9 +255,13 @@ def _check_broadcast(src: torch.Tensor, dst: torch.Tensor) -> None:
 
 
 def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
-    """``aten::_copy_from``: every copy_ with an opencl side lands here."""
+    """``aten::_copy_from``: every copy_ with an opencl side lands here, lazy conjugate and negative views
+    included (registration.py lets it through those keys: their generic fallback would clone the view,
+    and a clone copies through this op again)."""
     _check_broadcast(src, dst)
-    if src.device.type == "opencl" and dst.device.type == "opencl":
+    if has_math_bits(src) or has_math_bits(dst):
+        _copy_values(src, dst)
+    elif src.device.type == "opencl" and dst.device.type == "opencl":
         device_copy(dst, src)
     elif dst.device.type == "opencl":
         upload_into(dst, src)
@@ -248,6 +272,16 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
         else:
             dst.copy_(to_cpu(src))
     return dst
+
+
+def _copy_values(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """``dst.copy_(src)`` where either is a conjugate or negative view, through the host (rare: complex
+    tensors have no kernels): ``src``'s values, with ``dst``'s bits applied, into ``dst``'s storage."""
+    values = to_cpu(src) if src.device.type == "opencl" else src.resolve_conj().resolve_neg()
+    if dst.device.type == "opencl":
+        upload_into(dst, apply_math_bits(values, dst))
+    else:
+        dst.copy_(values)
 
 
 def copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:

@@ -70,11 +70,22 @@ def run_on_cpu(op: torch._ops.OpOverload, args: tuple, kwargs: dict[str, Any], *
     return _execute(op, args, kwargs)
 
 
-def _to_cpu(x: Any) -> Any:
+def _to_cpu(x: Any, storages: dict[int, torch.Tensor]) -> Any:
+    """The CPU stand-in of an argument: an opencl tensor becomes a host copy with its sizes, strides and
+    lazy conjugate/negative bit (a view of the host copy of its storage, kept in ``storages`` by the
+    stand-in's id, which is what a mutation writes back)."""
     if is_device(x):
-        return copies.host_view(x)
+        host = copies.host_view(x)
+        if copies.has_math_bits(x):
+            physical = host
+            if x.is_conj():
+                host = host.conj()
+            if x.is_neg():
+                host = torch._neg_view(host)
+            storages[id(host)] = physical
+        return host
     if isinstance(x, (list, tuple)) and any(is_device(e) for e in x):
-        return type(x)(_to_cpu(e) for e in x)
+        return type(x)(_to_cpu(e, storages) for e in x)
     if isinstance(x, torch.device) and x.type == "opencl":
         return torch.device("cpu")
     return x
@@ -100,15 +111,16 @@ def _execute(op: torch._ops.OpOverload, args: tuple, kwargs: dict[str, Any]) -> 
                 return (info is not None and info.is_write) or i in hidden
         return False
 
+    storages: dict[int, torch.Tensor] = {}
     cpu_args = []
     for i, a in enumerate(args):
-        c = _to_cpu(a)
+        c = _to_cpu(a, storages)
         if c is not a and writes(i, None):
             mutated.append((a, c))
         cpu_args.append(c)
     cpu_kwargs = {}
     for k, v in kwargs.items():
-        c = _to_cpu(v)
+        c = _to_cpu(v, storages)
         if c is not v and writes(None, k):
             mutated.append((v, c))
         cpu_kwargs[k] = c
@@ -124,7 +136,7 @@ def _execute(op: torch._ops.OpOverload, args: tuple, kwargs: dict[str, Any]) -> 
             if is_device(d):
                 if h.shape != d.shape:
                     d.resize_(h.shape)
-                copies.upload_into(d, h)
+                copies.upload_into(d, storages.get(id(h), h))
                 stand_ins[id(h)] = d
     any_device = any(_involves_device(a) for a in args) or any(_involves_device(v) for v in kwargs.values())
     return _map_results(result, stand_ins, any_device)

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from tunecl.backend import autocast, copies, counters, fallback, memory, state, weight_cache
+from tunecl.backend import autocast, copies, counters, fallback, memory, modules, state, weight_cache
 from tunecl.kernels.strided import Unsupported
 
 BACKEND = "opencl"
@@ -73,6 +73,7 @@ def register() -> None:
         _register_kernels()
         _patch_storage()
         _patch_printing()
+        modules.patch_module_apply()
         _registered = True
 
 
@@ -123,6 +124,12 @@ def _register_kernels() -> None:
     autocast.register()
     cpu = torch.library.Library("aten", "IMPL")
     cpu.impl("_pin_memory", copies.pin_memory_cpu, "CPU")
+    # A copy from or into a lazy conjugate/negative view reaches our _copy_from with its bit set (it
+    # applies the bit itself): the generic fallback of those keys would clone the view, and the clone's
+    # copy lands in _copy_from again, recursing until the C++ stack overflows.
+    for key in ("Conjugate", "Negative"):
+        for name in ("_copy_from", "_copy_from_and_resize"):
+            cpu.impl(name, torch.library.fallthrough_kernel, key)
     _libraries.extend([aten, catch_all, cpu])
 
 

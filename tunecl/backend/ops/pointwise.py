@@ -9,6 +9,7 @@ Non-structured ops (relu, hardtanh, where, masked_fill_, ...) are registered as 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+import warnings
 from typing import Any
 
 import torch
@@ -83,6 +84,37 @@ def _run_uncached(key: tuple, expr: str, out: torch.Tensor, inputs: Sequence[Any
     return out
 
 
+def run_out(expr: str, out: torch.Tensor, inputs: Sequence[Any], params: Sequence[Number] = ()) -> torch.Tensor:
+    """:func:`run` for an ATen ``.out`` overload: ``out`` first takes the inputs' broadcast shape, as torch's
+    ``resize_output`` does (the functional form of a non-structured op passes a fresh ``empty({0})``: a
+    0-dim result must come back 0-dim, not of shape (0,))."""
+    shape = out.shape
+    matched = False
+    for x in inputs:
+        if isinstance(x, torch.Tensor) and x.shape != shape:
+            if x.dim():
+                resize_output(out, torch.broadcast_shapes(*(x.shape for x in inputs if isinstance(x, torch.Tensor))))
+                return run(expr, out, inputs, params)
+        elif isinstance(x, torch.Tensor):
+            matched = True
+    if not matched and shape:   # every input 0-dim (or a number): the result is 0-dim
+        resize_output(out, torch.Size(()))
+    return run(expr, out, inputs, params)
+
+
+def resize_output(out: torch.Tensor, shape: torch.Size) -> None:
+    """Give ``out`` ``shape``, warning (as torch does) when it held elements of another shape."""
+    if out.shape == shape:
+        return
+    if out.numel():
+        warnings.warn(f"An output with one or more elements was resized since it had shape {list(out.shape)}, "
+                      f"which does not match the required output shape {list(shape)}. This behavior is "
+                      f"deprecated, and in a future PyTorch release outputs will not be resized unless they "
+                      f"have zero elements. You can explicitly reuse an out tensor t by resizing it, inplace, "
+                      f"to zero elements with t.resize_(0).", UserWarning, stacklevel=4)
+    out.resize_(shape)
+
+
 def _shape_for_out(out: torch.Tensor, inputs: Sequence[Any]) -> torch.Size:
     """The iteration shape: ``out``'s when the inputs broadcast to it; otherwise (a user's ``out=``
     of another shape) ``out`` is resized to the inputs' broadcast shape, as structured kernels do."""
@@ -114,20 +146,20 @@ def new_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
 
 # -- adapter builders: each returns a kernel with the overload's exact signature -------------------
 def unary(expr: str) -> Callable[..., torch.Tensor]:
-    return lambda self, *, out: run(expr, out, (self,))
+    return lambda self, *, out: run_out(expr, out, (self,))
 
 
 def binary(expr: str) -> Callable[..., torch.Tensor]:
-    return lambda self, other, *, out: run(expr, out, (self, other))
+    return lambda self, other, *, out: run_out(expr, out, (self, other))
 
 
 def binary_alpha(expr: str) -> Callable[..., torch.Tensor]:
-    return lambda self, other, *, alpha=1, out: run(expr, out, (self, other), (alpha,))
+    return lambda self, other, *, alpha=1, out: run_out(expr, out, (self, other), (alpha,))
 
 
 def backward(expr: str) -> Callable[..., torch.Tensor]:
     """``op_backward.grad_input(grad_output, self_or_output, *, grad_input)``."""
-    return lambda grad_output, x, *, grad_input: run(expr, grad_input, (grad_output, x))
+    return lambda grad_output, x, *, grad_input: run_out(expr, grad_input, (grad_output, x))
 
 
 def functional_and_inplace(expr: str, params: Callable[..., tuple]) -> dict[str, Callable[..., torch.Tensor]]:
@@ -135,7 +167,7 @@ def functional_and_inplace(expr: str, params: Callable[..., tuple]) -> dict[str,
     return {
         "": lambda self, *args: run(expr, new_like(self), (self,), params(*args)),
         "_": lambda self, *args: run(expr, self, (self,), params(*args)),
-        ".out": lambda self, *args, out: run(expr, out, (self,), params(*args)),
+        ".out": lambda self, *args, out: run_out(expr, out, (self,), params(*args)),
     }
 
 
@@ -143,33 +175,33 @@ def functional_and_inplace(expr: str, params: Callable[..., tuple]) -> dict[str,
 def div_mode(self: torch.Tensor, other: Any, *, rounding_mode: str | None = None,
              out: torch.Tensor) -> torch.Tensor:
     expr = {None: "div", "trunc": "div_trunc", "floor": "div_floor"}[rounding_mode]
-    return run(expr, out, (self, other))
+    return run_out(expr, out, (self, other))
 
 
 def pow_tensor_scalar(self: torch.Tensor, exponent: Number, *, out: torch.Tensor) -> torch.Tensor:
     if exponent == 2:
-        return run("mul", out, (self, self))  # exact, like torch's own square path
+        return run_out("mul", out, (self, self))  # exact, like torch's own square path
     if exponent == 0.5 and out.dtype.is_floating_point:
-        return run("sqrt", out, (self,))
-    return run("pow", out, (self, exponent))
+        return run_out("sqrt", out, (self,))
+    return run_out("pow", out, (self, exponent))
 
 
 def clamp(self: torch.Tensor, min: Number | None = None, max: Number | None = None, *,
           out: torch.Tensor) -> torch.Tensor:
     if min is not None and max is not None:
-        return run("clamp", out, (self,), (min, max))
+        return run_out("clamp", out, (self,), (min, max))
     if min is not None:
-        return run("clamp_min", out, (self,), (min,))
-    return run("clamp_max", out, (self,), (max,))
+        return run_out("clamp_min", out, (self,), (min,))
+    return run_out("clamp_max", out, (self,), (max,))
 
 
 def clamp_tensor(self: torch.Tensor, min: torch.Tensor | None = None, max: torch.Tensor | None = None, *,
                  out: torch.Tensor) -> torch.Tensor:
     if min is not None and max is not None:
-        return run("clamp_tensor", out, (self, min, max))
+        return run_out("clamp_tensor", out, (self, min, max))
     if min is not None:
-        return run("maximum", out, (self, min))
-    return run("minimum", out, (self, max))
+        return run_out("maximum", out, (self, min))
+    return run_out("minimum", out, (self, max))
 
 
 def where(condition: torch.Tensor, self: torch.Tensor | Number, other: torch.Tensor | Number) -> torch.Tensor:
@@ -177,7 +209,7 @@ def where(condition: torch.Tensor, self: torch.Tensor | Number, other: torch.Ten
     shape = torch.broadcast_shapes(*(getattr(x, "shape", ()) for x in (condition, self, other)))
     out = memory.empty_contiguous(shape, torch.result_type(self, other) if isinstance(self, torch.Tensor)
                                   or isinstance(other, torch.Tensor) else torch.get_default_dtype())
-    return run("where", out, (condition, self, other))
+    return run_out("where", out, (condition, self, other))
 
 
 def masked_fill_tensor(self: torch.Tensor, mask: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
@@ -193,7 +225,7 @@ def gelu(self: torch.Tensor, *, approximate: str = "none", out: torch.Tensor) ->
 def gelu_backward(grad_output: torch.Tensor, self: torch.Tensor, *, approximate: str = "none",
                   grad_input: torch.Tensor) -> torch.Tensor:
     expr = "gelu_tanh_backward" if approximate == "tanh" else "gelu_backward"
-    return run(expr, grad_input, (grad_output, self))
+    return run_out(expr, grad_input, (grad_output, self))
 
 
 # -- functional fast paths ------------------------------------------------------------------------------
@@ -317,17 +349,17 @@ KERNELS: dict[str, Callable[..., Any]] = {
     "minimum.out": binary("minimum"),
     "pow.Tensor_Scalar_out": pow_tensor_scalar,
     "pow.Tensor_Tensor_out": binary("pow"),
-    "pow.Scalar_out": lambda self, exponent, *, out: run("pow", out, (self, exponent)),
+    "pow.Scalar_out": lambda self, exponent, *, out: run_out("pow", out, (self, exponent)),
     "clamp.out": clamp,
     "clamp.Tensor_out": clamp_tensor,
-    "clamp_min.out": lambda self, min, *, out: run("clamp_min", out, (self,), (min,)),
-    "clamp_max.out": lambda self, max, *, out: run("clamp_max", out, (self,), (max,)),
-    "clamp_min.Tensor_out": lambda self, min, *, out: run("maximum", out, (self, min)),
-    "clamp_max.Tensor_out": lambda self, max, *, out: run("minimum", out, (self, max)),
-    "addcmul.out": lambda self, t1, t2, *, value=1, out: run("addcmul", out, (self, t1, t2), (value,)),
-    "addcdiv.out": lambda self, t1, t2, *, value=1, out: run("addcdiv", out, (self, t1, t2), (value,)),
-    "lerp.Scalar_out": lambda self, end, weight, *, out: run("lerp", out, (self, end), (weight,)),
-    "lerp.Tensor_out": lambda self, end, weight, *, out: run("lerp_tensor", out, (self, end, weight)),
+    "clamp_min.out": lambda self, min, *, out: run_out("clamp_min", out, (self,), (min,)),
+    "clamp_max.out": lambda self, max, *, out: run_out("clamp_max", out, (self,), (max,)),
+    "clamp_min.Tensor_out": lambda self, min, *, out: run_out("maximum", out, (self, min)),
+    "clamp_max.Tensor_out": lambda self, max, *, out: run_out("minimum", out, (self, max)),
+    "addcmul.out": lambda self, t1, t2, *, value=1, out: run_out("addcmul", out, (self, t1, t2), (value,)),
+    "addcdiv.out": lambda self, t1, t2, *, value=1, out: run_out("addcdiv", out, (self, t1, t2), (value,)),
+    "lerp.Scalar_out": lambda self, end, weight, *, out: run_out("lerp", out, (self, end), (weight,)),
+    "lerp.Tensor_out": lambda self, end, weight, *, out: run_out("lerp_tensor", out, (self, end, weight)),
     # unary math
     **{f"{name}.out": unary(name) for name in (
         "neg", "abs", "sign", "reciprocal", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "sin",
@@ -350,10 +382,10 @@ KERNELS: dict[str, Callable[..., Any]] = {
     "isposinf.out": unary("isposinf"),
     "isneginf.out": unary("isneginf"),
     "isfinite": lambda self: run("isfinite", new_like(self, torch.bool), (self,)),
-    "softplus.out": lambda self, beta=1, threshold=20, *, out: run("softplus", out, (self,), (beta, threshold)),
-    "softplus_backward.grad_input": lambda grad_output, self, beta, threshold, *, grad_input: run(
+    "softplus.out": lambda self, beta=1, threshold=20, *, out: run_out("softplus", out, (self,), (beta, threshold)),
+    "softplus_backward.grad_input": lambda grad_output, self, beta, threshold, *, grad_input: run_out(
         "softplus_backward", grad_input, (grad_output, self), (beta, threshold)),
-    "elu.out": lambda self, alpha=1, scale=1, input_scale=1, *, out: run(
+    "elu.out": lambda self, alpha=1, scale=1, input_scale=1, *, out: run_out(
         "elu", out, (self,), (alpha, scale, input_scale)),
     "elu_backward.grad_input": lambda grad_output, alpha, scale, input_scale, is_result, self_or_result, *,
         grad_input: run("elu_backward_result" if is_result else "elu_backward", grad_input,
@@ -363,7 +395,7 @@ KERNELS: dict[str, Callable[..., Any]] = {
        for kind in ("Scalar", "Tensor")},
     "isnan": lambda self: run("isnan", new_like(self, torch.bool), (self,)),
     "where.self": where,
-    "where.self_out": lambda condition, self, other, *, out: run("where", out, (condition, self, other)),
+    "where.self_out": lambda condition, self, other, *, out: run_out("where", out, (condition, self, other)),
     "masked_fill_.Scalar": lambda self, mask, value: run("masked_fill", self, (self, mask), (value,)),
     "masked_fill_.Tensor": masked_fill_tensor,
     # activations
@@ -373,21 +405,21 @@ KERNELS: dict[str, Callable[..., Any]] = {
     }),
     **_with_suffixes("hardtanh", functional_and_inplace("hardtanh", lambda lo=-1, hi=1: (lo, hi))),
     **_with_suffixes("hardswish", functional_and_inplace("hardswish", lambda: ())),
-    "threshold.out": lambda self, threshold, value, *, out: run("threshold", out, (self,), (threshold, value)),
-    "leaky_relu.out": lambda self, negative_slope=0.01, *, out: run("leaky_relu", out, (self,),
+    "threshold.out": lambda self, threshold, value, *, out: run_out("threshold", out, (self,), (threshold, value)),
+    "leaky_relu.out": lambda self, negative_slope=0.01, *, out: run_out("leaky_relu", out, (self,),
                                                                    (negative_slope,)),
     "gelu.out": gelu,
     # activation backward
-    "threshold_backward.grad_input": lambda grad_output, self, threshold, *, grad_input: run(
+    "threshold_backward.grad_input": lambda grad_output, self, threshold, *, grad_input: run_out(
         "threshold_backward", grad_input, (grad_output, self), (threshold,)),
     "hardtanh_backward": lambda grad_output, self, min_val, max_val: run(
         "hardtanh_backward", new_like(grad_output), (grad_output, self), (min_val, max_val)),
-    "hardtanh_backward.grad_input": lambda grad_output, self, min_val, max_val, *, grad_input: run(
+    "hardtanh_backward.grad_input": lambda grad_output, self, min_val, max_val, *, grad_input: run_out(
         "hardtanh_backward", grad_input, (grad_output, self), (min_val, max_val)),
     "hardswish_backward": lambda grad_output, self: run(
         "hardswish_backward", new_like(grad_output), (grad_output, self)),
     "leaky_relu_backward.grad_input": lambda grad_output, self, negative_slope, self_is_result, *, grad_input:
-        run("leaky_relu_backward", grad_input, (grad_output, self), (negative_slope,)),
+        run_out("leaky_relu_backward", grad_input, (grad_output, self), (negative_slope,)),
     "sigmoid_backward.grad_input": backward("sigmoid_backward"),
     "tanh_backward.grad_input": backward("tanh_backward"),
     "silu_backward.grad_input": backward("silu_backward"),
