@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
 import functools
 import os
 import threading
@@ -44,8 +45,18 @@ STAGING_THREADS = min(4, os.cpu_count() or 1)   # threads that copy the chunks i
 
 
 def _bytes_of(host: torch.Tensor) -> np.ndarray:
-    """The bytes of a contiguous CPU tensor as a numpy uint8 array (a view: writes land in it)."""
-    return host.detach().reshape(-1).view(torch.uint8).numpy()
+    """The bytes of a contiguous CPU tensor as a numpy uint8 array (a view: writes land in it; the
+    array keeps the tensor alive).
+
+    Made from the data pointer rather than by ``Tensor.numpy()``, which marks the storage as not
+    resizable for good: a CPU op of the fallback that resizes its out= argument would then fail."""
+    host = host.detach()
+    nbytes = host.numel() * host.element_size()
+    if nbytes == 0:
+        return np.empty(0, np.uint8)
+    memory_ = (ctypes.c_uint8 * nbytes).from_address(host.data_ptr())
+    memory_._tensor = host
+    return np.frombuffer(memory_, dtype=np.uint8)
 
 
 def write_bytes(buffer: cl.Buffer, offset: int, data: np.ndarray) -> None:
@@ -189,6 +200,8 @@ def upload_into(dst: torch.Tensor, src: torch.Tensor) -> None:
     if dst.numel() == 0:
         return
     src = src.detach().resolve_conj().resolve_neg()
+    if src._is_zerotensor():   # torch's efficient zeros (e.g. a gradient of sgn) have no data to copy
+        src = torch.zeros(src.shape, dtype=src.dtype)
     if src.dtype != dst.dtype and (src.dtype not in DLPACK or dst.dtype not in KERNEL_NAMES
                                    or src.dtype not in KERNEL_NAMES):
         src = src.to(dst.dtype)  # e.g. float64 host data: convert on the host, never store float64

@@ -114,13 +114,13 @@ def _execute(op: torch._ops.OpOverload, args: tuple, kwargs: dict[str, Any]) -> 
     storages: dict[int, torch.Tensor] = {}
     cpu_args = []
     for i, a in enumerate(args):
-        c = _to_cpu(a, storages)
+        c = _to_cpu(_rewrapped(a, schema, i, None), storages)
         if c is not a and writes(i, None):
             mutated.append((a, c))
         cpu_args.append(c)
     cpu_kwargs = {}
     for k, v in kwargs.items():
-        c = _to_cpu(v, storages)
+        c = _to_cpu(_rewrapped(v, schema, None, k), storages)
         if c is not v and writes(None, k):
             mutated.append((v, c))
         cpu_kwargs[k] = c
@@ -139,18 +139,47 @@ def _execute(op: torch._ops.OpOverload, args: tuple, kwargs: dict[str, Any]) -> 
                 copies.upload_into(d, storages.get(id(h), h))
                 stand_ins[id(h)] = d
     any_device = any(_involves_device(a) for a in args) or any(_involves_device(v) for v in kwargs.values())
-    return _map_results(result, stand_ins, any_device)
+    return _map_results(result, stand_ins, any_device, op)
 
 
-def _map_results(out: Any, stand_ins: dict[int, torch.Tensor], any_device: bool) -> Any:
+_TENSOR_TYPES = ("Tensor", "Tensor?")
+
+
+def _rewrapped(value: Any, schema: torch._C.FunctionSchema, index: int | None, name: str | None) -> Any:
+    """A Python number passed for a ``Tensor`` argument as a 0-dim CPU tensor again. torch hands a Python
+    kernel the wrapped-number tensor of ``x % 3`` as the number ``3``; the CPU op's schema wants the tensor
+    (int64, the default float dtype, complex64 or bool, as torch's wrapped numbers promote)."""
+    if not isinstance(value, (bool, int, float, complex)):
+        return value
+    arguments = schema.arguments
+    argument = (arguments[index] if index is not None and index < len(arguments)
+                else next((a for a in arguments if a.name == name), None))
+    if argument is None or str(argument.type) not in _TENSOR_TYPES:
+        return value
+    if isinstance(value, bool):
+        dtype = torch.bool
+    elif isinstance(value, int):
+        dtype = torch.int64
+    elif isinstance(value, float):
+        dtype = torch.get_default_dtype()
+    else:
+        dtype = torch.complex64
+    return torch.tensor(value, dtype=dtype)
+
+
+def _map_results(out: Any, stand_ins: dict[int, torch.Tensor], any_device: bool,
+                 op: torch._ops.OpOverload) -> Any:
     if isinstance(out, torch.Tensor):
         if id(out) in stand_ins:
             return stand_ins[id(out)]      # an in-place/out= result: the original device tensor
         if any_device and out.device.type == "cpu":
+            if out.layout != torch.strided:
+                raise RuntimeError(f"{op_name(op)} gives a {out.layout} tensor, and opencl tensors are strided "
+                                   f"only: {out.layout} is not supported on the OpenCL device (use it on the CPU)")
             return copies.upload(out)
         return out
     if isinstance(out, (list, tuple)):
-        return type(out)(_map_results(o, stand_ins, any_device) for o in out)
+        return type(out)(_map_results(o, stand_ins, any_device, op) for o in out)
     return out
 
 

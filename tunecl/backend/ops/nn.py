@@ -331,7 +331,19 @@ def native_dropout_backward(grad_output: torch.Tensor, mask: torch.Tensor, scale
     return run("scale_mask", new_like(grad_output), (grad_output, mask), (scale,))
 
 
+_COMPOSITE_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse3)   # no kernels: the composite ones
+
+
+def native_group_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, n: int, c: int,
+                      hxw: int, group: int, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """torch's composite group norm (reached by redispatching to a key without kernels) on a contiguous
+    input: it reshapes the input with ``view``, which fails for a non-contiguous one."""
+    return torch.ops.aten.native_group_norm.default.redispatch(
+        _COMPOSITE_KEYS, input.contiguous(), weight, bias, n, c, hxw, group, eps)
+
+
 KERNELS: dict[str, Callable[..., Any]] = {
+    "native_group_norm": native_group_norm,
     "mse_loss.out": mse_loss_out,
     "mse_loss_backward.grad_input": mse_loss_backward,
     "mse_loss_backward": lambda grad_output, self, target, reduction: mse_loss_backward(
@@ -339,6 +351,12 @@ KERNELS: dict[str, Callable[..., Any]] = {
     "nll_loss_forward.output": nll_loss_forward,
     "nll_loss_backward.grad_input": nll_loss_backward,
     "native_batch_norm": native_batch_norm,
+    # the forms AOTAutograd's graphs (torch.compile) call: the same kernel, statistics spelled out
+    "_native_batch_norm_legit": native_batch_norm,
+    "_native_batch_norm_legit.no_stats": lambda input, weight, bias, training, momentum, eps: native_batch_norm(
+        input, weight, bias, None, None, training, momentum, eps),
+    "_native_batch_norm_legit_no_training": lambda input, weight, bias, running_mean, running_var, momentum, eps:
+        native_batch_norm(input, weight, bias, running_mean, running_var, False, momentum, eps),
     "native_batch_norm_backward": native_batch_norm_backward,
     "max_pool2d_with_indices.out": max_pool2d_out,
     "max_pool2d_with_indices_backward.grad_input": max_pool2d_backward,

@@ -192,6 +192,8 @@ def clamp(self: torch.Tensor, min: Number | None = None, max: Number | None = No
         return run_out("clamp", out, (self,), (min, max))
     if min is not None:
         return run_out("clamp_min", out, (self,), (min,))
+    if max is None:
+        raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
     return run_out("clamp_max", out, (self,), (max,))
 
 
@@ -201,6 +203,8 @@ def clamp_tensor(self: torch.Tensor, min: torch.Tensor | None = None, max: torch
         return run_out("clamp_tensor", out, (self, min, max))
     if min is not None:
         return run_out("maximum", out, (self, min))
+    if max is None:
+        raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
     return run_out("minimum", out, (self, max))
 
 
@@ -219,7 +223,7 @@ def masked_fill_tensor(self: torch.Tensor, mask: torch.Tensor, value: torch.Tens
 
 
 def gelu(self: torch.Tensor, *, approximate: str = "none", out: torch.Tensor) -> torch.Tensor:
-    return run("gelu_tanh" if approximate == "tanh" else "gelu", out, (self,))
+    return run_out("gelu_tanh" if approximate == "tanh" else "gelu", out, (self,))
 
 
 def gelu_backward(grad_output: torch.Tensor, self: torch.Tensor, *, approximate: str = "none",
@@ -376,7 +380,7 @@ KERNELS: dict[str, Callable[..., Any]] = {
         torch.broadcast_shapes(self.shape, getattr(other, "shape", ())), torch.result_type(self, other)),
         (self, other)),
     "floor_divide_.Tensor": lambda self, other: run("div_floor", self, (self, other)),
-    "bitwise_not.out": lambda self, *, out: run("logical_not" if self.dtype == torch.bool else "bitwise_not",
+    "bitwise_not.out": lambda self, *, out: run_out("logical_not" if self.dtype == torch.bool else "bitwise_not",
                                                 out, (self,)),
     "isinf": lambda self: run("isinf", new_like(self, torch.bool), (self,)),
     "isposinf.out": unary("isposinf"),
@@ -388,7 +392,7 @@ KERNELS: dict[str, Callable[..., Any]] = {
     "elu.out": lambda self, alpha=1, scale=1, input_scale=1, *, out: run_out(
         "elu", out, (self,), (alpha, scale, input_scale)),
     "elu_backward.grad_input": lambda grad_output, alpha, scale, input_scale, is_result, self_or_result, *,
-        grad_input: run("elu_backward_result" if is_result else "elu_backward", grad_input,
+        grad_input: run_out("elu_backward_result" if is_result else "elu_backward", grad_input,
                         (grad_output, self_or_result), (alpha, scale, input_scale)),  # sgn is sign for real tensors (abs backward uses it)
     # comparisons (bool out) and selection
     **{f"{cmp}.{kind}_out": binary(cmp) for cmp in ("eq", "ne", "lt", "le", "gt", "ge")

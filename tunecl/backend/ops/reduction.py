@@ -56,10 +56,19 @@ def reduce(op: str, self: torch.Tensor, dim: DimArg, keepdim: bool, out: torch.T
     return out
 
 
-def _nonempty(self: torch.Tensor, dims: Sequence[int], name: str) -> None:
-    if self.numel() == 0 and (not dims or any(self.shape[d] == 0 for d in dims)):
-        raise IndexError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0, "
-                         f"or the reduced dims to be non-empty")
+def _nonempty(self: torch.Tensor, dim: DimArg, name: str) -> None:
+    """torch's errors for an extreme (or its index) of no elements: over all dims (``dim`` None or
+    empty) a RuntimeError (an IndexError for argmax/argmin), over an empty dim an IndexError."""
+    if self.numel():
+        return
+    if dim is None or (not isinstance(dim, int) and not len(dim)):
+        if name in ("argmax", "argmin"):
+            raise IndexError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0.")
+        raise RuntimeError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0. "
+                           f"Specify the reduction dim with the 'dim' argument.")
+    for d in reduced_dims(self, dim):
+        if self.shape[d] == 0:
+            raise IndexError(f"{name}(): Expected reduction dim {d} to have non-zero size.")
 
 
 def _new(self: torch.Tensor, dims: Sequence[int], keepdim: bool, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -80,7 +89,7 @@ def mean_out(self: torch.Tensor, dim: DimArg, keepdim: bool = False, *, dtype: t
 def extreme_out(op: str) -> Callable[..., torch.Tensor]:
     def kernel(self: torch.Tensor, dim: Sequence[int] = (), keepdim: bool = False, *,
                out: torch.Tensor) -> torch.Tensor:
-        _nonempty(self, reduced_dims(self, dim), op)
+        _nonempty(self, dim, op)
         return reduce(op, self, dim, keepdim, out)
     return kernel
 
@@ -88,7 +97,7 @@ def extreme_out(op: str) -> Callable[..., torch.Tensor]:
 def arg_out(op: str) -> Callable[..., torch.Tensor]:
     def kernel(self: torch.Tensor, dim: int | None = None, keepdim: bool = False, *,
                out: torch.Tensor) -> torch.Tensor:
-        _nonempty(self, reduced_dims(self, dim), op)
+        _nonempty(self, dim, op)
         return reduce(op, self, dim, keepdim, out)
     return kernel
 
@@ -106,7 +115,7 @@ def dim_values_indices(op: str) -> Callable[..., tuple[torch.Tensor, torch.Tenso
     """``max.dim_max`` / ``min.dim_min``: values and indices (the schema names them oddly)."""
     def kernel(self: torch.Tensor, dim: int, keepdim: bool = False, **outs: torch.Tensor):
         values, indices = outs.values()
-        _nonempty(self, reduced_dims(self, dim), op)
+        _nonempty(self, dim, "max" if op == "argmax" else "min")
         reduce(op, self, dim, keepdim, values, indices)
         return values, indices
     return kernel
