@@ -31,6 +31,12 @@ ITEMSIZE: dict[torch.dtype, int] = {dt: bits // 8 for dt, (_, bits) in DLPACK.it
 _REFUSED = {
     torch.float64: "float64 is not supported on the OpenCL device; use float32",
     torch.complex128: "complex128 is not supported on the OpenCL device; use complex64",
+    torch.complex32: "complex32 is not supported on the OpenCL device; use complex64",
+    **{getattr(torch, name): f"{name} is not supported on the OpenCL device; use int32 or int64"
+       for name in ("uint16", "uint32", "uint64") if hasattr(torch, name)},
+    **{getattr(torch, name): f"{name} is not supported on the OpenCL device; use float16 or float32"
+       for name in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
+                    "float4_e2m1fn_x2") if hasattr(torch, name)},
 }
 
 
@@ -41,4 +47,7 @@ class UnsupportedDtypeError(TypeError):
 def check_storable(dtype: torch.dtype) -> None:
     """Raise :class:`UnsupportedDtypeError` unless ``dtype`` can be stored on the device."""
     if dtype not in DLPACK:
-        raise UnsupportedDtypeError(_REFUSED.get(dtype, f"{dtype} is not supported on the OpenCL device"))
+        stored = ", ".join(str(d).removeprefix("torch.") for d in DLPACK)
+        raise UnsupportedDtypeError(_REFUSED.get(
+            dtype, f"{str(dtype).removeprefix('torch.')} is not supported on the OpenCL device "
+                   f"(it stores {stored})"))
