@@ -1,0 +1,60 @@
+"""What the OpInfo suite (test_opinfo.py) expects of particular ops, each with its reason.
+
+Random ops are compared like any other: the device draws from torch's CPU generator with the calls the
+CPU kernels make (see tunecl/backend/ops/creation.py), so under one seed both sides draw the same numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class NotStrided(Exception):
+    """A sample with a sparse or otherwise non-strided tensor (opencl tensors are strided)."""
+
+
+_UNINITIALISED = "returns uninitialised memory: its values differ between any two allocations"
+
+# Ops whose opencl and CPU results may legitimately differ: never compared.
+SKIP: dict[str, str] = {
+    "empty": _UNINITIALISED,
+    "empty_like": _UNINITIALISED,
+    "empty_permuted": _UNINITIALISED,
+    "empty_strided": _UNINITIALISED,
+    "new_empty": _UNINITIALISED,
+    "new_empty_strided": _UNINITIALISED,
+    "to": "its samples convert to the CPU and float64 (moves between devices are tested in test_copies.py)",
+}
+
+# Samples that are not compared: op -> (predicate on the CPU sample, reason).
+SKIP_SAMPLES: dict[str, tuple[Any, str]] = {
+    "nn.functional.scaled_dot_product_attention": (
+        lambda s: s.kwargs.get("dropout_p", 0) > 0,
+        "with dropout the CPU's fused attention kernel and the device's math path draw the mask differently"),
+}
+
+# Ops whose tensor arguments (all but the input) stay on the CPU, as torch requires.
+CPU_ARGS: dict[str, str] = {
+    "tensor_split": "tensor_indices_or_sections must be a CPU tensor (torch checks it)",
+}
+
+# Errors that refuse a sample clearly: message pattern -> why it is accepted.
+CLEAR_ERRORS: dict[str, str] = {
+    r"\w+ is not supported on the OpenCL device; use \w+": "a dtype the device does not store (named, with "
+                                                            "what to use)",
+    r"opencl tensors are strided only": "a sparse (or other non-strided) result",
+}
+
+# Looser comparisons than assert_close's defaults: op -> keyword arguments of assert_close, with the reason.
+TOLERANCES: dict[str, dict[str, float]] = {
+    "nn.functional.scaled_dot_product_attention": {"atol": 5e-5, "rtol": 5e-5},
+}
+GRAD_TOLERANCES: dict[str, dict[str, float]] = {}
+TOLERANCE_REASONS: dict[str, str] = {
+    "nn.functional.scaled_dot_product_attention": "the CPU runs its fused flash-attention kernel (blockwise "
+    "online softmax), the device torch's math path (matmul, softmax, matmul): float32 sums in another order "
+    "differ by ~1e-5",
+}
+
+# Ops whose gradients are not compared: op -> reason.
+NO_GRAD_CHECK: dict[str, str] = {}
