@@ -1,0 +1,156 @@
+"""``torch.compile(model, backend="tunecl")``: forward, backward and optimizer steps replayed from device
+graphs equal eager execution; what cannot be captured runs eagerly; replays see weights written between
+them."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tunecl import config
+
+compile_backend = pytest.importorskip("tunecl.backend.compile")
+
+STEPS = 4   # warm-up, capture, then replays
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    compile_backend.reset_stats()
+    yield
+    torch._dynamo.reset()
+
+
+def _conv_net() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(8, 6, 1), nn.ReLU(), nn.Flatten(), nn.Linear(6 * 4 * 4, 5))
+
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(7, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+def _train(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], compiled: bool,
+           device: str) -> tuple[list[float], nn.Module]:
+    model = copy.deepcopy(model).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    run = torch.compile(model, backend="tunecl") if compiled else model
+    losses = []
+    for x, y in batches:
+        loss = F.cross_entropy(run(x.to(device)), y.to(device))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses, model
+
+
+def _assert_same_training(model: nn.Module, batches, atol: float = 1e-5) -> None:
+    expected, eager = _train(model, batches, compiled=False, device="opencl")
+    got, compiled = _train(model, batches, compiled=True, device="opencl")
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), atol=atol, rtol=1e-5)
+    for (name, a), b in zip(compiled.state_dict().items(), eager.state_dict().values()):
+        torch.testing.assert_close(a.cpu(), b.cpu(), atol=atol, rtol=1e-5, msg=name)
+
+
+def test_a_conv_net_trains_as_it_does_eagerly_and_its_steps_replay():
+    batches = [(torch.randn(2, 3, 8, 8), torch.randint(0, 5, (2,))) for _ in range(STEPS)]
+    _assert_same_training(_conv_net(), batches)
+    stats = compile_backend.stats()
+    assert stats["captures"] == 2 and stats["replays"] == 2 * (STEPS - 2), stats   # forward and backward
+    assert not any(key.startswith("eager") for key in stats), stats
+
+
+def test_an_mlp_in_inference_replays_and_its_results_are_not_overwritten():
+    model = _mlp().to("opencl").eval()
+    run = torch.compile(model, backend="tunecl")
+    inputs = [torch.randn(4, 7) for _ in range(STEPS)]
+    with torch.no_grad():
+        outputs = [run(x.to("opencl")) for x in inputs]   # all kept: none may be rewritten by a later call
+        expected = [model(x.to("opencl")).cpu() for x in inputs]
+    for got, want in zip(outputs, expected):
+        torch.testing.assert_close(got.cpu(), want)
+    assert compile_backend.stats()["replays"] == STEPS - 2
+
+
+def test_a_graph_break_and_a_recompile_for_a_new_shape():
+    class Breaking(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(6, 6), nn.Linear(6, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = torch.relu(self.a(x))
+            torch._dynamo.graph_break()
+            return self.b(x)
+
+    batches = [(torch.randn(3, 6), torch.randint(0, 4, (3,))) for _ in range(STEPS)]
+    batches += [(torch.randn(5, 6), torch.randint(0, 4, (5,))) for _ in range(STEPS)]   # a new batch size
+    torch._dynamo.config.automatic_dynamic_shapes = False   # a recompile per shape, as a static graph needs
+    try:
+        _assert_same_training(Breaking(), batches)
+    finally:
+        torch._dynamo.config.automatic_dynamic_shapes = True
+    assert compile_backend.stats()["captures"] == 8   # two subgraphs x (forward, backward) x two shapes
+
+
+def test_replays_see_weights_written_between_them():
+    model = _mlp().to("opencl").eval()
+    run = torch.compile(model, backend="tunecl")
+    x = torch.randn(2, 7, device="opencl")
+    with torch.no_grad():
+        for _ in range(3):
+            run(x)
+        model[0].weight.mul_(2)                                  # an in-place write
+        torch.testing.assert_close(run(x).cpu(), model(x).cpu())
+        other = _mlp()
+        model.load_state_dict(other.state_dict())                # load_state_dict copies in place
+        torch.testing.assert_close(run(x).cpu(), other(x.cpu()), atol=1e-5, rtol=1e-5)
+    assert compile_backend.stats()["replays"] >= 2
+
+
+def test_an_op_on_the_cpu_fallback_runs_that_graph_eagerly():
+    def uses_a_fallback(x: torch.Tensor) -> torch.Tensor:
+        return torch.special.bessel_j0(x * 2) + 1   # no device kernel: the CPU fallback serves it
+
+    x = torch.randn(5, device="opencl")
+    with config.override(fallback="warn"), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        run = torch.compile(uses_a_fallback, backend="tunecl")
+        results = [run(x) for _ in range(STEPS)]
+    for got in results:
+        torch.testing.assert_close(got.cpu(), uses_a_fallback(x.cpu()))
+    assert any("runs eagerly" in str(w.message) for w in seen)
+    assert compile_backend.stats().get("eager_graphs") == 1
+    torch._dynamo.reset()
+    with config.override(fallback="error"):
+        with pytest.raises(Exception, match="bessel_j0"):
+            torch.compile(uses_a_fallback, backend="tunecl")(x)
+
+
+def test_two_forwards_before_one_backward_keep_their_saved_tensors():
+    model = _mlp().to("opencl")
+    reference = copy.deepcopy(model)
+    run = torch.compile(model, backend="tunecl")
+    xs = [torch.randn(3, 7, device="opencl") for _ in range(2)]
+    for _ in range(STEPS):   # the graphs are captured and replay
+        (run(xs[0]).square().sum() + run(xs[1]).sum()).backward()
+        (reference(xs[0]).square().sum() + reference(xs[1]).sum()).backward()
+    for a, b in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(a.grad.cpu(), b.grad.cpu(), atol=1e-4, rtol=1e-5)
+
+
+def test_the_backend_is_found_by_name_in_a_fresh_process():
+    code = ("import torch; f = torch.compile(lambda x: x * 2 + 1, backend='tunecl'); "
+            "import tunecl.backend; x = torch.ones(3, device='opencl'); print(f(x).cpu().tolist())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "[3.0, 3.0, 3.0]" in done.stdout

@@ -1,0 +1,281 @@
+"""``torch.compile(model, backend="tunecl")``: dynamo's graphs replayed from device graphs.
+
+The backend is registered under the ``torch_dynamo_backends`` entry point, so a fresh process finds it by
+name (importing this module also registers the opencl device). It is built on AOTAutograd: dynamo's graph
+is split into a forward and a backward graph (an inference graph under ``no_grad``), with parameters and
+buffers as inputs. Each of those graphs runs eagerly once (the warm-up: lazily built state, plans and
+kernels), is captured into a :class:`tunecl.backend.graphs.Graph` on its second call, and is replayed
+after that: a call copies the inputs that are not the graph's own (the batch, incoming gradients) into the
+graph's static inputs and enqueues the recorded commands, without running the graph's Python again.
+
+- Parameters, buffers and the tensors a forward saves for its backward are the graph's inputs in place:
+  they are not copied, and a replay sees whatever was written into them since (optimizer steps,
+  ``load_state_dict``, in-place writes). The saved tensors are the forward graph's static outputs, which
+  live until the backward that reads them has run.
+- A replay rewrites the graph's outputs in place. The forward's user-visible outputs are returned as
+  copies, so a result kept across calls is never overwritten; everything else the replay writes is read
+  by torch before the next call (the backward's gradients are accumulated into ``.grad`` at once). Where
+  a replay would overwrite a tensor someone still holds (two forwards before a backward; a gradient kept
+  from ``torch.autograd.grad``), that call runs eagerly instead.
+- What cannot be captured runs eagerly for that graph, with one warning naming why: a graph with CPU
+  tensors or symbolic sizes, an op served by the CPU fallback or any other host copy
+  (:class:`~tunecl.backend.graphs.GraphCaptureError`). A compile never fails where eager works; with
+  ``TUNECL_FALLBACK=error`` an op without a kernel raises as it would eagerly.
+- Recompiles (a new shape, dtype, train/eval) get graphs of their own; the graphs go with the compiled
+  code. :func:`stats` counts captures, replays and eager calls with their reasons.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import threading
+import warnings
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+from torch._dynamo.backends.common import aot_autograd
+from torch._dynamo.backends.debugging import boxed_nop
+from torch._inductor.utils import count_tangents
+
+import tunecl.backend  # noqa: F401  (registers the opencl device)
+from tunecl.backend import graphs
+
+_counts: collections.Counter[str] = collections.Counter()
+_warned: set[str] = set()
+_lock = threading.Lock()
+
+
+def stats() -> dict[str, int]:
+    """Counters of compiled graphs: ``captures``, ``replays``, ``warmups``, ``input_copies`` (inputs copied
+    into a graph's static inputs), ``output_copies``, ``eager_graphs`` (graphs that run eagerly for good)
+    and ``eager_calls:<reason>`` (calls of a captured graph run eagerly instead of replayed)."""
+    return dict(_counts)
+
+
+def reset_stats() -> None:
+    _counts.clear()
+
+
+def _warn_once(reason: str) -> None:
+    with _lock:
+        first = reason not in _warned
+        _warned.add(reason)
+    if first:
+        warnings.warn(f"tunecl compile: a graph runs eagerly ({reason})", stacklevel=3)
+
+
+def _why_not_capturable(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> str | None:
+    """Why a graph cannot be captured as it stands, judged from its inputs and its nodes' example values."""
+    for value in inputs:
+        if isinstance(value, torch.SymInt) or (isinstance(value, torch.Tensor) and value.device.type != "opencl"
+                                                and not (value.device.type == "cpu" and value.dim() == 0)):
+            what = "symbolic sizes" if isinstance(value, torch.SymInt) else f"a {value.device.type} tensor input"
+            return f"{what}: a graph replays fixed shapes on the opencl device"
+    for node in gm.graph.nodes:
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor) and value.device.type not in ("opencl", "meta") and value.dim():
+            return f"node {node.name} computes on {value.device.type}"
+    return None
+
+
+class _Replayed:
+    """One AOT graph: eager on its first call, captured on its second, replayed after (see the module
+    docstring). ``aliased``: indices of inputs used in place (parameters, buffers, saved tensors);
+    ``copied_outputs``: indices of outputs returned as copies (the forward's user-visible ones)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str,
+                 aliased: set[int], copied_outputs: range | set[int]) -> None:
+        self._boxed_call = True   # called with one list of arguments (an instance attribute: wrappers copy it)
+        self.kind = kind
+        self.run_eagerly = boxed_nop(gm, list(example_inputs))
+        self.aliased = aliased
+        self.copied_outputs = copied_outputs
+        self.reason = _why_not_capturable(gm, example_inputs)
+        if self.reason:
+            _counts["eager_graphs"] += 1
+            _warn_once(self.reason)
+        self.calls = 0
+        self.graph: graphs.Graph | None = None
+        self.static_inputs: list[Any] = []
+        self.static_outputs: list[Any] = []
+        self.rewritten: list[int] = []           # outputs a replay rewrites, handed out as fresh aliases
+        self.handed_out: list[weakref.ref] = []  # those aliases of the last call
+
+    def __call__(self, args: list[Any]) -> Any:
+        if self.reason:
+            return self.run_eagerly(args)
+        self.calls += 1
+        if self.graph is None:
+            if self.calls == 1:
+                _counts["warmups"] += 1
+                return self.run_eagerly(args)
+            return self._capture(args)
+        return self._replay(args)
+
+    # -- capture -----------------------------------------------------------------------------------
+    def _capture(self, args: list[Any]) -> Any:
+        # in-place inputs are held as aliases of their own (a saved tensor the forward handed out must be
+        # free to die), the others are copied into static tensors
+        static = [a if not isinstance(a, torch.Tensor) else _alias(a) if i in self.aliased else _static_copy(a)
+                  for i, a in enumerate(args)]
+        graph = graphs.Graph()
+        try:
+            with graphs.graph(graph):
+                outputs = self.run_eagerly(list(static))
+        except graphs.GraphCaptureError as error:
+            self.reason = str(error).split(";")[0]
+            _counts["eager_graphs"] += 1
+            _warn_once(self.reason)
+            return self.run_eagerly(args)
+        self.graph, self.static_inputs, self.static_outputs = graph, static, list(outputs)
+        tensors = [t for t in (*static, *self.static_outputs) if isinstance(t, torch.Tensor)]
+        _hold(self, tensors)
+        # the outputs a replay rewrites: not those over an in-place input's storage (a parameter saved for
+        # the backward), not the copies handed out
+        inputs = {_storage(t) for i, t in enumerate(static) if i in self.aliased and isinstance(t, torch.Tensor)}
+        self.rewritten = [i for i, t in enumerate(self.static_outputs) if isinstance(t, torch.Tensor)
+                          and i not in self.copied_outputs and _storage(t) not in inputs]
+        _counts["captures"] += 1
+        args.clear()
+        return self._hand_out()
+
+    # -- replay ------------------------------------------------------------------------------------
+    def _replay(self, args: list[Any]) -> Any:
+        hazard = self._overwrites_a_held_tensor()
+        if hazard:
+            _counts[f"eager_calls:{hazard}"] += 1
+            return self.run_eagerly(args)
+        copies = []
+        for i, (given, static) in enumerate(zip(args, self.static_inputs)):
+            if given is static or not isinstance(given, torch.Tensor):
+                continue
+            if _same_tensor(given, static):
+                continue
+            if i in self.aliased and _held_elsewhere(static):   # never write into a tensor someone holds
+                _counts["eager_calls:an in-place input moved to another tensor"] += 1
+                return self.run_eagerly(args)
+            copies.append((static, given))
+        for static, given in copies:
+            static.copy_(given)
+        _counts["input_copies"] += len(copies)
+        args.clear()
+        self.graph.replay()
+        _counts["replays"] += 1
+        return self._hand_out()
+
+    def _overwrites_a_held_tensor(self) -> str | None:
+        """Whether an output of the last call that a replay would rewrite is still held (a saved tensor
+        whose backward has not run: two forwards before a backward): each is handed out as an alias of its
+        own, dead once torch lets go of it."""
+        if any(ref() is not None for ref in self.handed_out):
+            return f"an output of the last {self.kind} call is still in use"
+        return None
+
+    def _hand_out(self) -> list[Any]:
+        outputs = list(self.static_outputs)
+        for i in self.copied_outputs:
+            if isinstance(outputs[i], torch.Tensor):
+                outputs[i] = outputs[i].clone()   # (a user-visible result: a later replay must not rewrite it)
+                _counts["output_copies"] += 1
+        handed_out = []
+        for i in self.rewritten:
+            out = outputs[i]
+            outputs[i] = out = _alias(out)
+            handed_out.append(weakref.ref(out))
+        self.handed_out = handed_out
+        return outputs
+
+
+# storage -> ids of the tensors over it that compiled graphs hold (each holds a reference to the storage)
+_holders: dict[int, set[int]] = collections.defaultdict(set)
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _hold(owner: _Replayed, tensors: Sequence[torch.Tensor]) -> None:
+    """Note that ``owner`` holds ``tensors`` (until it is collected)."""
+    held = [(_storage(t), id(t)) for t in tensors]
+    for storage, tensor in held:
+        _holders[storage].add(tensor)
+    weakref.finalize(owner, _let_go, held)
+
+
+def _let_go(held: list[tuple[int, int]]) -> None:
+    for storage, tensor in held:
+        holders = _holders.get(storage)
+        if holders is not None:
+            holders.discard(tensor)
+            if not holders:
+                del _holders[storage]
+
+
+def _held_elsewhere(t: torch.Tensor) -> bool:
+    """Whether a tensor outside the compiled graphs shares ``t``'s storage (the storage object made to ask
+    counts once)."""
+    storage = t.untyped_storage()
+    return torch._C._storage_Use_Count(storage._cdata) > 1 + len(_holders.get(storage.data_ptr(), ()))
+
+
+def _alias(t: torch.Tensor) -> torch.Tensor:
+    if isinstance(t, torch.nn.Parameter):
+        return t
+    return t.as_strided(t.shape, t.stride(), t.storage_offset())
+
+
+def _static_copy(t: torch.Tensor) -> torch.Tensor:
+    static = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    static.copy_(t)
+    return static
+
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+            and a.dtype == b.dtype)
+
+
+def _forward_layout() -> tuple[set[int], range]:
+    """From AOTAutograd's metadata of the graph being compiled: the forward inputs torch keeps at fixed
+    addresses (parameters and buffers), and the forward outputs the caller sees (not the mutated inputs'
+    new values, which torch copies at once, nor the tensors saved for the backward)."""
+    context = torch._guards.TracingContext.try_get()
+    meta = getattr(context, "fw_metadata", None) if context is not None else None
+    if meta is None:
+        return set(), range(0)
+    mutated = meta.num_mutated_inp_runtime_indices
+    return set(meta.static_input_indices or ()), range(mutated, mutated + meta.num_outputs
+                                                         + meta.num_intermediate_bases)
+
+
+def _forward_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, inference: bool = False) -> Any:
+    aliased, user_outputs = _forward_layout()
+    aliased |= {i for i, a in enumerate(example_inputs) if isinstance(a, torch.nn.Parameter)}
+    return _Replayed(gm, example_inputs, "inference" if inference else "forward", aliased, user_outputs)
+
+
+def _backward_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+    # the gradients are handed out as copies: autograd takes a gradient over as the parameter's .grad when
+    # that is None (its storage, not a copy), and a replay must not rewrite a .grad
+    outputs = len(output_node_args(gm))
+    return _Replayed(gm, example_inputs, "backward", set(range(count_tangents(gm))), range(outputs))
+
+
+def output_node_args(gm: torch.fx.GraphModule) -> Sequence[Any]:
+    node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    return node.args[0] if isinstance(node.args[0], (list, tuple)) else (node.args[0],)
+
+
+def tunecl_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable[..., Any]:
+    """The dynamo backend ``"tunecl"`` (see the module docstring)."""
+    if kwargs:
+        warnings.warn(f"tunecl compile: options {sorted(kwargs)} are not used", stacklevel=2)
+    compile_with_aot = aot_autograd(
+        fw_compiler=_forward_compiler, bw_compiler=_backward_compiler,
+        inference_compiler=functools.partial(_forward_compiler, inference=True),
+        keep_inference_input_mutations=True)
+    return compile_with_aot(gm, example_inputs)
