@@ -6,7 +6,9 @@ Each case runs N ops on 16-float tensors (default 10,000 adds) and reports µs p
 - ``opencl``: wall time until the last op has *finished* on the device (synchronize included);
 - ``host``: the time the Python thread spent enqueueing (before the final synchronize), i.e. the
   backend's host cost per op when the device keeps up;
-- ``ratio``: opencl / cpu.
+- ``ratio``: opencl / cpu;
+- ``thread``: the CPU time of the enqueueing thread per op (``time.thread_time``), with its spread
+  (min-max over the rounds): on PoCL, whose workers share the cores, the steadiest measure of host cost.
 
 Every number is the median of ``--repeats`` rounds after a warm-up. On a CPU OpenCL device (PoCL)
 the device shares the host's cores, so ``opencl`` also includes kernel execution competing with
@@ -50,13 +52,21 @@ import tunecl.backend
 
 def _time(fn: Callable[[], object], n: int, sync: Callable[[], None]) -> tuple[float, float]:
     """(host µs/op, total µs/op) of ``n`` calls of ``fn``."""
-    start = time.perf_counter()
+    host, total, _ = _time3(fn, n, sync)
+    return host, total
+
+
+def _time3(fn: Callable[[], object], n: int, sync: Callable[[], None]) -> tuple[float, float, float]:
+    """(host µs/op, total µs/op, thread µs/op) of ``n`` calls of ``fn``; thread: the CPU time of the
+    calling thread while it enqueued (on PoCL the device's worker threads are not counted, only the
+    backend's Python and the driver's enqueue calls)."""
+    start, cpu_start = time.perf_counter(), time.thread_time()
     for _ in range(n):
         fn()
-    enqueued = time.perf_counter()
+    enqueued, cpu_enqueued = time.perf_counter(), time.thread_time()
     sync()
     done = time.perf_counter()
-    return (enqueued - start) / n * 1e6, (done - start) / n * 1e6
+    return (enqueued - start) / n * 1e6, (done - start) / n * 1e6, (cpu_enqueued - cpu_start) / n * 1e6
 
 
 def _cases(size: int) -> dict[str, Callable[[torch.device], Callable[[], object]]]:
@@ -180,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     batch = device.launch_batch
     paired = batch > 1  # then every round is also run with batching off, interleaved (same machine load)
     print(f"{'case':24s} {'cpu µs':>8s} {'opencl µs':>10s} {'host µs':>8s} {'ratio':>7s}"
-          + (f" {'unbatched µs':>13s}" if paired else ""))
+          + (f" {'unbatched µs':>13s}" if paired else "") + f" {'thread µs':>10s} {'spread':>13s}")
     torch.set_grad_enabled(True)
     cases = [(name, make, args.ops) for name, make in _cases(args.size).items()]
     if args.layers:
@@ -191,12 +201,13 @@ def main(argv: list[str] | None = None) -> None:
         cpu_fn, dev_fn = make(torch.device("cpu")), make(dev)
         for fn, sync in ((cpu_fn, lambda: None), (dev_fn, torch.opencl.synchronize)):
             _time(fn, min(500, ops), sync)  # warm-up: compiles, caches, allocator
-        cpu, host, total, unbatched = [], [], [], []
+        cpu, host, total, unbatched, thread = [], [], [], [], []
         for _ in range(args.repeats):  # interleaved, so all see the same machine load
             cpu.append(_time(cpu_fn, ops, lambda: None)[1])
-            h, t = _time(dev_fn, ops, torch.opencl.synchronize)
+            h, t, th = _time3(dev_fn, ops, torch.opencl.synchronize)
             host.append(h)
             total.append(t)
+            thread.append(th)
             if paired:
                 device.launch_batch = 0
                 try:
@@ -205,7 +216,8 @@ def main(argv: list[str] | None = None) -> None:
                     device.launch_batch = batch
         c, h, t = statistics.median(cpu), statistics.median(host), statistics.median(total)
         print(f"{name:24s} {c:8.2f} {t:10.2f} {h:8.2f} {t / c:7.1f}x"
-              + (f" {statistics.median(unbatched):13.2f}" if paired else ""))
+              + (f" {statistics.median(unbatched):13.2f}" if paired else "")
+              + f" {statistics.median(thread):10.2f} {min(thread):6.1f}-{max(thread):<6.1f}")
     _breakdown(args, dev)
     fallbacks = tunecl.backend.stats()["fallback_ops"]
     print(f"ops served by the CPU fallback: {fallbacks or 'none'}")

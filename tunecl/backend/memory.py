@@ -498,6 +498,11 @@ def _empty(size: Sequence[int], stride: Sequence[int], dl_dtype: tuple[int, int]
     return result
 
 
+# empty() for a caller that worked out once its DLPack dtype (DLPACK[dtype]) and its storage nbytes
+# (storage_nbytes): empty_sized(size, stride, dl_dtype, nbytes)
+empty_sized = _empty
+
+
 def empty_contiguous(size: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     return empty(size, contiguous_strides(size), dtype)
 

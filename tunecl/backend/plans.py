@@ -92,6 +92,7 @@ _get_matmul_precision = getattr(torch._C, "_get_float32_matmul_precision", _unav
 _get_cudnn_tf32 = getattr(torch._C, "_get_cudnn_allow_tf32", _unavailable)
 # kind -> (its flags at the previous call, the precisions they accept, the plans cached for those)
 _current: dict[str, tuple[Any, frozenset[str], dict[Problem, PlanEntry]]] = {}
+generation = 0   # bumped by clear(): what callers derived from plans (ops/conv.py's pre-built calls) is stale
 
 def gemm_algorithms() -> list[Any]:
     """The registered GEMM algorithms (``tunecl.kernels.algorithms("gemm")``)."""
@@ -110,6 +111,12 @@ def plan(problem: Problem) -> Any:
     Raises:
         Unsupported: no registered algorithm applies (the caller then takes the CPU route).
     """
+    return plan_entry(problem).plan
+
+
+def plan_entry(problem: Problem, count: bool = True) -> PlanEntry:
+    """:func:`plan`'s whole entry (the plan, its source, ...), counted as one use of the plan unless not
+    ``count``."""
     _, accepted, cached = _policy(problem.kind)
     entry = cached.get(problem)
     if entry is None:
@@ -119,8 +126,9 @@ def plan(problem: Problem) -> Any:
                 entry = _choose_plan(problem, accepted)
                 cached[problem] = entry
                 counters.plans[problem.key] = _stats_entry(entry)
-    counters.plan_sources[entry.source] += 1
-    return entry.plan
+    if count:
+        counters.plan_sources[entry.source] += 1
+    return entry
 
 
 def accepted_precisions(kind: str) -> frozenset[str]:
@@ -180,11 +188,13 @@ def conv_plan(problem: ConvProblem) -> Any:
 
 def clear() -> None:
     """Forget every cached plan (after the algorithms or the tuning DB changed)."""
+    global generation
     with _lock:
         for cached in _plans.values():  # (a _policy() result in flight may hold one of them)
             cached.clear()
         _current.clear()
         counters.plans.clear()
+        generation += 1
 
 
 # -- choosing ----------------------------------------------------------------------------------------

@@ -174,7 +174,7 @@ class WinogradPlan(GemmBackedPlan):
         """Floats of the transformed filters U (what :meth:`transform_weight` writes)."""
         return self.layout.u_floats
 
-    @property
+    @functools.cached_property
     def transform_key(self) -> tuple:
         """What U depends on besides the weight: plans with equal keys (any batch, any config) can share
         one transformed weight. (F(m×m), flipped for bwd_data, in and out channels, groups.)"""

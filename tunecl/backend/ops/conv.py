@@ -22,6 +22,10 @@ A transposed convolution runs the plans of the regular convolution it is made of
 ``bwd_data`` plan's (the bias added by a pointwise kernel), its input gradient the ``fwd`` plan's and
 its weight gradient the ``bwd_weight`` plan's, with the roles of input and output gradient swapped.
 
+A float32 call whose operands are contiguous runs a pre-built call of its signature (see "pre-built
+calls" below): the first call of a signature records its plans' launches, later ones allocate the
+outputs, bind the buffers and enqueue them, with the results of the route above bit for bit.
+
 3-D convolutions, dtypes other than fp32/fp16 and transposed convolutions whose ``output_padding`` is
 not below the stride keep an explicit CPU route that is counted and governed as a fallback
 (``TUNECL_FALLBACK=error`` raises). A zero-size batch produces empty (or, for gradients of
@@ -36,8 +40,9 @@ from typing import Any
 
 import torch
 
-from tunecl.backend import copies, fallback, half, memory, plans, state, weight_cache
+from tunecl.backend import copies, counters, fallback, half, memory, plans, state, weight_cache
 from tunecl.backend.memory import buffer_of
+from tunecl.kernels import launches
 from tunecl.backend.operands import operand
 from tunecl.backend.ops.reduction import reduce
 from tunecl.kernels.strided import Unsupported
@@ -219,6 +224,189 @@ def _backward(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tens
     return grad_input, grad_weight, grad_bias
 
 
+# -- pre-built calls ---------------------------------------------------------------------------------
+# A float32 convolution's signature (every operand's shape, strides, storage offset and dtype, the
+# convolution's parameters, output_mask, and the precisions torch's TF32 flags accept) fixes everything
+# but its buffers: the problems, the plans, the output geometry, the route, and each plan's launches with
+# their kernel variant, grid, offsets and scalars. So the first call of a signature records its plans'
+# launches (tunecl.kernels.launches) and later calls allocate the outputs, bind the buffers and enqueue.
+# What may change between calls of one signature is checked per call: whether the Winograd weight cache
+# serves the weight (policy, version, writes: weight_cache), and a graph capture or kernel profile
+# (Launches.enqueue then goes through pyopencl's launch function). plans.clear() (a new tuning DB, new
+# algorithms) and a new backend State drop every pre-built call.
+MAX_CALLS = 1024
+_calls: dict[tuple, Any] = {}        # signature -> _Forward / _Backward, or None: the general route
+_owner: list[Any] = [None, -1]       # the State and plans.generation the calls were built under
+_FLOAT32 = torch.float32
+_DL_FLOAT32 = memory.DLPACK[_FLOAT32]
+_PLAN = plans.plan   # a stand-in for it (tunecl.tools.coverage's dry run, no device) means the general route
+
+
+class _Run:
+    """One plan's run on one route (the whole plan, or from a cached weight transform): its launches,
+    recorded on first use; False once a recording was refused (the plan runs itself from then on)."""
+
+    __slots__ = ("launches",)
+
+    def __init__(self) -> None:
+        self.launches: Any = None
+
+    def __call__(self, device: Any, buffers: tuple, run: Any) -> None:
+        found = self.launches
+        if found:
+            found.enqueue(device.queue, buffers)
+            return
+        if found is None:
+            device.flush()   # launches deferred before this call are not part of its recording
+            with launches.recording() as recorder:
+                run()
+            if recorder is not None:
+                self.launches = recorder.launches(buffers) or False
+            return
+        run()
+
+
+class _Direction:
+    """A plan with a direction's output geometry, and its two runs (whole, from the cached transform)."""
+
+    __slots__ = ("full", "nbytes", "plan", "shape", "source", "strides", "transformed", "transforms")
+
+    def __init__(self, problem: ConvProblem, shape: Sequence[int]) -> None:
+        entry = plans.plan_entry(problem, count=False)   # (each run counts its use)
+        self.plan, self.source = entry.plan, entry.source
+        self.shape = tuple(shape)
+        self.strides = tuple(memory.contiguous_strides(shape))
+        self.nbytes = memory.storage_nbytes(self.shape, self.strides, 4)
+        self.transforms = weight_cache.can_transform(entry.plan)
+        self.full, self.transformed = _Run(), _Run()
+
+    def empty(self) -> torch.Tensor:
+        return memory.empty_sized(self.shape, self.strides, _DL_FLOAT32, self.nbytes)
+
+    def run(self, device: Any, a: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None,
+            backward: bool) -> None:
+        """``weight_cache.run_conv(plan, a, weight, out, bias=bias, backward=backward)`` by the launches."""
+        plan = self.plan
+        ba, bo = buffer_of(a), buffer_of(out)
+        bb = None if bias is None else buffer_of(bias)
+        counters.plan_sources[self.source] += 1
+        if self.transforms:
+            u = weight_cache.cached_transform(plan, weight, backward)
+            if u is not None:
+                self.transformed(device, (ba, buffer_of(u), bo, bb), lambda: plan.run_transformed(
+                    ba, buffer_of(u), bo, a_offset=a.storage_offset(), bias=bb,
+                    bias_offset=0 if bias is None else bias.storage_offset()))
+                return
+        bw = buffer_of(weight)
+        self.full(device, (ba, bw, bo, bb), lambda: plan.run(
+            ba, bw, bo, a_offset=a.storage_offset(), b_offset=weight.storage_offset(), bias=bb,
+            bias_offset=0 if bias is None else bias.storage_offset()))
+
+
+class _Forward:
+    __slots__ = ("direction",)
+
+    def __init__(self, problems: dict[str, ConvProblem], n: int, transposed: bool) -> None:
+        problem = problems["fwd"]
+        shape = (n, problem.c, problem.h, problem.w) if transposed else (n, problem.k, problem.p, problem.q)
+        self.direction = _Direction(problems["bwd_data"] if transposed else problem, shape)
+
+
+class _Backward:
+    __slots__ = ("channels", "data", "transposed", "weight")
+
+    def __init__(self, problems: dict[str, ConvProblem], input: torch.Tensor, weight: torch.Tensor,
+                 channels: int, transposed: bool, want_input: bool, want_weight: bool) -> None:
+        # every plan is found first: an Unsupported problem then takes the CPU route before anything runs
+        self.data = _Direction(problems["fwd"] if transposed else problems["bwd_data"],
+                               input.shape) if want_input else None
+        self.weight = _Direction(problems["bwd_weight"], weight.shape) if want_weight else None
+        self.channels, self.transposed = channels, transposed
+
+
+def _signature(t: torch.Tensor) -> tuple | None:
+    """What a pre-built call depends on of an operand: None for what only the general route runs
+    (not a contiguous float32 tensor)."""
+    if t.dtype is not _FLOAT32 or not t.is_contiguous():
+        return None
+    return t.shape, t.stride(), t.storage_offset()
+
+
+def _lookup(key: tuple) -> Any:
+    owner = state.get()
+    if _owner[0] is not owner or _owner[1] != plans.generation:
+        _calls.clear()
+        _owner[0], _owner[1] = owner, plans.generation
+    return _calls.get(key, _calls)   # (_calls itself: not seen yet)
+
+
+def _keep(key: tuple, call: Any) -> Any:
+    if len(_calls) >= MAX_CALLS:   # a safety valve for ever-changing signatures
+        _calls.clear()
+    _calls[key] = call
+    return call
+
+
+def _fast_forward(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: Sequence[int],
+                  padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int],
+                  groups: int) -> torch.Tensor | None:
+    """The forward by a pre-built call, or None where the general route serves the call."""
+    key = ("fwd", _signature(input), _signature(weight), None if bias is None else _signature(bias), tuple(stride),
+           tuple(padding), tuple(dilation), transposed, tuple(output_padding), groups,
+           plans.accepted_precisions("conv"))
+    call = _lookup(key)
+    if call is _calls:
+        eligible = (plans.plan is _PLAN and key[1] is not None and key[2] is not None
+                    and (bias is None or key[3] is not None)
+                    and input.dim() == 4 and weight.dim() == 4 and input.shape[0] > 0
+                    and not (transposed and bias is not None))
+        call = _keep(key, _Forward(_problems(input, weight, stride, padding, dilation, transposed, output_padding,
+                                             groups, bias), input.shape[0], transposed) if eligible else None)
+    if call is None:
+        return None
+    direction = call.direction
+    y = direction.empty()
+    direction.run(state.get().device, input, weight, y, bias, False)
+    return y
+
+
+def _fast_backward(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, stride: Sequence[int],
+                   padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int],
+                   groups: int, output_mask: Sequence[bool]) -> tuple | None:
+    """The backward by a pre-built call, or None where the general route serves the call."""
+    mask = tuple(bool(m) for m in output_mask)
+    key = ("bwd", _signature(grad_output), _signature(input), _signature(weight), tuple(stride), tuple(padding),
+           tuple(dilation), transposed, tuple(output_padding), groups, mask, plans.accepted_precisions("conv"))
+    call = _lookup(key)
+    if call is _calls:
+        eligible = (plans.plan is _PLAN and None not in key[1:4] and input.dim() == 4 and weight.dim() == 4 and input.shape[0] > 0)
+        call = _keep(key, _Backward(_problems(input, weight, stride, padding, dilation, transposed,
+                                              output_padding, groups, grad_output), input, weight,
+                                    grad_output.shape[1], transposed, mask[0], mask[1]) if eligible else None)
+    if call is None:
+        return None
+    device = state.get().device
+    grad_input = grad_weight = grad_bias = None
+    if call.data is not None:
+        grad_input = call.data.empty()
+        call.data.run(device, grad_output, weight, grad_input, None, True)
+    if call.weight is not None:
+        grad_weight = call.weight.empty()
+        a, b = (grad_output, input) if call.transposed else (input, grad_output)
+        call.weight.full(device, (buffer_of(a), buffer_of(b), buffer_of(grad_weight)), lambda: _run_weight(
+            call.weight, a, b, grad_weight))
+        counters.plan_sources[call.weight.source] += 1
+    if mask[2]:
+        grad_bias = reduce("sum", grad_output, [0, 2, 3], False,
+                           memory.empty_contiguous((call.channels,), grad_output.dtype))
+    return grad_input, grad_weight, grad_bias
+
+
+def _run_weight(direction: _Direction, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+    direction.plan.run(buffer_of(a), buffer_of(b), buffer_of(out), a_offset=a.storage_offset(),
+                       b_offset=b.storage_offset())
+
+
 # -- adapters ----------------------------------------------------------------------------------------
 def convolution(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: Sequence[int],
                 padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int],
@@ -226,7 +414,11 @@ def convolution(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     """``aten::convolution_overrideable``: the ``fwd`` plan, or the CPU route for what it cannot run."""
     args = (input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
     try:
-        return _forward(*args)
+        try:
+            y = _fast_forward(*args)
+        except KeyError:   # buffer_of: an operand on another device (the general route says what is wrong)
+            y = None
+        return _forward(*args) if y is None else y
     except Unsupported as why:
         # torch's own CPU convolution (the overrideable op has no CPU kernel), counted as a fallback
         return fallback.run_on_cpu(aten.convolution.default, args, {}, name=FORWARD, reason=str(why))
@@ -237,6 +429,13 @@ def convolution_backward(grad_output: torch.Tensor, input: torch.Tensor, weight:
                          output_padding: Sequence[int], groups: int, output_mask: Sequence[bool]):
     """``aten::convolution_backward_overrideable``: the ``bwd_data``/``bwd_weight`` plans and a sum."""
     try:
+        try:
+            grads = _fast_backward(grad_output, input, weight, stride, padding, dilation, transposed,
+                                   output_padding, groups, output_mask)
+        except KeyError:   # buffer_of: an operand on another device (the general route says what is wrong)
+            grads = None
+        if grads is not None:
+            return grads
         return _backward(grad_output, input, weight, stride, padding, dilation, transposed, output_padding,
                          groups, output_mask)
     except Unsupported as why:

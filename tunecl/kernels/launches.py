@@ -1,0 +1,145 @@
+"""Pre-built launches: the kernel launches of one plan call, recorded once and enqueued again with new buffers.
+
+A plan's ``run`` re-derives on every call what depends only on its problem and the operands' layout
+(the kernel variant, grids, offsets, scalars) and sets every kernel argument through pyopencl's
+invoker. A caller that knows the call's signature (shapes, strides, storage offsets, dtypes, flags)
+records one real call with :func:`recording` and turns it into :class:`Launches`: one copy of each
+kernel with all its arguments set once, the call's own buffers (the *roles*: input, weight, output,
+...) found by identity among them. A later call of the same signature binds its buffers to those
+argument slots and enqueues the copies (``enqueue_nd_range_kernel``, no argument conversion).
+
+While a graph capture or a :class:`~tunecl.profiling.KernelProfile` holds pyopencl's launch function
+(``profiling.swap_lock``), :meth:`Launches.enqueue` goes through it instead, with the original kernels
+and full argument lists, so the capture records and the profile sees exactly the launches ``run``
+makes.
+
+A recording refuses (:attr:`Recorder.refused`) a call that copies, waits for events, passes launch
+options, or gives one buffer two roles: such a call keeps running through the plan.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+
+from tunecl import profiling
+
+_enqueue = cl.enqueue_nd_range_kernel
+
+
+class Recorder:
+    """The launches one thread made inside :func:`recording`, as (kernel, global size, local size, args)."""
+
+    __slots__ = ("commands", "refused", "thread")
+
+    def __init__(self) -> None:
+        self.commands: list[tuple[cl.Kernel, tuple[int, ...], tuple[int, ...] | None, tuple]] = []
+        self.refused: str | None = None
+        self.thread = threading.get_ident()
+
+    def launches(self, roles: Sequence[Any]) -> Launches | None:
+        """The recorded launches as :class:`Launches` whose buffer roles are ``roles`` (cl buffers, or None
+        for a role the call did not have); None when the recording cannot be replayed."""
+        if self.refused is not None or not self.commands:
+            return None
+        present = [r for r in roles if r is not None]
+        if len({id(r) for r in present}) != len(present):   # one buffer in two roles: ambiguous
+            return None
+        where = {id(r): i for i, r in enumerate(roles) if r is not None}
+        built = []
+        for kernel, global_size, local_size, args in self.commands:
+            slots = tuple((pos, where[id(a)]) for pos, a in enumerate(args)
+                          if isinstance(a, cl.MemoryObjectHolder) and id(a) in where)
+            # the recorded call's own buffers are not kept (each call binds its own)
+            args = [None if any(pos == p for p, _ in slots) else a for pos, a in enumerate(args)]
+            preset = preset_kernel(kernel, args)
+            if preset is None:
+                return None
+            built.append((kernel, preset, global_size, local_size, args, slots))
+        return Launches(built)
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[Recorder | None]:
+    """Record the kernel launches this thread makes in the block (they run as usual); yields None, and
+    records nothing, while a graph capture or a KernelProfile holds pyopencl's launch functions."""
+    if not profiling.swap_lock.acquire(blocking=False):
+        yield None
+        return
+    recorder = Recorder()
+    call, copy = cl.Kernel.__call__, cl.enqueue_copy
+    thread = recorder.thread
+
+    def recording_call(kernel: cl.Kernel, queue: cl.CommandQueue, global_size: Any, local_size: Any,
+                       *args: Any, **kwargs: Any) -> Any:
+        if threading.get_ident() == thread:
+            if any(v is not None for v in kwargs.values()):
+                recorder.refused = f"a launch of {kernel.function_name} with options"
+            # by-value structs may be numpy arrays a caller reuses: keep their bytes as they were
+            recorder.commands.append((kernel, tuple(global_size), None if local_size is None else tuple(local_size),
+                                      tuple(a.copy() if isinstance(a, np.ndarray) else a for a in args)))
+        return call(kernel, queue, global_size, local_size, *args, **kwargs)
+
+    def recording_copy(queue: cl.CommandQueue, dest: Any, src: Any, **kwargs: Any) -> Any:
+        if threading.get_ident() == thread:
+            recorder.refused = "a copy"
+        return copy(queue, dest, src, **kwargs)
+
+    cl.Kernel.__call__ = recording_call
+    cl.enqueue_copy = recording_copy
+    try:
+        yield recorder
+    finally:
+        cl.Kernel.__call__, cl.enqueue_copy = call, copy
+        profiling.swap_lock.release()
+
+
+def preset_kernel(kernel: cl.Kernel, args: Sequence[Any]) -> cl.Kernel | None:
+    """A new kernel object for ``kernel`` with ``args`` set once (its scalar dtypes as ``Device.kernel`` set
+    them), so that enqueueing it costs no argument conversion; None for a kernel that cannot be copied so."""
+    if not hasattr(kernel, "_tunecl_dtypes"):
+        return None
+    try:
+        preset = cl.Kernel(kernel.program, kernel.function_name)
+        if kernel._tunecl_dtypes is not None:
+            preset.set_scalar_arg_dtypes(kernel._tunecl_dtypes)
+        preset.set_args(*args)
+    except (cl.Error, TypeError, ValueError):
+        return None
+    return preset
+
+
+class Launches:
+    """Recorded launches with their arguments set, whose role buffers each call binds anew."""
+
+    __slots__ = ("_launches", "_lock")
+
+    def __init__(self, launches: list[tuple]) -> None:
+        self._launches = launches
+        self._lock = threading.Lock()   # one call's bindings and enqueues stay together
+
+    def __len__(self) -> int:
+        return len(self._launches)
+
+    def enqueue(self, queue: cl.CommandQueue, buffers: Sequence[Any]) -> None:
+        """Enqueue every launch on ``queue``, in order, with ``buffers`` (by role) in their slots."""
+        if profiling.swap_lock.locked():   # a capture or a profile watches the launch function
+            for kernel, _, global_size, local_size, args, slots in self._launches:
+                args = list(args)
+                for pos, role in slots:
+                    args[pos] = buffers[role]
+                kernel(queue, global_size, local_size, *args)
+            return
+        with self._lock:
+            for _, preset, global_size, local_size, _, slots in self._launches:
+                if slots:
+                    bind = []
+                    for pos, role in slots:
+                        bind += (pos, buffers[role])
+                    preset._set_arg_multi(tuple(bind))
+                _enqueue(queue, preset, global_size, local_size)
