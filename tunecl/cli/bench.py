@@ -53,6 +53,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="after the timed iterations, run N more with every kernel launch and copy timed "
                              "by its device event; prints device-busy time next to wall time and the "
                              "kernels that took the most (default 0: no profile)")
+    parser.add_argument("--compile", action="store_true",
+                        help="run our side through torch.compile(model, backend='tunecl'): its forward and "
+                             "backward graphs are captured during the warm-up and replayed (the peer stays eager)")
     parser.add_argument("--graph", action="store_true",
                         help="after the warm-up, capture one step (forward, loss, backward and a fused Adam "
                              "step; inference: the forward) into a device graph and time its replays, each with "
@@ -68,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
 
     result = bench_net(args.net, device=args.device, batch=args.batch, image_size=args.image_size,
                        train=args.train, compare=args.compare, warmup=args.warmup, repeats=args.repeats,
-                       seed=args.seed, precision=args.precision, profile=args.profile, graph=args.graph,
+                       seed=args.seed, precision=args.precision, profile=args.profile, graph=args.graph, compiled=args.compile,
                        progress=lambda line: print(line, file=sys.stderr, flush=True))
     if args.json:
         print_json(result)
@@ -107,6 +110,9 @@ def print_result(result: dict[str, Any], out: TextIO | None = None) -> None:
                      "the same cores")
     if result.get("graph"):
         line("graph", "one step captured after the warm-up; the timed iterations replay it")
+    if result.get("compiled"):
+        line("compile", "torch.compile(backend='tunecl'): " + ", ".join(
+            f"{key} {value}" for key, value in sorted(result["compile"].items())))
     batches = result.get("stats_batches", result["repeats"])
     fallback = result["fallback_ops"]
     if fallback:

@@ -43,7 +43,7 @@ PEER_TIMEOUT_S = 3600.0
 def time_iterations(model: Any, x: Any, y: Any, device: str, *, train: bool, warmup: int, repeats: int,
                     after_warmup: Callable[[], None] | None = None,
                     after_timed: Callable[[Callable[[], None]], None] | None = None,
-                    graph: bool = False, fused: bool = False) -> list[float]:
+                    graph: bool = False, fused: bool = False, compiled: bool = False) -> list[float]:
     """Seconds of each of ``repeats`` timed iterations (after ``warmup`` untimed ones) on ``device``.
 
     ``model`` is moved to ``device``; ``x`` and ``y`` stay on the CPU and are copied every iteration,
@@ -56,6 +56,9 @@ def time_iterations(model: Any, x: Any, y: Any, device: str, *, train: bool, war
     inference: the forward) into a device graph (``torch.opencl.graph``, ``torch.cuda.graph``); a timed
     iteration then copies the batch into the graph's input tensors and replays it (inference: and copies the
     result back).
+
+    ``compiled`` (device ``opencl``) runs the model through ``torch.compile(model, backend="tunecl")``: its
+    graphs are captured during the warm-up (which needs at least 2 iterations) and replayed after.
     """
     import torch
     import torch.nn.functional as F
@@ -65,18 +68,19 @@ def time_iterations(model: Any, x: Any, y: Any, device: str, *, train: bool, war
     model = model.to(device).train(train)
     options = {"fused": True, "capturable": device == "cuda"} if graph else {"fused": True} if fused else {}
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, **options) if train else None
+    forward = torch.compile(model, backend="tunecl") if compiled else model
     if train:
         def iteration() -> None:
             xd, yd = x.to(device), y.to(device)
             optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(xd), yd)
+            loss = F.cross_entropy(forward(xd), yd)
             loss.backward()
             optimizer.step()
             synchronize(device)
     else:
         def iteration() -> None:
             with torch.no_grad():
-                model(x.to(device)).cpu()   # .cpu() waits for the result
+                forward(x.to(device)).cpu()   # .cpu() waits for the result
             synchronize(device)
 
     # CUDA graphs want the warm-up on a side stream (lazy library setup stays out of the capture)
@@ -178,7 +182,7 @@ def _timing(times: list[float]) -> dict[str, Any]:
 def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_size: int = 224,
               train: bool = False, compare: str | None = None, warmup: int = 3, repeats: int = 10,
               seed: int = 0, precision: str = "fp32", profile: int = 0, graph: bool = False,
-              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+              compiled: bool = False, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Benchmark ``net`` on the opencl device and on a peer; return one JSON-ready dict.
 
     Args:
@@ -196,6 +200,8 @@ def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_siz
             :func:`time_iterations`: the step includes a fused Adam), on our side and on a CUDA peer; a CPU
             peer runs the same fused Adam eagerly. The op counters (fallbacks, plan sources) then cover the
             captured step: ``stats_batches`` is 1.
+        compiled: run our side through ``torch.compile(model, backend="tunecl")`` (the peer stays eager);
+            the result's ``compile`` holds the backend's counters (:func:`tunecl.backend.compile.stats`).
         progress: called with a short line before each phase (the CLI prints them on stderr).
 
     Returns:
@@ -218,6 +224,8 @@ def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_siz
         raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
     if warmup < 0 or repeats < 1 or batch < 1 or image_size < 1 or profile < 0:
         raise ValueError("need warmup, profile >= 0 and repeats, batch, image_size >= 1")
+    if compiled and (graph or warmup < 2):
+        raise ValueError("compiled: needs warmup >= 2 (a warm-up and a capture) and no graph")
     if compare == "cuda" and not torch.cuda.is_available():   # say so before the long measurement
         raise TuneclError("--compare cuda: torch.cuda.is_available() is False here (torch "
                           f"{torch.__version__}); use --compare cpu or none")
@@ -244,7 +252,7 @@ def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_siz
         with tf32_flags(precision == "tf32"):
             times = time_iterations(model, x, y, "opencl", train=train, warmup=warmup, repeats=repeats,
                                     after_warmup=tunecl.backend.reset_stats, after_timed=after_timed,
-                                    graph=graph)
+                                    graph=graph, compiled=compiled)
     except tunecl.backend.FallbackError as error:   # TUNECL_FALLBACK=error and an op without a kernel
         raise TuneclError(f"{net} cannot run on opencl:0: {error}") from None
     except torch.opencl.GraphCaptureError as error:
@@ -277,8 +285,14 @@ def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_siz
         "ratio": ours["median_ms"] / peer["median_ms"] if peer else None,
         "fallback_ops": fallback, "fallback_calls": calls, "fallback_calls_per_batch": calls / stats_batches,
         "plan_sources": dict(stats["plan_sources"]), "profile": profiled or None, "graph": graph,
-        "stats_batches": stats_batches,
+        "stats_batches": stats_batches, "compiled": compiled, "compile": _compile_stats() if compiled else None,
     }
+
+
+def _compile_stats() -> dict[str, int]:
+    from tunecl.backend import compile as tunecl_compile
+
+    return tunecl_compile.stats()
 
 
 def measure_in_subprocess(spec: dict[str, Any], timeout: float = PEER_TIMEOUT_S) -> dict[str, Any]:
