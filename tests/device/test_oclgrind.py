@@ -8,14 +8,15 @@ of a group that do not all reach a barrier, and API errors (``OCLGRIND_CHECK_API
 report on stderr for each.
 
 Each test runs one suite of ``oclgrind_child.py`` in a child process on Oclgrind and fails on any report
-(shown in the failure with the case it belongs to), on a case that raised or computed a wrong result,
-and when a family expected to run did not. Families that need NVIDIA's inline PTX (tensor-core and
-cp.async variants) do not apply there, as on PoCL. A canary suite runs two kernels with known faults
-and must see both reported, so that checks which are silently off cannot pass.
+(shown in the failure with the case it belongs to), on a case that raised or whose result is far outside
+its tolerance (a near miss is a warning), and when a family expected to run did not. Families that need
+NVIDIA's inline PTX (the tensor-core ones) do not apply there, as on PoCL; gemm_tiled's cp.async staging
+runs with plain copies, as PoCL's tests build it. A canary suite runs two kernels with known faults and
+must see both reported, so that checks which are silently off cannot pass.
 
-The default tests take about a minute of CPU time altogether; ``TUNECL_OCLGRIND=full`` also runs the
-``oclgrind_full`` tests (more random configs, every transpose pair, more shapes: minutes), meant for
-before a kernel change lands::
+The default tests take about 45 s of CPU time altogether; ``TUNECL_OCLGRIND=full`` also runs the
+``oclgrind_full`` tests (more random configs, every transpose pair, more shapes: about 6 minutes of CPU
+time, the conv suite most of it), meant for before a kernel change lands::
 
     TUNECL_OCLGRIND=full python -m pytest -q -n 2 tests/device/test_oclgrind.py
 
@@ -244,6 +245,28 @@ def describe(reports: list[Report]) -> str:
     return f"Oclgrind reported {len(reports)} problems ({len(first)} distinct):\n\n" + "\n\n".join(parts)
 
 
+FAR_OFF = 100  # a wrong result this many tolerances off (or NaN) fails; a nearer one is a warning
+
+
+def far_off(note: str) -> bool:
+    """Whether a ``wrong`` note's worst element is more than FAR_OFF tolerances off (or unreadable).
+
+    Near misses are the correctness tests' business (tests/device, tests/torch on PoCL), where they
+    show too; what memory faults cause (values read from the wrong place, NaN) is far off."""
+    harness = re.search(r"got (\S+), expected (\S+), tolerance (\S+?)$", note)
+    torch_message = re.search(r"Greatest absolute difference: (\S+) .*?\(up to (\S+) allowed\)", note)
+    try:
+        if harness:
+            got, expected, tolerance = (float(v) for v in harness.groups())
+            return not abs(got - expected) <= FAR_OFF * tolerance
+        if torch_message:
+            difference, tolerance = (float(v) for v in torch_message.groups())
+            return not difference <= FAR_OFF * tolerance
+    except ValueError:
+        pass
+    return True
+
+
 def check_suite(suite: str, tmp_path: Path, full: bool) -> None:
     run = run_child(suite, tmp_path, full)
     tail = run.stderr[-4000:]
@@ -258,7 +281,12 @@ def check_suite(suite: str, tmp_path: Path, full: bool) -> None:
         s.matches(r) for s in (*LIMITATIONS, UNCHECKED_FOLLOW_UP)))]
     assert not problems, describe(problems)
     assert "suppressing further errors" not in run.stderr, "Oclgrind stopped reporting (OCLGRIND_MAX_ERRORS)"
-    failed = [note for note in run.notes.get("error", []) + run.notes.get("wrong", [])
+    wrong = run.notes.get("wrong", [])
+    near = [note for note in wrong if not far_off(note)]
+    if near:
+        warnings.warn(f"results of suite {suite} just outside their tolerance on Oclgrind:\n"
+                      + "\n".join(near), stacklevel=1)
+    failed = [note for note in run.notes.get("error", []) + [n for n in wrong if n not in near]
               if not any(note.startswith(f"{case}: ") for case in unchecked)]
     assert not failed, "cases that failed on Oclgrind:\n" + "\n".join(f[:3000] for f in failed)
     ran = set(" ".join(run.notes.get("ran", [])).split())
@@ -349,6 +377,18 @@ def test_parse_attributes_reports_to_cases_and_suppresses_only_the_listed_ones()
     assert "a = vload4(0, src + i);" in text
     assert notes["wrong"] == ["conv_direct default: 3 of 20 elements wrong"] and notes["done"] == ["gemm"]
     assert notes["device"] == ["Oclgrind Simulator [Oclgrind]"]
+
+
+def test_only_results_far_outside_their_tolerance_fail():
+    near = ("w4 random conv: 1 of 100 elements wrong (beta=0); worst at index (0, 1, 3, 3): got -0.664763, "
+            "expected -0.664767, tolerance 3.4e-06")
+    assert not far_off(near)
+    assert far_off(near.replace("got -0.664763", "got nan")) and far_off(near.replace("-0.664763", "0.1"))
+    torch_near = ("Mismatched elements: 1 / 6 (16.7%) | Greatest absolute difference: 2.1e-05 at index (1,) "
+                  "(up to 1e-05 allowed) | Greatest relative difference: 0.01 at index (1,) "
+                  "(up to 0.0001 allowed)")
+    assert not far_off(torch_near) and far_off(torch_near.replace("2.1e-05", "0.5"))
+    assert far_off("optim adam: The values for attribute 'shape' do not match: (3,) != (4,).")
 
 
 def test_the_static_array_suppression_is_limited_to_the_flat_tile_views():
