@@ -68,7 +68,12 @@ def time_iterations(model: Any, x: Any, y: Any, device: str, *, train: bool, war
     model = model.to(device).train(train)
     options = {"fused": True, "capturable": device == "cuda"} if graph else {"fused": True} if fused else {}
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, **options) if train else None
-    forward = torch.compile(model, backend="tunecl") if compiled else model
+    if compiled:   # (the backend function itself: the name needs the package's entry point installed)
+        from tunecl.backend.compile import tunecl_backend
+
+        forward = torch.compile(model, backend=tunecl_backend)
+    else:
+        forward = model
     if train:
         def iteration() -> None:
             xd, yd = x.to(device), y.to(device)
