@@ -100,8 +100,10 @@ def _prepare(sample: Any, device: torch.device | None,
         target = None
     args = pytree.tree_map(move, tuple(sample.args))
     kwargs = pytree.tree_map(move, dict(sample.kwargs))
-    if device is not None and "device" in kwargs and kwargs["device"] is not None:
-        kwargs["device"] = device
+    if "device" in kwargs and kwargs["device"] is not None:
+        # the device side names opencl; the reference the CPU (on a CUDA machine OpInfo also draws
+        # samples with device="cuda")
+        kwargs["device"] = device if device is not None else torch.device("cpu")
     elif device is not None and not memo:
         raise NoDevice("a sample without tensors or a device argument runs on the CPU only")
     return inp, args, kwargs, leaves

@@ -279,3 +279,15 @@ def tunecl_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kw
         inference_compiler=functools.partial(_forward_compiler, inference=True),
         keep_inference_input_mutations=True)
     return compile_with_aot(gm, example_inputs)
+
+
+def _register_name() -> None:
+    """Also register ``"tunecl"`` by name here, for runs from a source tree (the entry point needs the package
+    installed)."""
+    from torch._dynamo.backends import registry
+
+    if "tunecl" not in registry._BACKENDS:
+        registry.register_backend(compiler_fn=tunecl_backend, name="tunecl")
+
+
+_register_name()
