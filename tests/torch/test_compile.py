@@ -132,9 +132,8 @@ def test_an_op_on_the_cpu_fallback_runs_that_graph_eagerly():
     assert any("runs eagerly" in str(w.message) for w in seen)
     assert compile_backend.stats().get("eager_graphs") == 1
     torch._dynamo.reset()
-    with config.override(fallback="error"):
-        with pytest.raises(Exception, match="bessel_j0"):
-            torch.compile(uses_a_fallback, backend="tunecl")(x)
+    with config.override(fallback="error"), pytest.raises(RuntimeError, match="bessel_j0"):
+        torch.compile(uses_a_fallback, backend="tunecl")(x)
 
 
 def test_two_forwards_before_one_backward_keep_their_saved_tensors():
@@ -154,6 +153,7 @@ def test_two_forwards_before_one_backward_keep_their_saved_tensors():
 def test_the_backend_is_found_by_name_in_a_fresh_process():
     code = ("import torch; f = torch.compile(lambda x: x * 2 + 1, backend='tunecl'); "
             "import tunecl.backend; x = torch.ones(3, device='opencl'); print(f(x).cpu().tolist())")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "[3.0, 3.0, 3.0]" in done.stdout

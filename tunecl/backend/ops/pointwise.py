@@ -8,8 +8,8 @@ Non-structured ops (relu, hardtanh, where, masked_fill_, ...) are registered as 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 import warnings
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
