@@ -92,6 +92,16 @@ def _launch(expr: str, outs: Sequence[torch.Tensor], inputs: Sequence[Sequence[A
     return True
 
 
+def clone_all(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
+    """Copies of ``tensors`` in one multi-tensor launch per ``Optim.slots`` of them, where the path applies
+    (contiguous float32 opencl tensors); else None."""
+    pairs = _pairs(tensors)
+    if pairs is None or not tensors:
+        return None
+    outs = [empty_dense(t) for t in tensors]
+    return outs if _launch("copy", outs, [tensors], [], (tensors, pairs)) else None
+
+
 def _op(name: str) -> torch._ops.OpOverload:
     base, _, overload = name.partition(".")
     return getattr(getattr(torch.ops.aten, base), overload or "default")
