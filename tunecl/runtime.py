@@ -169,6 +169,25 @@ def retarget_ptx(ptx: str) -> str:
     return text
 
 
+# OpenCL lets float division be off by 2.5 ulp and sqrt by 3 unless a program is built with this option;
+# NVIDIA's compiler uses that latitude (1/sqrt(x) off by up to 2 ulp, x/y by 2, on the H200), where torch
+# rounds both correctly. Ill-conditioned results amplify the difference: a layer norm's weight gradient
+# over one element, a cov gradient that cancels to ~0.
+CORRECTLY_ROUNDED_DIVIDE_SQRT = "-cl-fp32-correctly-rounded-divide-sqrt"
+
+
+def default_build_options(cl_device: cl.Device) -> tuple[str, ...]:
+    """Options every program is built with on ``cl_device``: correctly rounded float division and sqrt
+    (as torch computes them) where the device supports them."""
+    try:
+        config_bits = int(cl_device.single_fp_config)
+    except cl.Error:
+        return ()
+    if config_bits & cl.device_fp_config.CORRECTLY_ROUNDED_DIVIDE_SQRT:
+        return (CORRECTLY_ROUNDED_DIVIDE_SQRT,)
+    return ()
+
+
 def build_program(context: cl.Context, cl_device: cl.Device, source: str, options: Sequence[str],
                   cache_dir: str | None = None) -> cl.Program:
     """Compile ``source`` with ``options`` for one device; with ARCH_PTX_OPTION among them, by way of
@@ -508,6 +527,7 @@ class Device:
         self._kernels: dict[tuple[int, str], cl.Kernel] = {}
         self._lock = threading.RLock()
         self._capabilities: frozenset[str] | None = None
+        self._default_options = default_build_options(entry.cl_device)
 
     @property
     def capabilities(self) -> frozenset[str]:
@@ -664,7 +684,7 @@ class Device:
         Raises:
             BuildError: the compiler rejected the program; the message carries the build log.
         """
-        options = tuple(options)
+        options = tuple(options) + tuple(o for o in self._default_options if o not in options)
         key = (hashlib.sha256(source.encode()).hexdigest(), options)
         with self._lock:
             program = self._programs.get(key)

@@ -97,3 +97,46 @@ def test_cli_devices_marks_default(capsys, monkeypatch):
     assert main(["devices"]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[1].startswith("*0")
+
+
+ROUNDING_SOURCE = """
+__kernel void divide_sqrt(__global const float *x, __global const float *y, __global float *q,
+                          __global float *r) {
+    const int i = get_global_id(0);
+    q[i] = x[i] / y[i];
+    r[i] = 1.0f / sqrt(x[i] + 1e-5f);
+}
+"""
+
+
+def test_programs_divide_and_take_sqrt_correctly_rounded(device, monkeypatch):
+    """Float division and sqrt round as torch's do where the device can (OpenCL otherwise allows 2.5 and
+    3 ulp, which NVIDIA's compiler takes): every program is built with the option asking for it."""
+    if not device.cl_device.single_fp_config & cl.device_fp_config.CORRECTLY_ROUNDED_DIVIDE_SQRT:
+        pytest.skip("the device cannot round float division and sqrt correctly")
+    seen = []
+    original = runtime.build_program
+
+    def recording(context, cl_device, source, options, cache_dir=None):
+        seen.append(tuple(options))
+        return original(context, cl_device, source, options, cache_dir)
+
+    monkeypatch.setattr(runtime, "build_program", recording)
+    program = device.build(ROUNDING_SOURCE, ["-DUNUSED=3"])
+    assert seen == [("-DUNUSED=3", runtime.CORRECTLY_ROUNDED_DIVIDE_SQRT)]
+    assert device.build(ROUNDING_SOURCE, ["-DUNUSED=3", runtime.CORRECTLY_ROUNDED_DIVIDE_SQRT]) is not None
+
+    rng = np.random.default_rng(0)
+    x = (rng.random(1 << 16, dtype=np.float32) * 100).astype(np.float32)
+    y = (rng.random(1 << 16, dtype=np.float32) + 0.37).astype(np.float32)
+    mf = cl.mem_flags
+    bx = cl.Buffer(device.context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=x)
+    by = cl.Buffer(device.context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=y)
+    bq, br = (cl.Buffer(device.context, mf.WRITE_ONLY, x.nbytes) for _ in range(2))
+    program.divide_sqrt(device.queue, x.shape, None, bx, by, bq, br)
+    q, r = np.empty_like(x), np.empty_like(x)
+    cl.enqueue_copy(device.queue, q, bq)
+    cl.enqueue_copy(device.queue, r, br)
+    device.queue.finish()
+    np.testing.assert_array_equal(q, x / y)
+    np.testing.assert_array_equal(r, np.float32(1) / np.sqrt(x + np.float32(1e-5)))
