@@ -49,11 +49,16 @@ CLEAR_ERRORS: dict[str, str] = {
 TOLERANCES: dict[str, dict[str, float]] = {
     "nn.functional.scaled_dot_product_attention": {"atol": 5e-5, "rtol": 5e-5},
 }
-GRAD_TOLERANCES: dict[str, dict[str, float]] = {}
+GRAD_TOLERANCES: dict[str, dict[str, float]] = {
+    "ldexp": {"atol": 1e-5, "rtol": 5e-6},
+}
 TOLERANCE_REASONS: dict[str, str] = {
     "nn.functional.scaled_dot_product_attention": "the CPU runs its fused flash-attention kernel (blockwise "
     "online softmax), the device torch's math path (matmul, softmax, matmul): float32 sums in another order "
     "differ by ~1e-5",
+    "ldexp": "the gradient of a 0-dim exponent sums input * ln2 * 2**other over the input's elements, and those "
+    "terms cancel (sample 3: 50 terms, sum |t| = 3327 against a sum of -28.85): the device's serial float32 sum "
+    "and the CPU's vectorised one differ by 8.4e-5 (2.9e-6 relative, on the H200; its pow is 1 ulp off too)",
 }
 
 # Ops whose gradients are not compared: op -> reason.

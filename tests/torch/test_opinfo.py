@@ -78,3 +78,10 @@ def test_opinfo_full(name):
 def test_slices_cover_every_op_once():
     names = [name for k in range(SLICES) for name in slice_names(k, SLICES)]
     assert sorted(names) == sorted(OPS)
+
+
+def test_every_looser_tolerance_names_its_reason():
+    expect = opinfo_check.expect
+    named = set(expect.TOLERANCES) | set(expect.GRAD_TOLERANCES)
+    assert named <= set(expect.TOLERANCE_REASONS), sorted(named - set(expect.TOLERANCE_REASONS))
+    assert named <= set(OPS), sorted(named - set(OPS))
