@@ -157,3 +157,22 @@ def test_the_backend_is_found_by_name_in_a_fresh_process():
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "[3.0, 3.0, 3.0]" in done.stdout
+
+
+def test_captures_count_in_memory_stats_and_are_freed_by_a_dynamo_reset():
+    import gc
+
+    import tunecl.backend
+
+    before = torch.opencl.memory_stats()["graph_bytes"]
+    run = torch.compile(_mlp().to("opencl"), backend="tunecl")
+    x = torch.randn(4, 7, device="opencl")
+    for _ in range(3):
+        run(x).sum().backward()
+    assert torch.opencl.memory_stats()["graph_bytes"] > before
+    assert tunecl.backend.stats()["compile"]["captures"] == 2
+    del run
+    torch._dynamo.reset()
+    gc.collect()
+    assert torch.opencl.memory_stats()["graph_bytes"] == before
+

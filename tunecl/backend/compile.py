@@ -106,6 +106,13 @@ class _Replayed:
         self.rewritten: list[int] = []           # outputs a replay rewrites, handed out as fresh aliases
         self.handed_out: list[weakref.ref] = []  # those aliases of the last call
 
+    def release(self) -> None:
+        """Free the capture (its buffers go back to the allocator); later calls run eagerly."""
+        if self.graph is not None:
+            self.graph.reset()
+        self.graph, self.static_inputs, self.static_outputs, self.handed_out = None, [], [], []
+        self.reason = self.reason or "its capture was released (torch._dynamo.reset)"
+
     def __call__(self, args: list[Any]) -> Any:
         if self.reason:
             return self.run_eagerly(args)
@@ -133,6 +140,7 @@ class _Replayed:
             _warn_once(self.reason)
             return self.run_eagerly(args)
         self.graph, self.static_inputs, self.static_outputs = graph, static, list(outputs)
+        _live.add(self)
         tensors = [t for t in (*static, *self.static_outputs) if isinstance(t, torch.Tensor)]
         _hold(self, tensors)
         # the outputs a replay rewrites: not those over an in-place input's storage (a parameter saved for
@@ -191,6 +199,17 @@ class _Replayed:
             handed_out.append(weakref.ref(out))
         self.handed_out = handed_out
         return outputs
+
+
+_live: weakref.WeakSet[_Replayed] = weakref.WeakSet()   # graphs holding a capture
+
+
+def release_all() -> None:
+    """Free every capture of the compiled graphs (``torch._dynamo.reset()`` calls this: torch keeps
+    compiled functions, and with them their graphs, beyond the compiled module's life)."""
+    for replayed in list(_live):
+        replayed.release()
+    _live.clear()
 
 
 # storage -> ids of the tensors over it that compiled graphs hold (each holds a reference to the storage)
@@ -282,6 +301,9 @@ def tunecl_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kw
         inference_compiler=functools.partial(_forward_compiler, inference=True),
         keep_inference_input_mutations=True)
     return compile_with_aot(gm, example_inputs)
+
+
+tunecl_backend.reset = release_all   # (dynamo's reset calls a backend's reset)
 
 
 def _register_name() -> None:

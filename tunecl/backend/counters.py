@@ -6,6 +6,7 @@ thread; a rare lost increment under a thread switch is acceptable for diagnostic
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from typing import Any
 
@@ -25,12 +26,15 @@ def stats() -> dict[str, Any]:
     ``plan_counts`` (cached plans per source, ``tunecl.backend.plans.SOURCES``: ``user``,
     ``user-other-driver``, ``shipped``, those three with ``-near-batch`` appended (tuned at another
     batch), ``tuned-on-miss``, ``default``), ``memory`` and ``winograd_cache`` (transformed weights
-    held, their bytes, hits, misses, ...: :func:`tunecl.backend.weight_cache.stats`).
+    held, their bytes, hits, misses, ...: :func:`tunecl.backend.weight_cache.stats`), and once
+    ``torch.compile(backend="tunecl")`` has been used, ``compile`` (:func:`tunecl.backend.compile.stats`).
     """
     from tunecl.backend import memory, weight_cache
 
     cached = {key: dict(value) for key, value in plans.items()}
+    compiled = sys.modules.get("tunecl.backend.compile")   # (loaded by torch.compile(backend="tunecl"))
     return {
+        **({"compile": compiled.stats()} if compiled is not None else {}),
         "ops": dict(op_counts),
         "fallback_ops": dict(fallback_counts),
         "plan_sources": dict(plan_sources),
