@@ -71,14 +71,16 @@ def _warn_once(reason: str) -> None:
 
 def _why_not_capturable(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> str | None:
     """Why a graph cannot be captured as it stands, judged from its inputs and its nodes' example values."""
+    # (a CPU tensor, 0-dim ones included, is read on the host: a replay would repeat the value it had at the
+    # capture, e.g. a non-capturable optimizer's step count)
     for value in inputs:
-        if isinstance(value, torch.SymInt) or (isinstance(value, torch.Tensor) and value.device.type != "opencl"
-                                                and not (value.device.type == "cpu" and value.dim() == 0)):
-            what = "symbolic sizes" if isinstance(value, torch.SymInt) else f"a {value.device.type} tensor input"
-            return f"{what}: a graph replays fixed shapes on the opencl device"
+        if isinstance(value, torch.SymInt):
+            return "symbolic sizes: a graph replays fixed shapes"
+        if isinstance(value, torch.Tensor) and value.device.type != "opencl":
+            return f"a {value.device.type} tensor input: a graph replays device work only"
     for node in gm.graph.nodes:
         value = node.meta.get("val")
-        if isinstance(value, torch.Tensor) and value.device.type not in ("opencl", "meta") and value.dim():
+        if isinstance(value, torch.Tensor) and value.device.type not in ("opencl", "meta"):
             return f"node {node.name} computes on {value.device.type}"
     return None
 
