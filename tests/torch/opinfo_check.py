@@ -209,6 +209,8 @@ def check(op: Any, *, max_samples: int | None = None) -> Outcome:
     outcome.fallback_ops = sum(tunecl.backend.stats()["fallback_ops"].values()) - before
     if errors:
         outcome.kind, outcome.detail = "clear error", errors[0]
+        if name in expect.MUST_MATCH:
+            outcome.kind = "failed"
     return outcome
 
 

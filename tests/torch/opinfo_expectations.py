@@ -45,6 +45,18 @@ CLEAR_ERRORS: dict[str, str] = {
     r"opencl tensors are strided only": "a sparse (or other non-strided) result",
 }
 
+_FLOAT64_INSIDE = ("makes float64 tensors inside (its decomposition or derivative); runs on the CPU as a whole "
+                   "(fallback.CPU_AUTOGRAD_OPS)")
+# Ops that must match: a clear error for them is a failure. op -> why they can.
+MUST_MATCH: dict[str, str] = {
+    **{name: _FLOAT64_INSIDE for name in (
+        "quantile", "nanquantile", "renorm", "linalg.lstsq", "linalg.lstsq.grad_oriented", "linalg.matrix_rank",
+        "linalg.matrix_rank.hermitian", "linalg.pinv", "linalg.pinv.hermitian", "linalg.pinv.singular",
+        "pinverse")},
+    "nn.functional.batch_norm": "an empty input's statistics are float32 (ops/composite.py), not the CPU's "
+                                "accumulate type",
+}
+
 # Looser comparisons than assert_close's defaults: op -> keyword arguments of assert_close, with the reason.
 TOLERANCES: dict[str, dict[str, float]] = {
     "nn.functional.scaled_dot_product_attention": {"atol": 5e-5, "rtol": 5e-5},

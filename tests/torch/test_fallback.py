@@ -91,3 +91,55 @@ def test_autocast_falls_through(strict):
     a = torch.randn(4, 4, device="opencl")
     with torch.autocast("opencl", dtype=torch.float16):
         assert (a + a).dtype == torch.float32
+
+
+FLOAT64_INSIDE = {
+    "quantile": lambda x: torch.quantile(x, 0.3, dim=1),
+    "nanquantile": lambda x: torch.nanquantile(x, torch.tensor([0.2, 0.7], device=x.device)),
+    "renorm": lambda x: torch.renorm(x, 2, 0, 1.0),
+    "linalg_lstsq": lambda x: torch.linalg.lstsq(x, x[:, :2] * 2 + 1).solution,
+    "linalg_pinv": lambda x: torch.linalg.pinv(x),
+    "pinverse": lambda x: torch.pinverse(x),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FLOAT64_INSIDE))
+def test_ops_making_float64_inside_run_on_the_cpu_with_their_gradients(name, fresh_stats):
+    """Ops whose decomposition or derivative makes float64 tensors (the device stores none) run on the
+    CPU as a whole, autograd included: results and float32 gradients as the CPU's, counted as fallbacks."""
+    fn = FLOAT64_INSIDE[name]
+    torch.manual_seed(0)
+    x = torch.randn(5, 4, requires_grad=True)
+    d = x.detach().to("opencl").requires_grad_(True)
+    with config.override(fallback="silent"):
+        expected, actual = fn(x), fn(d)
+        (grad,) = torch.autograd.grad(expected.sum(), [x])
+        (dgrad,) = torch.autograd.grad(actual.sum(), [d])
+    assert actual.device.type == "opencl" and dgrad.device.type == "opencl" and dgrad.dtype == torch.float32
+    torch.testing.assert_close(actual.cpu(), expected)
+    torch.testing.assert_close(dgrad.cpu(), grad)
+    assert sum(fresh_stats()["fallback_ops"].values()) >= 1
+
+
+def test_matrix_rank_and_out_variants_of_float64_inside_ops(fresh_stats):
+    x = torch.randn(5, 4)
+    d = x.to("opencl")
+    with config.override(fallback="silent"):
+        assert torch.linalg.matrix_rank(d).item() == torch.linalg.matrix_rank(x).item()
+        out = torch.empty(0, device="opencl")
+        result = torch.quantile(d, 0.5, dim=0, out=out)
+    assert result is out and out.shape == (4,)
+    torch.testing.assert_close(out.cpu(), torch.quantile(x, 0.5, dim=0))
+    assert fresh_stats()["fallback_ops"].get("aten::quantile.scalar_out") == 1
+
+
+def test_batch_norm_of_an_empty_input_runs_on_the_device(strict):
+    """batch_norm gives an empty input statistics of the CPU's accumulate type (float64); on opencl
+    they are float32, and the result (input * weight[0] + bias[0]) keeps its gradients."""
+    x = torch.randn(0, 3, device="opencl", requires_grad=True)
+    w = torch.randn(3, device="opencl", requires_grad=True)
+    b = torch.randn(3, device="opencl", requires_grad=True)
+    y = torch.nn.functional.batch_norm(x, None, None, w, b, training=True)
+    assert y.shape == (0, 3) and y.device.type == "opencl"
+    gw, gb = torch.autograd.grad(y.sum(), [w, b])
+    assert gw.cpu().tolist() == [0.0, 0.0, 0.0] and gb.cpu().tolist() == [0.0, 0.0, 0.0]

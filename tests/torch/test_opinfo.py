@@ -82,6 +82,7 @@ def test_slices_cover_every_op_once():
 
 def test_every_looser_tolerance_names_its_reason():
     expect = opinfo_check.expect
+    assert set(expect.MUST_MATCH) <= set(OPS), sorted(set(expect.MUST_MATCH) - set(OPS))
     named = set(expect.TOLERANCES) | set(expect.GRAD_TOLERANCES)
     assert named <= set(expect.TOLERANCE_REASONS), sorted(named - set(expect.TOLERANCE_REASONS))
     assert named <= set(OPS), sorted(named - set(OPS))

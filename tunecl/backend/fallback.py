@@ -203,3 +203,65 @@ def cpu_route(op: torch._ops.OpOverload, name: str) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> Any:
         return run_on_cpu(op, args, kwargs, name=name, reason="no device algorithm yet")
     return kernel
+
+
+# Ops run on the CPU as a whole, autograd included, for opencl tensors: each makes float64 tensors on its
+# input's device in its decomposition or its derivative formula, which the device does not store (float64
+# is the CPU's accumulate type of float32, and so of every device but CUDA's, MPS's and XPU's:
+# ``at::toAccumulateType``). quantile and nanquantile take q as double; linalg_matrix_rank and linalg_pinv
+# (also reached by pinverse and linalg_lstsq's backward) make their default tolerances with
+# ``at::zeros``/``at::full(..., kDouble)``; renorm's backward takes the norm in the accumulate type.
+CPU_AUTOGRAD_OPS = ("quantile", "nanquantile", "linalg_matrix_rank", "linalg_pinv", "linalg_lstsq", "renorm")
+
+
+def _map_tensors(x: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    if isinstance(x, torch.Tensor):
+        return fn(x)
+    if isinstance(x, (list, tuple)) and any(isinstance(e, torch.Tensor) for e in x):
+        return type(x)(_map_tensors(e, fn) for e in x)
+    return x
+
+
+def cpu_autograd_route(op: torch._ops.OpOverload) -> Callable[..., Any]:
+    """An ``AutogradPrivateUse1`` kernel that runs ``op`` on the CPU, counted and governed as a fallback:
+    opencl arguments go to the CPU and results come back by differentiable copies, so the op's own
+    derivative runs on the CPU too. Arguments the op writes (``out=``) get the CPU results copied in."""
+    name = op_name(op)
+    written = [(i, a.name) for i, a in enumerate(op._schema.arguments)
+               if a.alias_info is not None and a.alias_info.is_write]
+
+    def to_cpu(x: Any) -> Any:
+        if isinstance(x, torch.device) and x.type == "opencl":
+            return torch.device("cpu")
+        return _map_tensors(x, lambda t: t.to("cpu") if is_device(t) else t)
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        check_allowed(name, "it makes float64 tensors, which the device does not store")
+        counters.fallback_counts[name] += 1
+        cpu_args = [to_cpu(a) for a in args]
+        cpu_kwargs = {k: to_cpu(v) for k, v in kwargs.items()}
+        result = op(*cpu_args, **cpu_kwargs)
+        if written:
+            with torch.no_grad():
+                for index, arg_name in written:
+                    dev = args[index] if index < len(args) else kwargs.get(arg_name)
+                    host = cpu_args[index] if index < len(args) else cpu_kwargs.get(arg_name)
+                    if is_device(dev):
+                        if dev.shape != host.shape:
+                            dev.resize_(host.shape)
+                        dev.copy_(host)
+            hosts = {id(cpu_args[i] if i < len(args) else cpu_kwargs.get(n)): (args[i] if i < len(args) else
+                                                                              kwargs.get(n)) for i, n in written}
+            return _map_tensors(result, lambda t: hosts.get(id(t), t))
+        device = next(t.device for t in _tensors(args, kwargs) if is_device(t))   # (this key implies one)
+        return _map_tensors(result, lambda t: t.to(device) if t.device.type == "cpu" else t)
+
+    kernel.__name__ = f"opencl_cpu_{name.replace('::', '_').replace('.', '_')}"
+    return kernel
+
+
+def _tensors(args: tuple, kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    for x in list(args) + list(kwargs.values()):
+        _map_tensors(x, found.append)
+    return found

@@ -116,6 +116,15 @@ def _register_kernels() -> None:
     aten = torch.library.Library("aten", "IMPL")
     for name, adapter in kernel_table().items():
         aten.impl(name, _kernel(name, adapter), "PrivateUse1")
+    from tunecl.backend.ops import composite
+
+    for name, adapter in composite.AUTOGRAD_KERNELS.items():
+        aten.impl(name, adapter, "AutogradPrivateUse1")
+    for base in fallback.CPU_AUTOGRAD_OPS:
+        packet = getattr(torch.ops.aten, base)
+        for overload in packet.overloads():
+            aten.impl(f"{base}.{overload}" if overload != "default" else base,
+                      fallback.cpu_autograd_route(getattr(packet, overload)), "AutogradPrivateUse1")
     catch_all = torch.library.Library("_", "IMPL")
     catch_all.fallback(fallback.boxed_fallback, "PrivateUse1")
     # Autocast: ops without a cast policy fall through; torch has no policies for this key, so
