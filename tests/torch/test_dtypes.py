@@ -71,3 +71,32 @@ def test_stored_dtypes_compute_on_the_counted_fallback(dtype, fresh_stats):
     assert fresh_stats()["fallback_ops"], "these dtypes have no kernels: their ops are counted fallbacks"
     with config.override(fallback="error"), pytest.raises(tunecl.backend.FallbackError):
         d + e
+
+
+_X = torch.randn(3, 4)
+OUT_DTYPE_CASES = {
+    "gelu to bool": lambda d: torch._C._nn.gelu(_X.to(d), out=torch.empty(3, 4, dtype=torch.bool, device=d)),
+    "add to long": lambda d: torch.add(_X.to(d), _X.to(d), out=torch.empty(3, 4, dtype=torch.long, device=d)),
+    "exp to int32": lambda d: torch.exp(_X.to(d), out=torch.empty(3, 4, dtype=torch.int32, device=d)),
+    "amax to long": lambda d: torch.amax(_X.to(d), 0, out=torch.empty(4, dtype=torch.long, device=d)),
+    "add to float16": lambda d: torch.add(_X.to(d), 1, out=torch.empty(3, 4, dtype=torch.float16, device=d)),
+    "eq to float": lambda d: torch.eq(_X.to(d), 0, out=torch.empty(3, 4, device=d)),
+    "long + 1.5 to float": lambda d: torch.add(torch.ones(3, dtype=torch.long, device=d), 1.5,
+                                               out=torch.empty(3, device=d)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OUT_DTYPE_CASES))
+def test_out_dtype_is_checked_as_torch_does(case):
+    """An out= tensor of a dtype the result cannot be cast to (or, for some ops, of another dtype than
+    the input's) is refused as on the CPU; the casts torch allows compute as there."""
+    fn = OUT_DTYPE_CASES[case]
+    try:
+        expected = fn("cpu")
+    except RuntimeError:
+        with pytest.raises(RuntimeError):
+            fn("opencl")
+        return
+    with config.override(fallback="silent"):
+        actual = fn("opencl")
+    torch.testing.assert_close(actual.cpu(), expected)

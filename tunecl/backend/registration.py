@@ -85,6 +85,55 @@ def _written(op: torch._ops.OpOverload) -> tuple[tuple[int, str], ...]:
                  if (a.alias_info is not None and a.alias_info.is_write) or i in hidden)
 
 
+def _out_arguments(op: torch._ops.OpOverload) -> tuple[tuple[int, str], ...]:
+    """(position, name) of an out= overload's keyword-only written arguments (none for other overloads)."""
+    return tuple((i, a.name) for i, a in enumerate(op._schema.arguments)
+                 if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write)
+
+
+def _to_meta(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+    if isinstance(x, (list, tuple)) and any(isinstance(e, torch.Tensor) for e in x):
+        return type(x)(_to_meta(e) for e in x)
+    return x
+
+
+def _dtype_key(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.dtype, x.dim() == 0
+    if isinstance(x, (list, tuple)):
+        return tuple(_dtype_key(e) for e in x)
+    return type(x)
+
+
+def _out_dtype_check(op: torch._ops.OpOverload, outs: tuple[tuple[int, str], ...]) -> Callable[..., None]:
+    """torch's check of an out= tensor's dtype (``can_cast`` of the result type for most ops, the exact
+    dtype for some), which its structured out= wrappers make and our ``.out`` kernels would skip: the
+    op's meta kernel run once per signature of dtypes where some tensor's dtype differs from the first
+    output's (the functional forms allocate outputs of the right dtype and never pay for it)."""
+    passed: set[tuple] = set()
+
+    def check(args: tuple, kwargs: dict[str, Any]) -> None:
+        out = next((kwargs.get(n) for _, n in outs if isinstance(kwargs.get(n), torch.Tensor)), None)
+        if out is None:
+            return
+        dtype = out.dtype
+        if all(not isinstance(a, torch.Tensor) or a.dtype == dtype for a in args) and all(
+                not isinstance(v, torch.Tensor) or v.dtype == dtype for v in kwargs.values()):
+            return
+        key = (tuple(_dtype_key(a) for a in args), tuple((k, _dtype_key(v)) for k, v in kwargs.items()))
+        if key in passed:
+            return
+        try:
+            op(*[_to_meta(a) for a in args], **{k: _to_meta(v) for k, v in kwargs.items()})
+        except (NotImplementedError, TypeError):   # no meta kernel: nothing to check against
+            pass
+        passed.add(key)
+
+    return check
+
+
 def _kernel(name: str, adapter: Callable[..., Any]) -> Callable[..., Any]:
     """Count calls of ``name``; route an :class:`Unsupported` case to the CPU fallback. A kernel that
     writes into its arguments first tells :mod:`weight_cache` (transforms of a written weight are stale
@@ -95,9 +144,13 @@ def _kernel(name: str, adapter: Callable[..., Any]) -> Callable[..., Any]:
     full_name = fallback.op_name(op)
     written = _written(op)
     watched = weight_cache.watched
+    outs = _out_arguments(op)
+    check_out = _out_dtype_check(op, outs) if outs else None
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         counts[full_name] += 1
+        if check_out is not None:
+            check_out(args, kwargs)
         if written and watched:
             for index, arg_name in written:
                 weight_cache.note_write(args[index] if index < len(args) else kwargs.get(arg_name))
