@@ -143,3 +143,81 @@ class Launches:
                         bind += (pos, buffers[role])
                     preset._set_arg_multi(tuple(bind))
                 _enqueue(queue, preset, global_size, local_size)
+
+
+class Bound:
+    """One launch of a family whose arguments but its buffers are fixed by a call's signature: a copy of
+    the kernel with every other argument set once (scalars, packed meta, scratch, the absent operands'
+    NULLs), its buffers bound per call to ``positions``.
+
+    It is called as a deferred launch is (``bound(queue, global_size, local_size, binding)``, binding
+    the flat ``(position, buffer, ...)`` tuple of :meth:`binding`), so it can wait in
+    :meth:`tunecl.runtime.Device.defer`'s list like any launch: the buffers are bound when it is enqueued
+    (OpenCL captures argument values at the enqueue). While a graph capture or a KernelProfile holds
+    pyopencl's launch function (``profiling.swap_lock``) a caller launches :attr:`kernel` on
+    :meth:`arguments` instead, so the capture records and the profile sees the family's own launch.
+    """
+
+    __slots__ = ("args", "function_name", "global_size", "kernel", "local_size", "positions", "preset", "_lock")
+
+    def __init__(self, kernel: cl.Kernel, global_size: tuple[int, ...], local_size: tuple[int, ...] | None,
+                 args: Sequence[Any], positions: Sequence[int], preset: cl.Kernel) -> None:
+        self.kernel, self.global_size, self.local_size = kernel, global_size, local_size
+        self.args, self.positions, self.preset = tuple(args), tuple(positions), preset
+        self.function_name = kernel.function_name
+        self._lock = threading.Lock()   # one binding and its enqueue stay together
+
+    @classmethod
+    def build(cls, kernel: cl.Kernel, global_size: tuple[int, ...], local_size: tuple[int, ...] | None,
+              args: Sequence[Any], positions: Sequence[int]) -> Bound | None:
+        """``kernel`` launched over the grid on ``args``, whose entries at ``positions`` (None here) each
+        call binds; None for a kernel that cannot be copied with its arguments (see :func:`preset_kernel`)."""
+        preset = preset_kernel(kernel, args)
+        return None if preset is None else cls(kernel, global_size, local_size, args, positions, preset)
+
+    def binding(self, buffers: Sequence[Any]) -> tuple:
+        """The flat ``(position, buffer, ...)`` tuple that binds ``buffers`` (one per position, in order)."""
+        bind: list[Any] = []
+        for pos, buffer in zip(self.positions, buffers, strict=True):
+            bind += (pos, buffer)
+        return tuple(bind)
+
+    def arguments(self, binding: tuple) -> list:
+        """The full argument list of the launch with ``binding``'s buffers in their slots."""
+        args = list(self.args)
+        for i in range(0, len(binding), 2):
+            args[binding[i]] = binding[i + 1]
+        return args
+
+    def __call__(self, queue: cl.CommandQueue, global_size: Any, local_size: Any, binding: tuple,
+                 scalars: tuple = ()) -> None:
+        """Bind ``binding``'s buffers (and ``scalars``: a flat ``(position, packed bytes, ...)`` tuple of
+        by-value arguments) and enqueue the launch."""
+        preset = self.preset
+        with self._lock:
+            preset._set_arg_multi(binding)
+            if scalars:
+                preset._set_arg_buf_multi(scalars)
+            _enqueue(queue, preset, global_size, local_size)
+
+
+class Twin:
+    """The fused twin of a held launch (its op and the next one in one kernel, with the same grid and
+    arguments, see :meth:`tunecl.runtime.Device.hold`): :attr:`kernel` gives the kernel for the kernel's
+    own launch, a call its :class:`Bound`; both are built when an op first folds into the launch."""
+
+    __slots__ = ("_bound", "_made", "kernel")
+
+    def __init__(self, bound: Bound, kernel: Any) -> None:
+        self._bound, self.kernel = bound, kernel
+        self._made: Bound | None = None
+
+    def __call__(self) -> Bound:
+        made = self._made
+        if made is None:
+            bound = self._bound
+            made = Bound.build(self.kernel(), bound.global_size, bound.local_size, bound.args, bound.positions)
+            if made is None:
+                raise RuntimeError(f"the fused twin of {bound.function_name} cannot be pre-built")
+            self._made = made
+        return made

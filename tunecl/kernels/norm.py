@@ -15,11 +15,14 @@ ELEMENTWISE_GROUPS_PER_UNIT), the knobs to tune on a new device.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyopencl as cl
 
+from tunecl import profiling
+from tunecl.kernels import launches
 from tunecl.kernels.strided import (
     INT32_MAX,
     KernelCache,
@@ -76,6 +79,9 @@ class BatchNorm:
         # (name, kind, shape, flags, parts, offsets) -> (kernel, global size, local size, packed meta): what
         # _launch derives from them, kept so that a net's repeated layers skip deriving it again
         self._launches: dict[tuple, tuple[cl.Kernel, tuple[int, ...], tuple[int, ...], bytes]] = {}
+        # the backend's pre-built calls (tunecl.backend.ops.nn: its own signature key -> its call, or None
+        # for the general route); here because they hold this instance's kernels (see Pointwise.launches)
+        self.calls: dict[tuple, Any] = {}
 
     def parts(self, channels: int, count: int) -> int:
         """P, the work-groups per channel of the partial kernels, for ``channels`` channels of ``count``
@@ -168,10 +174,6 @@ class BatchNorm:
             self._launches[key] = launch
         return launch
 
-    def forget_launches(self) -> None:
-        """Drop the kept launch plans: after changing this module's launch constants (tests, tuning)."""
-        self._launches.clear()
-
     def _plan_launch(self, name: str, kind: str, shape: tuple[int, int, int], ops: Mapping[str, Tensor | None],
                      flags: tuple[str, ...], parts: int, offsets: tuple[int, ...]
                      ) -> tuple[cl.Kernel, tuple[int, ...], tuple[int, ...], bytes]:
@@ -193,48 +195,148 @@ class BatchNorm:
             global_size, local_size = self._elementwise_grid(n, c, length // vw)
         return kernel, global_size, local_size, meta
 
-    def _reduce(self, partial: str, finalize: str, shape: tuple[int, int, int], ops: Mapping[str, Tensor | None],
-                flags: tuple[str, ...], eps: float, momentum: float, scratch_channels: int) -> cl.Buffer:
+    def _reduce_steps(self, partial: str, finalize: str, shape: tuple[int, int, int], flags: tuple[str, ...],
+                      scratch_channels: int) -> tuple[list[tuple], cl.Buffer]:
         n, c, length = shape
         parts = self.parts(c, n * length)
         scratch = self._scratch_for(scratch_channels, parts)
-        self._launch(partial, "partial", shape, ops, flags, eps, momentum, parts, scratch)
+        steps = [(partial, "partial", flags, parts, scratch, False)]
         if parts > 1:  # with one part the partial kernel finishes each channel itself
-            self._launch(finalize, "finalize", shape, ops, flags, eps, momentum, parts, scratch)
-        return scratch
+            steps.append((finalize, "finalize", flags, parts, scratch, False))
+        return steps, scratch
+
+    def _forward_steps(self, shape: tuple[int, int, int], ops: Mapping[str, Tensor | None], training: bool,
+                       fusable: bool) -> list[tuple]:
+        """The forward's launches as (name, kind, flags, parts, scratch, held); with self._lock held."""
+        n, c, length = shape
+        if c == 0:
+            return []
+        flags = tuple(f for f, on in (("HAS_WEIGHT", ops.get("weight")), ("HAS_BIAS", ops.get("bias")),
+                                      ("HAS_RUNNING", ops.get("running_mean")), ("EVAL", not training)) if on)
+        steps: list[tuple] = []
+        if training:
+            steps += self._reduce_steps("bn_stats", "bn_stats_finalize", shape,
+                                        tuple(f for f in flags if f == "HAS_RUNNING"), c)[0]
+        if n * length:
+            steps.append(("bn_apply", "elementwise", tuple(f for f in flags if f != "HAS_RUNNING"), 1, None, fusable))
+        return steps
+
+    def _backward_steps(self, shape: tuple[int, int, int], ops: Mapping[str, Tensor | None], training: bool,
+                        need_input_grad: bool) -> list[tuple]:
+        """The backward's launches as (name, kind, flags, parts, scratch, held); with self._lock held."""
+        n, c, length = shape
+        if c == 0:
+            return []
+        base = (("HAS_WEIGHT",) if ops.get("weight") is not None else ()) + (("EVAL",) if not training else ())
+        reduce_flags = base + (("HAS_GW",) if ops.get("grad_weight") is not None else ()) + \
+            (("HAS_GB",) if ops.get("grad_bias") is not None else ())
+        steps: list[tuple] = []
+        scratch = None
+        if training or ops.get("grad_weight") is not None or ops.get("grad_bias") is not None:
+            steps, scratch = self._reduce_steps("bn_backward_reduce", "bn_backward_finalize", shape, reduce_flags, c)
+        if need_input_grad and n * length:
+            steps.append(("bn_backward_apply", "elementwise", base, 1, scratch, False))
+        return steps
 
     def forward(self, shape: tuple[int, int, int], ops: Mapping[str, Tensor | None], training: bool,
                 eps: float, momentum: float, fusable: bool = False) -> None:
         """``ops`` names x, y, weight, bias, running_mean, running_var, save_mean, save_invstd. ``fusable``
         (y contiguous float32): the normalising launch waits, held, so that an in-place relu of y right
         after it can run inside it instead (:func:`tunecl.kernels.strided.relu_tag`)."""
-        n, c, length = shape
-        if c == 0:
-            return
-        flags = tuple(f for f, on in (("HAS_WEIGHT", ops.get("weight")), ("HAS_BIAS", ops.get("bias")),
-                                      ("HAS_RUNNING", ops.get("running_mean")), ("EVAL", not training)) if on)
         with self._lock:
-            if training:
-                self._reduce("bn_stats", "bn_stats_finalize", shape, ops,
-                             tuple(f for f in flags if f == "HAS_RUNNING"), eps, momentum, c)
-            if n * length:
-                self._launch("bn_apply", "elementwise", shape, ops, tuple(f for f in flags if f != "HAS_RUNNING"),
-                             eps, momentum, 1, None, held=fusable)
+            for name, kind, flags, parts, scratch, held in self._forward_steps(shape, ops, training, fusable):
+                self._launch(name, kind, shape, ops, flags, eps, momentum, parts, scratch, held)
 
     def backward(self, shape: tuple[int, int, int], ops: Mapping[str, Tensor | None], training: bool,
                  eps: float, need_input_grad: bool) -> None:
         """``ops`` names dy, x, weight, mean/invstd (saved or running), y (grad_input), grad_weight and
         grad_bias."""
-        n, c, length = shape
-        if c == 0:
-            return
-        base = (("HAS_WEIGHT",) if ops.get("weight") is not None else ()) + (("EVAL",) if not training else ())
-        reduce_flags = base + (("HAS_GW",) if ops.get("grad_weight") is not None else ()) + \
-            (("HAS_GB",) if ops.get("grad_bias") is not None else ())
         with self._lock:
-            scratch = None
-            if training or ops.get("grad_weight") is not None or ops.get("grad_bias") is not None:
-                scratch = self._reduce("bn_backward_reduce", "bn_backward_finalize", shape, ops, reduce_flags, eps,
-                                       0.0, c)
-            if need_input_grad and n * length:
-                self._launch("bn_backward_apply", "elementwise", shape, ops, base, eps, 0.0, 1, scratch)
+            for name, kind, flags, parts, scratch, held in self._backward_steps(shape, ops, training,
+                                                                                need_input_grad):
+                self._launch(name, kind, shape, ops, flags, eps, 0.0, parts, scratch, held)
+
+    # -- pre-built calls ----------------------------------------------------------------------------
+    def prepare_forward(self, shape: tuple[int, int, int], ops: Mapping[str, Tensor | None], training: bool,
+                        eps: float, momentum: float, fusable: bool = False) -> Prepared | None:
+        """:meth:`forward`'s launches for every call of this signature (the shape, which of ``ops`` are
+        given and their offsets, the flags and scalars), pre-built; None where they cannot be."""
+        with self._lock:
+            steps = self._forward_steps(shape, ops, training, fusable)
+        return self._prepare(shape, ops, steps, eps, momentum)
+
+    def prepare_backward(self, shape: tuple[int, int, int], ops: Mapping[str, Tensor | None], training: bool,
+                         eps: float, need_input_grad: bool) -> Prepared | None:
+        """:meth:`backward`'s launches for every call of this signature, pre-built (see :meth:`prepare_forward`)."""
+        with self._lock:
+            steps = self._backward_steps(shape, ops, training, need_input_grad)
+        return self._prepare(shape, ops, steps, eps, 0.0)
+
+    def _prepare(self, shape: tuple[int, int, int], ops: Mapping[str, Tensor | None], steps: list[tuple],
+                 eps: float, momentum: float) -> Prepared | None:
+        if not steps:
+            return None
+        # the call's own buffers are not kept: a layout of (None, offset) pairs plans the same launches
+        layout = {k: (None, t[1]) for k, t in ops.items() if t is not None}
+        located = [layout.get(k) for k in _OFFSETS]
+        positions = tuple(i for i, t in enumerate(located) if t is not None)
+        offsets = tuple(0 if t is None else t[1] for t in located)
+        built = []
+        for name, kind, flags, parts, scratch, held in steps:
+            kernel, global_size, local_size, meta = self._kept_launch(name, kind, shape, layout, flags, parts, offsets)
+            args = [None] * len(_OFFSETS) + [scratch, np.float32(eps), np.float32(momentum), meta]
+            bound = launches.Bound.build(kernel, global_size, local_size, args, positions)
+            if bound is None:
+                return None
+            twin = None
+            if held:
+                twin = launches.Twin(bound, lambda name=name, kind=kind, flags=flags, parts=parts: self._kept_launch(
+                    name, kind, shape, layout, (*flags, "RELU"), parts, offsets)[0])
+            built.append((bound, twin))
+        n, c, length = shape
+        return Prepared(self, tuple(built), positions, offsets[1], n * c * length)
+
+    def forget_launches(self) -> None:
+        """Drop the kept launch plans and pre-built calls: after changing this module's launch constants
+        (tests, tuning)."""
+        self._launches.clear()
+        self.calls.clear()
+
+
+class Prepared:
+    """One batch-norm call signature's launches, pre-built (:class:`tunecl.kernels.launches.Bound`): a call
+    binds its tensors' buffers, those of ``ops`` that the signature has in the order of ``_OFFSETS``, and
+    enqueues them as :meth:`BatchNorm.forward` / :meth:`BatchNorm.backward` would (deferred; the forward's
+    normalising launch held for an in-place relu), bit for bit the same launches."""
+
+    __slots__ = ("_norm", "count", "positions", "steps", "y_offset")
+
+    def __init__(self, norm: BatchNorm, steps: tuple, positions: tuple[int, ...], y_offset: int, count: int):
+        self._norm, self.steps, self.positions = norm, steps, positions
+        self.y_offset, self.count = y_offset, count
+
+    def enqueue(self, buffers: Sequence[cl.Buffer]) -> None:
+        """Launch on ``buffers`` (one per position: the signature's tensors in ``_OFFSETS`` order; y's
+        is the second)."""
+        bind: list = [None] * (2 * len(buffers))
+        bind[0::2] = self.positions
+        bind[1::2] = buffers
+        binding = tuple(bind)
+        norm = self._norm
+        device = norm.device
+        watched = profiling.swap_lock.locked()   # a capture or a profile: the kernels' own launches
+        with norm._lock:
+            for bound, twin in self.steps:
+                if twin is None:
+                    if watched:
+                        device.defer(bound.kernel, bound.global_size, bound.local_size, bound.arguments(binding))
+                    else:
+                        device.defer(bound, bound.global_size, bound.local_size, (binding,))
+                    continue
+                tag = relu_tag(buffers[1], self.y_offset, self.count)
+                if watched:
+                    device.hold(bound.kernel, bound.global_size, bound.local_size, bound.arguments(binding), tag,
+                                twin.kernel)
+                else:
+                    device.hold(bound, bound.global_size, bound.local_size, (binding,), tag, twin)
+

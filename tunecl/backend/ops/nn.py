@@ -123,9 +123,180 @@ def _plain(*tensors: torch.Tensor | None) -> bool:
     return all(t is None or (t.dtype is float32 and t.is_contiguous()) for t in tensors)
 
 
+# -- pre-built batch-norm calls ----------------------------------------------------------------------
+# A float32 call whose tensors are all contiguous has a signature (the input's shape, strides and offset,
+# which of weight, bias and the statistics it has and their offsets, training, eps, momentum, and for the
+# backward grad_output's layout and output_mask) that fixes everything but its buffers: the output
+# geometry and every launch's kernel variant, grid, packed meta, scratch and scalars. So its launches are
+# built once (BatchNorm.prepare_forward / prepare_backward: kernel copies with those arguments set) and a
+# call allocates the outputs, binds the buffers and enqueues them, with the launches of the general route
+# below bit for bit (the forward's normalising launch still held for an in-place relu; a graph capture or
+# a KernelProfile gets the kernels' own launches). The table lives on the BatchNorm (a new backend State
+# or a dry run has its own) and is bounded (MAX_CALLS); forget_launches() drops it.
+MAX_CALLS = 1024
+_FLOAT32 = torch.float32
+_DL_FLOAT32 = memory.DLPACK[_FLOAT32]
+_NOT_PLAIN = -1   # a parameter's signature when it is not contiguous float32: the general route
+
+
+def _param(t: torch.Tensor | None) -> int | None:
+    """What a pre-built call depends on of a parameter or statistic: None when absent, its storage offset,
+    or _NOT_PLAIN."""
+    if t is None:
+        return None
+    return t.storage_offset() if t.dtype is _FLOAT32 and t.is_contiguous() else _NOT_PLAIN
+
+
+def _keep(calls: dict[tuple, Any], key: tuple, call: Any) -> Any:
+    if len(calls) >= MAX_CALLS:   # a safety valve for ever-changing signatures
+        calls.clear()
+    calls[key] = call
+    return call
+
+
+def _placed(offsets: dict[str, int | None]) -> dict[str, tuple[None, int] | None]:
+    """A call's operand layout as the norm kernels' planning takes it, without buffers."""
+    return {k: None if o is None else (None, o) for k, o in offsets.items()}
+
+
+class _Geometry:
+    """A contiguous float32 output's shape, strides and storage size, worked out once."""
+
+    __slots__ = ("nbytes", "shape", "strides")
+
+    def __init__(self, shape: Sequence[int], strides: Sequence[int]) -> None:
+        self.shape, self.strides = tuple(shape), tuple(strides)
+        self.nbytes = 4 * math.prod(self.shape)
+
+    def empty(self) -> torch.Tensor:
+        return memory.empty_sized(self.shape, self.strides, _DL_FLOAT32, self.nbytes)
+
+
+_NO_STATS = _Geometry((0,), (1,))
+
+
+class _BatchNormForward:
+    __slots__ = ("prepared", "stats", "training", "y")
+
+    def __init__(self, norm: Any, input: torch.Tensor, key: tuple, training: bool, momentum: float,
+                 eps: float) -> None:
+        shape = _ncl(input)
+        self.training = training
+        self.y = _Geometry(input.shape, input.stride())
+        self.stats = _Geometry((shape[1],), (1,))
+        offsets = {"x": key[3], "y": 0, "weight": key[4], "bias": key[5], "running_mean": key[6],
+                   "running_var": key[7]}
+        if training:
+            offsets.update(save_mean=0, save_invstd=0)
+        self.prepared = norm.prepare_forward(shape, _placed(offsets), training, eps, momentum, fusable=True)
+
+
+class _BatchNormBackward:
+    __slots__ = ("grad_input", "mask", "prepared", "stats", "train")
+
+    def __init__(self, norm: Any, input: torch.Tensor, key: tuple, train: bool, eps: float,
+                 mask: tuple[bool, bool, bool]) -> None:
+        shape = _ncl(input)
+        self.train, self.mask = train, mask
+        self.grad_input = _Geometry(input.shape, input.stride())
+        self.stats = _Geometry((shape[1],), (1,))
+        offsets = {"dy": key[3], "x": key[6], "weight": key[7], "y": 0 if mask[0] else None,
+                   "grad_weight": 0 if mask[1] else None, "grad_bias": 0 if mask[2] else None}
+        if train:
+            offsets.update(save_mean=key[10], save_invstd=key[11])
+        else:
+            offsets.update(running_mean=key[8], running_var=key[9])
+        self.prepared = norm.prepare_backward(shape, _placed(offsets), train, eps, mask[0])
+
+
+def _fast_batch_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                     running_mean: torch.Tensor | None, running_var: torch.Tensor | None, training: bool,
+                     momentum: float, eps: float) -> tuple | None:
+    """The forward by a pre-built call, or None where the general route serves the call."""
+    if input.dtype is not _FLOAT32 or not input.is_contiguous():
+        return None
+    norm = state.get().norm
+    key = ("fwd", input.shape, input.stride(), input.storage_offset(), _param(weight), _param(bias),
+           _param(running_mean), _param(running_var), training, eps, momentum, norm.force_parts)
+    calls = norm.calls
+    call = calls.get(key, calls)
+    if call is calls:   # (calls itself: not seen yet)
+        eligible = (_NOT_PLAIN not in key[4:8] and input.dim() >= 2 and input.numel() > 0
+                    and (training or (running_mean is not None and running_var is not None)))
+        call = _BatchNormForward(norm, input, key, training, momentum, eps) if eligible else None
+        call = _keep(calls, key, None if call is None or call.prepared is None else call)
+    if call is None:
+        return None
+    buffers = [_buffers[input.untyped_storage().data_ptr()], None]
+    for t in (weight, bias, running_mean, running_var):
+        if t is not None:
+            buffers.append(_buffers[t.untyped_storage().data_ptr()])
+    y = call.y.empty()
+    buffers[1] = _buffers[y.untyped_storage().data_ptr()]
+    if call.training:
+        stats = call.stats
+        save_mean, save_invstd = stats.empty(), stats.empty()
+        buffers += (_buffers[save_mean.untyped_storage().data_ptr()],
+                    _buffers[save_invstd.untyped_storage().data_ptr()])
+    else:   # empty saved statistics, as the general route returns
+        save_mean = _NO_STATS.empty()
+        save_invstd = save_mean.detach()
+    call.prepared.enqueue(buffers)
+    return y, save_mean, save_invstd
+
+
+def _fast_batch_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor | None,
+                              running_mean: torch.Tensor | None, running_var: torch.Tensor | None,
+                              save_mean: torch.Tensor | None, save_invstd: torch.Tensor | None, train: bool,
+                              eps: float, output_mask: Sequence[bool]) -> tuple | None:
+    """The backward by a pre-built call, or None where the general route serves the call."""
+    if (input.dtype is not _FLOAT32 or grad_out.dtype is not _FLOAT32 or not input.is_contiguous()
+            or not grad_out.is_contiguous()):
+        return None
+    norm = state.get().norm
+    mask = (bool(output_mask[0]), bool(output_mask[1]), bool(output_mask[2]))
+    key = ("bwd", grad_out.shape, grad_out.stride(), grad_out.storage_offset(), input.shape, input.stride(),
+           input.storage_offset(), _param(weight), _param(running_mean), _param(running_var), _param(save_mean),
+           _param(save_invstd), train, eps, mask, norm.force_parts)
+    calls = norm.calls
+    call = calls.get(key, calls)
+    if call is calls:
+        eligible = _NOT_PLAIN not in key[7:12] and input.dim() >= 2 and input.numel() > 0
+        call = _BatchNormBackward(norm, input, key, train, eps, mask) if eligible else None
+        call = _keep(calls, key, None if call is None or call.prepared is None else call)
+    if call is None:
+        return None
+    # the buffers in the norm kernels' order: x, y (grad_input), weight, the statistics, dy, the grads
+    buffers = [_buffers[input.untyped_storage().data_ptr()]]
+    grad_input = grad_weight = grad_bias = None
+    if mask[0]:
+        grad_input = call.grad_input.empty()
+        buffers.append(_buffers[grad_input.untyped_storage().data_ptr()])
+    if weight is not None:
+        buffers.append(_buffers[weight.untyped_storage().data_ptr()])
+    for t in (save_mean, save_invstd) if call.train else (running_mean, running_var):
+        if t is not None:
+            buffers.append(_buffers[t.untyped_storage().data_ptr()])
+    buffers.append(_buffers[grad_out.untyped_storage().data_ptr()])
+    if mask[1]:
+        grad_weight = call.stats.empty()
+        buffers.append(_buffers[grad_weight.untyped_storage().data_ptr()])
+    if mask[2]:
+        grad_bias = call.stats.empty()
+        buffers.append(_buffers[grad_bias.untyped_storage().data_ptr()])
+    call.prepared.enqueue(buffers)
+    return grad_input, grad_weight, grad_bias
+
+
 def native_batch_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                       running_mean: torch.Tensor | None, running_var: torch.Tensor | None, training: bool,
                       momentum: float, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    try:
+        result = _fast_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)
+    except KeyError:   # _buffers: an operand on another device (the general route says what is wrong)
+        result = None
+    if result is not None:
+        return result
     shape = _ncl(input)
     if not training and (running_mean is None or running_var is None):
         raise RuntimeError("running_mean and running_var must be defined in evaluation mode")
@@ -161,6 +332,13 @@ def native_batch_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, weig
                                running_mean: torch.Tensor | None, running_var: torch.Tensor | None,
                                save_mean: torch.Tensor | None, save_invstd: torch.Tensor | None, train: bool,
                                eps: float, output_mask: Sequence[bool]):
+    try:
+        grads = _fast_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean,
+                                          save_invstd, train, eps, output_mask)
+    except KeyError:   # _buffers: an operand on another device (the general route says what is wrong)
+        grads = None
+    if grads is not None:
+        return grads
     shape = _ncl(input)
     c = shape[1]
     plain = _plain(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd)
