@@ -170,8 +170,9 @@ class _Replayed:
                 _counts["eager_calls:an in-place input moved to another tensor"] += 1
                 return self.run_eagerly(args)
             copies.append((static, given))
-        for static, given in copies:
-            static.copy_(given)
+        if not foreach.copy_all([static for static, _ in copies], [given for _, given in copies]):
+            for static, given in copies:
+                static.copy_(given)
         _counts["input_copies"] += len(copies)
         args.clear()
         self.graph.replay()

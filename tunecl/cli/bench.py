@@ -54,8 +54,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "by its device event; prints device-busy time next to wall time and the "
                              "kernels that took the most (default 0: no profile)")
     parser.add_argument("--compile", action="store_true",
-                        help="run our side through torch.compile(model, backend='tunecl'): its forward and "
-                             "backward graphs are captured during the warm-up and replayed (the peer stays eager)")
+                        help="run our side's model and Adam step (capturable) through torch.compile(..., "
+                             "backend='tunecl'): their graphs are captured during the warm-up and replayed (the "
+                             "peer stays eager)")
     parser.add_argument("--graph", action="store_true",
                         help="after the warm-up, capture one step (forward, loss, backward and a fused Adam "
                              "step; inference: the forward) into a device graph and time its replays, each with "

@@ -57,8 +57,9 @@ def time_iterations(model: Any, x: Any, y: Any, device: str, *, train: bool, war
     iteration then copies the batch into the graph's input tensors and replays it (inference: and copies the
     result back).
 
-    ``compiled`` (device ``opencl``) runs the model through ``torch.compile(model, backend="tunecl")``: its
-    graphs are captured during the warm-up (which needs at least 2 iterations) and replayed after.
+    ``compiled`` (device ``opencl``) runs the model and the optimizer step (a ``capturable`` Adam, whose step
+    count lives on the device) through ``torch.compile(..., backend="tunecl")``: their graphs are captured
+    during the warm-up (which needs at least 2 iterations) and replayed after.
     """
     import torch
     import torch.nn.functional as F
@@ -67,20 +68,23 @@ def time_iterations(model: Any, x: Any, y: Any, device: str, *, train: bool, war
         raise ValueError(f"graphs need one of the devices {GRAPH_DEVICES}, not {device!r}")
     model = model.to(device).train(train)
     options = {"fused": True, "capturable": device == "cuda"} if graph else {"fused": True} if fused else {}
+    if compiled:
+        options = {"capturable": True}   # its step count on the device, so the compiled step replays
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, **options) if train else None
+    forward, optimizer_step = model, optimizer.step if train else None
     if compiled:   # (the backend function itself: the name needs the package's entry point installed)
         from tunecl.backend.compile import tunecl_backend
 
         forward = torch.compile(model, backend=tunecl_backend)
-    else:
-        forward = model
+        if train:
+            optimizer_step = torch.compile(optimizer.step, backend=tunecl_backend)
     if train:
         def iteration() -> None:
             xd, yd = x.to(device), y.to(device)
             optimizer.zero_grad(set_to_none=True)
             loss = F.cross_entropy(forward(xd), yd)
             loss.backward()
-            optimizer.step()
+            optimizer_step()
             synchronize(device)
     else:
         def iteration() -> None:
@@ -205,7 +209,8 @@ def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_siz
             :func:`time_iterations`: the step includes a fused Adam), on our side and on a CUDA peer; a CPU
             peer runs the same fused Adam eagerly. The op counters (fallbacks, plan sources) then cover the
             captured step: ``stats_batches`` is 1.
-        compiled: run our side through ``torch.compile(model, backend="tunecl")`` (the peer stays eager);
+        compiled: run our side's model and Adam step through ``torch.compile(..., backend="tunecl")`` (the
+            peer stays eager);
             the result's ``compile`` holds the backend's counters (:func:`tunecl.backend.compile.stats`).
         progress: called with a short line before each phase (the CLI prints them on stderr).
 

@@ -102,6 +102,13 @@ def clone_all(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
     return outs if _launch("copy", outs, [tensors], [], (tensors, pairs)) else None
 
 
+def copy_all(destinations: Sequence[torch.Tensor], sources: Sequence[torch.Tensor]) -> bool:
+    """``d.copy_(s)`` for each pair in one multi-tensor launch per ``Optim.slots`` of them, where the path
+    applies (contiguous float32 opencl tensors of equal shapes, no storage shared within a pair); False
+    (nothing done) otherwise."""
+    return bool(destinations) and _launch("copy", destinations, [sources], [])
+
+
 def _op(name: str) -> torch._ops.OpOverload:
     base, _, overload = name.partition(".")
     return getattr(getattr(torch.ops.aten, base), overload or "default")
