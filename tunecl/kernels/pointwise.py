@@ -8,11 +8,15 @@ operands. It is not tunable; the backend uses it for every elementwise op, copie
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
 import pyopencl as cl
+
+from tunecl import profiling
+from tunecl.kernels import launches
 
 from tunecl.kernels.strided import (
     CTYPES,
@@ -234,6 +238,31 @@ class _Plan(NamedTuple):
     vec: bool                 # the float4 variant: every element offset must be a multiple of 4
     unaligned: list           # a vec plan's scalar twin, built the first time offsets need it
     relu_twin: list           # RELU_TWINS: [] when the launch may wait for a relu (built when one comes), else None
+    bound: list               # [] until first launched at zero offsets, then [its _Bound, or None: cannot be]
+
+
+_PACKERS = {np.dtype(np.float32): struct.Struct("=f").pack, np.dtype(np.int32): struct.Struct("=i").pack,
+            np.dtype(np.int64): struct.Struct("=q").pack}
+
+
+class _Bound(launches.Bound):
+    """A plan's launch at offsets 0, pre-built: its buffers bound and its scalars packed per launch."""
+
+    __slots__ = ("buffer_args", "cast", "packers", "param_args", "scalar_args", "twin")
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+        self.buffer_args = self.positions
+        self.twin: launches.Twin | None = None
+
+    def scalars(self, args: Sequence, params: Sequence) -> tuple:
+        """The flat (position, packed bytes, ...) tuple of a launch's scalar inputs and parameters."""
+        cast, packers, packed = self.cast, self.packers, []
+        for i in self.scalar_args:
+            packed += (i, packers[i](cast(args[i])))
+        for i, p in zip(self.param_args, params):
+            packed += (i, packers[i](cast(p)))
+        return tuple(packed)
 
 
 class Pointwise:
@@ -311,7 +340,30 @@ class Pointwise:
         """Enqueue ``plan`` on ``args`` (out's buffer, then each input's buffer or scalar) with element
         ``offsets`` (out's, then each input's: 0 for scalars). ``args`` is extended in place. With
         ``defer``, by way of :meth:`Device.defer` (no event: the launch may be enqueued later, in
-        order, with the next use of the queue)."""
+        order, with the next use of the queue).
+
+        A deferred launch at offsets 0 (the common case) goes by the plan's pre-built launch
+        (:class:`_Bound`): a kernel copy with its packed meta set once, only the buffers and scalars bound
+        per launch, enqueued without pyopencl's argument conversion; while a graph capture or a
+        KernelProfile holds pyopencl's launch function it goes through the kernel itself."""
+        if defer and not any(offsets):
+            bound = plan.bound[0] if plan.bound else self._bound(plan)
+            if bound is not None and bound.kernel is plan.kernel and not profiling.swap_lock.locked():
+                try:
+                    scalars = bound.scalars(args, params) if bound.packers else ()
+                except (OverflowError, struct.error):   # out of the kernel type's range: pyopencl's conversion
+                    pass
+                else:
+                    binding = []
+                    for i in bound.buffer_args:
+                        binding += (i, args[i])
+                    entry = (tuple(binding), scalars)
+                    if plan.relu_twin is not None:   # an in-place relu of the output may follow: wait for it
+                        self.device.hold(bound, plan.global_size, plan.local_size, entry,
+                                         relu_tag(args[0], 0, plan.prefix[0]), bound.twin)
+                    else:
+                        self.device.defer(bound, plan.global_size, plan.local_size, entry)
+                    return None
         plan, meta = self.at_offsets(plan, offsets)
         cast = plan.cast
         for i in plan.scalar_args:
@@ -327,6 +379,29 @@ class Pointwise:
                 self.device.defer(plan.kernel, plan.global_size, plan.local_size, args)
             return None
         return plan.kernel(self.device.queue, plan.global_size, plan.local_size, *args)
+
+    def _bound(self, plan: _Plan) -> _Bound | None:
+        """``plan``'s pre-built launch at offsets 0, made once (None for a kernel that cannot be copied)."""
+        nin = len(plan.signature[3])
+        count = 1 + nin + EXPRESSIONS[plan.signature[0]].nparams
+        scalar_args = set(plan.scalar_args) | set(range(1 + nin, count))
+        # placeholders where each launch binds its own (the preset never keeps a caller's buffer)
+        args = [plan.cast(0) if i in scalar_args else None for i in range(count)] + [plan.meta]
+        preset = launches.preset_kernel(plan.kernel, args)
+        bound = None
+        if preset is not None:
+            dtypes = plan.kernel._tunecl_dtypes
+            bound = _Bound(plan.kernel, plan.global_size, plan.local_size, args,
+                           tuple(i for i in range(count) if i not in scalar_args), preset)
+            bound.scalar_args = tuple(plan.scalar_args)
+            bound.param_args = tuple(range(1 + nin, count))
+            bound.packers = tuple(_PACKERS[np.dtype(dtypes[i])] if i in scalar_args else None
+                                  for i in range(count)) if scalar_args else ()
+            bound.cast = plan.cast
+            if plan.relu_twin is not None:
+                bound.twin = launches.Twin(bound, lambda: self._relu_twin(plan))
+        plan.bound[:] = [bound]
+        return bound
 
     def _relu_twin(self, plan: _Plan) -> cl.Kernel:
         """The kernel of ``plan``'s launch with its op's relu twin (same arguments, grid and meta)."""
@@ -393,7 +468,7 @@ class Pointwise:
                      (round_up(-(-count // VEC) if vec else count, self.local),), (self.local,), wide,
                      pack_meta(prefix + [0] * len(operand_extents), idx), scalar_args, signature, vec, [],
                      [] if op in RELU_TWINS and tc == "float" and out.dtype == "float32" and _dense(mshape, mstrides[0])
-                     else None)
+                     else None, [])
         if key is not None:
             if len(self._plans) >= self.MAX_PLANS:
                 self._plans.clear()
