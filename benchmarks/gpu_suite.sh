@@ -6,7 +6,7 @@
 # Steps: mma bench validate conv tests (the default, in this order); when named: gemm_mma or conv_mma
 # (one half of mma), fp16 (~4 min), pretrans (~3 min), space (~3 min), graph (~5 min: benches with and without
 # --graph, GRAPH_BENCH net:batch:precision:infer|train list), host (~3 min: launch_cost.py,
-# overhead.py, batch_norm.py and host_profile.py), ship (tunes resnet18/50 batch 16 with --train for tuning_db/;
+# overhead.py, batch_norm.py and host_profile.py), ship (tunes resnet18/50 batch 16 with --train for tunecl/tuning_db/;
 # SHIP_TIME_LIMIT seconds per problem, default 8) and convergence (~16 min). Each step gets what is left of the budget (a step that cannot start with at least MIN_STEP_S seconds left is skipped and
 # logged); every command writes its own file under OUTDIR, and OUTDIR.tar.gz is rewritten after
 # every command, so a run cut off from outside still leaves everything finished so far in one file.
@@ -14,7 +14,7 @@
 #
 # Environment: NETS replaces the validate step's net list, BENCH the bench step's net:batch list, TESTS the test step's paths. PACK names the archive (default OUTDIR.tar.gz; e.g. a folder that is copied back while
 # OUTDIR's many small files stay behind). TUNECL_DEVICE selects the GPU (default: nvidia). The user DB is a fresh file under
-# OUTDIR unless TUNECL_DB is set; the shipped results in tuning_db/ are used as in a user's install.
+# OUTDIR unless TUNECL_DB is set; the shipped results in tunecl/tuning_db/ are used as in a user's install.
 set -u
 out=${1:?usage: gpu_suite.sh OUTDIR BUDGET_SECONDS [STEP ...]}
 budget=${2:?usage: gpu_suite.sh OUTDIR BUDGET_SECONDS [STEP ...]}
@@ -108,7 +108,7 @@ for step in $steps; do
           --json "$out/convergence-$sampler.json"
       done ;;
     ship)      # issue 6: the shipped H200 results - resnet18 and resnet50 at batch 16, forward and train,
-               # tuned into the suite's DB (problems tuning_db/ holds for this driver are skipped) and exported for tuning_db/
+               # tuned into the suite's DB (problems tunecl/tuning_db/ holds for this driver are skipped) and exported for tunecl/tuning_db/
       # (SHIP_NETS replaces the net:batch list; the DB is exported after every net, and every finished
       # problem is in the DB, so a run cut off by the budget still leaves its results in OUTDIR.tar.gz)
       for spec in ${SHIP_NETS:-resnet18:16 resnet50:16}; do

@@ -15,8 +15,8 @@ from pathlib import Path
 import platformdirs
 
 _APP = "tunecl"
-# tuning_db/ sits next to the package in a source checkout: <repo>/tunecl/config.py -> <repo>/tuning_db
-_DEFAULT_SHIPPED_DB = Path(__file__).resolve().parent.parent / "tuning_db"
+# the shipped results are package data: <package>/tuning_db, in a checkout and in an installed wheel alike
+_DEFAULT_SHIPPED_DB = Path(__file__).resolve().parent / "tuning_db"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,12 +26,12 @@ class Config:
     Attributes:
         device: default device selector (``TUNECL_DEVICE``): an index, ``platform:device`` or a name part.
         db_url: SQLAlchemy URL of the user tuning DB (``TUNECL_DB``; a plain path means SQLite).
-        storage_url: Optuna storage URL for studies (``TUNECL_STORAGE``).
+        storage_url: Optuna storage URL for studies (``TUNECL_STORAGE``; default :func:`studies_next_to` the DB).
         cache_dir: folder of the disposable compile cache (``TUNECL_CACHE_DIR``).
         fallback: what an op without a device kernel does (``TUNECL_FALLBACK``): ``warn``, ``silent``
             or ``error``.
         shipped_db: folder of the shipped read-only tuning results (``TUNECL_SHIPPED_DB``); defaults
-            to the repository's ``tuning_db/``; an empty string disables the shipped results.
+            to the package's ``tuning_db/`` (``tunecl/tuning_db``); an empty string disables the shipped results.
         tune: what the backend does for a conv/GEMM shape without a stored result (``TUNECL_TUNE``):
             ``off`` (run the heuristic default) or ``on-miss`` (tune it with a small budget, store
             the result in the user DB and run it, like ``cudnn.benchmark``).
@@ -73,8 +73,8 @@ class Config:
         cache_dir = env.get("TUNECL_CACHE_DIR") or platformdirs.user_cache_dir(_APP)
         return Config(
             device=env.get("TUNECL_DEVICE", "0") or "0",
-            db_url=normalize_db_url(env.get("TUNECL_DB") or str(data_dir / "tuning.sqlite")),
-            storage_url=normalize_db_url(env.get("TUNECL_STORAGE") or str(data_dir / "studies.sqlite")),
+            db_url=(db_url := normalize_db_url(env.get("TUNECL_DB") or str(data_dir / "tuning.sqlite"))),
+            storage_url=normalize_db_url(env.get("TUNECL_STORAGE") or studies_next_to(db_url, data_dir)),
             cache_dir=cache_dir,
             fallback=(env.get("TUNECL_FALLBACK") or "warn").lower(),
             # unset means the default folder, set-but-empty means "no shipped results"
@@ -128,6 +128,18 @@ def _int(env: dict[str, str], name: str, default: int) -> int:
         return int(value) if value.strip() else default
     except ValueError:
         raise ValueError(f"{name} must be an integer, not {value!r}") from None
+
+
+def studies_next_to(db_url: str, data_dir: Path | None = None) -> str:
+    """The default Optuna storage for the tuning DB ``db_url``: for a SQLite file ``NAME.sqlite``, the file
+    ``NAME-studies.sqlite`` beside it (so another DB never resumes this one's studies); for a server DB,
+    ``studies.sqlite`` in the user data folder (Optuna's tables cannot share a database with tunecl's:
+    both keep an ``alembic_version`` table)."""
+    db_url = normalize_db_url(db_url)
+    if db_url.startswith("sqlite:///") and db_url != "sqlite:///:memory:":
+        path = Path(db_url[len("sqlite:///"):])
+        return "sqlite:///" + str(path.with_name(f"{path.stem}-studies.sqlite"))
+    return normalize_db_url(str((data_dir or Path(platformdirs.user_data_dir(_APP))) / "studies.sqlite"))
 
 
 def normalize_db_url(value: str) -> str:

@@ -12,12 +12,20 @@ import sys
 import time
 from typing import Any, TextIO
 
+from tunecl import config
 from tunecl.cli.output import print_json, print_table
 from tunecl.precision import PRECISIONS
 from tunecl.problems import ConvProblem, GemmProblem
 
 SAMPLERS = ("tpe", "random", "grid")  # the search layer's names (kept here so --help imports nothing)
 
+
+
+def _storage(args) -> str | None:
+    """``--storage``, else the studies next to ``--db`` when that is given, else the configured storage."""
+    if args.storage:
+        return args.storage
+    return config.studies_next_to(args.db) if args.db else None
 
 def gemm_spec(text: str) -> GemmProblem:
     """argparse type of ``--gemm M,N,K[,ta,tb[,batch]][,dtype=float16]``."""
@@ -160,8 +168,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--storage", metavar="URL",
                         help="Optuna storage of the studies: an RDB URL (sqlite:///..., postgresql://...), "
                              "journal:///abs/path.log (Optuna's journal file) or a SQLite file (default: "
-                             "TUNECL_STORAGE, next to the DB); processes given the same --storage and --db "
-                             "share the work")
+                             "TUNECL_STORAGE, else NAME-studies.sqlite next to the DB NAME.sqlite); processes "
+                             "given the same --storage and --db share the work")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
     parser.add_argument("--no-progress", action="store_true",
                         help="do not draw the progress line (it is drawn only when stderr is a terminal: a "
@@ -251,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
     with TuningDB(args.db) as db:
         try:
             outcome = tune_problem(problem, device, db, trials=args.trials, time_limit=args.time_limit,
-                                   sampler=args.sampler, storage_url=args.storage, progress=progress,
+                                   sampler=args.sampler, storage_url=_storage(args), progress=progress,
                                    **options)
         except ValueError as error:   # a --try that does not fit this problem, device or precision
             return usage_error(f"--try: {error}")
@@ -392,7 +400,7 @@ def run_net(args: argparse.Namespace, device: Any, options: dict[str, Any]) -> i
             rows = tune_workload(workload, device, db, trials=args.trials, time_limit=args.time_limit,
                                  total_time_limit=args.total_time_limit, retune=args.retune,
                                  on_start=on_start, on_done=lambda i, r: (on_done(i, r), rows.append(r)),
-                                 sampler=args.sampler, storage_url=args.storage, progress=draw, **options)
+                                 sampler=args.sampler, storage_url=_storage(args), progress=draw, **options)
         except KeyboardInterrupt:
             interrupted = True
             if progress is not None:
