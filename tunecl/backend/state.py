@@ -76,6 +76,11 @@ class State:
         from tunecl.kernels.random import Random
         return Random(self.device)
 
+    @functools.cached_property
+    def transformer(self):
+        from tunecl.kernels.transformer import Transformer
+        return Transformer(self.device)
+
 
 _state: State | None = None
 _lock = threading.Lock()

@@ -12,7 +12,8 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-_MODULES = ("core", "creation", "pointwise", "reduction", "nn", "indexing", "optim", "foreach", "linalg", "conv")
+_MODULES = ("core", "creation", "pointwise", "reduction", "nn", "indexing", "optim", "foreach", "linalg", "conv",
+            "transformer")
 
 
 def kernel_table() -> dict[str, Callable[..., Any]]:
