@@ -1,10 +1,11 @@
-"""The ops transformers add to a CNN's set (tril/triu), on opencl vs CPU, forward and backward, over odd
+"""The ops transformers add to a CNN's set (tril/triu, layer norm's backward), on opencl vs CPU, forward and backward, over odd
 shapes, dtypes and strided views."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from opcheck import Input, check_op, strided, t
 
 TRI_CASES = [((5, 7), 0), ((7, 5), 2), ((3, 4, 6), -2), ((2, 3, 1, 1), 1), ((1, 1), 0), ((0, 3), 0), ((2, 0, 4), 1),
@@ -50,3 +51,56 @@ def test_causal_mask(strict):
     mask = torch.tril(torch.ones(9, 9, dtype=torch.bool, device="opencl"))
     assert torch.equal(mask.cpu(), torch.tril(torch.ones(9, 9, dtype=torch.bool)))
 
+
+LAYER_NORM_CASES = [((3, 7, 5), (5,)), ((4, 300), (300,)), ((2, 3, 257), (257,)), ((2, 3, 4), (3, 4)), ((1, 1), (1,)),
+                    ((9,), (9,)), ((5, 0), (0,)), ((0, 6), (6,)), ((2, 1, 1000), (1000,))]
+
+
+@pytest.mark.parametrize("affine", ["both", "weight", "none"])
+@pytest.mark.parametrize("shape,normalized", LAYER_NORM_CASES)
+def test_layer_norm(shape, normalized, affine):
+    x = torch.randn(shape) * 2 + 1
+    w, b = torch.rand(normalized) + 0.5, torch.randn(normalized)
+    if affine == "both":
+        check_op(lambda v, w, b: F.layer_norm(v, normalized, w, b, 1e-5), x, w, b, atol=2e-5)
+    elif affine == "weight":
+        check_op(lambda v, w: F.layer_norm(v, normalized, w, None, 1e-5), x, w, atol=2e-5)
+    else:
+        check_op(lambda v: F.layer_norm(v, normalized, None, None, 1e-5), x, atol=2e-5)
+
+
+def test_layer_norm_of_strided_inputs_and_partial_masks():
+    w, b = torch.rand(6) + 0.5, torch.randn(6)
+    check_op(lambda v, w, b: F.layer_norm(v, (6,), w, b), t(torch.randn(6, 5)), w, b, atol=2e-5)
+    check_op(lambda v, w, b: F.layer_norm(v, (6,), w, b), strided(torch.randn(4, 12)), w, b, atol=2e-5)
+    # only some gradients asked for: the input's alone, the parameters' alone
+    check_op(lambda v, w, b: F.layer_norm(v, (6,), w, b), torch.randn(3, 6), Input(w, grad=False),
+             Input(b, grad=False), atol=2e-5)
+    check_op(lambda v, w, b: F.layer_norm(v, (6,), w, b), Input(torch.randn(3, 6), grad=False), w, b, atol=2e-5)
+
+
+def test_layer_norm_backward_op_directly(strict):
+    x, dy = torch.randn(4, 3, 10), torch.randn(4, 3, 10)
+    w, b = torch.rand(10) + 0.5, torch.randn(10)
+    _, mean, rstd = torch.ops.aten.native_layer_norm(x, [10], w, b, 1e-5)
+    for mask in ([True, True, True], [True, False, False], [False, True, False], [False, False, True]):
+        expected = torch.ops.aten.native_layer_norm_backward(dy, x, [10], mean, rstd, w, b, mask)
+        actual = torch.ops.aten.native_layer_norm_backward(*(v.to("opencl") for v in (dy, x)), [10],
+                                                           *(v.to("opencl") for v in (mean, rstd, w, b)), mask)
+        for e, a in zip(expected, actual):
+            assert (e is None) == (a is None)
+            if e is not None:
+                torch.testing.assert_close(a.cpu(), e, atol=2e-5, rtol=1e-5)
+
+
+def test_layer_norm_float16(strict):
+    x, dy = torch.randn(5, 33).half(), torch.randn(5, 33).half()
+    w, b = (torch.rand(33) + 0.5).half(), torch.randn(33).half()
+    _, mean, rstd = torch.ops.aten.native_layer_norm(x.float(), [33], w.float(), b.float(), 1e-5)
+    expected = torch.ops.aten.native_layer_norm_backward(dy.float(), x.float(), [33], mean, rstd, w.float(),
+                                                         b.float(), [True, True, True])
+    actual = torch.ops.aten.native_layer_norm_backward(*(v.to("opencl") for v in (dy, x)), [33],
+                                                       *(v.to("opencl") for v in (mean, rstd, w, b)), [True] * 3)
+    for e, a in zip(expected, actual):
+        assert a.dtype == torch.float16
+        torch.testing.assert_close(a.cpu().float(), e, atol=2e-2, rtol=1e-2)

@@ -1,4 +1,5 @@
-// transformer.cl — the ops transformers add to a CNN's set: the triangle masks (tril/triu).
+// transformer.cl — the ops transformers add to a CNN's set: the triangle masks (tril/triu) and fp32
+// layer norm backward.
 //
 // tri_kernel      out[b, r, c] = keep ? in[b, r, c] : 0, keep = c - r <= K (LOWER) or c - r >= K, over a
 //                 batch of R x C matrices; in and out are strided (B, R, C) views (the host merges the
@@ -6,7 +7,19 @@
 //                 the element's size), so one kernel serves every dtype (zero is all bits clear in each).
 //                 meta (IDX): count, R, C, K, then offset and the three strides of in, then of out.
 //
-// Variants (-D options): T, IDX (int or long), LOWER.
+// ln_backward_input   layer norm's input gradient, one work-group of GROUP items per row r of N
+//                 elements: with xhat = (x - mean[r]) rstd[r] and g = dy * weight (dy without a weight),
+//                 dx = rstd[r] (g - sum(g) / N - xhat sum(g xhat) / N), the two sums by a tree in local
+//                 memory (fixed order: results are the same run to run).
+// ln_backward_params  grad_weight[j] = sum_r dy xhat, grad_bias[j] = sum_r dy: work-groups of
+//                 (PCOLS, PROWS) items, PCOLS adjacent columns each; an item sums the rows r = ly,
+//                 ly + PROWS, ..., the PROWS partial sums are then added in a fixed order.
+//                 Both take contiguous float32 data: x, dy and dx as (M, N), weight and the gradients
+//                 (N,), mean and rstd (M,). meta (IDX): M, N, then the element offsets of x, dy,
+//                 weight, mean, rstd, dx, grad_weight, grad_bias.
+//
+// Variants (-D options): T, IDX (int or long), LOWER; GROUP (a power of two), HAS_WEIGHT, HAS_GW, HAS_GB,
+// PCOLS, PROWS.
 
 #ifndef IDX
   #define IDX int
@@ -31,4 +44,104 @@ __kernel void tri_kernel(__global T *out, __global const T *in, const tri_meta_t
 #endif
   const IDX o = m.v[8] + b * m.v[9] + r * m.v[10] + c * m.v[11];
   out[o] = keep ? in[m.v[4] + b * m.v[5] + r * m.v[6] + c * m.v[7]] : (T)0;
+}
+
+#ifndef GROUP
+  #define GROUP 256
+#endif
+#ifndef PCOLS
+  #define PCOLS 32
+#endif
+#ifndef PROWS
+  #define PROWS 8
+#endif
+
+typedef struct { IDX v[10]; } ln_meta_t;
+#define LN_M     m.v[0]
+#define LN_N     m.v[1]
+#define OFF_X    m.v[2]
+#define OFF_DY   m.v[3]
+#define OFF_W    m.v[4]
+#define OFF_MEAN m.v[5]
+#define OFF_RSTD m.v[6]
+#define OFF_DX   m.v[7]
+#define OFF_GW   m.v[8]
+#define OFF_GB   m.v[9]
+
+__kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
+void ln_backward_input(__global float *dx, __global const float *x, __global const float *dy,
+                       __global const float *weight, __global const float *mean, __global const float *rstd,
+                       const ln_meta_t m)
+{
+  __local float s1[GROUP], s2[GROUP];
+  const IDX r = (IDX)get_group_id(0);
+  const int lid = get_local_id(0);
+  const IDX n = LN_N;
+  __global const float *xr = x + OFF_X + r * n;
+  __global const float *dyr = dy + OFF_DY + r * n;
+  const float mu = mean[OFF_MEAN + r], inv = rstd[OFF_RSTD + r];
+  float a = 0.0f, b = 0.0f;
+  for (IDX j = lid; j < n; j += GROUP) {
+#ifdef HAS_WEIGHT
+    const float g = dyr[j] * weight[OFF_W + j];
+#else
+    const float g = dyr[j];
+#endif
+    a += g;
+    b += g * ((xr[j] - mu) * inv);
+  }
+  s1[lid] = a;
+  s2[lid] = b;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int step = GROUP / 2; step > 0; step >>= 1) {
+    if (lid < step) {
+      s1[lid] += s1[lid + step];
+      s2[lid] += s2[lid + step];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  const float mean_g = s1[0] / (float)n, mean_gx = s2[0] / (float)n;
+  __global float *dxr = dx + OFF_DX + r * n;
+  for (IDX j = lid; j < n; j += GROUP) {
+#ifdef HAS_WEIGHT
+    const float g = dyr[j] * weight[OFF_W + j];
+#else
+    const float g = dyr[j];
+#endif
+    dxr[j] = inv * (g - mean_g - (xr[j] - mu) * inv * mean_gx);
+  }
+}
+
+__kernel __attribute__((reqd_work_group_size(PCOLS, PROWS, 1)))
+void ln_backward_params(__global float *grad_weight, __global float *grad_bias, __global const float *x,
+                        __global const float *dy, __global const float *mean, __global const float *rstd,
+                        const ln_meta_t m)
+{
+  __local float sw[PROWS][PCOLS], sb[PROWS][PCOLS];
+  const int lx = get_local_id(0), ly = get_local_id(1);
+  const IDX j = (IDX)get_group_id(0) * PCOLS + lx;
+  const IDX n = LN_N;
+  float a = 0.0f, b = 0.0f;
+  if (j < n) {
+    for (IDX r = ly; r < LN_M; r += PROWS) {
+      const float d = dy[OFF_DY + r * n + j];
+      a += d * ((x[OFF_X + r * n + j] - mean[OFF_MEAN + r]) * rstd[OFF_RSTD + r]);
+      b += d;
+    }
+  }
+  sw[ly][lx] = a;
+  sb[ly][lx] = b;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  if (ly == 0 && j < n) {
+    for (int k = 1; k < PROWS; ++k) {
+      a += sw[k][lx];
+      b += sb[k][lx];
+    }
+#ifdef HAS_GW
+    grad_weight[OFF_GW + j] = a;
+#endif
+#ifdef HAS_GB
+    grad_bias[OFF_GB + j] = b;
+#endif
+  }
 }

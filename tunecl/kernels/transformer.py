@@ -1,6 +1,12 @@
-"""The ops transformers need beyond a CNN's (``transformer.cl``): the triangle masks (tril/triu)."""
+"""The ops transformers need beyond a CNN's (``transformer.cl``): the triangle masks (tril/triu) and layer
+norm's backward.
+
+Layer norm's launch geometry is set by LN_GROUP (work-items per row of the input gradient) and
+LN_PARAM_TILE (columns x rows of a parameter-gradient work-group)."""
 
 from __future__ import annotations
+
+import math
 
 from tunecl.kernels.strided import (
     INT32_MAX,
@@ -16,6 +22,8 @@ from tunecl.runtime import Device
 
 # an element's size in bytes -> the unsigned OpenCL type that moves its bits
 _BITS = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}
+LN_GROUP = 256
+LN_PARAM_TILE = (32, 8)
 _ITEMSIZE = {"float32": 4, "float16": 2, "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
 
 
@@ -24,6 +32,9 @@ class Transformer:
         self.device = device
         self.cache = KernelCache(device, __package__, "transformer.cl")
         self.local = work_group(device, 256)
+        self.ln_group = 1 << (work_group(device, LN_GROUP).bit_length() - 1)   # the tree sum needs 2^k
+        cols, rows = LN_PARAM_TILE
+        self.ln_tile = (cols, max(1, min(rows, work_group(device, cols * rows) // cols)))
 
     def tri(self, lower: bool, batch: int, rows: int, cols: int, diagonal: int, out: Operand, src: Operand) -> None:
         """``out = tril(src, diagonal)`` (``lower``) or ``triu``, over ``batch`` matrices of ``rows`` x ``cols``;
@@ -47,3 +58,37 @@ class Transformer:
         kernel(self.device.queue, (round_up(count, self.local),), (self.local,), out.buffer, src.buffer,
                pack_meta(meta, idx))
 
+    def layer_norm_backward(self, rows: int, cols: int, x: Operand, dy: Operand, weight: Operand | None,
+                            mean: Operand, rstd: Operand, dx: Operand | None, grad_weight: Operand | None,
+                            grad_bias: Operand | None) -> None:
+        """Layer norm's gradients over ``rows`` rows of ``cols`` elements. Every operand is contiguous float32
+        (only its buffer and offset are read); the gradients given as None are not computed."""
+        span = max(o.offset for o in (x, dy, mean, rstd, weight, dx, grad_weight, grad_bias) if o is not None) \
+            + rows * cols + rows + cols
+        idx = "long" if span > INT32_MAX else "int"
+        meta = pack_meta([rows, cols] + [0 if o is None else o.offset for o in (
+            x, dy, weight, mean, rstd, dx, grad_weight, grad_bias)], idx)
+        queue = self.device.queue
+        if dx is not None and rows * cols:
+            flags = ("HAS_WEIGHT",) if weight is not None else ()
+            kernel = self._ln_kernel("ln_backward_input", flags, idx)
+            kernel(queue, (rows * self.ln_group,), (self.ln_group,), dx.buffer, x.buffer, dy.buffer,
+                   None if weight is None else weight.buffer, mean.buffer, rstd.buffer, meta)
+        if (grad_weight is not None or grad_bias is not None) and cols:
+            flags = ("HAS_GW",) * (grad_weight is not None) + ("HAS_GB",) * (grad_bias is not None)
+            kernel = self._ln_kernel("ln_backward_params", flags, idx)
+            tile_cols, tile_rows = self.ln_tile
+            kernel(queue, (math.ceil(cols / tile_cols) * tile_cols, tile_rows), self.ln_tile,
+                   None if grad_weight is None else grad_weight.buffer,
+                   None if grad_bias is None else grad_bias.buffer, x.buffer, dy.buffer, mean.buffer, rstd.buffer,
+                   meta)
+
+    def _ln_kernel(self, name: str, flags: tuple[str, ...], idx: str):
+        key = (name, flags, idx)
+        kernel = self.cache.get(key)
+        if kernel is None:
+            cols, rows = self.ln_tile
+            options = [f"-DIDX={idx}", f"-DGROUP={self.ln_group}", f"-DPCOLS={cols}", f"-DPROWS={rows}"]
+            kernel = self.cache.build(key, options + [f"-D{f}" for f in flags], name,
+                                      [None] * 6 + [meta_dtype(10, idx)])
+        return kernel

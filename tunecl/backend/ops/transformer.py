@@ -1,13 +1,17 @@
-"""Transformer ops: the triangle masks (tril/triu, causal attention masks)."""
+"""Transformer ops: the triangle masks (tril/triu, causal attention masks) and layer norm's backward.
+
+Layer norm's forward needs no kernel of its own: torch's composite ``native_layer_norm`` runs it as a
+batch norm over the rows (on the device's batch-norm kernels)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from tunecl.backend import copies, memory, state
+from tunecl.backend import copies, half, memory, state
 from tunecl.backend.operands import operand
 from tunecl.kernels.strided import Operand, Unsupported, merge_dims
 
@@ -48,7 +52,42 @@ def triu_out(self: torch.Tensor, diagonal: int = 0, *, out: torch.Tensor) -> tor
     return _tri(False, self, diagonal, out)
 
 
+def _plain(t: torch.Tensor | None) -> Operand | None:
+    """A contiguous float32 tensor as the layer-norm kernels take it."""
+    return None if t is None else operand(t)
+
+
+def native_layer_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, normalized_shape: Sequence[int],
+                               mean: torch.Tensor, rstd: torch.Tensor, weight: torch.Tensor | None,
+                               bias: torch.Tensor | None, output_mask: Sequence[bool]):
+    """Layer norm's (grad_input, grad_weight, grad_bias), those ``output_mask`` asks for (else None), in
+    float32 (float16 tensors through float32 copies, the results rounded back)."""
+    half.check(grad_out, input, mean, rstd, weight, bias)
+    axis = input.dim() - len(normalized_shape)
+    if axis < 0 or list(input.shape[axis:]) != list(normalized_shape):
+        raise Unsupported(f"layer norm over {list(normalized_shape)} of a {list(input.shape)} input")
+    cols = math.prod(normalized_shape)
+    rows = math.prod(input.shape[:axis])
+    x, dy = half.to_float32(input), half.to_float32(grad_out)
+    mu, inv, w = half.to_float32(mean), half.to_float32(rstd), half.to_float32(weight)
+    # (an empty input's saved statistics are of any shape: torch's composite forward gives them the input's)
+    if dy.shape != x.shape or (x.numel() and (mu.numel() != rows or inv.numel() != rows)):
+        raise Unsupported("layer norm backward with mismatched shapes")
+    param_shape = list(normalized_shape) if weight is None else list(weight.shape)
+    param_dtype = input.dtype if weight is None else weight.dtype
+    grad_input = memory.empty_contiguous(input.shape, torch.float32) if output_mask[0] else None
+    grad_weight = memory.empty_contiguous(param_shape, torch.float32) if output_mask[1] else None
+    grad_bias = memory.empty_contiguous(param_shape, torch.float32) if output_mask[2] else None
+    state.get().transformer.layer_norm_backward(rows, cols, operand(x), operand(dy), _plain(w), operand(mu),
+                                                operand(inv), _plain(grad_input), _plain(grad_weight),
+                                                _plain(grad_bias))
+    return (None if grad_input is None else half.cast(grad_input, input.dtype),
+            None if grad_weight is None else half.cast(grad_weight, param_dtype),
+            None if grad_bias is None else half.cast(grad_bias, param_dtype))
+
+
 KERNELS: dict[str, Callable[..., Any]] = {
     "tril.out": tril_out,
     "triu.out": triu_out,
+    "native_layer_norm_backward": native_layer_norm_backward,
 }
