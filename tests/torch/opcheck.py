@@ -107,3 +107,15 @@ def check_op(fn: Callable[..., Any], *args: Any, atol: float = 1e-5, rtol: float
                 assert d.grad is not None, f"input {i}: no gradient on opencl"
                 assert_close(c.grad, d.grad, grad_atol or 10 * atol, 10 * rtol, f"grad of input {i}")
     return actual
+
+
+def same_results(a: Any, b: Any) -> None:
+    """Two calls' results (a tensor or a tuple with Nones) are identical: dtypes, shapes and bits."""
+    def host(result: Any) -> list[torch.Tensor | None]:
+        return [None if t is None else t.cpu() for t in (result if isinstance(result, tuple) else (result,))]
+
+    for x, y in zip(host(a), host(b), strict=True):
+        assert (x is None) == (y is None)
+        if x is not None:
+            assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y)
+

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from opcheck import same_results
 
 from tunecl.backend import state
 from tunecl.backend.ops import nn as nn_ops
@@ -37,17 +38,6 @@ def _general(fn, *args):
         nn_ops._fast_batch_norm, nn_ops._fast_batch_norm_backward = saved
 
 
-def _host(result):
-    return [None if t is None else t.cpu() for t in (result if isinstance(result, tuple) else (result,))]
-
-
-def _same(a, b):
-    for x, y in zip(_host(a), _host(b), strict=True):
-        assert (x is None) == (y is None)
-        if x is not None:
-            assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y)
-
-
 def _params(c, dtype=torch.float32):
     g = torch.Generator().manual_seed(c)
     weight, bias = torch.rand(c, generator=g) + 0.5, torch.randn(c, generator=g)
@@ -68,15 +58,15 @@ class _Pair:
             args = (x, w if affine else None, b if affine else None, rm if running else None,
                     rv if running else None, training, momentum, eps)
             outs.append(route(aten.native_batch_norm, *args))
-        _same(*outs)
-        _same(tuple(self.fast[2:]), tuple(self.general[2:]))   # the running statistics, updated in place
+        same_results(*outs)
+        same_results(tuple(self.fast[2:]), tuple(self.general[2:]))   # the running statistics, updated in place
         return outs[0]
 
     def backward(self, dy, x, saved, train, eps=1e-5, mask=(True, True, True), affine=True):
         w, _, rm, rv = self.fast
         args = (dy, x, w if affine else None, rm, rv, saved[1], saved[2], train, eps, list(mask))
         result = aten.native_batch_norm_backward(*args)
-        _same(result, _general(aten.native_batch_norm_backward, *args))
+        same_results(result, _general(aten.native_batch_norm_backward, *args))
         return result
 
 
@@ -129,7 +119,7 @@ def test_eval_and_train_switch(norm):
     for training in (True, False, True, False):
         saved = pair.forward(x, training)
         pair.backward(dy, x, saved if training else (None, None, None), training)
-    y, mean, invstd = pair.forward(x, False)
+    _, mean, invstd = pair.forward(x, False)
     assert mean.shape == invstd.shape == (0,)
     assert {(key[0], key[8] if key[0] == "fwd" else key[12]) for key in _built()} == {
         ("fwd", True), ("fwd", False), ("bwd", True), ("bwd", False)}
@@ -144,7 +134,7 @@ def test_non_contiguous_input_and_statistics_take_the_general_route(norm):
     assert not _built()
     wide = torch.randn(2 * SHAPE[1], device=DEV)[::2]                     # a strided weight
     args = (torch.randn(SHAPE, device=DEV), wide, None, None, None, True, 0.1, 1e-5)
-    _same(aten.native_batch_norm(*args), _general(aten.native_batch_norm, *args))
+    same_results(aten.native_batch_norm(*args), _general(aten.native_batch_norm, *args))
     assert [call for call in state.get().norm.calls.values()] == [None]
 
 
@@ -170,16 +160,16 @@ def test_an_in_place_relu_still_folds_into_the_normalising_launch(norm, monkeypa
         y = route(aten.native_batch_norm, x, w, b, rm, rv, True, 0.1, 1e-5)[0]
         results.append(route(aten.relu_, y))
     assert folded == [True, True, True]
-    _same(results[0], results[1])
-    _same(results[2], results[1])
+    same_results(results[0], results[1])
+    same_results(results[2], results[1])
     assert (results[0].cpu() >= 0).all()
     # a relu of another tensor, or one that comes after another launch, does not fold
     y = aten.native_batch_norm(x, w, b, rm, rv, True, 0.1, 1e-5)[0]
     other = torch.randn(SHAPE, device=DEV)
     expected = _general(aten.native_batch_norm, x, w, b, rm.clone(), rv.clone(), True, 0.1, 1e-5)[0]
     other.relu_()
-    _same(y, expected)
-    _same(y.relu_(), expected.relu_())
+    same_results(y, expected)
+    same_results(y.relu_(), expected.relu_())
 
 
 def test_graph_capture_records_the_same_commands(norm):
@@ -207,7 +197,7 @@ def test_graph_capture_records_the_same_commands(norm):
     for g in graphs_made:
         g.replay()
     torch.opencl.synchronize()
-    _same(tuple(outputs[0]), tuple(outputs[1]))
+    same_results(tuple(outputs[0]), tuple(outputs[1]))
     for g in graphs_made:
         g.reset()
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from opcheck import same_results
 
 import tunecl.backend
 from tunecl import config
-from tunecl.backend import graphs, plans, state, weight_cache
+from tunecl.backend import plans, state, weight_cache
 from tunecl.backend.ops import conv as conv_ops
 from tunecl.db import TuningDB
 from tunecl.kernels import algorithm, launches
@@ -37,17 +38,6 @@ def _general(fn, *args, **kwargs):
         return fn(*args, **kwargs)
     finally:
         conv_ops._fast_forward, conv_ops._fast_backward = saved
-
-
-def _host(result):
-    return [None if t is None else t.cpu() for t in (result if isinstance(result, tuple) else (result,))]
-
-
-def _same(a, b):
-    for x, y in zip(_host(a), _host(b), strict=True):
-        assert (x is None) == (y is None)
-        if x is not None:
-            assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y)
 
 
 def _built(kind: str = "fwd") -> list:
@@ -87,8 +77,8 @@ def test_repeated_calls_are_recorded_once_and_match_the_general_route(winograd, 
     dy = torch.randn(2, PROBLEM.k, PROBLEM.p, PROBLEM.q, device="opencl")
     with torch.set_grad_enabled(grad):
         for _ in range(3):
-            _same(_forward(x, w.detach() if not grad else w, b), _general(_forward, x, w, b))
-            _same(_backward(dy, x, w), _general(_backward, dy, x, w))
+            same_results(_forward(x, w.detach() if not grad else w, b), _general(_forward, x, w, b))
+            same_results(_backward(dy, x, w), _general(_backward, dy, x, w))
     (fwd,), (bwd,) = _built("fwd"), _built("bwd")
     assert _recorded(fwd) and _recorded(bwd)
 
@@ -96,19 +86,19 @@ def test_repeated_calls_are_recorded_once_and_match_the_general_route(winograd, 
 def test_new_shapes_strides_offsets_and_dtypes_get_their_own_calls(winograd):
     x, w, b = _inputs()
     with torch.no_grad():
-        _same(_forward(x, w, b), _general(_forward, x, w, b))
+        same_results(_forward(x, w, b), _general(_forward, x, w, b))
         bigger = torch.randn(3, *PROBLEM.input_shape[1:], device="opencl")      # a new batch
-        _same(_forward(bigger, w, b), _general(_forward, bigger, w, b))
+        same_results(_forward(bigger, w, b), _general(_forward, bigger, w, b))
         storage = torch.randn(x.numel() + 5, device="opencl")
         shifted = storage[5:].view(x.shape)                                    # a new storage offset
         shifted.copy_(x)
-        _same(_forward(shifted, w, b), _general(_forward, shifted, w, b))
-        _same(_forward(shifted, w, b), _forward(x, w, b))
+        same_results(_forward(shifted, w, b), _general(_forward, shifted, w, b))
+        same_results(_forward(shifted, w, b), _forward(x, w, b))
         wide = torch.randn(*PROBLEM.weight_shape[:3], 2 * PROBLEM.s, device="opencl")[..., ::2]
         assert not wide.is_contiguous()                                        # new strides: the general route
-        _same(_forward(x, wide, b), _general(_forward, x, wide.contiguous(), b))
+        same_results(_forward(x, wide, b), _general(_forward, x, wide.contiguous(), b))
         half = x.half(), w.half(), b.half()                                    # a new dtype
-        _same(_forward(*half), _general(_forward, *half))
+        same_results(_forward(*half), _general(_forward, *half))
         keys = [key for key in conv_ops._calls if key[0] == "fwd"]
     assert len(keys) == 5 and len({key[1] for key in keys}) == 4   # (x, bigger, shifted; None: not float32)
     assert [conv_ops._calls[key] is None for key in keys].count(True) == 2   # the strided and the half ones
@@ -121,7 +111,7 @@ def test_tf32_flags_pick_their_own_call(winograd):
         with torch.no_grad():
             for allow in (True, False, True):
                 torch.backends.cudnn.allow_tf32 = allow
-                _same(_forward(x, w, b), _general(_forward, x, w, b))
+                same_results(_forward(x, w, b), _general(_forward, x, w, b))
                 (call,) = [c for k, c in conv_ops._calls.items() if k[0] == "fwd" and k[-1] == plans.accepted_precisions("conv")]
                 assert call.direction.plan is plans.cached(PROBLEM).plan
     finally:
@@ -148,8 +138,8 @@ def test_a_weight_written_behind_its_cached_transform_is_transformed_again(winog
         torch.optim.Adam([p], lr=0.1, fused=True).step()
         w = p.detach()
     with torch.no_grad():
-        _same(_forward(x, w, b), _general(_forward, x, w, b))
-        _same(_forward(x, w, b), _general(_forward, x, w, b))
+        same_results(_forward(x, w, b), _general(_forward, x, w, b))
+        same_results(_forward(x, w, b), _general(_forward, x, w, b))
 
 
 def test_graph_capture_records_the_launches_of_the_general_route(winograd):
@@ -166,11 +156,11 @@ def test_graph_capture_records_the_launches_of_the_general_route(winograd):
             with torch.opencl.graph(g):
                 y = route(x, w, b)
             g.replay()
-            _same(y, expected)
+            same_results(y, expected)
             x.copy_(torch.randn(PROBLEM.input_shape))
             w.mul_(2.0)                           # replays transform the weight again
             g.replay()
-            _same(y, _general(_forward, x, w, b))
+            same_results(y, _general(_forward, x, w, b))
         assert graphs_made[0].commands == graphs_made[1].commands
         for g in graphs_made:
             g.reset()
@@ -188,7 +178,7 @@ def test_a_kernel_profile_sees_every_launch(winograd):
             _general(_forward, x, w, b)
             torch.opencl.synchronize()
     assert fast.commands == general.commands > 0
-    _same(y, _general(_forward, x, w, b))
+    same_results(y, _general(_forward, x, w, b))
 
 
 def test_cleared_plans_and_a_new_state_drop_the_calls(winograd, monkeypatch):
@@ -197,11 +187,11 @@ def test_cleared_plans_and_a_new_state_drop_the_calls(winograd, monkeypatch):
         _forward(x, w, b)
         (call,) = _built("fwd")
         plans.clear()                                # a device reset / new tuning DB: plans chosen again
-        _same(_forward(x, w, b), _general(_forward, x, w, b))
+        same_results(_forward(x, w, b), _general(_forward, x, w, b))
         (again,) = _built("fwd")
         assert again is not call and again.direction.plan is plans.cached(PROBLEM).plan
         monkeypatch.setattr(state, "_state", state.State(state.get().device))   # a new backend state
-        _same(_forward(x, w, b), _general(_forward, x, w, b))
+        same_results(_forward(x, w, b), _general(_forward, x, w, b))
         (third,) = _built("fwd")
         assert third is not again
 
@@ -212,7 +202,7 @@ def test_the_cache_is_bounded(winograd, monkeypatch):
     with torch.no_grad():
         for n in range(1, 8):
             x = torch.randn(n, 3, 4, 4, device="opencl")
-            _same(_forward(x, w, padding=0), _general(_forward, x, w, padding=0))
+            same_results(_forward(x, w, padding=0), _general(_forward, x, w, padding=0))
             assert len(conv_ops._calls) <= 3
 
 

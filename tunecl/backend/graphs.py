@@ -72,6 +72,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from tunecl import profiling
 from tunecl.backend import memory, state
+from tunecl.kernels.launches import preset_kernel
 
 
 class GraphCaptureError(RuntimeError):
@@ -267,16 +268,9 @@ def _preset(command: tuple) -> cl.Kernel | None:
     (a quarter to a half less host time per command than pyopencl's call, which sets every argument each
     time); None for copies, launches with options, and kernels that cannot be copied so."""
     is_launch, kernel, _, _, args, kwargs = command
-    if not is_launch or kwargs or not hasattr(kernel, "_tunecl_dtypes"):
+    if not is_launch or kwargs:
         return None
-    try:
-        preset = cl.Kernel(kernel.program, kernel.function_name)
-        if kernel._tunecl_dtypes is not None:
-            preset.set_scalar_arg_dtypes(kernel._tunecl_dtypes)
-        preset.set_args(*args)
-    except (cl.Error, TypeError, ValueError):
-        return None
-    return preset
+    return preset_kernel(kernel, args)
 
 
 def _check_optimizer(optimizer: Any, args: Any, kwargs: Any) -> None:
