@@ -1,12 +1,19 @@
-"""The ops transformers add to a CNN's set (tril/triu, layer norm's backward), on opencl vs CPU, forward and backward, over odd
-shapes, dtypes and strided views."""
+"""The ops transformers add to a CNN's set (tril/triu, layer norm's and the embedding's backward), on
+opencl vs CPU, forward and backward, over odd shapes, dtypes and strided views; and a tiny GPT-2-like block
+trained one step on opencl."""
 
 from __future__ import annotations
+
+import copy
+import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
 from opcheck import Input, check_op, strided, t
+from torch import nn
+
+from tunecl import config
 
 TRI_CASES = [((5, 7), 0), ((7, 5), 2), ((3, 4, 6), -2), ((2, 3, 1, 1), 1), ((1, 1), 0), ((0, 3), 0), ((2, 0, 4), 1),
              ((4, 4), 100), ((4, 4), -100), ((2, 3, 5, 4), 3), ((3, 257, 33), -1)]
@@ -104,3 +111,89 @@ def test_layer_norm_float16(strict):
     for e, a in zip(expected, actual):
         assert a.dtype == torch.float16
         torch.testing.assert_close(a.cpu().float(), e, atol=2e-2, rtol=1e-2)
+
+
+EMBEDDING_CASES = [(10, (4, 7), 5), (37, (3, 9), 33), (1, (6,), 1), (5, (2, 3), 257), (8, (0,), 3), (300, (65,), 2)]
+
+
+@pytest.mark.parametrize("num,shape,dims", EMBEDDING_CASES)
+@pytest.mark.parametrize("padding_idx", [None, 0])
+@pytest.mark.parametrize("scale", [False, True])
+def test_embedding(num, shape, dims, padding_idx, scale):
+    indices = torch.randint(0, num, shape)
+    check_op(lambda w, i: F.embedding(i, w, padding_idx=padding_idx, scale_grad_by_freq=scale),
+             torch.randn(num, dims), indices)
+
+
+def test_embedding_dense_backward_directly(strict):
+    grad, indices = torch.randn(3, 8, 6), torch.randint(0, 11, (3, 8))
+    for dtype in (torch.int64, torch.int32):
+        for padding_idx, scale in ((-1, False), (4, False), (-1, True), (2, True)):
+            expected = torch.ops.aten.embedding_dense_backward(grad, indices.to(dtype), 11, padding_idx, scale)
+            actual = torch.ops.aten.embedding_dense_backward(grad.to("opencl"), indices.to(dtype).to("opencl"), 11,
+                                                             padding_idx, scale)
+            torch.testing.assert_close(actual.cpu(), expected, atol=1e-5, rtol=1e-5)
+    # a strided gradient, float16, and a run repeated bit for bit
+    g = torch.randn(8, 6, 4).transpose(0, 1)
+    i = torch.randint(0, 5, (6, 8))
+    actual = torch.ops.aten.embedding_dense_backward(g.to("opencl"), i.to("opencl"), 5, -1, False)
+    torch.testing.assert_close(actual.cpu(), torch.ops.aten.embedding_dense_backward(g, i, 5, -1, False))
+    again = torch.ops.aten.embedding_dense_backward(g.to("opencl"), i.to("opencl"), 5, -1, False)
+    assert torch.equal(actual.cpu(), again.cpu())
+    h = torch.ops.aten.embedding_dense_backward(g.half().to("opencl"), i.to("opencl"), 5, -1, False)
+    assert h.dtype == torch.float16
+    torch.testing.assert_close(h.cpu().float(), torch.ops.aten.embedding_dense_backward(g, i, 5, -1, False),
+                               atol=1e-2, rtol=1e-2)
+
+
+class TinyGPT(nn.Module):
+    """One GPT-2 block: token and position embeddings, causal self-attention, an MLP, a final layer norm and
+    the output projection tied to the token embedding."""
+
+    def __init__(self, vocab: int = 41, dims: int = 24, heads: int = 2, context: int = 9) -> None:
+        super().__init__()
+        self.heads = heads
+        self.tokens, self.positions = nn.Embedding(vocab, dims), nn.Embedding(context, dims)
+        self.ln1, self.ln2, self.ln_f = nn.LayerNorm(dims), nn.LayerNorm(dims), nn.LayerNorm(dims)
+        self.qkv, self.proj = nn.Linear(dims, 3 * dims), nn.Linear(dims, dims)
+        self.fc, self.fc_out = nn.Linear(dims, 4 * dims), nn.Linear(4 * dims, dims)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        batch, length = idx.shape
+        x = self.tokens(idx) + self.positions(torch.arange(length, device=idx.device))
+        q, k, v = self.qkv(self.ln1(x)).split(x.shape[-1], dim=-1)
+        q, k, v = (u.view(batch, length, self.heads, -1).transpose(1, 2) for u in (q, k, v))
+        scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+        causal = torch.tril(torch.ones(length, length, device=idx.device))
+        attention = scores.masked_fill(causal == 0, float("-inf")).softmax(-1)
+        x = x + self.proj((attention @ v).transpose(1, 2).reshape(batch, length, -1))
+        x = x + self.fc_out(F.gelu(self.fc(self.ln2(x))))
+        return self.ln_f(x) @ self.tokens.weight.t()
+
+
+MY_OPS = ("aten::tril.out", "aten::triu.out", "aten::native_layer_norm_backward", "aten::embedding_dense_backward")
+
+
+def test_tiny_gpt_trains_one_step_on_the_device(fresh_stats):
+    torch.manual_seed(0)
+    cpu = TinyGPT()
+    dev = copy.deepcopy(cpu).to("opencl")
+    idx = torch.randint(0, 41, (3, 9))
+    losses, grads = [], []
+    with config.override(fallback="warn"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for model, x in ((cpu, idx), (dev, idx.to("opencl"))):
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            loss = F.cross_entropy(model(x).flatten(0, 1), x.flatten())
+            loss.backward()
+            grads.append({n: p.grad.cpu() for n, p in model.named_parameters()})
+            opt.step()
+            losses.append((loss.item(), F.cross_entropy(model(x).flatten(0, 1), x.flatten()).item()))
+    fallbacks = fresh_stats()["fallback_ops"]
+    assert not [op for op in MY_OPS if op in fallbacks], fallbacks
+    assert fresh_stats()["ops"].get("aten::native_layer_norm_backward", 0) == 3
+    assert fresh_stats()["ops"].get("aten::embedding_dense_backward", 0) == 2
+    for name, g in grads[0].items():
+        torch.testing.assert_close(grads[1][name], g, atol=1e-4, rtol=1e-3, msg=name)
+    torch.testing.assert_close(torch.tensor(losses[1]), torch.tensor(losses[0]), atol=1e-4, rtol=1e-4)
+    assert losses[1][1] < losses[1][0]

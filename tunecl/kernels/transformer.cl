@@ -1,5 +1,5 @@
-// transformer.cl — the ops transformers add to a CNN's set: the triangle masks (tril/triu) and fp32
-// layer norm backward.
+// transformer.cl — the ops transformers add to a CNN's set: the triangle masks (tril/triu), fp32 layer
+// norm backward and the embedding backward.
 //
 // tri_kernel      out[b, r, c] = keep ? in[b, r, c] : 0, keep = c - r <= K (LOWER) or c - r >= K, over a
 //                 batch of R x C matrices; in and out are strided (B, R, C) views (the host merges the
@@ -17,9 +17,17 @@
 //                 Both take contiguous float32 data: x, dy and dx as (M, N), weight and the gradients
 //                 (N,), mean and rstd (M,). meta (IDX): M, N, then the element offsets of x, dy,
 //                 weight, mean, rstd, dx, grad_weight, grad_bias.
+// emb_link        one work-item per vocabulary row v < V: scans the L indices in order and links the
+//                 positions holding v into a list (first[v], then next[position]; -1 ends it), counting
+//                 them into count[v]. Each entry is written by exactly one work-item: no atomics.
+// emb_sum         one work-item per (feature d, row v): grad_weight[v, d] = the sum of grad[i, d] over v's
+//                 positions i in order (divided by count[v] with SCALE; zero for v == padding_idx), so the
+//                 result is the same run to run. grad is contiguous (L, D) float32, grad_weight (V, D).
+//                 Both take meta (IDX): V, L, D, padding_idx (-1: none), then the element offsets of the
+//                 indices, grad and grad_weight. TIDX: the indices' type (long or int).
 //
 // Variants (-D options): T, IDX (int or long), LOWER; GROUP (a power of two), HAS_WEIGHT, HAS_GW, HAS_GB,
-// PCOLS, PROWS.
+// PCOLS, PROWS; TIDX, SCALE.
 
 #ifndef IDX
   #define IDX int
@@ -144,4 +152,47 @@ void ln_backward_params(__global float *grad_weight, __global float *grad_bias, 
     grad_bias[OFF_GB + j] = b;
 #endif
   }
+}
+
+#ifndef TIDX
+  #define TIDX long
+#endif
+
+typedef struct { IDX v[7]; } emb_meta_t;
+
+__kernel void emb_link(__global int *first, __global int *next, __global int *count, __global const TIDX *index,
+                       const emb_meta_t m)
+{
+  const IDX v = (IDX)get_global_id(0);
+  if (v >= m.v[0]) return;
+  __global const TIDX *idx = index + m.v[4];
+  const int positions = (int)m.v[1];
+  int head = -1, prev = -1, n = 0;
+  for (int i = 0; i < positions; ++i) {
+    if ((IDX)idx[i] == v) {
+      if (prev < 0) head = i; else next[prev] = i;
+      prev = i;
+      ++n;
+    }
+  }
+  if (prev >= 0) next[prev] = -1;
+  first[v] = head;
+  count[v] = n;
+}
+
+__kernel void emb_sum(__global float *grad_weight, __global const float *grad, __global const int *first,
+                      __global const int *next, __global const int *count, const emb_meta_t m)
+{
+  const IDX d = (IDX)get_global_id(0), v = (IDX)get_global_id(1);
+  const IDX dims = m.v[2];
+  if (d >= dims || v >= m.v[0]) return;
+  float s = 0.0f;
+  if (v != m.v[3]) {
+    __global const float *g = grad + m.v[5] + d;
+    for (int i = first[v]; i >= 0; i = next[i]) s += g[(IDX)i * dims];
+#ifdef SCALE
+    if (count[v] > 0) s /= (float)count[v];
+#endif
+  }
+  grad_weight[m.v[6] + v * dims + d] = s;
 }

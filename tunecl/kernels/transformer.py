@@ -1,5 +1,5 @@
-"""The ops transformers need beyond a CNN's (``transformer.cl``): the triangle masks (tril/triu) and layer
-norm's backward.
+"""The ops transformers need beyond a CNN's (``transformer.cl``): the triangle masks (tril/triu), layer
+norm's backward and the embedding's.
 
 Layer norm's launch geometry is set by LN_GROUP (work-items per row of the input gradient) and
 LN_PARAM_TILE (columns x rows of a parameter-gradient work-group)."""
@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from tunecl.kernels.strided import (
+    CTYPES,
     INT32_MAX,
     KernelCache,
     Operand,
@@ -91,4 +92,39 @@ class Transformer:
             options = [f"-DIDX={idx}", f"-DGROUP={self.ln_group}", f"-DPCOLS={cols}", f"-DPROWS={rows}"]
             kernel = self.cache.build(key, options + [f"-D{f}" for f in flags], name,
                                       [None] * 6 + [meta_dtype(10, idx)])
+        return kernel
+
+    def embedding_backward(self, rows: int, positions: int, dims: int, index: Operand, grad: Operand,
+                           padding_idx: int, scale: bool, first: Operand, links: Operand, count: Operand,
+                           grad_weight: Operand) -> None:
+        """``grad_weight`` (``rows`` x ``dims``) = the rows of ``grad`` (contiguous (``positions``, ``dims``)
+        float32) summed by their index (contiguous int64 or int32, ``positions`` of them; one outside
+        [0, ``rows``) adds nothing); ``first``, ``links`` and ``count`` are int32 scratch of ``rows``,
+        ``positions`` and ``rows`` elements."""
+        if index.dtype not in ("int64", "int32"):
+            raise Unsupported(f"embedding backward with {index.dtype} indices")
+        if positions > INT32_MAX:
+            raise Unsupported(f"embedding backward of {positions} indices")
+        if rows * dims == 0:
+            return
+        span = max(index.offset + positions, grad.offset + positions * dims, grad_weight.offset + rows * dims)
+        idx = "long" if span > INT32_MAX else "int"
+        tidx = CTYPES[index.dtype]
+        meta = pack_meta([rows, positions, dims, padding_idx, index.offset, grad.offset, grad_weight.offset], idx)
+        link = self._emb_kernel("emb_link", (), idx, tidx)
+        queue = self.device.queue
+        link(queue, (round_up(rows, self.local),), (self.local,), first.buffer, links.buffer, count.buffer,
+             index.buffer, meta)
+        add = self._emb_kernel("emb_sum", ("SCALE",) * scale, idx, tidx)
+        tile = min(dims, 64, self.local)
+        add(queue, (round_up(dims, tile), rows), (tile, 1), grad_weight.buffer, grad.buffer, first.buffer,
+            links.buffer, count.buffer, meta)
+
+    def _emb_kernel(self, name: str, flags: tuple[str, ...], idx: str, tidx: str):
+        key = (name, flags, idx, tidx)
+        kernel = self.cache.get(key)
+        if kernel is None:
+            options = [f"-DIDX={idx}", f"-DTIDX={tidx}"] + [f"-D{f}" for f in flags]
+            buffers = 4 if name == "emb_link" else 5
+            kernel = self.cache.build(key, options, name, [None] * buffers + [meta_dtype(7, idx)])
         return kernel

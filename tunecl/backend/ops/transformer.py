@@ -1,4 +1,5 @@
-"""Transformer ops: the triangle masks (tril/triu, causal attention masks) and layer norm's backward.
+"""Transformer ops: the triangle masks (tril/triu, causal attention masks), layer norm's backward and
+the embedding's.
 
 Layer norm's forward needs no kernel of its own: torch's composite ``native_layer_norm`` runs it as a
 batch norm over the rows (on the device's batch-norm kernels)."""
@@ -86,8 +87,29 @@ def native_layer_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, norm
             None if grad_bias is None else half.cast(grad_bias, param_dtype))
 
 
+def embedding_dense_backward(grad_output: torch.Tensor, indices: torch.Tensor, num_weights: int, padding_idx: int,
+                             scale_grad_by_freq: bool) -> torch.Tensor:
+    """The embedding's weight gradient: ``grad_output``'s rows summed by index in position order (float16
+    through a float32 copy, rounded back)."""
+    half.check(grad_output)
+    dims = grad_output.shape[-1] if grad_output.dim() else 1
+    positions = indices.numel()
+    if grad_output.numel() != positions * dims:
+        raise Unsupported("embedding backward with mismatched shapes")
+    g = half.to_float32(grad_output)
+    idx = copies.contiguous_on_device(indices)
+    grad_weight = memory.empty_contiguous([num_weights, dims], torch.float32)
+    first, count = (memory.empty_contiguous([num_weights], torch.int32) for _ in range(2))
+    links = memory.empty_contiguous([max(positions, 1)], torch.int32)
+    state.get().transformer.embedding_backward(num_weights, positions, dims, operand(idx), operand(g), padding_idx,
+                                               scale_grad_by_freq, operand(first), operand(links), operand(count),
+                                               operand(grad_weight))
+    return half.cast(grad_weight, grad_output.dtype)
+
+
 KERNELS: dict[str, Callable[..., Any]] = {
     "tril.out": tril_out,
     "triu.out": triu_out,
     "native_layer_norm_backward": native_layer_norm_backward,
+    "embedding_dense_backward": embedding_dense_backward,
 }
