@@ -63,6 +63,8 @@ TOLERANCES: dict[str, dict[str, float]] = {
 }
 GRAD_TOLERANCES: dict[str, dict[str, float]] = {
     "ldexp": {"atol": 1e-5, "rtol": 5e-6},
+    "native_layer_norm": {"atol": 1e-4, "rtol": 1.3e-6},
+    "nn.functional.layer_norm": {"atol": 1e-4, "rtol": 1.3e-6},
 }
 TOLERANCE_REASONS: dict[str, str] = {
     "nn.functional.scaled_dot_product_attention": "the CPU runs its fused flash-attention kernel (blockwise "
@@ -71,6 +73,9 @@ TOLERANCE_REASONS: dict[str, str] = {
     "ldexp": "the gradient of a 0-dim exponent sums input * ln2 * 2**other over the input's elements, and those "
     "terms cancel (sample 3: 50 terms, sum |t| = 3327 against a sum of -28.85): the device's serial float32 sum "
     "and the CPU's vectorised one differ by 8.4e-5 (2.9e-6 relative, on the H200; its pow is 1 ulp off too)",
+    **{name: "over one element the input gradient is exactly 0 (g - mean(g) - xhat mean(g xhat), xhat = 0); the "
+       "device's kernel gives 0, the CPU's a * dy + b * x + c form leaves rounding noise of rstd * ulp(dy) "
+       "(2.4e-5 at eps 1e-5, rstd 316)" for name in ("native_layer_norm", "nn.functional.layer_norm")},
 }
 
 # Ops whose gradients are not compared: op -> reason.
