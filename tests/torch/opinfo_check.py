@@ -31,8 +31,10 @@ def load_op_db() -> list[Any]:
     frozen = torch.backends.flags_frozen()
     from torch.testing._internal.common_methods_invocations import op_db
 
-    # importing torch's test utilities freezes torch.backends flags for the whole process: undo that
-    setattr(torch.backends, "__allow_nonbracketed_mutation_flag", not frozen)
+    # importing torch's test utilities freezes torch.backends flags for the whole process (every later test
+    # that sets torch.backends.cudnn.allow_tf32 would fail): undo that in the module whose global it is
+    # (``torch.backends`` as an attribute is not that module's namespace)
+    torch.backends.flags_frozen.__globals__["__allow_nonbracketed_mutation_flag"] = not frozen
     ops = [op for op in op_db if torch.float32 in op.supported_dtypes("cpu")]
     return sorted(ops, key=op_id)
 

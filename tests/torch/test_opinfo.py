@@ -86,3 +86,12 @@ def test_every_looser_tolerance_names_its_reason():
     named = set(expect.TOLERANCES) | set(expect.GRAD_TOLERANCES)
     assert named <= set(expect.TOLERANCE_REASONS), sorted(named - set(expect.TOLERANCE_REASONS))
     assert named <= set(OPS), sorted(named - set(OPS))
+
+
+def test_loading_the_op_database_leaves_torch_flags_settable():
+    """torch's test utilities freeze torch.backends flags on import; later tests (and the TF32 policy's)
+    set them."""
+    assert not torch.backends.flags_frozen()
+    saved = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = not saved
+    torch.backends.cudnn.allow_tf32 = saved
