@@ -81,6 +81,11 @@ class State:
         from tunecl.kernels.transformer import Transformer
         return Transformer(self.device)
 
+    @functools.cached_property
+    def upsample(self):
+        from tunecl.kernels.upsample import Upsample
+        return Upsample(self.device)
+
 
 _state: State | None = None
 _lock = threading.Lock()
