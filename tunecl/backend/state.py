@@ -86,6 +86,11 @@ class State:
         from tunecl.kernels.upsample import Upsample
         return Upsample(self.device)
 
+    @functools.cached_property
+    def group_norm(self):
+        from tunecl.kernels.group_norm import GroupNorm
+        return GroupNorm(self.device)
+
 
 _state: State | None = None
 _lock = threading.Lock()

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 _MODULES = ("core", "creation", "pointwise", "reduction", "nn", "indexing", "optim", "foreach", "linalg", "conv",
-            "transformer", "upsample")
+            "transformer", "upsample", "group_norm")
 
 
 def kernel_table() -> dict[str, Callable[..., Any]]:
