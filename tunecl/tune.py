@@ -156,6 +156,22 @@ def _tuned_before(db: Any, device: Device, problem: Problem, precision: str,
     return min(hits, key=lambda hit: hit.time_s)
 
 
+def _stored_baseline(db: Any, device: Device, problem: Problem, precision: str,
+                     only: Sequence[Algorithm] | None = None) -> float | None:
+    """The stored time of a problem's untuned baseline, what a tuned row's ``default_s`` is
+    (``TuneOutcome.default``): the default config of the first applicable algorithm, as recorded with
+    that algorithm's result. None when that algorithm has no stored result (the winner's own default
+    would be another algorithm's, often its tuned config itself: a 1.00x that says nothing)."""
+    versions = algorithm_versions(problem, device, precision)
+    first = next((a for a in (only if only is not None else algorithms(problem.kind)) if a.name in versions),
+                 None)
+    if first is None:
+        return None
+    hit = db.best_or_shipped(device.fingerprint, problem, versions={first.name: versions[first.name]},
+                             precision=algorithm_precision(first))
+    return None if hit is None else hit.default_time_s
+
+
 def algorithm_versions(problem: Problem, device: Device, precision: str = FP32) -> dict[str, int]:
     """Name → version of every algorithm that applies to ``problem`` on ``device`` and whose results
     satisfy ``precision``."""
@@ -241,7 +257,7 @@ def tune_workload(workload: Mapping[Problem, int], device: Device, db: Any, *, t
 
     def skipped(problem: Problem, count: int, hit: Any) -> NetRow:
         return NetRow(problem, count, "shipped" if hit.source == "shipped" else "skipped", hit.algorithm,
-                      hit.default_time_s, hit.time_s)
+                      _stored_baseline(db, device, problem, precision, only), hit.time_s)
 
     def none_applies(problem: Problem) -> bool:   # of the algorithms a restricted search asked for
         return only is not None and not {a.name for a in only} & algorithm_versions(problem, device, precision).keys()

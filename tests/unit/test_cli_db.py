@@ -13,6 +13,7 @@ import pytest
 import tunecl
 from tunecl.cli import main
 from tunecl.db import TuningDB
+from tunecl.db.schema import head_revision
 from tunecl.db.records import Record
 from tunecl.problems import GemmProblem
 
@@ -43,10 +44,41 @@ def _run(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 def test_path_defaults_to_tunecl_db(capsys, tmp_path):
-    assert _run(capsys, "db", "path") == (0, f"{tmp_path / 'tuning.sqlite'}\n", "")
-    assert not (tmp_path / "tuning.sqlite").exists()  # printing the path creates nothing
-    server = _run(capsys, "db", "path", "--db", "postgresql://me:secret@host/tune")
-    assert server == (0, "postgresql://me:***@host/tune\n", "")
+    code, out, err = _run(capsys, "db", "path")
+    assert (code, err) == (0, "")
+    assert out == (f"db        {tmp_path / 'tuning.sqlite'}\n"
+                   f"revision  none: the file does not exist yet (this tunecl: {head_revision()})\n"
+                   f"shipped   {tmp_path / 'shipped'}\n")
+    assert list(tmp_path.iterdir()) == []  # printing the path creates nothing
+
+
+def test_path_reads_the_revision_of_a_db_and_leaves_its_folder_as_it_was(capsys, db_path):
+    before = sorted(db_path.parent.iterdir())
+    code, out, _ = _run(capsys, "db", "path", "--db", str(db_path))
+    assert code == 0 and out.splitlines()[:2] == [f"db        {db_path}",
+                                                  f"revision  0001 (this tunecl: {head_revision()})"]
+    assert sorted(db_path.parent.iterdir()) == before  # no -wal or -shm file left behind
+
+
+def test_path_of_a_server_hides_the_password(capsys, monkeypatch):
+    monkeypatch.setenv("TUNECL_SHIPPED_DB", "")
+    code, out, _ = _run(capsys, "db", "path", "--db", "postgresql+nosuchdriver://me:secret@host/tune")
+    lines = out.splitlines()
+    assert code == 0 and lines[0] == "db        postgresql+nosuchdriver://me:***@host/tune"
+    assert lines[1].startswith("revision  unknown: ") and "secret" not in out
+    assert lines[2] == "shipped   disabled (TUNECL_SHIPPED_DB is empty)"
+
+
+@pytest.mark.parametrize("argv", [("stats",), ("stats", "--json"), ("list",), ("list", "--json"), ("export",),
+                                  ("export", "-o", "{tmp}/out.json"), ("show", "gemm:m=8,n=8,k=8"),
+                                  ("prune", "--failed")])
+def test_reading_a_db_that_does_not_exist_is_an_error_that_creates_nothing(argv, capsys, tmp_path):
+    missing = tmp_path / "typo.sqlite"
+    code, out, err = _run(capsys, "db", *(a.format(tmp=tmp_path) for a in argv), "--db", str(missing))
+    assert (code, out) == (1, "")
+    assert err == (f"tunecl: error: no tuning DB at {missing} (`tunecl tune` and `tunecl db import` create "
+                   "one; `tunecl db path` shows the default)\n")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_stats(capsys, db_path):

@@ -149,3 +149,37 @@ def test_the_progress_line_is_drawn_only_on_a_terminal():
     assert progress_line(args, io.StringIO(), 128) is None
     assert isinstance(progress_line(args, Terminal(), 128), ProgressLine)
     assert progress_line(quiet, Terminal(), 128) is None
+
+
+def test_an_unknown_net_names_the_known_ones_on_lines_of_readable_length(monkeypatch, capsys):
+    monkeypatch.setattr(runtime, "select_device", lambda selector=None: _FakeDevice())
+    code = main(["tune", "--net", "resnet5", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.startswith("tunecl: error: unknown model 'resnet5' (close matches: resnet50, "), err
+    lines = err.splitlines()
+    assert len(lines) > 5 and max(len(line) for line in lines[1:]) <= 100
+    named = {name.strip() for line in lines[1:-1] for name in line.split(",")}
+    assert {"alexnet", "resnet18", "resnet50", "vit_b_16"} <= named
+    assert lines[-1] == "or give package.module:factory"
+
+
+def test_the_eta_is_the_mean_time_per_problem_times_the_problems_left():
+    from tunecl.cli.eta import Eta, format_duration
+
+    now = [100.0]
+    eta = Eta(5, clock=lambda: now[0])
+    assert eta.seconds_left() is None and eta.status() == "0 s elapsed"
+    now[0] += 30
+    eta.finished_one()
+    now[0] += 10
+    eta.finished_one()
+    assert eta.seconds_left() == pytest.approx(60.0)   # 20 s each, 3 left
+    assert eta.status() == "40 s elapsed, about 1 min 00 s left"
+    limited = Eta(5, total_time_limit=50, clock=lambda: now[0])
+    now[0] += 40
+    limited.finished_one()
+    # no problem starts after 50 s: the 10 s left of the limit and one more problem of 40 s
+    assert limited.seconds_left() == pytest.approx(50.0)
+    assert [format_duration(s) for s in (0.4, 59.6, 61, 3599, 3600, 7322)] == [
+        "0 s", "1 min 00 s", "1 min 01 s", "59 min 59 s", "1 h 00 min", "2 h 02 min"]

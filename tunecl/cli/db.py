@@ -10,6 +10,7 @@ import argparse
 import datetime as dt
 import re
 import sys
+from pathlib import Path
 from typing import Any
 
 from tunecl import config
@@ -41,7 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         command.set_defaults(func=func)
         return command
 
-    add("path", cmd_path, "print the tuning DB in use (file path or URL)", [])
+    add("path", cmd_path, "print the tuning DB in use (file path or URL), its schema revision and the "
+        "shipped results' folder", [])
     add("stats", cmd_stats, "count devices, problems and results", [as_json])
     command = add("list", cmd_list, "list stored results", [device, as_json])
     command.add_argument("--problem", metavar="SUBSTR", help="only problems whose key contains SUBSTR")
@@ -76,9 +78,28 @@ def parse_cutoff(text: str, now: dt.datetime | None = None) -> dt.datetime:
     return cutoff if cutoff.tzinfo else cutoff.replace(tzinfo=dt.UTC)
 
 
-def _open(args: argparse.Namespace, **kwargs: Any) -> Any:
-    from tunecl.db import TuningDB
+def _url(args: argparse.Namespace) -> Any:
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
 
+    raw = config.normalize_db_url(args.db) if args.db else config.get().db_url
+    try:
+        return make_url(raw)
+    except ArgumentError:
+        raise TuneclError(f"not a database URL or file path: {raw!r}") from None
+
+
+def _open(args: argparse.Namespace, must_exist: bool = True, **kwargs: Any) -> Any:
+    """The DB of ``--db``. With ``must_exist`` (the commands that read or remove results) a SQLite file
+    that is not there is an error, not a new empty DB: a mistyped path must not answer "0 results"
+    and leave a file behind. A server DB is opened as it is (its tables are created on first use)."""
+    from tunecl.db import TuningDB
+    from tunecl.db.store import sqlite_path
+
+    path = sqlite_path(_url(args))
+    if must_exist and path is not None and not path.is_file():
+        raise TuneclError(f"no tuning DB at {path} (`tunecl tune` and `tunecl db import` create one; "
+                          "`tunecl db path` shows the default)")
     return TuningDB(args.db, **kwargs)
 
 
@@ -92,14 +113,46 @@ def _fingerprint(selector: str | None) -> Any:
 
 
 def cmd_path(args: argparse.Namespace) -> int:
-    from sqlalchemy.engine import make_url
-
+    """The DB in use, its schema revision and the shipped folder; creates and changes nothing."""
+    from tunecl.db import shipped
+    from tunecl.db.schema import head_revision
     from tunecl.db.store import sqlite_path
 
-    url = make_url(config.normalize_db_url(args.db) if args.db else config.get().db_url)
+    url = _url(args)
     path = sqlite_path(url)
-    print(path if path is not None else url.render_as_string(hide_password=True))
+    print(f"db        {path if path is not None else url.render_as_string(hide_password=True)}")
+    print(f"revision  {_stored_revision(url, path)} (this tunecl: {head_revision()})")
+    folder = shipped.folder()
+    print(f"shipped   {folder if folder is not None else 'disabled (TUNECL_SHIPPED_DB is empty)'}")
     return 0
+
+
+def _stored_revision(url: Any, path: Any) -> str:
+    """The schema revision stamped in the DB at ``url``, read without creating or migrating anything."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from tunecl.db.schema import current_revision
+
+    if path is not None and not path.is_file():
+        return "none: the file does not exist yet"
+    if path is not None:
+        # Read-only. Without a write-ahead log beside it the file is also opened immutable, which keeps
+        # SQLite from creating the -wal and -shm files that a read of a WAL-mode DB otherwise leaves.
+        live = Path(f"{path}-wal").exists()
+        url = url.set(database=f"file:{path}",
+                      query={"mode": "ro", "uri": "true", **({} if live else {"immutable": "1"})})
+    try:
+        engine = create_engine(url)
+    except (ImportError, SQLAlchemyError) as error:
+        return f"unknown: {error}"
+    try:
+        with engine.connect() as connection:
+            return current_revision(connection) or "none (no tunecl tables yet)"
+    except SQLAlchemyError as error:
+        return f"unknown: {str(error.orig if hasattr(error, 'orig') else error).splitlines()[0]}"
+    finally:
+        engine.dispose()
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
@@ -209,7 +262,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     # the whole document is validated before the DB is even opened: a bad file changes nothing
     records = exchange.read_document(args.file)
-    with _open(args) as db:
+    with _open(args, must_exist=False) as db:  # importing into a new DB is how one starts
         report = exchange.import_document(db, records, dry_run=args.dry_run)
     print(report)
     return 0
@@ -230,7 +283,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
 def cmd_upgrade(args: argparse.Namespace) -> int:
     from tunecl.db.schema import head_revision
 
-    with _open(args, auto_upgrade=True) as db:
+    with _open(args, must_exist=False, auto_upgrade=True) as db:
         before, head = db.opened_at_revision, head_revision()
         where = db.display_url
     if before == head:

@@ -13,6 +13,7 @@ import time
 from typing import Any, TextIO
 
 from tunecl import config
+from tunecl.cli.eta import Eta
 from tunecl.cli.output import print_json, print_table
 from tunecl.precision import PRECISIONS
 from tunecl.problems import ConvProblem, GemmProblem
@@ -121,7 +122,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            "[,dtype=float16] (float16: half x, w, dy and outputs; default float32)")
     what.add_argument("--net", metavar="NAME",
                       help="every conv and GEMM problem of a torchvision model (resnet50) or of "
-                           "package.module:factory")
+                           "package.module:factory; a line on stderr as each problem starts (with the time "
+                           "elapsed and an estimate of the time left) and one as it ends")
     parser.add_argument("--device", metavar="SEL",
                         help="device index, name part or platform:device (default: TUNECL_DEVICE or 0)")
     net = parser.add_argument_group("with --net")
@@ -354,7 +356,11 @@ def run_net(args: argparse.Namespace, device: Any, options: dict[str, Any]) -> i
 
     try:
         workload = net_problems(args.net, args.batch, args.image_size, train=args.train)
-    except (ValueError, ImportError, AttributeError) as error:
+    except ValueError as error:
+        if str(error).startswith("unknown model"):   # it names the known models itself
+            raise TuneclError(str(error)) from None
+        raise TuneclError(f"cannot extract the workload of {args.net!r}: {error}") from None
+    except (ImportError, AttributeError) as error:
         raise TuneclError(f"cannot extract the workload of {args.net!r}: {error}") from None
     total = len(workload)
     err = sys.stderr
@@ -368,14 +374,16 @@ def run_net(args: argparse.Namespace, device: Any, options: dict[str, Any]) -> i
     budget += [f"{args.time_limit:g} s"] if args.time_limit is not None else []
     print(f"budget per problem: {' or '.join(budget)}", file=err)
     progress: ProgressLine | None = None
+    eta = Eta(total, args.total_time_limit)
 
     def on_start(index: int, problem: Any) -> None:
         nonlocal progress
-        print(f"[{index + 1}/{total}] {problem.key}", file=err, flush=True)
+        print(f"[{index + 1}/{total}] {problem.key}  ({eta.status()})", file=err, flush=True)
         progress = progress_line(args, err, problem.flops)
 
     def on_done(index: int, row: Any) -> None:
         nonlocal progress
+        eta.finished_one()
         if progress is not None:
             progress.close()
             progress = None

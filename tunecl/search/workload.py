@@ -13,7 +13,9 @@ K=batch, A transposed).
 from __future__ import annotations
 
 import collections
+import difflib
 import importlib
+import textwrap
 from typing import Any
 
 from tunecl.problems import ConvProblem, GemmProblem, Problem
@@ -29,8 +31,14 @@ def build_model(name: str) -> Any:
     try:
         factory = torchvision.models.get_model_builder(name)
     except ValueError:
-        known = ", ".join(sorted(torchvision.models.list_models(module=torchvision.models)))
-        raise ValueError(f"unknown model {name!r}; torchvision classification models: {known}") from None
+        known = sorted(torchvision.models.list_models(module=torchvision.models))
+        close = difflib.get_close_matches(name, known, n=5, cutoff=0.7)
+        hint = f" (close matches: {', '.join(close)})" if close else ""
+        # the 80-odd names wrapped, not one line of 1,200 characters
+        names = textwrap.fill(", ".join(known), width=100, initial_indent="  ", subsequent_indent="  ",
+                              break_on_hyphens=False)
+        raise ValueError(f"unknown model {name!r}{hint}; the torchvision classification models are:\n"
+                         f"{names}\nor give package.module:factory") from None
     kwargs = {"aux_logits": False, "init_weights": False} if name in ("inception_v3", "googlenet") else {}
     return factory(weights=None, **kwargs)
 
