@@ -91,6 +91,11 @@ class State:
         from tunecl.kernels.group_norm import GroupNorm
         return GroupNorm(self.device)
 
+    @functools.cached_property
+    def scan(self):
+        from tunecl.kernels.scan import Scan
+        return Scan(self.device)
+
 
 _state: State | None = None
 _lock = threading.Lock()
