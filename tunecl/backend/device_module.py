@@ -2,16 +2,17 @@
 
 This module object itself is registered as ``torch.opencl``. There is exactly one device,
 ``opencl:0`` (``TUNECL_DEVICE`` selects which OpenCL device that is); other indices raise. Random
-numbers come from torch's CPU default generator, so ``manual_seed`` seeds that generator.
+numbers come from torch's CPU default generator, so ``manual_seed`` seeds that generator. Events and
+streams: :mod:`tunecl.backend.streams` (one stream, the device's in-order queue); memory statistics under
+``torch.cuda``'s names: :mod:`tunecl.backend.memory_report`.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from tunecl.backend import graphed, graphs, memory, state
+from tunecl.backend import graphed, graphs, memory, memory_report, properties, state, streams
+from tunecl.backend.properties import DeviceProperties
 from tunecl.backend.state import check_index
 
 # record once, replay without Python (see tunecl.backend.graphs): torch.opencl.graph(g) like torch.cuda.graph
@@ -19,6 +20,14 @@ Graph = OpenCLGraph = graphs.Graph
 GraphCaptureError = graphs.GraphCaptureError
 graph = graphs.graph
 make_graphed_callables = graphed.make_graphed_callables
+# events and streams like torch.cuda's; every stream is the device's one in-order queue
+Event = streams.Event
+Stream = streams.Stream
+StreamContext = streams.StreamContext
+stream = streams.stream
+current_stream = streams.current_stream
+default_stream = streams.default_stream
+set_stream = streams.set_stream
 
 DeviceLike = torch.device | str | int | None
 
@@ -56,10 +65,18 @@ def get_device_name(device: DeviceLike = None) -> str:
     return state.get().device.name
 
 
-def get_device_properties(device: DeviceLike = None) -> dict[str, Any]:
-    """The OpenCL device's description (name, platform, memory, compute units, driver, ...)."""
+def get_device_properties(device: DeviceLike = None) -> DeviceProperties:
+    """The OpenCL device's description: ``name``, ``total_memory``, ``multi_processor_count``,
+    ``max_work_group_size``, ... (see :class:`~tunecl.backend.properties.DeviceProperties`)."""
     check_index(device)
-    return state.get().device.entry.describe()
+    return properties.of(state.get().device)
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """False: bfloat16 tensors can be stored and copied, but no kernel computes in bfloat16 (their ops take
+    the CPU fallback) and autocast casts to float16 only. Emulation, which CUDA counts when
+    ``including_emulation`` is True, is the CPU fallback here, so it does not count either."""
+    return False
 
 
 def synchronize(device: DeviceLike = None) -> None:
@@ -108,9 +125,25 @@ def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
 
 # -- memory ----------------------------------------------------------------------------------------
 def memory_stats(device: DeviceLike = None) -> dict[str, int]:
-    """Allocator statistics: allocated/requested/reserved/cached bytes, peaks, counts."""
+    """Allocator statistics: tunecl's keys (allocated/requested/reserved/cached bytes, peaks, counts) and
+    ``torch.cuda``'s names for those it can fill (``allocated_bytes.all.current``, ``.peak``,
+    ``reserved_bytes.all.current``, ``num_alloc_retries``, ...; see :mod:`tunecl.backend.memory_report`)."""
     check_index(device)
-    return memory.memory_stats()
+    stats = memory.memory_stats()
+    return {**stats, **memory_report.cuda_stats(stats)}
+
+
+def memory_summary(device: DeviceLike = None, abbreviated: bool = False) -> str:
+    """A printable table of the allocator's statistics, in ``torch.cuda.memory_summary``'s layout."""
+    check_index(device)
+    return memory_report.summary(abbreviated)
+
+
+def mem_get_info(device: DeviceLike = None) -> tuple[int, int]:
+    """(free, total) device memory in bytes; ``free`` is the memory this process has not reserved (OpenCL
+    cannot see other processes' use)."""
+    check_index(device)
+    return memory_report.mem_get_info()
 
 
 def memory_allocated(device: DeviceLike = None) -> int:
@@ -139,6 +172,13 @@ def empty_cache() -> None:
 def reset_peak_memory_stats(device: DeviceLike = None) -> None:
     check_index(device)
     memory.allocator.reset_peak()
+
+
+def reset_accumulated_memory_stats(device: DeviceLike = None) -> None:
+    """Start ``memory_stats``'s accumulating ``torch.cuda`` counters (``*.allocated``, ``*.freed``,
+    ``num_*``) from zero; tunecl's own counts keep running."""
+    check_index(device)
+    memory_report.reset_accumulated()
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:

@@ -184,6 +184,10 @@ class CachingAllocator:
         self.cached = 0         # class bytes sitting in the cache
         self.peak_allocated = 0
         self.peak_reserved = 0
+        # class bytes ever handed to storages and bytes of buffers ever created (what was freed is the
+        # difference to allocated/reserved): torch.cuda's allocated_bytes/reserved_bytes ".allocated"
+        self.allocated_total = 0
+        self.reserved_total = 0
         self.counts = collections.Counter()
         self.reused_in_place = 0  # allocations that took a dead block over (see _take_over)
         self.reused_empty_in_place = 0  # of those, empty (0-byte) blocks: no buffer, so no cache hit
@@ -244,6 +248,7 @@ class CachingAllocator:
         self.requested += nbytes - block.requested
         block.requested = nbytes
         self.reused_in_place += 1
+        self.allocated_total += block.reserved
         if not block.reserved:
             self.reused_empty_in_place += 1
         _buffers[address] = block.buffer
@@ -286,6 +291,7 @@ class CachingAllocator:
                     continue
                 raise _oom(requested, device, f"the driver said {error}") from None
             self.counts["buffers_created"] += 1
+            self.reserved_total += reserved
             return buffer
         raise AssertionError("unreachable")
 
@@ -295,6 +301,7 @@ class CachingAllocator:
             release()
 
     def _release_cache(self) -> None:
+        self.counts["buffers_released"] += sum(map(len, self._cache.values()))
         self._cache.clear()
         self.cached = 0
 
@@ -342,6 +349,7 @@ class CachingAllocator:
             block = _Block(address, buffer, reserved, nbytes, slot)
             self._blocks[slot.address] = block
             self.allocated += reserved
+            self.allocated_total += reserved
             self.requested += nbytes
             self.peak_allocated = max(self.peak_allocated, self.allocated)
             self.peak_reserved = max(self.peak_reserved, self.allocated + self.cached)
@@ -428,7 +436,9 @@ class CachingAllocator:
             return {"allocated_bytes": self.allocated, "requested_bytes": self.requested,
                     "reserved_bytes": self.reserved, "cached_bytes": self.cached,
                     "peak_allocated_bytes": self.peak_allocated, "peak_reserved_bytes": self.peak_reserved,
-                    "live_blocks": len(self._blocks), "graph_bytes": self.graph_bytes, **self.counts,
+                    "live_blocks": len(self._blocks), "graph_bytes": self.graph_bytes,
+                    "allocated_bytes_total": self.allocated_total, "reserved_bytes_total": self.reserved_total,
+                    **self.counts,
                     **self._in_place_counts()}
 
     def _in_place_counts(self) -> dict[str, int]:
@@ -456,6 +466,7 @@ def _fmt(nbytes: int) -> str:
 
 def _oom(requested: int, device, reason: str) -> torch.OutOfMemoryError:
     a = allocator
+    a.counts["ooms"] += 1
     return torch.OutOfMemoryError(
         f"OpenCL out of memory: tried to allocate {_fmt(requested)} on opencl:0 ({device.name}); "
         f"{reason}. tunecl holds {_fmt(a.allocated)} in tensors and {_fmt(a.reserved)} reserved; "

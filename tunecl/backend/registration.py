@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from tunecl.backend import autocast, copies, counters, fallback, memory, modules, state, weight_cache
+from tunecl.backend import (accelerator, amp, autocast, copies, counters, fallback, memory, modules, state,
+                            streams, weight_cache)
 from tunecl.kernels.strided import Unsupported
 
 BACKEND = "opencl"
@@ -74,6 +75,11 @@ def register() -> None:
         _patch_storage()
         _patch_printing()
         modules.patch_module_apply()
+        # torch.Event/Stream, torch.accelerator and torch.amp.GradScaler reach C++ paths a Python backend
+        # cannot fill (see each module's docstring): route them to torch.opencl for this device
+        streams.patch_torch_event_and_stream()
+        accelerator.patch()
+        amp.patch_torch_grad_scaler()
         _registered = True
 
 
