@@ -61,6 +61,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     command.add_argument("--failed", action="store_true", help="failed results")
     command.add_argument("--yes", action="store_true", help="really remove (default: only report)")
     add("upgrade", cmd_upgrade, "migrate the tuning DB's schema to this tunecl's revision", [])
+    command = add("plot", cmd_plot, "write a tuning study's optimization history and parameter importances "
+                  "as a PNG (needs matplotlib: the plots extra)", [])
+    command.add_argument("file", metavar="FILE.png", help="the PNG file to write")
+    command.add_argument("--study", metavar="NAME",
+                         help="the study: its name as `tunecl tune` prints it, or a part of it only that "
+                              "study has, e.g. a problem key (default: the storage's only study)")
+    command.add_argument("--storage", metavar="URL",
+                         help="Optuna storage of the studies (default: TUNECL_STORAGE, else "
+                              "NAME-studies.sqlite next to the DB NAME.sqlite)")
 
 
 def parse_cutoff(text: str, now: dt.datetime | None = None) -> dt.datetime:
@@ -291,3 +300,27 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
     else:
         print(f"{where}: schema revision {before or '(new)'} -> {head}")
     return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from tunecl.search.study_plot import find_study, write_study_plot
+    from tunecl.search.tuner import open_storage
+
+    url = args.storage or (config.studies_next_to(args.db) if args.db else config.get().storage_url)
+    path = _sqlite_file(url)
+    if path is not None and not path.is_file():  # opening it would create an empty storage
+        raise TuneclError(f"no study storage at {path}")
+    import optuna
+
+    storage = open_storage(url)
+    plot = write_study_plot(optuna.load_study(study_name=find_study(storage, args.study), storage=storage),
+                            args.file)
+    print(f"wrote {plot.path}: {plot.completed} measured trials of {plot.study_name}"
+          + (f"; {plot.importance_note}" if plot.importance_note else ""))
+    return 0
+
+
+def _sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite storage URL or path (None for other storages)."""
+    url = config.normalize_db_url(url)
+    return Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") and url != "sqlite:///:memory:" else None
