@@ -281,6 +281,18 @@ def test_accelerator_is_opencl_and_synchronizes_it():
     torch.testing.assert_close(y.cpu(), x @ x, rtol=1e-4, atol=1e-4)
 
 
+def test_accelerator_capability_lists_the_dtypes_the_device_stores():
+    dtypes = torch.accelerator.get_device_capability()["supported_dtypes"]
+    assert {torch.float32, torch.float16, torch.int64, torch.bool, torch.bfloat16} <= dtypes
+    assert torch.float64 not in dtypes   # refused at creation
+    for dtype in dtypes:   # each can be allocated and converted to float32 (complex64 to itself) and back
+        t = torch.ones(2, dtype=dtype).to(DEVICE)
+        other = torch.complex64 if dtype.is_complex else torch.float32
+        assert t.to(other).to(dtype).cpu().tolist() == torch.ones(2, dtype=dtype).tolist()
+    with pytest.raises(RuntimeError, match="does not exist"):
+        torch.accelerator.get_device_capability("opencl:1")
+
+
 def test_accelerator_memory_calls_read_the_allocator():
     t = torch.empty(4097, device=DEVICE)
     stats = torch.accelerator.memory_stats()

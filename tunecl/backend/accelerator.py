@@ -1,12 +1,13 @@
-"""``torch.accelerator`` for the opencl device: synchronize, streams and memory statistics.
+"""``torch.accelerator`` for the opencl device: synchronize, streams, capability and memory statistics.
 
 torch implements these in C++ through the accelerator's DeviceGuard and its ``c10::DeviceAllocator``. A
 Python backend can register neither: ``torch._C._acc``'s guard has no ``synchronizeDevice`` ("Backend
-doesn't support synchronizing all streams on device") and our storages come through DLPack, not an
-allocator (torch asserts "Allocator for opencl is not a DeviceAllocator"). So :func:`patch` routes the
-Python functions of ``torch.accelerator`` to ``torch.opencl`` whenever their device (or, for None or an
-index, the current accelerator) is opencl, and leaves every other device to torch. Code that imported
-one of these functions by name before ``import tunecl.backend`` keeps torch's version.
+doesn't support synchronizing all streams on device") nor ``getDeviceCapability``, and our storages
+come through DLPack, not an allocator (torch asserts "Allocator for opencl is not a DeviceAllocator").
+So :func:`patch` routes the Python functions of ``torch.accelerator`` to ``torch.opencl`` whenever
+their device (or, for None or an index, the current accelerator) is opencl, and leaves every other
+device to torch. Code that imported one of these functions by name before ``import tunecl.backend``
+keeps torch's version.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any
 
 import torch
 
+from tunecl.backend.dtypes import DLPACK
+
 BACKEND = "opencl"
 
 
@@ -28,6 +31,12 @@ def _targets_opencl(device: Any) -> bool:
     return torch.device(device).type == BACKEND
 
 
+def _capability(device: Any = None) -> dict[str, Any]:
+    """torch's capability dict: the dtypes a tensor can have on the device and be converted between."""
+    torch.opencl.get_device_properties(device)   # (refuses a missing device)
+    return {"supported_dtypes": set(DLPACK)}
+
+
 def _memory_stats(device: Any = None) -> OrderedDict[str, int]:
     return OrderedDict(sorted(torch.opencl.memory_stats(device).items()))
 
@@ -36,6 +45,7 @@ def _memory_stats(device: Any = None) -> OrderedDict[str, int]:
 _ROUTES: dict[str, Callable[..., Any]] = {
     "synchronize": lambda device=None: torch.opencl.synchronize(device),
     "current_stream": lambda device=None: torch.opencl.current_stream(device),
+    "get_device_capability": _capability,
     "memory_stats": _memory_stats,
     "reset_peak_memory_stats": lambda device=None: torch.opencl.reset_peak_memory_stats(device),
     "reset_accumulated_memory_stats": lambda device=None: torch.opencl.reset_accumulated_memory_stats(device),

@@ -166,7 +166,7 @@ class Stream(_TorchStream):
     """``torch.cuda.Stream`` for the opencl device. Every stream is the device's one in-order queue (see the
     module docstring), so they compare equal; ``priority`` is accepted and has no effect."""
 
-    def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> Stream:
+    def __new__(cls, device: Any = None, priority: int = 0) -> Stream:
         return super().__new__(cls, device=_opencl_device(device), priority=priority)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
