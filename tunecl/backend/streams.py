@@ -254,12 +254,10 @@ def stream(stream: Stream | None) -> StreamContext:
 # -- torch.Event and torch.Stream ------------------------------------------------------------------------
 def _is_opencl(device: Any) -> bool:
     """Whether a ``device=`` argument of torch.Event/torch.Stream means the opencl device (None: when opencl
-    is the current accelerator, as torch picks)."""
-    if device is None:
+    is the current accelerator, as torch picks; an index is one of the current accelerator's)."""
+    if device is None or isinstance(device, int):
         current = torch.accelerator.current_accelerator()
         return current is not None and current.type == BACKEND
-    if isinstance(device, int):
-        return False   # (torch reads a bare index as one of the current accelerator's, below)
     return torch.device(device).type == BACKEND
 
 
@@ -281,7 +279,7 @@ class _DeviceEvent(_TorchEvent, metaclass=_InstancesOf):
     _wraps = _TorchEvent
 
     def __new__(cls, device: Any = None, **kwargs: Any) -> Any:
-        if _is_opencl(device) or (isinstance(device, int) and _is_opencl(None)):
+        if _is_opencl(device):
             return Event(device, **kwargs)
         return _TorchEvent(**kwargs) if device is None else _TorchEvent(device, **kwargs)
 
@@ -291,8 +289,8 @@ class _DeviceStream(_TorchStream, metaclass=_InstancesOf):
     _wraps = _TorchStream
 
     def __new__(cls, device: Any = None, **kwargs: Any) -> Any:
-        if _is_opencl(device) or (isinstance(device, int) and _is_opencl(None)):
-            return Stream(device, priority=kwargs.get("priority", 0))
+        if _is_opencl(device):
+            return Stream(device, **kwargs)
         return _TorchStream(**kwargs) if device is None else _TorchStream(device, **kwargs)
 
 
