@@ -23,6 +23,10 @@ graph's static inputs and enqueues the recorded commands, without running the gr
   ``TUNECL_FALLBACK=error`` an op without a kernel raises as it would eagerly.
 - Recompiles (a new shape, dtype, train/eval) get graphs of their own; the graphs go with the compiled
   code. :func:`stats` counts captures, replays and eager calls with their reasons.
+- Before a graph runs, it is rewritten: in an inference graph each convolution -> eval batch norm pair
+  becomes one convolution with folded weights (:mod:`tunecl.backend.folding`), and in every graph each
+  run of pointwise ops becomes one generated kernel (:mod:`tunecl.backend.fusion`). Options switch them
+  off: ``torch.compile(m, backend="tunecl", options={"fold_conv_bn": False, "fuse_pointwise": False})``.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from torch._dynamo.backends.debugging import boxed_nop
 from torch._inductor.utils import count_tangents
 
 import tunecl.backend  # noqa: F401  (registers the opencl device)
-from tunecl.backend import graphs
+from tunecl.backend import folding, fusion, graphs
 from tunecl.backend.ops import foreach
 
 _counts: collections.Counter[str] = collections.Counter()
@@ -52,8 +56,11 @@ _lock = threading.Lock()
 
 def stats() -> dict[str, int]:
     """Counters of compiled graphs: ``captures``, ``replays``, ``warmups``, ``input_copies`` (inputs copied
-    into a graph's static inputs), ``output_copies``, ``eager_graphs`` (graphs that run eagerly for good)
-    and ``eager_calls:<reason>`` (calls of a captured graph run eagerly instead of replayed)."""
+    into a graph's static inputs), ``output_copies``, ``eager_graphs`` (graphs that run eagerly for good),
+    ``eager_calls:<reason>`` (calls of a captured graph run eagerly instead of replayed),
+    ``captured_commands`` (device commands the captures hold: what their replays enqueue), and the
+    rewrites: ``folded_conv_bn`` (convolution + batch norm pairs folded), ``fused_chains`` (runs of
+    pointwise ops fused into one kernel) and ``fused_ops`` (the ops in them)."""
     return dict(_counts)
 
 
@@ -94,6 +101,7 @@ class _Replayed:
                  aliased: set[int], copied_outputs: range | set[int]) -> None:
         self._boxed_call = True   # called with one list of arguments (an instance attribute: wrappers copy it)
         self.kind = kind
+        self.gm = gm
         self.run_eagerly = boxed_nop(gm, list(example_inputs))
         self.aliased = aliased
         self.copied_outputs = copied_outputs
@@ -132,6 +140,7 @@ class _Replayed:
         # free to die), the others are copied into static tensors
         static = [a if not isinstance(a, torch.Tensor) else _alias(a) if i in self.aliased else _static_copy(a)
                   for i, a in enumerate(args)]
+        folding.refresh_before_capture(self.gm)
         graph = graphs.Graph()
         try:
             with graphs.graph(graph):
@@ -151,6 +160,7 @@ class _Replayed:
         self.rewritten = [i for i, t in enumerate(self.static_outputs) if isinstance(t, torch.Tensor)
                           and i not in self.copied_outputs and _storage(t) not in inputs]
         _counts["captures"] += 1
+        _counts["captured_commands"] += graph.commands
         args.clear()
         return self._hand_out()
 
@@ -277,13 +287,26 @@ def _forward_layout() -> tuple[set[int], range]:
                                                          + meta.num_intermediate_bases)
 
 
-def _forward_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, inference: bool = False) -> Any:
-    aliased, user_outputs = _forward_layout()
+def _rewrite(gm: torch.fx.GraphModule, options: dict[str, Any], inference: bool) -> None:
+    """The graph-level rewrites of ``gm`` the options allow (see the module docstring), counted."""
+    if inference and options.get("fold_conv_bn", True):
+        _counts["folded_conv_bn"] += folding.fold_conv_bn(gm)
+    if options.get("fuse_pointwise", True):
+        runs = fusion.fuse_pointwise(gm)
+        _counts["fused_chains"] += len(runs)
+        _counts["fused_ops"] += sum(runs)
+
+
+def _forward_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, inference: bool = False,
+                      options: dict[str, Any]) -> Any:
+    aliased, user_outputs = _forward_layout()   # (before the rewrites: they keep inputs and outputs)
+    _rewrite(gm, options, inference)
     aliased |= {i for i, a in enumerate(example_inputs) if isinstance(a, torch.nn.Parameter)}
     return _Replayed(gm, example_inputs, "inference" if inference else "forward", aliased, user_outputs)
 
 
-def _backward_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+def _backward_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, options: dict[str, Any]) -> Any:
+    _rewrite(gm, options, inference=False)
     # the gradients are handed out as copies: autograd takes a gradient over as the parameter's .grad when
     # that is None (its storage, not a copy), and a replay must not rewrite a .grad
     outputs = len(output_node_args(gm))
@@ -295,13 +318,21 @@ def output_node_args(gm: torch.fx.GraphModule) -> Sequence[Any]:
     return node.args[0] if isinstance(node.args[0], (list, tuple)) else (node.args[0],)
 
 
-def tunecl_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable[..., Any]:
-    """The dynamo backend ``"tunecl"`` (see the module docstring)."""
-    if kwargs:
-        warnings.warn(f"tunecl compile: options {sorted(kwargs)} are not used", stacklevel=2)
+REWRITES = ("fold_conv_bn", "fuse_pointwise")   # the options, each True unless given False
+
+
+def tunecl_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, options: dict[str, Any] | None = None,
+                   **kwargs: Any) -> Callable[..., Any]:
+    """The dynamo backend ``"tunecl"`` (see the module docstring); ``options`` (``torch.compile``'s) may
+    switch the rewrites of :data:`REWRITES` off."""
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(REWRITES)) + sorted(kwargs)
+    if unknown:
+        warnings.warn(f"tunecl compile: options {unknown} are not used", stacklevel=2)
     compile_with_aot = aot_autograd(
-        fw_compiler=_forward_compiler, bw_compiler=_backward_compiler,
-        inference_compiler=functools.partial(_forward_compiler, inference=True),
+        fw_compiler=functools.partial(_forward_compiler, options=options),
+        bw_compiler=functools.partial(_backward_compiler, options=options),
+        inference_compiler=functools.partial(_forward_compiler, inference=True, options=options),
         keep_inference_input_mutations=True)
     return compile_with_aot(gm, example_inputs)
 

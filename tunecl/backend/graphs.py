@@ -62,6 +62,7 @@ tensor, which has no counter, gets its transform recorded in the graph instead).
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -87,6 +88,11 @@ def capturing() -> bool:
     return _active is not None
 
 
+def active() -> Graph | None:
+    """The graph being captured, if any."""
+    return _active
+
+
 def check_not_capturing(what: str) -> None:
     """Raise :class:`GraphCaptureError` naming ``what`` when a capture is in progress."""
     if _active is not None:
@@ -105,6 +111,8 @@ class Graph:
         self._random: cl.Buffer | None = None               # key and counter of the graph's random numbers
         self._captured = False
         self._device: Any = None
+        self.replays = 0                                     # replays so far (see uses_buffer)
+        self._buffer_ids: frozenset[int] = frozenset()
 
     # -- capture -----------------------------------------------------------------------------------
     def capture_begin(self) -> None:
@@ -178,9 +186,16 @@ class Graph:
                 if isinstance(obj, cl.MemoryObjectHolder):
                     seen.setdefault(id(obj), obj)
         self._buffers = list(seen.values())
+        self._buffer_ids = frozenset(seen)
         memory.allocator.reserve_for_graph(self._buffers)
         self._presets = [_preset(command) for command in self._commands]
         self._captured = True
+        _captured.add(self)
+
+    def uses_buffer(self, buffer: cl.MemoryObjectHolder) -> bool:
+        """Whether the recorded commands read or write ``buffer`` (so a replay may have written it: a
+        replay passes no torch op, so it moves no version counter)."""
+        return id(buffer) in self._buffer_ids
 
     def random_state(self) -> cl.Buffer:
         """The device buffer of this graph's random numbers (Philox key and counter, ``random.cl``), keyed
@@ -197,6 +212,7 @@ class Graph:
             raise GraphCaptureError("nothing to replay: capture the graph first")
         if _active is self:
             raise GraphCaptureError("a graph cannot replay inside its own capture")
+        self.replays += 1
         for hook in self._before_replay:   # e.g. weights changed in place since: their cached transforms first
             hook()
         queue = self._device.queue   # (enqueues launches deferred before the replay first)
@@ -229,6 +245,8 @@ class Graph:
         if self._captured:
             memory.allocator.release_from_graph(self._buffers)
         self._commands, self._buffers, self._presets, self._before_replay, self._captured = [], [], [], [], False
+        self._buffer_ids = frozenset()
+        _captured.discard(self)
 
     @property
     def commands(self) -> int:
@@ -242,9 +260,20 @@ class Graph:
 
     def __del__(self) -> None:
         # (never the locking release: a garbage collection inside an allocation would wait for its own lock)
+        # (nor contextlib's suppress: at interpreter exit this module's globals may be gone already)
         if getattr(self, "_captured", False) and _active is not self:
-            with contextlib.suppress(Exception):
+            try:
                 memory.allocator.release_from_graph_soon(self._buffers)
+            except Exception:  # noqa: BLE001  (a destructor must not raise)
+                pass
+
+
+_captured: weakref.WeakSet[Graph] = weakref.WeakSet()   # the graphs holding a capture
+
+
+def captured_graphs() -> list[Graph]:
+    """The graphs that hold a capture now."""
+    return list(_captured)
 
 
 def bernoulli_(t: Any, p: float) -> bool:

@@ -73,7 +73,9 @@ class _Entry:
 
 _lock = threading.RLock()
 _entries: collections.OrderedDict[tuple, _Entry] = collections.OrderedDict()   # least recently used first
-watched: dict[int, set[tuple]] = {}   # storage address -> keys of its entries (empty: nothing to watch)
+# storage address -> keys of its entries and the write listeners of :func:`watch_writes` (empty: nothing
+# to watch)
+watched: dict[int, set[Any]] = {}
 _bytes = 0
 counts: collections.Counter[str] = collections.Counter()
 _settings: tuple[Any, Any] = (None, None)   # (what they were derived from, (mode, cap in bytes))
@@ -218,6 +220,9 @@ def note_write(t: Any) -> None:
         if keys:
             with _lock:
                 for key in list(keys):
+                    if isinstance(key, WriteListener):
+                        key.on_write()
+                        continue
                     entry = _entries.get(key)
                     if entry is not None:
                         _drop(entry)
@@ -225,6 +230,32 @@ def note_write(t: Any) -> None:
     elif isinstance(t, (list, tuple)):
         for e in t:
             note_write(e)
+
+
+class WriteListener:
+    """Told (``on_write``) before each write into a storage it watches that passes the dispatcher, as the
+    cache's entries are (see the module docstring): a holder of something derived from a tensor (the
+    folded weights of :mod:`tunecl.backend.folding`) then knows it is stale, even where the tensor's
+    version counter does not move."""
+
+    def on_write(self) -> None:
+        raise NotImplementedError
+
+
+def watch_writes(t: torch.Tensor, listener: WriteListener) -> None:
+    """Tell ``listener`` about writes into ``t``'s storage, until :func:`unwatch_writes`."""
+    with _lock:
+        watched.setdefault(t.untyped_storage().data_ptr(), set()).add(listener)
+
+
+def unwatch_writes(storage: int, listener: WriteListener) -> None:
+    """Stop telling ``listener`` about writes into the storage at address ``storage``."""
+    with _lock:
+        keys = watched.get(storage)
+        if keys is not None:
+            keys.discard(listener)
+            if not keys:
+                del watched[storage]
 
 
 def _drop(entry: _Entry) -> None:
