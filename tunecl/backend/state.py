@@ -96,6 +96,11 @@ class State:
         from tunecl.kernels.scan import Scan
         return Scan(self.device)
 
+    @functools.cached_property
+    def index_nd(self):
+        from tunecl.kernels.index_nd import IndexNd
+        return IndexNd(self.device)
+
 
 _state: State | None = None
 _lock = threading.Lock()

@@ -1,0 +1,260 @@
+"""Advanced indexing on the device: ``x[i, j]`` (``index.Tensor``), ``x[i, j] = v`` and ``+= v``
+(``index_put_``, accumulate either way), ``index_add``, ``nonzero`` and ``masked_select``.
+
+The index tensors (bool masks become their nonzero coordinates) are checked against their dims, broadcast
+together, and turned into one int64 element offset per indexed position by device arithmetic; the kernels
+then walk the other dims by strides. As torch does, the indexed dims' result dims replace them in place
+when they are adjacent, and go first otherwise. Out-of-range indices raise IndexError (one host sync per
+call, for the check)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from tunecl.backend import copies, memory, state
+from tunecl.backend.operands import operand, same_storage
+from tunecl.kernels.strided import Operand, Unsupported
+
+_INDEX_DTYPES = (torch.int64, torch.int32)
+_MASK_DTYPES = (torch.bool, torch.uint8)
+
+
+@dataclasses.dataclass
+class _Plan:
+    base: torch.Tensor          # contiguous int64 element offsets into self, one per position
+    positions: int
+    index_shape: list[int]      # the broadcast shape of the index tensors
+    rest_dims: list[int]        # self's dims that are not indexed, in order
+    front: int                  # where the index dims go in the result: len(pre) when adjacent, else 0
+    max_offset: int
+
+    def result_shape(self, shape: Sequence[int]) -> list[int]:
+        rest = [shape[d] for d in self.rest_dims]
+        return rest[:self.front] + self.index_shape + rest[self.front:]
+
+
+def nonzero(self: torch.Tensor) -> torch.Tensor:
+    """The coordinates of the nonzero elements, one int64 row each, in element order."""
+    if self.dim() == 0:
+        return memory.empty_contiguous([int(bool(self.item())), 0], torch.int64)
+    mask = self if self.dtype == torch.bool else torch.ne(self, 0)
+    mask = copies.contiguous_on_device(mask)
+    if mask.numel() == 0:
+        return memory.empty_contiguous([0, self.dim()], torch.int64)
+    csum = torch.cumsum(mask.view(-1), 0)
+    count = int(csum[-1].item())
+    out = memory.empty_contiguous([count, self.dim()], torch.int64)
+    flat = mask.view(torch.uint8)
+    state.get().index_nd.nonzero(list(mask.shape), operand(out), operand(flat), operand(csum))
+    return out
+
+
+def nonzero_out(self: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
+    if out.dtype != torch.int64:
+        raise RuntimeError(f"nonzero: out must be int64, got {out.dtype}")
+    result = nonzero(self)
+    out.resize_(result.shape)
+    copies.device_copy(out, result)
+    return out
+
+
+def _expanded(self: torch.Tensor, indices: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """One entry per dim of self (None: not indexed); masks become their nonzero coordinates."""
+    if len(indices) > self.dim():
+        raise IndexError(f"too many indices for tensor of dimension {self.dim()} (got {len(indices)})")
+    out: list[torch.Tensor | None] = []
+    for index in indices:
+        if index is None:
+            out.append(None)
+            continue
+        if index.device.type not in ("opencl", "cpu"):
+            raise Unsupported(f"an index on {index.device}")
+        if index.dtype in _MASK_DTYPES:
+            dim = len(out)
+            span = list(self.shape[dim:dim + index.dim()])
+            if list(index.shape) != span:
+                raise IndexError(f"The shape of the mask {list(index.shape)} at index {dim} does not match the "
+                                 f"shape of the indexed tensor {list(self.shape)} at index {dim}")
+            coordinates = nonzero(index.to("opencl"))
+            out.extend(coordinates[:, k] for k in range(index.dim()))
+        elif index.dtype in _INDEX_DTYPES:
+            out.append(index.to("opencl"))
+        else:
+            raise IndexError(f"tensors used as indices must be long, int, byte or bool tensors, got {index.dtype}")
+    if len(out) > self.dim():
+        raise IndexError(f"too many indices for tensor of dimension {self.dim()} (got {len(out)})")
+    return out + [None] * (self.dim() - len(out))
+
+
+def _plan(self: torch.Tensor, indices: Sequence[torch.Tensor | None]) -> _Plan:
+    per_dim = _expanded(self, indices)
+    indexed = [d for d, index in enumerate(per_dim) if index is not None]
+    if not indexed:
+        raise Unsupported("index without index tensors")
+    tensors = torch.broadcast_tensors(*[per_dim[d] for d in indexed])
+    index_shape = list(tensors[0].shape)
+    base = None
+    for d, index in zip(indexed, tensors):
+        size = self.shape[d]
+        index = index.long()
+        if index.numel() and bool(torch.logical_or(index >= size, index < -size).any().item()):
+            raise IndexError(f"index out of range: an index is out of bounds for dimension {d} with size {size}")
+        wrapped = torch.where(index < 0, index + size, index) * self.stride(d)
+        base = wrapped if base is None else base + wrapped
+    base = copies.contiguous_on_device(base.expand(index_shape)).view(-1)
+    adjacent = indexed == list(range(indexed[0], indexed[-1] + 1))
+    rest_dims = [d for d in range(self.dim()) if per_dim[d] is None]
+    max_offset = sum((self.shape[d] - 1) * abs(self.stride(d)) for d in indexed if self.shape[d])
+    return _Plan(base, base.numel(), index_shape, rest_dims, indexed[0] if adjacent else 0, max_offset)
+
+
+def _self_rest(self: torch.Tensor, plan: _Plan) -> Operand:
+    src = operand(self)
+    return src._replace(strides=tuple(self.stride(d) for d in plan.rest_dims))
+
+
+def _rows_view(t: torch.Tensor, plan: _Plan) -> torch.Tensor:
+    """``t`` (of the result's shape) as (positions, *rest): its index dims moved first and merged."""
+    k = len(plan.index_shape)
+    moved = t.movedim(list(range(plan.front, plan.front + k)), list(range(k))) if plan.front else t
+    return moved.reshape([plan.positions] + list(moved.shape[k:]))
+
+
+def index_out(self: torch.Tensor, indices: Sequence[torch.Tensor | None], *, out: torch.Tensor) -> torch.Tensor:
+    plan = _plan(self, indices)
+    shape = plan.result_shape(self.shape)
+    if out.dtype != self.dtype:
+        raise RuntimeError(f"index: out has dtype {out.dtype}, expected {self.dtype}")
+    if list(out.shape) != shape:
+        out.resize_(shape)
+    rest = [self.shape[d] for d in plan.rest_dims]
+    rows = memory.empty_contiguous([plan.positions] + rest, self.dtype)
+    r = operand(rows)
+    state.get().index_nd.rows("index_gather", plan.positions, rest, _self_rest(self, plan), r, operand(plan.base),
+                              plan.max_offset)
+    k = len(plan.index_shape)
+    result = rows.view(plan.index_shape + rest)
+    if plan.front:
+        result = result.movedim(list(range(k)), list(range(plan.front, plan.front + k)))
+    copies.device_copy(out, result)
+    return out
+
+
+def index_put_impl_(self: torch.Tensor, indices: Sequence[torch.Tensor | None], values: torch.Tensor,
+                    accumulate: bool = False, unsafe: bool = False) -> torch.Tensor:
+    if values.dtype != self.dtype:
+        raise RuntimeError(f"Index put requires the source and destination dtypes match, got {self.dtype} for "
+                           f"the destination and {values.dtype} for the source.")
+    if accumulate and self.dtype == torch.float16:   # summed in a float32 copy, rounded back once
+        wide = memory.empty_contiguous(self.shape, torch.float32)
+        copies.device_copy(wide, self)
+        index_put_impl_(wide, indices, values.float(), True)
+        copies.device_copy(self, wide)
+        return self
+    if accumulate and self.dtype not in (torch.float32, torch.int32):
+        raise Unsupported(f"accumulating index_put_ of {self.dtype}")
+    if values.device.type != "opencl":
+        if values.dim():
+            raise Unsupported(f"index_put_ of values on {values.device}")
+        values = copies.upload(values)
+    plan = _plan(self, indices)
+    shape = plan.result_shape(self.shape)
+    try:
+        expanded = values.expand(shape)
+    except RuntimeError:
+        raise RuntimeError(f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast to "
+                           f"indexing result of shape {shape}") from None
+    if plan.positions == 0 or math.prod(shape) == 0:
+        return self
+    if same_storage(values, self):   # reading what the launch writes would race
+        expanded = copies.contiguous_on_device(expanded.clone())
+    rows = _rows_view(expanded, plan)
+    rest = [self.shape[d] for d in plan.rest_dims]
+    state.get().index_nd.rows("index_accumulate" if accumulate else "index_scatter", plan.positions, rest,
+                              _self_rest(self, plan), operand(rows), operand(plan.base), plan.max_offset)
+    return self
+
+
+def index_add_out(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor, *, alpha: Any = 1,
+                  out: torch.Tensor) -> torch.Tensor:
+    """out = self, then out's slices along ``dim`` at ``index`` += alpha * source, by atomics (float sums
+    over repeated indices can differ in the last bit run to run, as on CUDA)."""
+    if self.dtype not in (torch.float32, torch.int32) or source.dtype != self.dtype or out.dtype != self.dtype:
+        raise Unsupported(f"index_add of {source.dtype} into {self.dtype}")
+    if index.dim() > 1 or index.dtype not in _INDEX_DTYPES:
+        raise IndexError(f"index_add: index must be a 0-d or 1-d int64/int32 tensor, got {index.dim()}-d "
+                         f"{index.dtype}")
+    rank = max(self.dim(), 1)
+    if not -rank <= dim < rank:
+        raise IndexError(f"index_add: dim {dim} is out of range for a {self.dim()}-d tensor")
+    dim %= rank
+    expected = list(self.shape)
+    if self.dim():
+        expected[dim] = index.numel()
+    if list(source.shape) != expected and not (source.dim() == 0 and self.dim() == 0):
+        raise RuntimeError(f"index_add: source of sizes {list(source.shape)}, expected {expected}")
+    if not (same_storage(out, self) and out.stride() == self.stride() and out.storage_offset() == self.storage_offset()
+            and out.shape == self.shape):
+        if list(out.shape) != list(self.shape):
+            out.resize_(self.shape)
+        copies.device_copy(out, self)
+    if alpha != 1:
+        source = torch.mul(source, alpha)
+    if self.dim() == 0:
+        index_put_impl_(out.view(1), [index.view(-1)], source.reshape(1), True)
+        return out
+    return index_put_impl_(out, [None] * dim + [index.view(-1)], source, True)
+
+
+def masked_select(self: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    if mask.dtype != torch.bool:
+        raise RuntimeError(f"masked_select: expected a bool mask, got {mask.dtype}")
+    x, m = torch.broadcast_tensors(self, mask)
+    if x.dim() == 0:
+        x, m = x.view(1), m.view(1)
+    out = memory.empty_contiguous([0], self.dtype)
+    return index_out(x, [copies.contiguous_on_device(m)], out=out)
+
+
+def masked_select_out(self: torch.Tensor, mask: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
+    result = masked_select(self, mask)
+    out.resize_(result.shape)
+    copies.device_copy(out, result)
+    return out
+
+
+def masked_scatter_(self: torch.Tensor, mask: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """self's elements where ``mask`` (broadcast to self) is set take ``source``'s first elements, in
+    order (masked_select's gradient)."""
+    if mask.dtype != torch.bool:
+        raise RuntimeError(f"masked_scatter_: expected a bool mask, got {mask.dtype}")
+    if source.dtype != self.dtype:
+        raise RuntimeError(f"masked_scatter_: expected source of dtype {self.dtype}, got {source.dtype}")
+    if self.dim() == 0:
+        if bool(mask.item()):
+            copies.device_copy(self, source.reshape(-1)[0])
+        return self
+    coordinates = nonzero(copies.contiguous_on_device(mask.expand(self.shape)))
+    count = coordinates.shape[0]
+    if source.numel() < count:
+        raise RuntimeError(f"masked_scatter_: the mask sets {count} elements but source has {source.numel()}")
+    if count:
+        index_put_impl_(self, [coordinates[:, k] for k in range(self.dim())], source.reshape(-1)[:count])
+    return self
+
+
+KERNELS: dict[str, Callable[..., Any]] = {
+    "masked_scatter_": masked_scatter_,
+    "nonzero": nonzero,
+    "nonzero.out": nonzero_out,
+    "index.Tensor_out": index_out,
+    "_index_put_impl_": index_put_impl_,
+    "index_add.out": index_add_out,
+    "masked_select": masked_select,
+    "masked_select.out": masked_select_out,
+}
