@@ -101,6 +101,11 @@ class State:
         from tunecl.kernels.index_nd import IndexNd
         return IndexNd(self.device)
 
+    @functools.cached_property
+    def sort(self):
+        from tunecl.kernels.sort import Sort
+        return Sort(self.device)
+
 
 _state: State | None = None
 _lock = threading.Lock()

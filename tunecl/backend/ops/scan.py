@@ -17,7 +17,7 @@ from tunecl.kernels.strided import Operand, Unsupported, merge_dims
 _INTEGERS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
-def _lines(shape: list[int], dim: int, strides: list[tuple[int, ...]]) -> tuple[list[int], list[list[int]]] | None:
+def split_lines(shape: list[int], dim: int, strides: list[tuple[int, ...]]) -> tuple[list[int], list[list[int]]] | None:
     """The dims other than ``dim`` merged into (A, B) for every stride set, or None where they do not merge."""
     rest = [n for d, n in enumerate(shape) if d != dim]
     merged, sets = merge_dims(rest, [[s for d, s in enumerate(st) if d != dim] for st in strides])
@@ -31,12 +31,12 @@ def _lines(shape: list[int], dim: int, strides: list[tuple[int, ...]]) -> tuple[
 def _scan(length: int, dim: int, dst: torch.Tensor, src: torch.Tensor) -> None:
     """``dst = cumsum(src, dim)`` for same-dtype tensors (float32 or integers), any strides."""
     shape = list(src.shape)
-    found = _lines(shape, dim, [src.stride(), dst.stride()])
+    found = split_lines(shape, dim, [src.stride(), dst.stride()])
     target = dst
     if found is None:   # batch dims that do not merge: through contiguous copies
         src = copies.contiguous_on_device(src)
         target = memory.empty_contiguous(shape, dst.dtype)
-        found = _lines(shape, dim, [src.stride(), target.stride()])
+        found = split_lines(shape, dim, [src.stride(), target.stride()])
     lines, (src_ab, dst_ab) = found
     s, d = operand(src), operand(target)
     state.get().scan.cumsum(length, (lines[0], lines[1]),

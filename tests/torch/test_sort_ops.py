@@ -1,0 +1,74 @@
+"""sort and topk on opencl vs CPU along every dim, ascending and descending, stable (ties in input order),
+NaN, odd lengths (past powers of two, one, empty), 0-d, dtypes, strided views and out=, with gradients;
+every call under ``TUNECL_FALLBACK=error``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from opcheck import Input, check_op, strided
+
+SHAPES = [(7,), (1,), (0,), (3, 5), (4, 1, 6), (2, 3, 17), (1025,), (3, 0, 2), (2, 33, 3)]
+
+
+@pytest.mark.parametrize("descending", [False, True])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_sort_along_every_dim(shape, descending):
+    x = torch.randn(shape)
+    for dim in range(-len(shape), len(shape)):
+        check_op(lambda v, d=dim: torch.sort(v, dim=d, descending=descending), x)
+
+
+@pytest.mark.parametrize("descending", [False, True])
+def test_sort_is_stable_and_orders_nan_last(descending):
+    x = torch.randint(0, 4, (5, 40)).float()
+    x[1, 3] = x[2, 7] = x[2, 9] = float("nan")
+    x[3, :5] = float("inf")
+    x[4, :5] = -0.0
+    check_op(lambda v: torch.sort(v, dim=1, descending=descending, stable=True), x)
+    check_op(lambda v: torch.sort(v, dim=0, descending=descending, stable=True), x)
+
+
+def test_sort_of_strided_views_0d_and_out():
+    check_op(lambda v: torch.sort(v, 0), Input(torch.randn(6, 9), lambda v: v.t()))
+    check_op(lambda v: torch.sort(v, 1, descending=True), strided(torch.randn(3, 5, 10)))
+    check_op(lambda v: torch.sort(v, 1), Input(torch.randn(4, 3, 5, 6), lambda v: v[::2, :, 1:, ::2].permute(0, 3, 2, 1)))
+    check_op(lambda v: torch.sort(v), torch.tensor(2.5))
+
+    def into_out(v):
+        values, indices = torch.empty(0, device=v.device), torch.empty(0, dtype=torch.int64, device=v.device)
+        torch.sort(v.detach(), 1, out=(values, indices))
+        return values, indices
+    check_op(into_out, torch.randn(3, 11))
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
+                                   torch.float16])
+def test_sort_of_other_dtypes(dtype):
+    x = (torch.randn(4, 37) * 50).to(dtype)
+    # (float16's gradient is a scatter, which the device's scatter kernel takes in float32 only)
+    check_op(lambda v: (torch.sort(v, dim=1, stable=True), torch.sort(v, dim=0, descending=True, stable=True)),
+             Input(x, grad=False))
+
+
+TOPKS = [((10,), 3, -1), ((3, 17), 5, 1), ((6, 4), 6, 0), ((2, 9, 3), 1, 1), ((5, 1), 1, 1), ((4, 7), 0, 1),
+         ((0, 5), 2, 1), ((3, 1030), 10, 1)]
+
+
+@pytest.mark.parametrize("largest", [True, False])
+@pytest.mark.parametrize("shape,k,dim", TOPKS)
+def test_topk(shape, k, dim, largest):
+    # distinct values: which of several equal elements torch's CPU topk picks is its own choice
+    x = torch.randperm(max(1, torch.Size(shape).numel())).float()[:torch.Size(shape).numel()].reshape(shape)
+    check_op(lambda v: torch.topk(v, k, dim, largest=largest), x)
+    check_op(lambda v: torch.topk(v, k, dim, largest=largest, sorted=False)[0].sort(dim)[0], x)
+
+
+def test_topk_of_strided_views_0d_dtypes_and_bad_input(strict):
+    check_op(lambda v: torch.topk(v, 2, 0), Input(torch.randn(6, 9), lambda v: v.t()))
+    check_op(lambda v: torch.topk(v, 1), torch.tensor(2.5))
+    x = torch.randperm(60).reshape(5, 12)
+    for dtype in (torch.int64, torch.int32, torch.float16):
+        check_op(lambda v: torch.topk(v, 4, 1), Input(x.to(dtype), grad=False))
+    with pytest.raises(RuntimeError, match="out of range"):
+        torch.topk(torch.randn(3, 4, device="opencl"), 5)

@@ -1,0 +1,93 @@
+"""``sort`` (stable or not: always stable here, ties in input order) and ``topk`` (the first k of a sort,
+so ``sorted=False`` gets them sorted too) along any dim, for every device dtype; NaN sorts as the largest
+value, as in torch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from tunecl.backend import copies, memory, state
+from tunecl.backend.operands import operand
+from tunecl.backend.ops.scan import split_lines
+from tunecl.kernels.sort import padded
+from tunecl.kernels.strided import Operand
+
+
+def _sorted_into(self: torch.Tensor, dim: int, descending: bool, keep: int, values: torch.Tensor,
+                 indices: torch.Tensor) -> None:
+    """The first ``keep`` of each sorted line of ``self`` along ``dim`` into ``values`` and ``indices``
+    (already of the result's shape)."""
+    length = self.shape[dim]
+    shape = list(self.shape)
+    found = split_lines(shape, dim, [self.stride(), values.stride(), indices.stride()])
+    targets = values, indices
+    if found is None:   # batch dims that do not merge into two: through contiguous copies
+        self = copies.contiguous_on_device(self)
+        targets = tuple(memory.empty_contiguous(list(t.shape), t.dtype) for t in (values, indices))
+        found = split_lines(shape, dim, [self.stride(), targets[0].stride(), targets[1].stride()])
+    lines, (src_ab, val_ab, ind_ab) = found
+    slots = lines[0] * lines[1] * padded(length)
+    keys = memory.empty_contiguous([slots], torch.float32 if self.is_floating_point() else torch.int64)
+    pos = memory.empty_contiguous([slots], torch.int64)
+
+    def strided(t: torch.Tensor, ab: list[int]) -> Operand:
+        o = operand(t)
+        return Operand(o.buffer, o.offset, (t.stride(dim), *ab), o.dtype)
+
+    state.get().sort.sort(length, (lines[0], lines[1]), strided(self, src_ab), strided(targets[0], val_ab),
+                          strided(targets[1], ind_ab), operand(keys), operand(pos), descending, keep)
+    for target, out in zip(targets, (values, indices)):
+        if target is not out:
+            copies.device_copy(out, target)
+
+
+def _prepare(self: torch.Tensor, dim: int, size: int, values: torch.Tensor, indices: torch.Tensor,
+             what: str) -> int:
+    rank = max(self.dim(), 1)
+    if not -rank <= dim < rank:
+        raise IndexError(f"{what}: dim {dim} is out of range for a {self.dim()}-d tensor")
+    if values.dtype != self.dtype or indices.dtype != torch.int64:
+        raise RuntimeError(f"{what}: out tensors must be {self.dtype} and int64, got {values.dtype} and "
+                           f"{indices.dtype}")
+    shape = list(self.shape)
+    if self.dim():
+        shape[dim % rank] = size
+    for t in (values, indices):
+        if list(t.shape) != shape:
+            t.resize_(shape)
+    return dim % rank
+
+
+def sort_values_stable(self: torch.Tensor, *, stable: bool | None = None, dim: int = -1, descending: bool = False,
+                       values: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    dim = _prepare(self, dim, self.shape[dim] if self.dim() else 1, values, indices, "sort")
+    if self.dim() == 0:
+        copies.device_copy(values, self)
+        state.get().pointwise("fill", (), operand(indices), (), (0,))
+    elif self.numel():
+        _sorted_into(self, dim, descending, self.shape[dim], values, indices)
+    return values, indices
+
+
+def topk_values(self: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True, *,
+                values: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    length = self.shape[dim] if self.dim() else 1
+    if not 0 <= k <= length:
+        raise RuntimeError(f"topk: k ({k}) is out of range for a dim of size {length}")
+    dim = _prepare(self, dim, k, values, indices, "topk")
+    if self.dim() == 0:
+        if k:
+            copies.device_copy(values, self)
+            state.get().pointwise("fill", (), operand(indices), (), (0,))
+    elif values.numel():
+        _sorted_into(self, dim, largest, k, values, indices)
+    return values, indices
+
+
+KERNELS: dict[str, Callable[..., Any]] = {
+    "sort.values_stable": sort_values_stable,
+    "topk.values": topk_values,
+}

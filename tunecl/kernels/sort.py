@@ -1,0 +1,83 @@
+"""Sorting along one dim (``sort.cl``): a stable bitonic sort of every line in global scratch; topk takes
+the first k of a sort."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tunecl.kernels.strided import (
+    CTYPES,
+    INT32_MAX,
+    KernelCache,
+    Operand,
+    Unsupported,
+    meta_dtype,
+    pack_meta,
+    round_up,
+    work_group,
+)
+from tunecl.runtime import Device
+
+_BITS = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}
+_ITEMSIZE = {"float32": 4, "float16": 2, "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
+
+
+def padded(length: int) -> int:
+    """The scratch slots a line of ``length`` elements takes: the next power of two."""
+    return 1 << max(0, length - 1).bit_length()
+
+
+class Sort:
+    def __init__(self, device: Device):
+        self.device = device
+        self.cache = KernelCache(device, __package__, "sort.cl")
+        self.local = work_group(device, 256)
+
+    def sort(self, length: int, lines: tuple[int, int], src: Operand, values: Operand, indices: Operand,
+             keys: Operand, pos: Operand, descending: bool, keep: int | None = None) -> None:
+        """Sort every line of ``length`` elements of ``src`` into ``values`` (same dtype) and ``indices``
+        (int64), the first ``keep`` (default all) of each line; ``lines`` = (A, B) and each of these
+        operands' strides are (scan, a, b). ``keys`` (float for floating inputs, int64 otherwise) and
+        ``pos`` (int64) are contiguous scratch of A * B * :func:`padded` (``length``) elements."""
+        if values.dtype != src.dtype or src.dtype not in _ITEMSIZE or indices.dtype != "int64":
+            raise Unsupported(f"sort of {src.dtype} into {values.dtype} and {indices.dtype}")
+        count = lines[0] * lines[1]
+        slots = padded(length)
+        total = count * slots
+        if total == 0 or length == 0:
+            return
+        keep = length if keep is None else keep
+        reach = max(abs(o.offset) + sum((n - 1) * abs(s) for n, s in zip((length, *lines), o.strides))
+                    for o in (src, values, indices))
+        idx = "long" if max(reach, total, keys.offset + total, pos.offset + total) > INT32_MAX else "int"
+        floating = src.dtype in ("float32", "float16")
+        flags = (("IS_FLOAT",) if floating else ()) + (("HALF_INPUT",) if src.dtype == "float16" else ()) \
+            + (("DESCENDING",) if descending else ())
+        options = [f"-DIDX={idx}", f"-DTK={'float' if floating else 'long'}",
+                   f"-DTI={'half' if src.dtype == 'float16' else CTYPES[src.dtype]}",
+                   f"-DT={_BITS[_ITEMSIZE[src.dtype]]}"] + [f"-D{f}" for f in flags]
+        meta = pack_meta([total, slots, length, lines[1], src.offset, *src.strides, values.offset, *values.strides,
+                          indices.offset, *indices.strides, keep], idx)
+        if keys.offset or pos.offset:
+            raise Unsupported("sort scratch at an offset")
+        grid, local = (round_up(total, self.local),), (self.local,)
+        queue = self.device.queue
+        self._kernel("sort_init", options, 3)(queue, grid, local, keys.buffer, pos.buffer, src.buffer, meta)
+        step = self._kernel("sort_step", options, 2, (np.int64, np.int64))
+        block = 2
+        while block <= slots:
+            distance = block // 2
+            while distance:
+                step(queue, grid, local, keys.buffer, pos.buffer, meta, np.int64(block), np.int64(distance))
+                distance //= 2
+            block *= 2
+        self._kernel("sort_write", options, 4)(queue, grid, local, values.buffer, indices.buffer, pos.buffer,
+                                               src.buffer, meta)
+
+    def _kernel(self, name: str, options: list[str], buffers: int, scalars: tuple = ()):
+        key = (name, tuple(options))
+        kernel = self.cache.get(key)
+        if kernel is None:
+            kernel = self.cache.build(key, options, name, [None] * buffers + [meta_dtype(17, "long" if
+                                      "-DIDX=long" in options else "int"), *scalars])
+        return kernel
