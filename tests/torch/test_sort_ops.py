@@ -1,5 +1,5 @@
-"""sort and topk on opencl vs CPU along every dim, ascending and descending, stable (ties in input order),
-NaN, odd lengths (past powers of two, one, empty), 0-d, dtypes, strided views and out=, with gradients;
+"""sort, topk and isin on opencl vs CPU: sorts along every dim, ascending and descending, stable (ties in
+input order), NaN, odd lengths (past powers of two, one, empty), 0-d, dtypes, strided views and out=, with gradients;
 every call under ``TUNECL_FALLBACK=error``."""
 
 from __future__ import annotations
@@ -72,3 +72,28 @@ def test_topk_of_strided_views_0d_dtypes_and_bad_input(strict):
         check_op(lambda v: torch.topk(v, 4, 1), Input(x.to(dtype), grad=False))
     with pytest.raises(RuntimeError, match="out of range"):
         torch.topk(torch.randn(3, 4, device="opencl"), 5)
+
+
+ISIN_CASES = [((3, 7), (5,)), ((20,), (4, 3)), ((0,), (3,)), ((4,), (0,)), ((), (6,)), ((2, 3, 4), (1,)),
+              ((1000,), (257,))]
+
+
+@pytest.mark.parametrize("invert", [False, True])
+@pytest.mark.parametrize("shape,test_shape", ISIN_CASES)
+def test_isin(shape, test_shape, invert):
+    elements, test = torch.randint(-10, 10, shape), torch.randint(-10, 10, test_shape)
+    check_op(lambda e, t: torch.isin(e, t, invert=invert), elements, test)
+    check_op(lambda e, t: torch.isin(e, t, invert=invert), elements.float() / 2, test.float() / 2)
+
+
+def test_isin_of_mixed_dtypes_nan_scalars_and_strided_views(strict):
+    e = torch.tensor([1.0, float("nan"), 2.5, -0.0, 3.0])
+    t = torch.tensor([float("nan"), 0.0, 3.0])
+    check_op(lambda a, b: torch.isin(a, b), e, t)
+    check_op(lambda a, b: torch.isin(a, b), torch.tensor([1, 2, 3, 250], dtype=torch.uint8), torch.tensor([2, 250]))
+    check_op(lambda a, b: torch.isin(a, b), torch.arange(6, dtype=torch.int32), torch.tensor([1.0, 4.5, 5.0]))
+    check_op(lambda a, b: torch.isin(a, b), torch.randint(0, 5, (4, 6)).half(), torch.tensor([1.0, 3.0]).half())
+    check_op(lambda a: torch.isin(a, 3), torch.randint(0, 5, (4, 6)))
+    check_op(lambda b: (torch.isin(3, b), torch.isin(7, b, invert=True)), torch.tensor([1, 3, 5]))
+    check_op(lambda a, b: torch.isin(a, b), Input(torch.randint(0, 9, (6, 5)), lambda v: v.t()[::2]),
+             Input(torch.randint(0, 9, (4, 4)), lambda v: v[:, 1]))

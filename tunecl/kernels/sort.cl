@@ -13,9 +13,12 @@
 //                for r < R (topk writes the first R)
 // meta (IDX): lines x P, P, L, B, then offset, scan, a and b strides of in, then of values, then of
 // indices, then R.
+// isin_sorted    out[i] = (elements[i] is among the N sorted values) != INVERT, by binary search; contiguous
+//                TK operands (NaN is never found: it equals nothing). Its own arguments: count, N.
 //
 // Variants (-D options): TI (input type), TK (key type: float or long), IS_FLOAT, HALF_INPUT (TI is
-// read with vload_half), DESCENDING, T (an unsigned type of the element's size), IDX (int or long).
+// read with vload_half), DESCENDING, T (an unsigned type of the element's size), IDX (int or long),
+// INVERT.
 
 #ifndef IDX
   #define IDX int
@@ -114,4 +117,23 @@ __kernel void sort_write(__global T *values, __global long *indices, __global co
   const IDX p = (IDX)pos[i];
   values[VAL_AT(line, r)] = in[IN_AT(line, p)];
   indices[IND_AT(line, r)] = p;
+}
+
+__kernel void isin_sorted(__global uchar *out, __global const TK *elements, __global const TK *sorted,
+                          const long count, const long n)
+{
+  const long i = get_global_id(0);
+  if (i >= count) return;
+  const TK x = elements[i];
+  long lo = 0, hi = n;   // the first sorted value not below x
+  while (lo < hi) {
+    const long mid = lo + (hi - lo) / 2;
+    if (sorted[mid] < x) lo = mid + 1; else hi = mid;
+  }
+  const int found = lo < n && sorted[lo] == x;
+#ifdef INVERT
+  out[i] = !found;
+#else
+  out[i] = found;
+#endif
 }

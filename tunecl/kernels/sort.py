@@ -1,5 +1,5 @@
 """Sorting along one dim (``sort.cl``): a stable bitonic sort of every line in global scratch; topk takes
-the first k of a sort."""
+the first k of a sort, isin searches a sorted copy of the test elements."""
 
 from __future__ import annotations
 
@@ -73,6 +73,24 @@ class Sort:
             block *= 2
         self._kernel("sort_write", options, 4)(queue, grid, local, values.buffer, indices.buffer, pos.buffer,
                                                src.buffer, meta)
+
+    def isin(self, count: int, elements: Operand, sorted_values: Operand, n: int, out: Operand,
+             invert: bool) -> None:
+        """``out`` (bool) = whether each of ``count`` ``elements`` is among the ``n`` ascending
+        ``sorted_values`` (both float32 or int64, contiguous, like ``out``), negated with ``invert``."""
+        if elements.dtype != sorted_values.dtype or elements.dtype not in ("float32", "int64"):
+            raise Unsupported(f"isin of {elements.dtype} in {sorted_values.dtype}")
+        if count == 0:
+            return
+        if elements.offset or sorted_values.offset or out.offset:
+            raise Unsupported("isin operands at an offset")
+        options = [f"-DTK={CTYPES[elements.dtype]}"] + ["-DINVERT"] * invert
+        key = ("isin_sorted", tuple(options))
+        kernel = self.cache.get(key)
+        if kernel is None:
+            kernel = self.cache.build(key, options, "isin_sorted", [None, None, None, np.int64, np.int64])
+        kernel(self.device.queue, (round_up(count, self.local),), (self.local,), out.buffer, elements.buffer,
+               sorted_values.buffer, np.int64(count), np.int64(n))
 
     def _kernel(self, name: str, options: list[str], buffers: int, scalars: tuple = ()):
         key = (name, tuple(options))

@@ -1,6 +1,6 @@
-"""``sort`` (stable or not: always stable here, ties in input order) and ``topk`` (the first k of a sort,
-so ``sorted=False`` gets them sorted too) along any dim, for every device dtype; NaN sorts as the largest
-value, as in torch."""
+"""``sort`` (stable or not: always stable here, ties in input order), ``topk`` (the first k of a sort,
+so ``sorted=False`` gets them sorted too) along any dim, for every device dtype (NaN sorts as the largest
+value, as in torch), and ``isin`` by binary search in the sorted test elements."""
 
 from __future__ import annotations
 
@@ -87,7 +87,49 @@ def topk_values(self: torch.Tensor, k: int, dim: int = -1, largest: bool = True,
     return values, indices
 
 
+def isin_out(elements: torch.Tensor, test_elements: torch.Tensor, assume_unique: bool = False,
+             invert: bool = False, *, out: torch.Tensor) -> torch.Tensor:
+    """Whether each element is among ``test_elements``: the test elements sorted once (in their common
+    dtype with the elements: float32, or int64 for integers), then a binary search per element."""
+    common = torch.result_type(elements, test_elements)
+    if common not in _SEARCHABLE or out.dtype != torch.bool:
+        raise Unsupported(f"isin of {elements.dtype} in {test_elements.dtype} into {out.dtype}")
+    if list(out.shape) != list(elements.shape):
+        out.resize_(elements.shape)
+    if elements.numel() == 0:
+        return out
+    key = torch.float32 if common.is_floating_point else torch.int64
+    values = memory.empty_contiguous([elements.numel()], key)
+    copies.device_copy(values, elements.reshape(-1))
+    test = memory.empty_contiguous([test_elements.numel()], key)
+    copies.device_copy(test, test_elements.reshape(-1))
+    ordered = memory.empty_contiguous([test.numel()], key)
+    if test.numel():
+        _sorted_into(test, 0, False, test.numel(), ordered, memory.empty_contiguous([test.numel()], torch.int64))
+    target = out if out.is_contiguous() else memory.empty_contiguous(list(out.shape), torch.bool)
+    state.get().sort.isin(elements.numel(), operand(values), operand(ordered), test.numel(),
+                          operand(target), invert)
+    if target is not out:
+        copies.device_copy(out, target)
+    return out
+
+
+def isin_tensor_scalar_out(elements: torch.Tensor, test_element: Any, assume_unique: bool = False,
+                           invert: bool = False, *, out: torch.Tensor) -> torch.Tensor:
+    return isin_out(elements, copies.upload(torch.tensor(test_element)), assume_unique, invert, out=out)
+
+
+def isin_scalar_tensor_out(element: Any, test_elements: torch.Tensor, assume_unique: bool = False,
+                           invert: bool = False, *, out: torch.Tensor) -> torch.Tensor:
+    return isin_out(copies.upload(torch.tensor(element)), test_elements, assume_unique, invert, out=out)
+
+
+_SEARCHABLE = (torch.float32, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
 KERNELS: dict[str, Callable[..., Any]] = {
+    "isin.Tensor_Tensor_out": isin_out,
+    "isin.Tensor_Scalar_out": isin_tensor_scalar_out,
+    "isin.Scalar_Tensor_out": isin_scalar_tensor_out,
     "sort.values_stable": sort_values_stable,
     "topk.values": topk_values,
 }
