@@ -195,6 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     cases = [(name, make, args.ops) for name, make in _cases(args.size).items()]
     if args.layers:
         cases += [(name, make, args.layer_ops) for name, make in _layer_cases().items()]
+    tunecl.backend.reset_stats()   # (the fallback line below counts this run's ops only)
     for name, make, ops in cases:
         if args.only and args.only not in name:
             continue

@@ -172,3 +172,16 @@ def test_overhead_layer_cases_time_each_op_next_to_cpu_torch(capsys):
         cpu, opencl, host, ratio = values[:4]
         assert float(cpu) > 0 and float(host) > 0 and float(opencl) >= float(host) and ratio.endswith("x")
     assert "ops served by the CPU fallback: none" in printed
+
+
+def test_eager_phases_prints_each_phase_in_three_rounds(capsys):
+    script = load_script("eager_phases")
+    script.main(["--net", "resnet18", "--batch", "2", "--image-size", "32", "--repeats", "1"])
+    printed = capsys.readouterr().out
+    rounds = [line.split() for line in printed.splitlines() if "step wall" in line]
+    assert len(rounds) == 3
+    for words in rounds:
+        times = [float(words[words.index(name) + 1]) for name in ("forward", "backward", "optimizer")]
+        wall = float(words[words.index("wall") + 1])
+        assert all(t > 0 for t in times) and wall >= max(times)
+    assert "launches real, autograd on the worker thread" in printed

@@ -1,0 +1,113 @@
+"""Where an eager training step's time goes on the opencl device: host time per phase, and the step's wall.
+
+Runs a torchvision net's training step (forward + cross-entropy, backward, Adam) and prints, per phase, the
+host time until the phase returned, and the step's wall time until the device finished, median of
+``--repeats`` steps after a warm-up, in three rounds: no synchronize between phases, one synchronize after
+each phase, and no synchronize again (a round that differs from the others was disturbed). Options:
+
+- ``--stub-launches``: kernel launches are not sent to the driver (the backend's Python path stays the same,
+  results are garbage): the host cost of the backend itself, without the driver's enqueue;
+- ``--autograd torch|caller``: backward on torch's worker thread for the device (torch's default), or on the
+  calling thread (``torch.autograd.set_multithreading_enabled(False)``);
+- ``--copy-inputs``: the batch is copied from the CPU in every step, as ``tunecl bench`` does;
+- ``--profile N``: Python's cProfile over three more steps, the N functions with the most self time and the
+  N with the most cumulative time (cProfile sees the calling thread: use it with ``--autograd caller``).
+
+    TUNECL_DEVICE=nvidia python benchmarks/eager_phases.py --net resnet18 --batch 16
+    TUNECL_DEVICE=nvidia python benchmarks/eager_phases.py --net resnet50 --batch 16 --stub-launches --profile 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run from a checkout without installing
+    sys.path.insert(0, str(ROOT))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--net", default="resnet18")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--repeats", type=int, default=8)
+    parser.add_argument("--stub-launches", action="store_true")
+    parser.add_argument("--autograd", choices=("caller", "torch"))
+    parser.add_argument("--copy-inputs", action="store_true")
+    parser.add_argument("--profile", type=int, default=0, metavar="N")
+    args = parser.parse_args(argv)
+    if args.stub_launches:   # before tunecl binds the launch functions
+        import pyopencl as cl
+        import pyopencl._cl as binding
+
+        def stub(*_: object, **__: object) -> None:
+            return None
+
+        binding.enqueue_nd_range_kernel = cl.enqueue_nd_range_kernel = stub
+    import torch
+    import torchvision
+
+    import tunecl.backend  # noqa: F401
+    if args.autograd == "caller":
+        torch.autograd.set_multithreading_enabled(False)
+    dev = torch.device("opencl")
+    model = getattr(torchvision.models, args.net)().to(dev)
+    xc, yc = torch.randn(args.batch, 3, args.image_size, args.image_size), torch.randint(0, 10, (args.batch,))
+    x, y = xc.to(dev), yc.to(dev)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    sync = torch.opencl.synchronize
+
+    def step(times: list | None, sync_each: bool = False) -> None:
+        t0 = time.perf_counter()
+        xd, yd = (xc.to(dev), yc.to(dev)) if args.copy_inputs else (x, y)
+        loss = torch.nn.functional.cross_entropy(model(xd), yd)
+        if sync_each:
+            sync()
+        t1 = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if sync_each:
+            sync()
+        t2 = time.perf_counter()
+        optimizer.step()
+        if sync_each:
+            sync()
+        t3 = time.perf_counter()
+        sync()
+        if times is not None:
+            times.append((t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t0))
+
+    for _ in range(3):
+        step(None)
+    mode = (f"launches {'stubbed' if args.stub_launches else 'real'}, autograd on the "
+            f"{'caller' if not torch._C._is_multithreading_enabled() else 'worker'} thread"
+            f"{', inputs copied' if args.copy_inputs else ''}")
+    print(f"{args.net} batch {args.batch} image {args.image_size} train on {torch.opencl.get_device_name()}: {mode}; "
+          f"ms, median of {args.repeats}")
+    for label, each in (("no sync", False), ("sync per phase", True), ("no sync again", False)):
+        times: list = []
+        for _ in range(args.repeats):
+            step(times, each)
+        f, b, o, w = (statistics.median(c) * 1e3 for c in zip(*times))
+        print(f"  {label:15s} forward {f:7.2f}  backward {b:7.2f}  optimizer {o:7.2f}  step wall {w:7.2f}")
+    if args.profile:
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(3):
+            step(None)
+        profile.disable()
+        stats = pstats.Stats(profile)
+        stats.sort_stats("tottime").print_stats(args.profile)
+        stats.sort_stats("cumulative").print_stats(args.profile)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
