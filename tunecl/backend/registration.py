@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from tunecl.backend import (accelerator, amp, autocast, copies, counters, fallback, memory, modules, state,
-                            streams, weight_cache)
+from tunecl.backend import (accelerator, amp, autocast, autograd_engine, copies, counters, fallback, memory, modules,
+                            state, streams, weight_cache)
 from tunecl.kernels.strided import Unsupported
 
 BACKEND = "opencl"
@@ -80,6 +80,7 @@ def register() -> None:
         streams.patch_torch_event_and_stream()
         accelerator.patch()
         amp.patch_torch_grad_scaler()
+        autograd_engine.patch()
         _registered = True
 
 

@@ -1,0 +1,52 @@
+"""Backward passes of opencl tensors when torch's autograd engine started before the backend was registered.
+
+torch's engine gives each accelerator device a worker thread, sized once, at the process's first backward,
+by the device counts known then. A backward on the CPU before ``import tunecl.backend`` therefore leaves the
+engine with no queue for opencl, and every later opencl backward stops at an internal assert of the engine
+(``device_ready_queues_``). The engine then has to run the device's backward on the calling thread, as it
+does for CPU tensors (``torch.autograd.set_multithreading_enabled(False)``, a per-thread setting): this
+module wraps torch's entry to the engine so that, once such an engine is met, every backward of the process
+(on any thread) runs that way. The assert fires while the engine queues the graph's root, before any node
+runs, so the failed call is simply made again.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import torch.autograd
+from torch.autograd import graph
+
+_ENGINE_ASSERT = "device_ready_queues_"
+_on_calling_thread = False   # an engine without a queue for the device was met: run every backward so
+
+
+def on_calling_thread() -> bool:
+    """Whether backward passes run on their calling thread because the engine has no opencl queue."""
+    return _on_calling_thread
+
+
+def patch() -> None:
+    """Wrap torch's entry to the autograd engine (once per process)."""
+    original = graph._engine_run_backward
+    if getattr(original, "_tunecl", False):
+        return
+
+    @functools.wraps(original)
+    def engine_run_backward(*args: Any, **kwargs: Any) -> Any:
+        global _on_calling_thread
+        if not _on_calling_thread:
+            try:
+                return original(*args, **kwargs)
+            except RuntimeError as error:
+                if _ENGINE_ASSERT not in str(error):
+                    raise
+                _on_calling_thread = True
+        with torch.autograd.set_multithreading_enabled(False):
+            return original(*args, **kwargs)
+
+    engine_run_backward._tunecl = True
+    graph._engine_run_backward = engine_run_backward
+    torch.autograd._engine_run_backward = engine_run_backward   # (torch.autograd.backward/grad call it by name)
