@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tunecl.kernels.strided import (
+    BIT_TYPES,
     INT32_MAX,
     KernelCache,
     Operand,
@@ -18,8 +19,6 @@ from tunecl.kernels.strided import (
 )
 from tunecl.runtime import Device
 
-_BITS = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}
-_ITEMSIZE = {"float32": 4, "float16": 2, "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
 _ACCUMULATE = {"float32": "float", "int32": "int"}
 REST_RANK = 4
 MAX_NONZERO_RANK = 8
@@ -56,7 +55,7 @@ class IndexNd:
             element, flags = _ACCUMULATE[self_.dtype], ["-DFLOAT_ADD"] * (self_.dtype == "float32")
             options = [f"-DTA={element}"] + flags
         else:
-            element = _BITS[_ITEMSIZE[self_.dtype]]
+            element = BIT_TYPES[self_.dtype]
             options = [f"-DT={element}"]
         key = (name, element, idx)
         kernel = self.cache.get(key)

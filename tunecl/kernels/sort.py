@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from tunecl.kernels.strided import (
+    BIT_TYPES,
     CTYPES,
     INT32_MAX,
     KernelCache,
@@ -18,8 +19,6 @@ from tunecl.kernels.strided import (
 )
 from tunecl.runtime import Device
 
-_BITS = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}
-_ITEMSIZE = {"float32": 4, "float16": 2, "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
 
 
 def padded(length: int) -> int:
@@ -39,7 +38,7 @@ class Sort:
         (int64), the first ``keep`` (default all) of each line; ``lines`` = (A, B) and each of these
         operands' strides are (scan, a, b). ``keys`` (float for floating inputs, int64 otherwise) and
         ``pos`` (int64) are contiguous scratch of A * B * :func:`padded` (``length``) elements."""
-        if values.dtype != src.dtype or src.dtype not in _ITEMSIZE or indices.dtype != "int64":
+        if values.dtype != src.dtype or src.dtype not in BIT_TYPES or indices.dtype != "int64":
             raise Unsupported(f"sort of {src.dtype} into {values.dtype} and {indices.dtype}")
         count = lines[0] * lines[1]
         slots = padded(length)
@@ -55,7 +54,7 @@ class Sort:
             + (("DESCENDING",) if descending else ())
         options = [f"-DIDX={idx}", f"-DTK={'float' if floating else 'long'}",
                    f"-DTI={'half' if src.dtype == 'float16' else CTYPES[src.dtype]}",
-                   f"-DT={_BITS[_ITEMSIZE[src.dtype]]}"] + [f"-D{f}" for f in flags]
+                   f"-DT={BIT_TYPES[src.dtype]}"] + [f"-D{f}" for f in flags]
         meta = pack_meta([total, slots, length, lines[1], src.offset, *src.strides, values.offset, *values.strides,
                           indices.offset, *indices.strides, keep], idx)
         if keys.offset or pos.offset:

@@ -26,6 +26,11 @@ CTYPES: dict[str, str] = {
     "float32": "float", "float16": "half", "int64": "long", "int32": "int", "int16": "short",
     "int8": "char", "uint8": "uchar", "bool": "uchar",
 }
+# the unsigned OpenCL type that moves an element's bits unchanged, per dtype (copies, sorts, gathers)
+BIT_TYPES: dict[str, str] = {
+    "float32": "uint", "float16": "ushort", "int64": "ulong", "int32": "uint", "int16": "ushort",
+    "int8": "uchar", "uint8": "uchar", "bool": "uchar",
+}
 FLOATING = frozenset({"float32", "float16"})
 INT32_MAX = 2**31 - 1
 # ranks compiled for: a merged rank is padded up to the next bucket, which bounds compiles per op

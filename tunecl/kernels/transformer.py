@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from tunecl.kernels.strided import (
+    BIT_TYPES,
     CTYPES,
     INT32_MAX,
     KernelCache,
@@ -21,11 +22,8 @@ from tunecl.kernels.strided import (
 )
 from tunecl.runtime import Device
 
-# an element's size in bytes -> the unsigned OpenCL type that moves its bits
-_BITS = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}
 LN_GROUP = 256
 LN_PARAM_TILE = (32, 8)
-_ITEMSIZE = {"float32": 4, "float16": 2, "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
 
 
 class Transformer:
@@ -40,7 +38,7 @@ class Transformer:
     def tri(self, lower: bool, batch: int, rows: int, cols: int, diagonal: int, out: Operand, src: Operand) -> None:
         """``out = tril(src, diagonal)`` (``lower``) or ``triu``, over ``batch`` matrices of ``rows`` x ``cols``;
         each operand's strides are (batch, row, column)."""
-        if out.dtype != src.dtype or out.dtype not in _ITEMSIZE:
+        if out.dtype != src.dtype or out.dtype not in BIT_TYPES:
             raise Unsupported(f"tril/triu of {src.dtype} into {out.dtype}")
         count = batch * rows * cols
         if count == 0:
@@ -49,7 +47,7 @@ class Transformer:
         reach = max(abs(o.offset) + sum((n - 1) * abs(s) for n, s in zip((batch, rows, cols), o.strides))
                     for o in (out, src))
         idx = "long" if max(count, reach) > INT32_MAX else "int"
-        bits = _BITS[_ITEMSIZE[out.dtype]]
+        bits = BIT_TYPES[out.dtype]
         key = ("tri", lower, bits, idx)
         kernel = self.cache.get(key)
         if kernel is None:

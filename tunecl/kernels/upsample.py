@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from tunecl.kernels.strided import (
+    BIT_TYPES,
     INT32_MAX,
     KernelCache,
     Operand,
@@ -17,9 +18,6 @@ from tunecl.kernels.strided import (
 )
 from tunecl.runtime import Device
 
-# an element's size in bytes -> the unsigned OpenCL type that moves its bits
-_BITS = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}
-_ITEMSIZE = {"float32": 4, "float16": 2, "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
 IDENTITY = -1.0   # the scale of an axis whose sizes are equal: torch copies it one to one
 
 
@@ -70,9 +68,9 @@ class Upsample:
         if count == 0:
             return
         if name == "up_nearest":
-            if dst.dtype != src.dtype or dst.dtype not in _ITEMSIZE:
+            if dst.dtype != src.dtype or dst.dtype not in BIT_TYPES:
                 raise Unsupported(f"nearest upsampling of {src.dtype} into {dst.dtype}")
-            element = _BITS[_ITEMSIZE[dst.dtype]]
+            element = BIT_TYPES[dst.dtype]
         elif dst.dtype != "float32" or src.dtype != "float32":
             raise Unsupported(f"{name} of {src.dtype} into {dst.dtype} (float32 kernels)")
         else:
