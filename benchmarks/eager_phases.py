@@ -1,6 +1,6 @@
 """Where an eager training step's time goes on the opencl device: host time per phase, and the step's wall.
 
-Runs a torchvision net's training step (forward + cross-entropy, backward, Adam) and prints, per phase, the
+Runs a net's training step (any net ``tunecl bench`` takes) (forward + cross-entropy, backward, Adam) and prints, per phase, the
 host time until the phase returned, and the step's wall time until the device finished, median of
 ``--repeats`` steps after a warm-up, in three rounds: no synchronize between phases, one synchronize after
 each phase, and no synchronize again (a round that differs from the others was disturbed). Options:
@@ -52,14 +52,14 @@ def main(argv: list[str] | None = None) -> int:
 
         binding.enqueue_nd_range_kernel = cl.enqueue_nd_range_kernel = stub
     import torch
-    import torchvision
 
     import tunecl.backend  # noqa: F401
+    from tunecl.tools import model_and_inputs
     if args.autograd == "caller":
         torch.autograd.set_multithreading_enabled(False)
     dev = torch.device("opencl")
-    model = getattr(torchvision.models, args.net)().to(dev)
-    xc, yc = torch.randn(args.batch, 3, args.image_size, args.image_size), torch.randint(0, 10, (args.batch,))
+    model, xc, yc = model_and_inputs(args.net, args.batch, args.image_size, train=True)
+    model = model.to(dev)
     x, y = xc.to(dev), yc.to(dev)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     sync = torch.opencl.synchronize
