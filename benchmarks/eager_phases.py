@@ -1,9 +1,10 @@
 """Where an eager training step's time goes on the opencl device: host time per phase, and the step's wall.
 
-Runs a net's training step (any net ``tunecl bench`` takes) (forward + cross-entropy, backward, Adam) and prints, per phase, the
-host time until the phase returned, and the step's wall time until the device finished, median of
-``--repeats`` steps after a warm-up, in three rounds: no synchronize between phases, one synchronize after
-each phase, and no synchronize again (a round that differs from the others was disturbed). Options:
+Runs a net's training step (forward + cross-entropy, backward, Adam; any net ``tunecl bench`` takes) and
+prints, per phase, the host time until the phase returned, and the step's wall time until the device
+finished, median of ``--repeats`` steps after a warm-up, in three rounds: no synchronize between phases, one
+synchronize after each phase, and no synchronize again (a round that differs from the others was disturbed).
+Options:
 
 - ``--stub-launches``: kernel launches are not sent to the driver (the backend's Python path stays the same,
   results are garbage): the host cost of the backend itself, without the driver's enqueue;
