@@ -29,12 +29,18 @@ says something, and the CPU peer's time is mostly its arithmetic.
 On CPU devices the backend's elementwise launches and reductions are enqueued in batches
 (``TUNECL_LAUNCH_BATCH``, ``Device.defer``); the header says which batch this run used, and with a
 batch the ``unbatched`` column times each case with batching off in rounds interleaved with the others.
+
+Where torch has CUDA, the ``cuda host µs`` column is torch CUDA's own host cost for the same calls (the
+time to enqueue them, synchronize excluded, as ``host``), measured in a child process that never imports
+``tunecl.backend``, with the same ops, rounds and medians; elsewhere it shows ``-``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import statistics
 import sys
 import time
@@ -46,8 +52,6 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
 import torch
-
-import tunecl.backend
 
 
 def _time(fn: Callable[[], object], n: int, sync: Callable[[], None]) -> tuple[float, float]:
@@ -131,6 +135,37 @@ def _layer_cases() -> dict[str, Callable[[torch.device], Callable[[], object]]]:
     }
 
 
+def _selected(args: argparse.Namespace) -> list[tuple[str, Callable[[torch.device], Callable[[], object]], int]]:
+    """(name, make, calls per round) of every case this run times."""
+    cases = [(name, make, args.ops) for name, make in _cases(args.size).items()]
+    if args.layers:
+        cases += [(name, make, args.layer_ops) for name, make in _layer_cases().items()]
+    return [case for case in cases if not args.only or args.only in case[0]]
+
+
+def peer_host_times(args: argparse.Namespace, device: str) -> dict[str, float]:
+    """Median host µs per call of each selected case on plain torch ``device`` (the CUDA column)."""
+    dev = torch.device(device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    torch.set_grad_enabled(True)
+    medians = {}
+    for name, make, ops in _selected(args):
+        fn = make(dev)
+        _time(fn, min(500, ops), sync)   # warm-up
+        medians[name] = statistics.median(_time(fn, ops, sync)[0] for _ in range(args.repeats))
+    return medians
+
+
+def _cuda_peer(argv: list[str]) -> dict[str, float] | None:
+    """The CUDA column: this script's cases timed by torch CUDA in a child process without tunecl.backend
+    (None when torch has no CUDA here)."""
+    if not torch.cuda.is_available():
+        return None
+    done = subprocess.run([sys.executable, __file__, "--peer-device", "cuda", *argv], check=True,
+                          capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def _breakdown(args: argparse.Namespace, dev: torch.device) -> None:
     """Split ``a.add_(b)`` into the backend's Python work and the OpenCL enqueue itself."""
     from tunecl.backend import state
@@ -177,7 +212,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", action="store_true",
                         help="also time convolution and batch norm, forward and backward (2x64x8x8)")
     parser.add_argument("--layer-ops", type=int, default=500, help="calls per round of a layer case (default 500)")
+    parser.add_argument("--peer-device", help=argparse.SUPPRESS)   # the child that times a torch device
     args = parser.parse_args(argv)
+    if args.peer_device:
+        if "tunecl.backend" in sys.modules:
+            raise RuntimeError("the peer's host times must be measured without tunecl.backend imported")
+        print(json.dumps(peer_host_times(args, args.peer_device)))
+        return
+    cuda = _cuda_peer(sys.argv[1:] if argv is None else argv)
+
+    import tunecl.backend
 
     dev = torch.device("opencl")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
@@ -190,15 +234,10 @@ def main(argv: list[str] | None = None) -> None:
     batch = device.launch_batch
     paired = batch > 1  # then every round is also run with batching off, interleaved (same machine load)
     print(f"{'case':24s} {'cpu µs':>8s} {'opencl µs':>10s} {'host µs':>8s} {'ratio':>7s}"
-          + (f" {'unbatched µs':>13s}" if paired else "") + f" {'thread µs':>10s} {'spread':>13s}")
+          + (f" {'unbatched µs':>13s}" if paired else "") + f" {'thread µs':>10s} {'spread':>13s} {'cuda host µs':>13s}")
     torch.set_grad_enabled(True)
-    cases = [(name, make, args.ops) for name, make in _cases(args.size).items()]
-    if args.layers:
-        cases += [(name, make, args.layer_ops) for name, make in _layer_cases().items()]
     tunecl.backend.reset_stats()   # (the fallback line below counts this run's ops only)
-    for name, make, ops in cases:
-        if args.only and args.only not in name:
-            continue
+    for name, make, ops in _selected(args):
         cpu_fn, dev_fn = make(torch.device("cpu")), make(dev)
         for fn, sync in ((cpu_fn, lambda: None), (dev_fn, torch.opencl.synchronize)):
             _time(fn, min(500, ops), sync)  # warm-up: compiles, caches, allocator
@@ -218,7 +257,8 @@ def main(argv: list[str] | None = None) -> None:
         c, h, t = statistics.median(cpu), statistics.median(host), statistics.median(total)
         print(f"{name:24s} {c:8.2f} {t:10.2f} {h:8.2f} {t / c:7.1f}x"
               + (f" {statistics.median(unbatched):13.2f}" if paired else "")
-              + f" {statistics.median(thread):10.2f} {min(thread):6.1f}-{max(thread):<6.1f}")
+              + f" {statistics.median(thread):10.2f} {min(thread):6.1f}-{max(thread):<6.1f}"
+              + (f" {cuda[name]:13.2f}" if cuda else f" {'-':>13s}"))
     _breakdown(args, dev)
     fallbacks = tunecl.backend.stats()["fallback_ops"]
     print(f"ops served by the CPU fallback: {fallbacks or 'none'}")

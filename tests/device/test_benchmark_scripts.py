@@ -174,6 +174,19 @@ def test_overhead_layer_cases_time_each_op_next_to_cpu_torch(capsys):
     assert "ops served by the CPU fallback: none" in printed
 
 
+def test_overhead_peer_child_times_plain_torch_without_the_backend():
+    """The CUDA column's child: the same cases on a plain torch device, tunecl.backend never imported
+    (timed here on the CPU, the device every machine has)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "overhead.py"), "--peer-device", "cpu", "--ops", "5",
+                           "--repeats", "1", "--layers", "--layer-ops", "2", "--only", "conv2d 1x1"],
+                          check=True, capture_output=True, text=True)
+    assert json.loads(done.stdout.splitlines()[-1]).keys() == {"conv2d 1x1 64->256"}
+    assert all(v > 0 for v in json.loads(done.stdout.splitlines()[-1]).values())
+
+
 def test_eager_phases_prints_each_phase_in_three_rounds(capsys):
     script = load_script("eager_phases")
     script.main(["--net", "resnet18", "--batch", "2", "--image-size", "32", "--repeats", "1"])

@@ -352,6 +352,36 @@ def test_peer_subprocess_never_imports_the_backend():
     assert peer["process"] == "separate" and peer["backend_imported"] is False and peer["median_ms"] > 0
 
 
+def test_bench_against_cuda_times_both_cudnn_benchmark_peers(monkeypatch, capsys):
+    """--compare cuda measures one child per cudnn.benchmark setting and reports each with its ratio
+    (the children are stood in for here: this machine has no CUDA; the child itself is tested above)."""
+    from tunecl.cli.bench import print_result
+    from tunecl.tools import bench
+
+    specs = []
+
+    def child(spec):
+        specs.append(spec)
+        ms = 2.0 if spec["cudnn_benchmark"] else 4.0
+        return {"kind": "cuda", "device": "torch CUDA stand-in", "process": "separate", "median_ms": ms,
+                "times_ms": [ms], "settings": f"cudnn.benchmark {'on' if spec['cudnn_benchmark'] else 'off'}"}
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench, "measure_in_subprocess", child)
+    result = bench_net(TINY, compare="cuda", warmup=1, repeats=1, **SMALL)
+    assert [s["cudnn_benchmark"] for s in specs] == [False, True]
+    ours = result["ours"]["median_ms"]
+    assert result["ratio"] == pytest.approx(ours / 4.0)
+    assert result["ratio_cudnn_benchmark"] == pytest.approx(ours / 2.0)
+    print_result(result)
+    out = capsys.readouterr().out
+    assert "cudnn.benchmark off" in out and "cudnn.benchmark on" in out and out.count("ratio ") == 2
+    specs.clear()
+    only_on = bench_net(TINY, compare="cuda", warmup=1, repeats=1, cudnn_benchmark="on", **SMALL)
+    assert [s["cudnn_benchmark"] for s in specs] == [True] and only_on["peer_cudnn_benchmark"] is None
+    assert only_on["peer"]["median_ms"] == 2.0
+
+
 # -- errors ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("argv, message", [
     (["bench"], "the following arguments are required: --net"),

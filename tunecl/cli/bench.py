@@ -15,6 +15,7 @@ from tunecl.cli.tune import non_negative_int, positive_int
 
 COMPARE = ("cpu", "cuda", "none")  # tunecl.tools.bench.COMPARE, repeated so --help imports no torch
 PRECISIONS = ("fp32", "tf32")      # tunecl.tools.bench.PRECISIONS, likewise
+CUDNN_BENCHMARK = ("off", "on", "both")   # tunecl.tools.bench.CUDNN_BENCHMARK, likewise
 PROFILE_ROWS = 15                  # kernels listed by the summary (--json has them all)
 
 
@@ -41,6 +42,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--compare", choices=COMPARE,
                         help="peer: torch CPU in this process, torch CUDA in a separate process, or none "
                              "(default: cuda when torch.cuda.is_available(), else cpu)")
+    parser.add_argument("--cudnn-benchmark", choices=CUDNN_BENCHMARK, default="both",
+                        help="the CUDA peer's torch.backends.cudnn.benchmark: off (PyTorch's default), on (cuDNN "
+                             "picks its fastest algorithm per shape first) or both (two peers, two ratios; "
+                             "default)")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
                         help="torch's TF32 flags on both sides: fp32 (default; strict fp32, TF32 off) or "
                              "tf32 (TF32 allowed for convolutions and matmuls: tunecl may serve tuned TF32 "
@@ -73,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     result = bench_net(args.net, device=args.device, batch=args.batch, image_size=args.image_size,
                        train=args.train, compare=args.compare, warmup=args.warmup, repeats=args.repeats,
                        seed=args.seed, precision=args.precision, profile=args.profile, graph=args.graph, compiled=args.compile,
+                       cudnn_benchmark=args.cudnn_benchmark,
                        progress=lambda line: print(line, file=sys.stderr, flush=True))
     if args.json:
         print_json(result)
@@ -98,14 +104,17 @@ def print_result(result: dict[str, Any], out: TextIO | None = None) -> None:
           f"median ms per batch [min-max] of {result['repeats']} after {result['warmup']} warm-up", file=out)
     ours, peer = result["ours"], result["peer"]
     line("ours", f"{ours['median_ms']:10.3f} ms  {_spread(ours)}  {ours['device']}")
-    if peer is not None:
+    for peer, ratio in ((peer, result["ratio"]), (result.get("peer_cudnn_benchmark"),
+                                                   result.get("ratio_cudnn_benchmark"))):
+        if peer is None:
+            continue
         where = ("this process" if peer["process"] == "same"
                  else "a separate process without tunecl.backend")
         details = [where] + ([f"{peer['threads']} threads"] if "threads" in peer else []) \
             + ([peer["settings"]] if "settings" in peer else [])
         line("peer", f"{peer['median_ms']:10.3f} ms  {_spread(peer)}  {peer['device']} "
                      f"({', '.join(details)})")
-        line("ratio", f"{result['ratio']:10.3f}     ours / peer (above 1: slower than the peer)")
+        line("ratio", f"{ratio:10.3f}     ours / peer (above 1: slower than the peer)")
     if result.get("shared_cores"):
         line("note", "the OpenCL device is this machine's CPU: ours and the peer ran one after the other on "
                      "the same cores")

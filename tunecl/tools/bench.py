@@ -16,6 +16,9 @@ the peer: torch on the CPU in this process, or torch CUDA in a child process tha
 ``torch.backends.cuda.matmul.allow_tf32``) for both sides while they are timed: ``"fp32"`` turns them off
 (strict fp32: tunecl never serves a TF32 plan, CUDA never uses TF32), ``"tf32"`` turns them on (tunecl may
 serve tuned TF32 tensor-core plans; cuDNN and cuBLAS use TF32, PyTorch's default for convolutions).
+
+The CUDA peer runs with ``torch.backends.cudnn.benchmark`` off (PyTorch's default), on (cuDNN times its
+algorithms per shape first, as a performance-minded user would have it), or both, each in its own child.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from tunecl.errors import TuneclError
 from tunecl.tools import model_and_inputs, synchronize, use_device
 
 COMPARE = ("cpu", "cuda", "none")
+CUDNN_BENCHMARK = ("off", "on", "both")
 PRECISIONS = ("fp32", "tf32")
 GRAPH_DEVICES = ("opencl", "cuda")
 PEER_TIMEOUT_S = 3600.0
@@ -191,7 +195,8 @@ def _timing(times: list[float]) -> dict[str, Any]:
 def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_size: int = 224,
               train: bool = False, compare: str | None = None, warmup: int = 3, repeats: int = 10,
               seed: int = 0, precision: str = "fp32", profile: int = 0, graph: bool = False,
-              compiled: bool = False, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+              compiled: bool = False, cudnn_benchmark: str = "both",
+              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Benchmark ``net`` on the opencl device and on a peer; return one JSON-ready dict.
 
     Args:
@@ -212,12 +217,15 @@ def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_siz
         compiled: run our side's model and Adam step through ``torch.compile(..., backend="tunecl")`` (the
             peer stays eager);
             the result's ``compile`` holds the backend's counters (:func:`tunecl.backend.compile.stats`).
+        cudnn_benchmark: the CUDA peer's ``torch.backends.cudnn.benchmark``: ``"off"``, ``"on"`` or
+            ``"both"`` (two peers: ``peer`` has it off, ``peer_cudnn_benchmark`` on, each with its ratio).
         progress: called with a short line before each phase (the CLI prints them on stderr).
 
     Returns:
         ``net``, ``batch``, ``image_size``, ``mode``, ``warmup``, ``repeats``, ``ours`` and ``peer``
         (``device``, ``median_ms``, ``times_ms``, ...; ``peer`` is None for ``compare="none"``),
-        ``ratio`` (ours / peer median), ``shared_cores`` (the peer is torch CPU and the OpenCL device
+        ``ratio`` (ours / peer median), ``peer_cudnn_benchmark`` and ``ratio_cudnn_benchmark`` (the CUDA peer
+        with cudnn.benchmark on, when ``cudnn_benchmark="both"``; else None), ``shared_cores`` (the peer is torch CPU and the OpenCL device
         is the same CPU), ``fallback_ops`` (op -> CPU-fallback calls in the timed
         iterations), ``fallback_calls``, ``fallback_calls_per_batch``, ``plan_sources``, ``graph`` and
         ``stats_batches`` (the batches those counters cover).
@@ -234,6 +242,8 @@ def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_siz
         raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
     if warmup < 0 or repeats < 1 or batch < 1 or image_size < 1 or profile < 0:
         raise ValueError("need warmup, profile >= 0 and repeats, batch, image_size >= 1")
+    if cudnn_benchmark not in CUDNN_BENCHMARK:
+        raise ValueError(f"cudnn_benchmark must be one of {CUDNN_BENCHMARK}, not {cudnn_benchmark!r}")
     if compiled and (graph or warmup < 2):
         raise ValueError("compiled: needs warmup >= 2 (a warm-up and a capture) and no graph")
     if compare == "cuda" and not torch.cuda.is_available():   # say so before the long measurement
@@ -271,7 +281,7 @@ def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_siz
     ours = {"device": f"opencl:0 {device_name}", **_timing(times)}
     device_type = torch.opencl.get_device_properties()["type"]
 
-    peer = None
+    peer = peer_benchmark = None
     if compare == "cpu":
         say(f"measuring the peer: torch CPU in this process ({torch.get_num_threads()} threads)")
         with tf32_flags(precision == "tf32"):   # (no effect on the CPU)
@@ -280,11 +290,14 @@ def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_siz
         peer = {"kind": "cpu", "device": f"torch {torch.__version__} CPU", "process": "same",
                 "threads": torch.get_num_threads(), "graph": False, **_timing(peer_times)}
     elif compare == "cuda":
-        say(f"measuring the peer: torch CUDA (TF32 {'on' if precision == 'tf32' else 'off'}) in a separate "
-            f"process without tunecl.backend")
-        peer = measure_in_subprocess({"net": net, "batch": batch, "image_size": image_size, "train": train,
-                                      "warmup": warmup, "repeats": repeats, "seed": seed, "device": "cuda",
-                                      "precision": precision, "graph": graph})
+        spec = {"net": net, "batch": batch, "image_size": image_size, "train": train, "warmup": warmup,
+                "repeats": repeats, "seed": seed, "device": "cuda", "precision": precision, "graph": graph}
+        peers = []
+        for benchmark in ((False, True) if cudnn_benchmark == "both" else (cudnn_benchmark == "on",)):
+            say(f"measuring the peer: torch CUDA (TF32 {'on' if precision == 'tf32' else 'off'}, cudnn.benchmark "
+                f"{'on' if benchmark else 'off'}) in a separate process without tunecl.backend")
+            peers.append(measure_in_subprocess({**spec, "cudnn_benchmark": benchmark}))
+        peer, peer_benchmark = peers[0], peers[1] if len(peers) > 1 else None
     fallback = dict(sorted(stats["fallback_ops"].items(), key=lambda kv: -kv[1]))
     calls = sum(fallback.values())
     stats_batches = 1 if graph else repeats
@@ -293,6 +306,8 @@ def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_siz
         "warmup": warmup, "repeats": repeats, "ours": ours, "peer": peer,
         "shared_cores": compare == "cpu" and device_type == "cpu",
         "ratio": ours["median_ms"] / peer["median_ms"] if peer else None,
+        "peer_cudnn_benchmark": peer_benchmark,
+        "ratio_cudnn_benchmark": ours["median_ms"] / peer_benchmark["median_ms"] if peer_benchmark else None,
         "fallback_ops": fallback, "fallback_calls": calls, "fallback_calls_per_batch": calls / stats_batches,
         "plan_sources": dict(stats["plan_sources"]), "profile": profiled or None, "graph": graph,
         "stats_batches": stats_batches, "compiled": compiled, "compile": _compile_stats() if compiled else None,
@@ -309,7 +324,7 @@ def measure_in_subprocess(spec: dict[str, Any], timeout: float = PEER_TIMEOUT_S)
     """Run :func:`peer_main` in a fresh Python that never imports ``tunecl.backend``; return its result.
 
     ``spec`` holds ``net``, ``batch``, ``image_size``, ``train``, ``warmup``, ``repeats``, ``seed``,
-    ``precision`` (optional, default fp32) and ``device`` (``cuda``, or ``cpu`` to exercise this path without a GPU). The child gets this process's
+    ``precision`` (optional, default fp32), ``cudnn_benchmark`` (optional, default False) and ``device`` (``cuda``, or ``cpu`` to exercise this path without a GPU). The child gets this process's
     ``sys.path`` so it imports the same ``package.module:factory``.
 
     Raises:
@@ -340,6 +355,7 @@ def peer_main(spec: dict[str, Any]) -> dict[str, Any]:
             raise TuneclError("--compare cuda: torch.cuda.is_available() is False in this environment")
         torch.backends.cuda.matmul.allow_tf32 = tf32   # what tunecl's side was allowed
         torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cudnn.benchmark = bool(spec.get("cudnn_benchmark"))
         name = torch.cuda.get_device_name()
     else:
         name = "CPU"
@@ -353,7 +369,8 @@ def peer_main(spec: dict[str, Any]) -> dict[str, Any]:
                             repeats=spec["repeats"], graph=graph)
     if "tunecl.backend" in sys.modules:
         raise TuneclError("the peer process imported tunecl.backend while measuring")
-    settings = (f"fp32, TF32 {'on' if tf32 else 'off'}, cudnn.benchmark off" if device == "cuda" else "fp32")
+    settings = (f"fp32, TF32 {'on' if tf32 else 'off'}, cudnn.benchmark "
+                f"{'on' if spec.get('cudnn_benchmark') else 'off'}" if device == "cuda" else "fp32")
     if graph:
         settings += ", CUDA graph replays"
     return {"kind": device, "device": f"torch {torch.__version__} {name}", "process": "separate",
