@@ -40,8 +40,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from tunecl import config
+from tunecl.db.similar import similar_configs
 from tunecl.fingerprint import Fingerprint
 from tunecl.kernels import algorithms
 from tunecl.kernels.base import Algorithm
@@ -36,13 +37,17 @@ class ResultSink(Protocol):
                origin: str | None = None) -> None: ...
 
 
+WARM_START = 6  # configs of similar problems a search starts from (tunecl tune --warm-start)
+
+
 def origin_here() -> str:
     return f"tuned on {socket.gethostname()}"
 
 
 def tune_problem(problem: Problem, device: Device, db: ResultSink | None = None, trials: int | None = None,
                  time_limit: float | None = None, sampler: str = "tpe", storage_url: str | None = None,
-                 progress: ProgressCallback | None = None, **tuner_options: Any) -> TuneOutcome:
+                 progress: ProgressCallback | None = None, warm_start: int = WARM_START,
+                 **tuner_options: Any) -> TuneOutcome:
     """Tune ``problem`` on ``device`` and record the outcome in ``db``.
 
     Args:
@@ -54,6 +59,9 @@ def tune_problem(problem: Problem, device: Device, db: ResultSink | None = None,
         sampler: ``tpe``, ``random`` or ``grid``.
         storage_url: Optuna storage (default: ``config.get().storage_url``).
         progress: called after every evaluation.
+        warm_start: start from up to this many configs: the winners of the problems most similar to
+            ``problem`` stored for this device model in ``db`` and the shipped results (see
+            :mod:`tunecl.db.similar`), evaluated right after the defaults; 0: none.
         **tuner_options: passed to :class:`Tuner` (``seed``, ``policy``, ``patience``, ``top_k``,
             ``algorithms``, ``jobs``, ``precision`` ...). With ``jobs`` > 1 candidates compile in worker
             processes started by ``spawn``, which import the calling script again: a script that calls
@@ -68,6 +76,9 @@ def tune_problem(problem: Problem, device: Device, db: ResultSink | None = None,
             measuring again).
     """
     tuner = Tuner(device, storage_url=storage_url, sampler=sampler, **tuner_options)
+    if db is not None and warm_start > 0 and hasattr(db, "results"):   # (a bare result sink has none)
+        tuner.applicable(problem)   # nothing to tune raises before the DB is read
+        tuner.hints = similar_configs(db, device.fingerprint, problem, warm_start)
     outcome = tuner.tune(problem, trials=trials, time_limit=time_limit, progress=progress)
     if db is not None:
         record_outcome(db, device.fingerprint, outcome)

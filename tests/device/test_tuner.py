@@ -274,3 +274,31 @@ def test_a_config_asked_to_try_is_measured_after_the_defaults_and_bad_ones_are_u
         assert message in capsys.readouterr().err
     assert main(["tune", "--net", "resnet18", "--try", "gemm_tiled", "--no-progress"]) == 2
     assert "--try goes with --gemm or --conv" in capsys.readouterr().err
+
+
+def test_a_search_starts_from_the_winners_of_similar_stored_problems(device, tmp_path, storage, capsys,
+                                                                     monkeypatch):
+    """A config stored for a similar problem is measured right after the defaults (its nearest valid
+    config where it does not fit); --warm-start 0 turns that off."""
+    gemm = next(a for a in algorithms("gemm") if a.name == "gemm_tiled")
+    near = GemmProblem(66, 17, 29)   # PROBLEM with twice the M
+    default, space = dict(gemm.default(near, device)), gemm.space(near, device)
+    name, value = next((p, v) for p, values in space.params.items() for v in values
+                       if v != default[p] and space.is_valid({**default, p: v}))
+    stored = {**default, name: value}
+    with TuningDB(str(tmp_path / "tuning.sqlite")) as db:
+        db.record(device.fingerprint, PROBLEM, gemm.name, gemm.version, stored, 1e-3)
+        outcome = tune_problem(near, device, db, trials=len(algorithms("gemm")) + 2, storage_url=storage,
+                               policy=FAST)
+    assert outcome.hints == 1
+    assert [(r.algorithm, dict(r.config)) for r in outcome.results[len(outcome.defaults):][:1]] == \
+        [("gemm_tiled", stored)]
+    assert outcome.hint_won == ((outcome.winner.algorithm, dict(outcome.winner.config)) == ("gemm_tiled", stored))
+    assert outcome.to_dict()["hints"] == 1
+    monkeypatch.setenv("TUNECL_DB", str(tmp_path / "tuning.sqlite"))
+    monkeypatch.setenv("TUNECL_STORAGE", str(tmp_path / "studies2.sqlite"))
+    from tunecl.cli import main
+
+    assert main(["tune", "--gemm", "66,17,29", "--trials", "3", "--warm-start", "0", "--no-progress",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["hints"] == 0

@@ -102,10 +102,10 @@ def print_result(result: dict[str, Any], out: TextIO | None = None) -> None:
     print(f"{result['net']}, batch {result['batch']}, image {result['image_size']}, {result['mode']}, "
           f"{result.get('precision', 'fp32')}: "
           f"median ms per batch [min-max] of {result['repeats']} after {result['warmup']} warm-up", file=out)
-    ours, peer = result["ours"], result["peer"]
+    ours = result["ours"]
     line("ours", f"{ours['median_ms']:10.3f} ms  {_spread(ours)}  {ours['device']}")
-    for peer, ratio in ((peer, result["ratio"]), (result.get("peer_cudnn_benchmark"),
-                                                   result.get("ratio_cudnn_benchmark"))):
+    for peer, ratio in ((result["peer"], result["ratio"]), (result.get("peer_cudnn_benchmark"),
+                                                             result.get("ratio_cudnn_benchmark"))):
         if peer is None:
             continue
         where = ("this process" if peer["process"] == "same"

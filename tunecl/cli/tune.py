@@ -159,6 +159,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "the others again; with --net a problem counts as tuned when each of them "
                              "that applies has a stored result, and problems none of them applies to are "
                              "listed as not applicable")
+    parser.add_argument("--warm-start", type=non_negative_int, default=6, metavar="N",   # tunecl.tune.WARM_START
+                        help="start each search from up to N configs: the winners of the most similar "
+                             "problems stored for this device model (same kind and kernel shape, other "
+                             "batch or sizes; the DB and the shipped results), measured and verified right "
+                             "after the defaults (default 6; 0: none)")
     parser.add_argument("--try", dest="tries", metavar="ALG[:K=V,...]", type=try_spec, action="append",
                         default=[],
                         help="with --gemm or --conv: also evaluate ALG's default with these parameters "
@@ -240,7 +245,8 @@ def run(args: argparse.Namespace) -> int:
 
     device = runtime.select_device(args.device)
     jobs = args.jobs if args.jobs is not None else (default_net_jobs() if args.net is not None else 1)
-    options: dict[str, Any] = {"seed": args.seed, "jobs": jobs, "precision": args.precision}
+    options: dict[str, Any] = {"seed": args.seed, "jobs": jobs, "precision": args.precision,
+                               "warm_start": args.warm_start}
     if args.algorithms:
         from tunecl import kernels
 
@@ -322,6 +328,9 @@ def print_outcome(outcome: Any, stored_in: str, out: TextIO | None = None) -> No
         what = f"{r.algorithm} " + " ".join(f"{k}={v}" for k, v in differs.items())
         line("tried", f"{what}: {_ms(r.time)} ms  {outcome.gflops(r):.2f} GFLOP/s" if r.ok
              else f"{what}: {r.status.value.replace('_', ' ')} {r.message}".rstrip())
+    if outcome.hints:
+        line("warm", f"started from {outcome.hints} configs of similar stored problems; the winner "
+                     + ("is one of them" if outcome.hint_won else "is not one of them"))
     precision = outcome.precision_of(w.algorithm)
     line("chosen", f"{w.algorithm} v{outcome.versions[w.algorithm]}"
                    + ("" if precision == "fp32" else f" ({precision})") + "  "

@@ -310,6 +310,8 @@ class StudyDriver:
             self._enqueue(algorithm, config)  # defaults first: tuned is never worse than untuned
         for algorithm, config in self.space.seeds:
             self._enqueue(algorithm, config)  # then what the user asked to try
+        for algorithm, config in self.space.hints:
+            self._enqueue(algorithm, config)  # then the winners of similar problems
         if self.strategy.jobs > 1:
             return self._run_batched()
         known = [x for x in (self.budget.trials, self.size) if x is not None]

@@ -30,11 +30,13 @@ class SearchSpace:
         spaces: algorithm name -> its space for this problem and device.
         defaults: algorithm name -> its default config (evaluated first by every strategy).
         seeds: configs asked for by name (``tunecl tune --try``), evaluated right after the defaults.
+        hints: the winners of similar problems (a warm start), evaluated after the seeds.
     """
 
     spaces: dict[str, Space]
     defaults: dict[str, Config]
     seeds: tuple[tuple[str, Config], ...] = ()
+    hints: tuple[tuple[str, Config], ...] = ()
 
     def __post_init__(self) -> None:
         different = set(self.spaces) ^ set(self.defaults)

@@ -87,6 +87,8 @@ class TuneOutcome:
             algorithms missing here are fp32.
         tried: the result of each config asked to try (``seeds``), re-measured where the final round
             did; configs the trial budget left out are missing.
+        hints: how many configs of similar problems (``hints``) the search started from.
+        hint_won: whether the winner is one of them.
     """
 
     problem: Problem
@@ -112,6 +114,8 @@ class TuneOutcome:
     precision: str = FP32
     precisions: dict[str, str] = dataclasses.field(default_factory=dict)
     tried: tuple[Result, ...] = ()
+    hints: int = 0
+    hint_won: bool = False
 
     def precision_of(self, algorithm: str) -> str:
         """The precision of ``algorithm``'s results (fp32 unless the outcome says otherwise)."""
@@ -154,7 +158,8 @@ class TuneOutcome:
             "invalid_skipped": self.invalid, "trials_per_algorithm": self.trials_per_algorithm,
             "statuses": self.statuses, "study": self.study_name, "storage": self.storage_url,
             "strategy": self.strategy, "space_size": self.space_size, "stop_reason": self.stop_reason,
-            "elapsed_s": self.elapsed, "tried": [one(r) for r in self.tried]}
+            "elapsed_s": self.elapsed, "tried": [one(r) for r in self.tried], "hints": self.hints,
+            "hint_won": self.hint_won}
 
 
 def study_device_key(device: Device) -> str:
@@ -272,13 +277,18 @@ class Tuner:
         seeds: ``(algorithm, parameter overrides)`` pairs (see :func:`~tunecl.search.space.parse_named`):
             each algorithm's default with those parameters changed is evaluated right after the defaults
             (``tunecl tune --try``); counted among the trials.
+        hints: ``(algorithm, config)`` pairs to start from, after the seeds (the winners of similar
+            problems, :mod:`tunecl.db.similar`): those of algorithms not searched here are dropped, a
+            config outside its algorithm's space is replaced by the nearest valid one; counted among the
+            trials.
     """
 
     def __init__(self, device: Device, storage_url: str | None = None, sampler: str = "tpe", *,
                  seed: int = 0, policy: TimingPolicy | None = None, patience: int | None = DEFAULT_PATIENCE,
                  top_k: int = 3, exhaustive_limit: int = EXHAUSTIVE_LIMIT,
                  algorithms: Sequence[Algorithm] | None = None, jobs: int = 1, precision: str = FP32,
-                 seeds: Sequence[tuple[str, Mapping[str, int]]] = ()):
+                 seeds: Sequence[tuple[str, Mapping[str, int]]] = (),
+                 hints: Sequence[tuple[str, Mapping[str, int]]] = ()):
         if sampler not in SAMPLERS:
             raise ValueError(f"unknown sampler {sampler!r}; use one of {', '.join(SAMPLERS)}")
         self.precision = precision
@@ -296,6 +306,7 @@ class Tuner:
             raise ValueError(f"jobs must be at least 1, got {jobs}")
         self.jobs = jobs
         self.seeds = [(name, dict(overrides)) for name, overrides in seeds]
+        self.hints = [(name, dict(config)) for name, config in hints]
         self.worker_builds = 0  # builds done in worker processes by the last tune() (jobs > 1)
         self.worker_pids: set[int] = set()  # ... and the processes they ran in
         self._storage: optuna.storages.BaseStorage | None = None
@@ -353,6 +364,7 @@ class Tuner:
         spaces = {a.name: a.space(problem, self.device) for a in chosen}
         defaults = {a.name: dict(a.default(problem, self.device)) for a in chosen}
         space = SearchSpace(spaces, defaults, self._resolve_seeds(problem, spaces, defaults))
+        space.hints = self._resolve_hints(space)
         counted = space.count(self.exhaustive_limit)  # stops counting past the limit: spaces can be huge
         size = counted if counted <= self.exhaustive_limit else None
         strategy_name = self.choose_strategy(counted, trials)
@@ -408,6 +420,24 @@ class Tuner:
             resolved.append((name, config))
         return tuple(resolved)
 
+    def _resolve_hints(self, space: SearchSpace) -> tuple[tuple[str, Config], ...]:
+        """Each hint of an algorithm searched here as a valid config (the nearest valid one where a
+        stored config does not fit: another problem's sizes, a space changed since), each once, leaving
+        out the defaults and seeds (evaluated anyway)."""
+        resolved: list[tuple[str, Config]] = [*space.defaults.items(), *space.seeds]
+        planned = len(resolved)
+        for name, stored in self.hints:
+            if name not in space.spaces:
+                continue
+            config: Config | None = space.spaces[name].complete(stored)
+            if set(config) != set(space.spaces[name].params):
+                continue
+            if not space.is_valid(name, config):
+                config = space.nearest(name, config)
+            if config is not None and (name, config) not in resolved:
+                resolved.append((name, config))
+        return tuple(resolved[planned:])
+
     def _describe_study(self, name: str, problem: Problem, chosen: Sequence[Algorithm]) -> None:
         """Create the study if needed and label it for humans (optuna-dashboard shows user attrs)."""
         with quiet_optuna():
@@ -433,7 +463,9 @@ class Tuner:
             study_name=log.study_name, storage_url=_hide_password(self.storage_url), strategy=strategy,
             space_size=size, stop_reason=log.stop_reason, elapsed=elapsed, results=tuple(log.results),
             final=tuple(log.final), precision=self.precision,
-            precisions={a.name: algorithm_precision(a) for a in chosen}, tried=self._tried(space, log))
+            precisions={a.name: algorithm_precision(a) for a in chosen}, tried=self._tried(space, log),
+            hints=len(space.hints), hint_won=log.winner is not None and any(
+                (log.winner.algorithm, dict(log.winner.config)) == hint for hint in space.hints))
 
     @staticmethod
     def _tried(space: SearchSpace, log: SearchLog) -> tuple[Result, ...]:
