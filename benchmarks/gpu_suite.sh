@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU measurements the README reports, run one after another under one time budget.
+# The GPU measurements of docs/benchmarks.md, run one after another under one time budget.
 #
 #   bash benchmarks/gpu_suite.sh OUTDIR BUDGET_SECONDS [STEP ...]
 #

@@ -1,8 +1,8 @@
-"""Validate the 18 torchvision nets of the README table: eval and train step, one JSON file per net.
+"""Validate the 18 torchvision nets of docs/results.md: eval and train step, one JSON file per net.
 
 Each net runs as ``tunecl validate --net NAME [--train] --json`` in its own process (so one net's
 failure or crash cannot hide another's), at the smallest image size it takes (``--image-size`` raises
-that floor), with ``TUNECL_FALLBACK=error``. Prints the README's table row by row.
+that floor), with ``TUNECL_FALLBACK=error``. Prints one table row per net.
 
     TUNECL_SHIPPED_DB= TUNECL_DB=/tmp/empty.sqlite python benchmarks/validate_nets.py --out DIR
     python benchmarks/validate_nets.py --device nvidia --batch 4 --image-size 224 --train-only --out DIR

@@ -5,7 +5,7 @@ plain loads and stores, in the same order, into the same ASYNC buffers). That ch
 the kernel decide: the buffer ring and its indexing, the prologue and the tiles still in flight at
 the end, zero fill at the matrix edges, the scalar variant for unaligned layouts, split K, and the
 transposed copies a plan makes for an operand stored the other way. The PTX itself runs in the same
-tests on a GPU whose probe granted ``cp_async`` (see the device notes in the README).
+tests on a GPU whose probe granted ``cp_async`` (see docs/kernels.md, capability probes).
 """
 
 from __future__ import annotations

@@ -90,7 +90,7 @@ class Tolerances:
             reference). Elsewhere the step agrees to rounding, and 1e-4 still catches a missing or
             wrong step (``lr = 1e-3`` on weights of magnitude <= 1).
         multiplier: how much further from float64 than CPU float32 the device may be. PyTorch uses 2-3
-            for float32. Measured with this tool on PoCL (the 18 nets of the README table, train step,
+            for float32. Measured with this tool on PoCL (the 18 nets of docs/results.md, train step,
             batch 2, seed 0), over the tensors the fixed tolerance fails: the device/CPU ratio has a
             median of about 1 and is ~2 where CPU float32 is still accurate (the tiled GEMM/conv sums
             K sequentially per work-item, CPU torch in blocks); on the chaotic last stages, where both
