@@ -281,6 +281,38 @@ def test_accelerator_is_opencl_and_synchronizes_it():
     torch.testing.assert_close(y.cpu(), x @ x, rtol=1e-4, atol=1e-4)
 
 
+def test_compiled_code_calls_the_accelerator_routes_untraced():
+    """torch.compile's generated code asks torch.accelerator.current_stream between graphs: the route runs
+    as plain Python (no frame of tunecl traced, no warning about torch.Stream's C++ constructor)."""
+    import warnings
+
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)).to(DEVICE)
+    compiled = torch.compile(model, backend="eager")
+    x = torch.randn(4, 8, device=DEVICE)
+    traced = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        original = torch._dynamo.convert_frame.ConvertFrameAssert.__call__
+
+        def spy(self, frame, *args, **kwargs):
+            traced.append(frame.f_code.co_filename)
+            return original(self, frame, *args, **kwargs)
+
+        torch._dynamo.convert_frame.ConvertFrameAssert.__call__ = spy
+        try:
+            for _ in range(2):
+                compiled(x).sum().backward()
+        finally:
+            torch._dynamo.convert_frame.ConvertFrameAssert.__call__ = original
+            torch._dynamo.reset()
+    assert traced and not [f for f in traced if "tunecl" in f], traced
+    assert not [w for w in caught if "Dynamo does not know how to trace" in str(w.message)]
+    assert torch.accelerator.current_stream() == torch.opencl.current_stream()
+
+
 def test_accelerator_capability_lists_the_dtypes_the_device_stores():
     dtypes = torch.accelerator.get_device_capability()["supported_dtypes"]
     assert {torch.float32, torch.float16, torch.int64, torch.bool, torch.bfloat16} <= dtypes

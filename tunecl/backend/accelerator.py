@@ -57,6 +57,10 @@ _MEMORY = ("memory_stats", "reset_peak_memory_stats", "reset_accumulated_memory_
 
 
 def _routed(original: Callable[..., Any], ours: Callable[..., Any], takes_device: bool) -> Callable[..., Any]:
+    """``original`` for other devices, ``ours`` for opencl. torch.compile's generated code calls
+    ``current_stream`` between graphs; the route runs as plain Python there (Dynamo would otherwise trace
+    it and every function it calls as frames of their own, and stop at ``torch.Stream``'s C++ ``__new__``
+    with a warning)."""
     if takes_device:
         @functools.wraps(original)
         def routed(device: Any = None, /) -> Any:
@@ -67,6 +71,7 @@ def _routed(original: Callable[..., Any], ours: Callable[..., Any], takes_device
         @functools.wraps(original)
         def routed() -> Any:
             return ours() if _targets_opencl(None) else original()
+    routed = torch.compiler.disable(routed, recursive=True)
     routed._tunecl = True
     return routed
 
