@@ -13,8 +13,8 @@ import pytest
 import tunecl
 from tunecl.cli import main
 from tunecl.db import TuningDB
-from tunecl.db.schema import head_revision
 from tunecl.db.records import Record
+from tunecl.db.schema import head_revision
 from tunecl.problems import GemmProblem
 
 GEMM = GemmProblem(512, 512, 512)
@@ -232,3 +232,30 @@ def test_device_selects_the_device_model(capsys, db_path, fake_runtime):
     assert {r["device"]["driver_version"] for r in rows} == {"1.0", "2.0"}  # every driver of the model
     document = json.loads(_run(capsys, "db", "export", "--db", str(db_path), "--device", "other")[1])
     assert [r["device"]["name"] for r in document["records"]] == ["Other"]
+
+
+def test_list_prints_the_speedup_as_tune_does(capsys, db_path):
+    out = _run(capsys, "db", "list", "--db", str(db_path))[1]
+    assert "2.50x" in out.splitlines()[1]
+    out = _run(capsys, "db", "show", GEMM.key, "--db", str(db_path))[1]
+    assert "2.50x" in out
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path, fingerprint):
+    """``tunecl db list | head -1``: no BrokenPipeError traceback, the status of a tool killed by SIGPIPE."""
+    import os
+    import subprocess
+
+    path = tmp_path / "big.sqlite"
+    records = [Record(fingerprint(), GemmProblem(8 + i, 8, 8).key, "gemm", 1, {"MWG": 16}, 1e-3)
+               for i in range(2000)]  # ~300 kB: far more output than a pipe holds
+    with TuningDB(str(path)) as db:
+        db.merge(records)
+    root = Path(tunecl.__file__).parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    shell = f"{sys.executable} -m tunecl db list --db {path} | head -1; echo status ${{PIPESTATUS[0]}}"
+    done = subprocess.run(["bash", "-c", shell], check=True, capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.stderr == ""
+    lines = done.stdout.splitlines()
+    assert lines[0].split()[:2] == ["device", "problem"] and lines[1] == "status 141"

@@ -191,3 +191,15 @@ def test_time_limit_help_says_defaults_are_measured_past_it(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "default config (and each --try config) is measured even past the limit" in text
     assert "a run can take longer than S" in text
+
+
+@pytest.mark.parametrize("hints, won, expected", [
+    (1, True, "warm      started from 1 config of a similar stored problem; the winner is that config\n"),
+    (1, False, "warm      started from 1 config of a similar stored problem; the winner is not that config\n"),
+    (3, True, "warm      started from 3 configs of similar stored problems; the winner is one of them\n"),
+])
+def test_the_warm_line_counts_its_configs_in_words(capsys, hints, won, expected):
+    import dataclasses
+
+    print_outcome(dataclasses.replace(_outcome(), hints=hints, hint_won=won), "/tmp/tuning.sqlite")
+    assert expected in capsys.readouterr().out

@@ -196,7 +196,7 @@ def _rows(records: list, with_status: bool, with_device: bool = True) -> tuple[l
     for r in records:
         row = [r.device.label] * with_device + [
             r.problem, r.algorithm, r.algorithm_version, r.precision, _ms(r.time_s), _ms(r.default_time_s),
-            None if r.speedup is None else round(r.speedup, 2), r.trials,
+            None if r.speedup is None else f"{r.speedup:.2f}x", r.trials,
             r.created_at.strftime("%Y-%m-%d %H:%M") if r.created_at else None]
         rows.append(row + [r.status] * with_status)
     return headers + ["status"] * with_status, rows

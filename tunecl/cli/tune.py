@@ -331,7 +331,10 @@ def print_outcome(outcome: Any, stored_in: str, out: TextIO | None = None) -> No
         what = f"{r.algorithm} " + " ".join(f"{k}={v}" for k, v in differs.items())
         line("tried", f"{what}: {_ms(r.time)} ms  {outcome.gflops(r):.2f} GFLOP/s" if r.ok
              else f"{what}: {r.status.value.replace('_', ' ')} {r.message}".rstrip())
-    if outcome.hints:
+    if outcome.hints == 1:
+        line("warm", "started from 1 config of a similar stored problem; the winner "
+                     + ("is that config" if outcome.hint_won else "is not that config"))
+    elif outcome.hints:
         line("warm", f"started from {outcome.hints} configs of similar stored problems; the winner "
                      + ("is one of them" if outcome.hint_won else "is not one of them"))
     precision = outcome.precision_of(w.algorithm)
