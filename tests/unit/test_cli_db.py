@@ -259,3 +259,57 @@ def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path, fingerprin
     assert done.stderr == ""
     lines = done.stdout.splitlines()
     assert lines[0].split()[:2] == ["device", "problem"] and lines[1] == "status 141"
+
+
+def _tree(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): _sha256(p) if p.is_file() else "dir" for p in sorted(folder.rglob("*"))}
+
+
+def test_a_dry_run_into_a_new_db_creates_nothing(capsys, tmp_path, fingerprint):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(_good_document(fingerprint)))
+    before = _tree(tmp_path)
+    for target in (tmp_path / "new.sqlite", tmp_path / "no" / "such" / "folder" / "new.sqlite"):
+        assert _run(capsys, "db", "import", str(good), "--dry-run", "--db", str(target)) == (
+            0, "added 1, updated 0, skipped 0 (dry run: nothing written)\n", "")
+    assert _tree(tmp_path) == before
+
+
+def test_a_dry_run_counts_against_the_db_and_leaves_its_folder_as_it_was(capsys, db_path, tmp_path,
+                                                                        fingerprint):
+    document = _good_document(fingerprint)
+    faster = dict(document["records"][0], algorithm_version=2, params={"MWG": 16}, time_s=5e-4)
+    slower = dict(faster, problem=SMALL.key, algorithm="gemm_small", algorithm_version=1, time_s=1.0,
+                  device=fingerprint(name="Other").to_dict())
+    document["records"] = [*document["records"], faster, slower]  # new, faster than stored, slower
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(document))
+    before = _tree(tmp_path)
+    assert _run(capsys, "db", "import", str(good), "--dry-run", "--db", str(db_path)) == (
+        0, "added 1, updated 1, skipped 1 (dry run: nothing written)\n", "")
+    assert _tree(tmp_path) == before  # byte-identical, and no -wal or -shm file left beside it
+    assert _run(capsys, "db", "import", str(good), "--db", str(db_path))[1] == "added 1, updated 1, skipped 1\n"
+
+
+def test_a_dry_run_on_a_db_in_use_sees_its_latest_results(capsys, db_path, tmp_path, fingerprint):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(_good_document(fingerprint)))
+    with TuningDB(str(db_path)) as db:  # open, with results still in its write-ahead log
+        db.record(fingerprint(), GEMM, "gemm", 3, {"MWG": 8}, 1e-4)
+        assert _run(capsys, "db", "import", str(good), "--dry-run", "--db", str(db_path))[1] == (
+            "added 0, updated 0, skipped 1 (dry run: nothing written)\n")
+
+
+def test_a_dry_run_refuses_a_newer_db_by_its_name(capsys, db_path, tmp_path, fingerprint):
+    import sqlite3
+
+    with sqlite3.connect(db_path) as connection:
+        connection.execute("UPDATE tunecl_alembic_version SET version_num = '9a9a9a9a'")
+    connection.close()
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(_good_document(fingerprint)))
+    before = _tree(tmp_path)
+    code, out, err = _run(capsys, "db", "import", str(good), "--dry-run", "--db", str(db_path))
+    assert (code, out) == (1, "")
+    assert err.startswith(f"tunecl: error: the tuning DB {db_path} has schema revision 9a9a9a9a, newer")
+    assert _tree(tmp_path) == before

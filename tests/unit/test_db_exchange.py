@@ -192,3 +192,24 @@ def test_the_repository_shipped_folder_is_valid():
     folder = config.Config.from_env({}).shipped_db
     for path in sorted(__import__("pathlib").Path(folder).glob("*.json")):
         exchange.read_document(path)  # raises on a malformed shipped file
+
+
+def test_a_scratch_copy_holds_the_db_and_writes_nothing_back(tmp_path, fingerprint):
+    import hashlib
+
+    from tunecl.db.scratch import scratch_copy
+
+    path = tmp_path / "a.sqlite"
+    _filled(path, fingerprint).close()
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    with scratch_copy(str(path)) as copy:
+        assert copy.path is None and len(copy.results()) == 5
+        copy.record(fingerprint(), CONV, "conv_im2col", 2, {}, 1e-3)
+        assert len(copy.results()) == 6
+    with scratch_copy(str(path)) as again:  # each copy is a fresh one
+        assert len(again.results()) == 5
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.sqlite"]
+    with scratch_copy(str(tmp_path / "none" / "b.sqlite")) as empty:
+        assert empty.results() == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.sqlite"]

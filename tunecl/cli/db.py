@@ -271,8 +271,14 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     # the whole document is validated before the DB is even opened: a bad file changes nothing
     records = exchange.read_document(args.file)
-    with _open(args, must_exist=False) as db:  # importing into a new DB is how one starts
-        report = exchange.import_document(db, records, dry_run=args.dry_run)
+    if args.dry_run:  # merged into a copy in memory: the DB file, or its absence, stays as it is
+        from tunecl.db.scratch import scratch_copy
+
+        with scratch_copy(args.db) as db:
+            report = exchange.import_document(db, records, dry_run=True)
+    else:
+        with _open(args, must_exist=False) as db:  # importing into a new DB is how one starts
+            report = exchange.import_document(db, records)
     print(report)
     return 0
 
