@@ -15,6 +15,7 @@ from tunecl.cli import main
 from tunecl.db import TuningDB
 from tunecl.db.records import Record
 from tunecl.db.schema import head_revision
+from tunecl.errors import DeviceNotFoundError
 from tunecl.problems import GemmProblem
 
 GEMM = GemmProblem(512, 512, 512)
@@ -214,24 +215,80 @@ def test_upgrade_of_a_current_db(capsys, db_path):
 
 @pytest.fixture
 def fake_runtime(monkeypatch, fingerprint):
-    """``--device`` goes through tunecl.runtime (OpenCL); unit tests use a stand-in for it."""
-    devices = {"0": fingerprint("1.0"), "other": fingerprint(name="Other")}
+    """An index or platform:device goes through tunecl.runtime (OpenCL); unit tests use a stand-in for it
+    with two local devices: 0 (0:0), the Acme model on driver 1.0, and 1 (1:0), a model the DB lacks."""
+    devices = {"0": fingerprint("1.0"), "0:0": fingerprint("1.0"), "1": fingerprint(name="Local CPU"),
+               "1:0": fingerprint(name="Local CPU")}
+    asked = []
 
     def select_device(selector):
+        asked.append(selector)
+        if selector not in devices:
+            raise DeviceNotFoundError(f"no OpenCL device matches {selector!r}; available devices: ...")
         return types.SimpleNamespace(fingerprint=devices[selector])
 
     fake = types.ModuleType("tunecl.runtime")
     fake.select_device = select_device
     monkeypatch.setitem(sys.modules, "tunecl.runtime", fake)
     monkeypatch.setattr(tunecl, "runtime", fake, raising=False)
-    return devices
+    return asked
 
 
-def test_device_selects_the_device_model(capsys, db_path, fake_runtime):
-    rows = json.loads(_run(capsys, "db", "list", "--db", str(db_path), "--device", "0", "--json")[1])
-    assert {r["device"]["driver_version"] for r in rows} == {"1.0", "2.0"}  # every driver of the model
+def _listed(capsys, db_path, selector: str) -> list[tuple[str, str]]:
+    code, out, err = _run(capsys, "db", "list", "--db", str(db_path), "--device", selector, "--json")
+    assert (code, err) == (0, ""), err
+    return sorted({(r["device"]["name"], r["device"]["driver_version"]) for r in json.loads(out)})
+
+
+ACME = [("Acme GPU 9000", "1.0"), ("Acme GPU 9000", "2.0")]
+
+
+def test_a_local_index_selects_that_device_model(capsys, db_path, fake_runtime):
+    assert _listed(capsys, db_path, "0") == ACME  # every driver of the model
+    assert _listed(capsys, db_path, "0:0") == ACME
+    assert _listed(capsys, db_path, "1") == []  # a device of this machine without results
+    assert fake_runtime == ["0", "0:0", "1"]
+
+
+def test_a_name_part_selects_among_the_stored_devices_not_this_machines(capsys, db_path, fake_runtime):
+    assert _listed(capsys, db_path, "gpu 9000") == ACME
+    assert len(_listed(capsys, db_path, "acme")) == 3  # the vendor of all three
+    assert _listed(capsys, db_path, "OTHER") == [("Other", "1.0")]
+    assert _listed(capsys, db_path, "driver 2.0") == ACME  # a match stands for its model, any driver
+    assert _listed(capsys, db_path, "9000") == ACME  # a number that is no local device is a name part
     document = json.loads(_run(capsys, "db", "export", "--db", str(db_path), "--device", "other")[1])
     assert [r["device"]["name"] for r in document["records"]] == ["Other"]
+    assert fake_runtime == ["9000"]
+
+
+def test_a_key_from_stats_selects_its_device_model(capsys, db_path, fake_runtime, fingerprint):
+    stats = json.loads(_run(capsys, "db", "stats", "--db", str(db_path), "--json")[1])
+    key = next(d["key"] for d in stats["per_device"] if d["device"] == "Acme GPU 9000 (driver 2.0)")
+    assert _listed(capsys, db_path, key) == ACME
+    assert _listed(capsys, db_path, fingerprint(name="Other").model_key) == [("Other", "1.0")]
+    assert fake_runtime == []
+
+
+@pytest.mark.parametrize("command", ["list", "export"])
+def test_a_device_nothing_stored_matches_is_an_error_that_lists_the_stored_ones(capsys, db_path, fake_runtime,
+                                                                                command, fingerprint):
+    code, out, err = _run(capsys, "db", command, "--db", str(db_path), "--device", "nvidia")
+    assert (code, out) == (1, "") and err.count("\n") == 1
+    assert err.startswith(f"tunecl: error: no device stored in {db_path} matches 'nvidia'; stored devices: "
+                          f"Acme GPU 9000 (driver 1.0) [{fingerprint('1.0').key}]; Acme GPU 9000 (driver 2.0) ")
+    assert "Other (driver 1.0)" in err
+    code, _, err = _run(capsys, "db", command, "--db", str(db_path), "--device", "7")
+    assert code == 1 and err.startswith("tunecl: error: no OpenCL device number 7 on this machine, and no "
+                                        "device stored in")
+    code, _, err = _run(capsys, "db", command, "--db", str(db_path), "--device", "3:1")
+    assert code == 1 and err.startswith("tunecl: error: no OpenCL device matches '3:1'")
+
+
+def test_a_device_in_an_empty_db(capsys, tmp_path, fake_runtime):
+    path = tmp_path / "empty.sqlite"
+    TuningDB(str(path)).close()
+    code, _, err = _run(capsys, "db", "list", "--db", str(path), "--device", "h200")
+    assert code == 1 and err == f"tunecl: error: no device stored in {path} matches 'h200'; the DB holds no results yet\n"
 
 
 def test_list_prints_the_speedup_as_tune_does(capsys, db_path):

@@ -213,3 +213,25 @@ def test_a_scratch_copy_holds_the_db_and_writes_nothing_back(tmp_path, fingerpri
     with scratch_copy(str(tmp_path / "none" / "b.sqlite")) as empty:
         assert empty.results() == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.sqlite"]
+
+
+def test_export_of_stored_device_models_by_key(tmp_path, fingerprint):
+    from tunecl.db.selection import describe, is_local_form, stored_matches
+
+    with _filled(tmp_path / "a.sqlite", fingerprint) as db:
+        stored = db.devices()
+        assert [fp.label for fp in stored] == ["Acme GPU 9000 (driver 1.0)", "Acme GPU 9000 (driver 2.0)",
+                                               "Other GPU (driver 1.0)"]
+        other = stored_matches("other gpu", stored)
+        assert other == [fingerprint(name="Other GPU")]
+        document = db.export(model_keys=[fp.model_key for fp in other])
+        assert {r["device"]["name"] for r in document["records"]} == {"Other GPU"}
+        both = db.export(model_keys=[fp.model_key for fp in stored])
+        assert len(both["records"]) == len(db.export()["records"]) == 4
+        assert db.export(model_keys=[])["records"] == []
+    assert stored_matches(fingerprint("2.0").key, stored) == [fingerprint("2.0")]
+    assert stored_matches("  ", stored) == [] and stored_matches("h200", stored) == []
+    assert [is_local_form(s) for s in ("0", " 12 ", "1:0", "1 : 0", "h200", "0x1", "1:a")] == [
+        True, True, True, True, False, False, False]
+    assert describe([]) == "the DB holds no results yet"
+    assert describe(stored[-1:]) == f"stored devices: Other GPU (driver 1.0) [{fingerprint(name='Other GPU').key}]"
