@@ -46,7 +46,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
 from tunecl import runtime
-from tunecl.cli.tune import ProgressLine
+from tunecl.cli.tune import progress_line
 from tunecl.db import TuningDB
 from tunecl.kernels import algorithms
 from tunecl.precision import algorithm_precision, at_least
@@ -153,6 +153,20 @@ def named_configs(device: runtime.Device, problem: GemmProblem,
     return found
 
 
+def tune_shape(device: runtime.Device, db: TuningDB, problem: GemmProblem, args: argparse.Namespace,
+               policy: TimingPolicy, precision: str) -> Any:
+    """Tune ``problem`` and store the result, with tune's progress line on stderr when it is a terminal
+    (a log file gets no redraws) and ``--no-progress`` is not given."""
+    progress = progress_line(args, sys.stderr, problem.flops)
+    try:
+        return tune_problem(problem, device, db, trials=args.trials, time_limit=args.time_limit,
+                            sampler=args.sampler, storage_url=args.storage, progress=progress,
+                            policy=policy, precision=precision)
+    finally:
+        if progress is not None:
+            progress.close()
+
+
 def bench_shape(device: runtime.Device, db: TuningDB, problem: GemmProblem, args: argparse.Namespace,
                 policy: TimingPolicy) -> dict[str, Any]:
     tune_precision = tuning_precision(args.precision)
@@ -172,13 +186,7 @@ def bench_shape(device: runtime.Device, db: TuningDB, problem: GemmProblem, args
     tune_seconds = None
     if hit is None:
         started = time.monotonic()
-        progress = ProgressLine(sys.stderr, problem.flops)
-        try:
-            outcome = tune_problem(problem, device, db, trials=args.trials, time_limit=args.time_limit,
-                                   sampler=args.sampler, storage_url=args.storage, progress=progress,
-                                   policy=policy, precision=tune_precision)
-        finally:
-            progress.close()
+        outcome = tune_shape(device, db, problem, args, policy, tune_precision)
         tune_seconds = time.monotonic() - started
         if outcome.winner is None:
             raise SystemExit(f"no verified candidate for {problem.key}")
@@ -272,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db", metavar="URL", help="tuning DB (default: TUNECL_DB)")
     parser.add_argument("--storage", metavar="URL", help="Optuna storage (default: TUNECL_STORAGE)")
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON to FILE")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="do not draw the tuning progress line (it is drawn only when stderr is a terminal)")
     args = parser.parse_args(argv)
     if args.trials is None and args.time_limit is None:
         args.trials = 20 if args.quick else 100

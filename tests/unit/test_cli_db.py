@@ -13,8 +13,9 @@ import pytest
 import tunecl
 from tunecl.cli import main
 from tunecl.db import TuningDB
-from tunecl.db.schema import head_revision
 from tunecl.db.records import Record
+from tunecl.db.schema import head_revision
+from tunecl.errors import DeviceNotFoundError
 from tunecl.problems import GemmProblem
 
 GEMM = GemmProblem(512, 512, 512)
@@ -214,21 +215,158 @@ def test_upgrade_of_a_current_db(capsys, db_path):
 
 @pytest.fixture
 def fake_runtime(monkeypatch, fingerprint):
-    """``--device`` goes through tunecl.runtime (OpenCL); unit tests use a stand-in for it."""
-    devices = {"0": fingerprint("1.0"), "other": fingerprint(name="Other")}
+    """An index or platform:device goes through tunecl.runtime (OpenCL); unit tests use a stand-in for it
+    with two local devices: 0 (0:0), the Acme model on driver 1.0, and 1 (1:0), a model the DB lacks."""
+    devices = {"0": fingerprint("1.0"), "0:0": fingerprint("1.0"), "1": fingerprint(name="Local CPU"),
+               "1:0": fingerprint(name="Local CPU")}
+    asked = []
 
     def select_device(selector):
+        asked.append(selector)
+        if selector not in devices:
+            raise DeviceNotFoundError(f"no OpenCL device matches {selector!r}; available devices: ...")
         return types.SimpleNamespace(fingerprint=devices[selector])
 
     fake = types.ModuleType("tunecl.runtime")
     fake.select_device = select_device
     monkeypatch.setitem(sys.modules, "tunecl.runtime", fake)
     monkeypatch.setattr(tunecl, "runtime", fake, raising=False)
-    return devices
+    return asked
 
 
-def test_device_selects_the_device_model(capsys, db_path, fake_runtime):
-    rows = json.loads(_run(capsys, "db", "list", "--db", str(db_path), "--device", "0", "--json")[1])
-    assert {r["device"]["driver_version"] for r in rows} == {"1.0", "2.0"}  # every driver of the model
+def _listed(capsys, db_path, selector: str) -> list[tuple[str, str]]:
+    code, out, err = _run(capsys, "db", "list", "--db", str(db_path), "--device", selector, "--json")
+    assert (code, err) == (0, ""), err
+    return sorted({(r["device"]["name"], r["device"]["driver_version"]) for r in json.loads(out)})
+
+
+ACME = [("Acme GPU 9000", "1.0"), ("Acme GPU 9000", "2.0")]
+
+
+def test_a_local_index_selects_that_device_model(capsys, db_path, fake_runtime):
+    assert _listed(capsys, db_path, "0") == ACME  # every driver of the model
+    assert _listed(capsys, db_path, "0:0") == ACME
+    assert _listed(capsys, db_path, "1") == []  # a device of this machine without results
+    assert fake_runtime == ["0", "0:0", "1"]
+
+
+def test_a_name_part_selects_among_the_stored_devices_not_this_machines(capsys, db_path, fake_runtime):
+    assert _listed(capsys, db_path, "gpu 9000") == ACME
+    assert len(_listed(capsys, db_path, "acme")) == 3  # the vendor of all three
+    assert _listed(capsys, db_path, "OTHER") == [("Other", "1.0")]
+    assert _listed(capsys, db_path, "driver 2.0") == ACME  # a match stands for its model, any driver
+    assert _listed(capsys, db_path, "9000") == ACME  # a number that is no local device is a name part
     document = json.loads(_run(capsys, "db", "export", "--db", str(db_path), "--device", "other")[1])
     assert [r["device"]["name"] for r in document["records"]] == ["Other"]
+    assert fake_runtime == ["9000"]
+
+
+def test_a_key_from_stats_selects_its_device_model(capsys, db_path, fake_runtime, fingerprint):
+    stats = json.loads(_run(capsys, "db", "stats", "--db", str(db_path), "--json")[1])
+    key = next(d["key"] for d in stats["per_device"] if d["device"] == "Acme GPU 9000 (driver 2.0)")
+    assert _listed(capsys, db_path, key) == ACME
+    assert _listed(capsys, db_path, fingerprint(name="Other").model_key) == [("Other", "1.0")]
+    assert fake_runtime == []
+
+
+@pytest.mark.parametrize("command", ["list", "export"])
+def test_a_device_nothing_stored_matches_is_an_error_that_lists_the_stored_ones(capsys, db_path, fake_runtime,
+                                                                                command, fingerprint):
+    code, out, err = _run(capsys, "db", command, "--db", str(db_path), "--device", "nvidia")
+    assert (code, out) == (1, "") and err.count("\n") == 1
+    assert err.startswith(f"tunecl: error: no device stored in {db_path} matches 'nvidia'; stored devices: "
+                          f"Acme GPU 9000 (driver 1.0) [{fingerprint('1.0').key}]; Acme GPU 9000 (driver 2.0) ")
+    assert "Other (driver 1.0)" in err
+    code, _, err = _run(capsys, "db", command, "--db", str(db_path), "--device", "7")
+    assert code == 1 and err.startswith("tunecl: error: no OpenCL device number 7 on this machine, and no "
+                                        "device stored in")
+    code, _, err = _run(capsys, "db", command, "--db", str(db_path), "--device", "3:1")
+    assert code == 1 and err.startswith("tunecl: error: no OpenCL device matches '3:1'")
+
+
+def test_a_device_in_an_empty_db(capsys, tmp_path, fake_runtime):
+    path = tmp_path / "empty.sqlite"
+    TuningDB(str(path)).close()
+    code, _, err = _run(capsys, "db", "list", "--db", str(path), "--device", "h200")
+    assert code == 1 and err == f"tunecl: error: no device stored in {path} matches 'h200'; the DB holds no results yet\n"
+
+
+def test_list_prints_the_speedup_as_tune_does(capsys, db_path):
+    out = _run(capsys, "db", "list", "--db", str(db_path))[1]
+    assert "2.50x" in out.splitlines()[1]
+    out = _run(capsys, "db", "show", GEMM.key, "--db", str(db_path))[1]
+    assert "2.50x" in out
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path, fingerprint):
+    """``tunecl db list | head -1``: no BrokenPipeError traceback, the status of a tool killed by SIGPIPE."""
+    import os
+    import subprocess
+
+    path = tmp_path / "big.sqlite"
+    records = [Record(fingerprint(), GemmProblem(8 + i, 8, 8).key, "gemm", 1, {"MWG": 16}, 1e-3)
+               for i in range(2000)]  # ~300 kB: far more output than a pipe holds
+    with TuningDB(str(path)) as db:
+        db.merge(records)
+    root = Path(tunecl.__file__).parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    shell = f"{sys.executable} -m tunecl db list --db {path} | head -1; echo status ${{PIPESTATUS[0]}}"
+    done = subprocess.run(["bash", "-c", shell], check=True, capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.stderr == ""
+    lines = done.stdout.splitlines()
+    assert lines[0].split()[:2] == ["device", "problem"] and lines[1] == "status 141"
+
+
+def _tree(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): _sha256(p) if p.is_file() else "dir" for p in sorted(folder.rglob("*"))}
+
+
+def test_a_dry_run_into_a_new_db_creates_nothing(capsys, tmp_path, fingerprint):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(_good_document(fingerprint)))
+    before = _tree(tmp_path)
+    for target in (tmp_path / "new.sqlite", tmp_path / "no" / "such" / "folder" / "new.sqlite"):
+        assert _run(capsys, "db", "import", str(good), "--dry-run", "--db", str(target)) == (
+            0, "added 1, updated 0, skipped 0 (dry run: nothing written)\n", "")
+    assert _tree(tmp_path) == before
+
+
+def test_a_dry_run_counts_against_the_db_and_leaves_its_folder_as_it_was(capsys, db_path, tmp_path,
+                                                                        fingerprint):
+    document = _good_document(fingerprint)
+    faster = dict(document["records"][0], algorithm_version=2, params={"MWG": 16}, time_s=5e-4)
+    slower = dict(faster, problem=SMALL.key, algorithm="gemm_small", algorithm_version=1, time_s=1.0,
+                  device=fingerprint(name="Other").to_dict())
+    document["records"] = [*document["records"], faster, slower]  # new, faster than stored, slower
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(document))
+    before = _tree(tmp_path)
+    assert _run(capsys, "db", "import", str(good), "--dry-run", "--db", str(db_path)) == (
+        0, "added 1, updated 1, skipped 1 (dry run: nothing written)\n", "")
+    assert _tree(tmp_path) == before  # byte-identical, and no -wal or -shm file left beside it
+    assert _run(capsys, "db", "import", str(good), "--db", str(db_path))[1] == "added 1, updated 1, skipped 1\n"
+
+
+def test_a_dry_run_on_a_db_in_use_sees_its_latest_results(capsys, db_path, tmp_path, fingerprint):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(_good_document(fingerprint)))
+    with TuningDB(str(db_path)) as db:  # open, with results still in its write-ahead log
+        db.record(fingerprint(), GEMM, "gemm", 3, {"MWG": 8}, 1e-4)
+        assert _run(capsys, "db", "import", str(good), "--dry-run", "--db", str(db_path))[1] == (
+            "added 0, updated 0, skipped 1 (dry run: nothing written)\n")
+
+
+def test_a_dry_run_refuses_a_newer_db_by_its_name(capsys, db_path, tmp_path, fingerprint):
+    import sqlite3
+
+    with sqlite3.connect(db_path) as connection:
+        connection.execute("UPDATE tunecl_alembic_version SET version_num = '9a9a9a9a'")
+    connection.close()
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(_good_document(fingerprint)))
+    before = _tree(tmp_path)
+    code, out, err = _run(capsys, "db", "import", str(good), "--dry-run", "--db", str(db_path))
+    assert (code, out) == (1, "")
+    assert err.startswith(f"tunecl: error: the tuning DB {db_path} has schema revision 9a9a9a9a, newer")
+    assert _tree(tmp_path) == before

@@ -183,3 +183,23 @@ def test_the_eta_is_the_mean_time_per_problem_times_the_problems_left():
     assert limited.seconds_left() == pytest.approx(50.0)
     assert [format_duration(s) for s in (0.4, 59.6, 61, 3599, 3600, 7322)] == [
         "0 s", "1 min 00 s", "1 min 01 s", "59 min 59 s", "1 h 00 min", "2 h 02 min"]
+
+
+def test_time_limit_help_says_defaults_are_measured_past_it(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["tune", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "default config (and each --try config) is measured even past the limit" in text
+    assert "a run can take longer than S" in text
+
+
+@pytest.mark.parametrize("hints, won, expected", [
+    (1, True, "warm      started from 1 config of a similar stored problem; the winner is that config\n"),
+    (1, False, "warm      started from 1 config of a similar stored problem; the winner is not that config\n"),
+    (3, True, "warm      started from 3 configs of similar stored problems; the winner is one of them\n"),
+])
+def test_the_warm_line_counts_its_configs_in_words(capsys, hints, won, expected):
+    import dataclasses
+
+    print_outcome(dataclasses.replace(_outcome(), hints=hints, hint_won=won), "/tmp/tuning.sqlite")
+    assert expected in capsys.readouterr().out

@@ -192,3 +192,46 @@ def test_the_repository_shipped_folder_is_valid():
     folder = config.Config.from_env({}).shipped_db
     for path in sorted(__import__("pathlib").Path(folder).glob("*.json")):
         exchange.read_document(path)  # raises on a malformed shipped file
+
+
+def test_a_scratch_copy_holds_the_db_and_writes_nothing_back(tmp_path, fingerprint):
+    import hashlib
+
+    from tunecl.db.scratch import scratch_copy
+
+    path = tmp_path / "a.sqlite"
+    _filled(path, fingerprint).close()
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    with scratch_copy(str(path)) as copy:
+        assert copy.path is None and len(copy.results()) == 5
+        copy.record(fingerprint(), CONV, "conv_im2col", 2, {}, 1e-3)
+        assert len(copy.results()) == 6
+    with scratch_copy(str(path)) as again:  # each copy is a fresh one
+        assert len(again.results()) == 5
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.sqlite"]
+    with scratch_copy(str(tmp_path / "none" / "b.sqlite")) as empty:
+        assert empty.results() == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.sqlite"]
+
+
+def test_export_of_stored_device_models_by_key(tmp_path, fingerprint):
+    from tunecl.db.selection import describe, is_local_form, stored_matches
+
+    with _filled(tmp_path / "a.sqlite", fingerprint) as db:
+        stored = db.devices()
+        assert [fp.label for fp in stored] == ["Acme GPU 9000 (driver 1.0)", "Acme GPU 9000 (driver 2.0)",
+                                               "Other GPU (driver 1.0)"]
+        other = stored_matches("other gpu", stored)
+        assert other == [fingerprint(name="Other GPU")]
+        document = db.export(model_keys=[fp.model_key for fp in other])
+        assert {r["device"]["name"] for r in document["records"]} == {"Other GPU"}
+        both = db.export(model_keys=[fp.model_key for fp in stored])
+        assert len(both["records"]) == len(db.export()["records"]) == 4
+        assert db.export(model_keys=[])["records"] == []
+    assert stored_matches(fingerprint("2.0").key, stored) == [fingerprint("2.0")]
+    assert stored_matches("  ", stored) == [] and stored_matches("h200", stored) == []
+    assert [is_local_form(s) for s in ("0", " 12 ", "1:0", "1 : 0", "h200", "0x1", "1:a")] == [
+        True, True, True, True, False, False, False]
+    assert describe([]) == "the DB holds no results yet"
+    assert describe(stored[-1:]) == f"stored devices: Other GPU (driver 1.0) [{fingerprint(name='Other GPU').key}]"

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
 from tunecl import __version__
 from tunecl.errors import TuneclError
+
+# the status a shell reports for a tool killed by SIGPIPE (128 + 13)
+SIGPIPE_EXIT = 141
 
 # name of the subcommand -> module under tunecl.cli that registers it
 COMMANDS = {
@@ -37,8 +41,24 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script. Returns the process exit code.
 
-    Exit codes: 0 success, 1 a tunecl error (one line on stderr), 2 a usage error, 130 interrupted.
+    Exit codes: 0 success, 1 a tunecl error (one line on stderr), 2 a usage error, 130 interrupted,
+    141 (128 + SIGPIPE) when the reader of standard output went away, as in ``tunecl db list | head``:
+    the command stops quietly, like a Unix tool killed by SIGPIPE.
     """
+    try:
+        try:
+            code = _run(argv)
+        except SystemExit:  # --help, --version and usage errors print before exiting
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()  # a closed pipe shows here rather than at interpreter exit
+        return code
+    except BrokenPipeError:
+        _discard_stdout()
+        return SIGPIPE_EXIT
+
+
+def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -49,3 +69,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tunecl: interrupted", file=sys.stderr)
         return 130
+
+
+def _discard_stdout() -> None:
+    """Point standard output at the null device, so the interpreter's final flush of what is still
+    buffered for the closed pipe does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # a stdout without a file descriptor (a test's capture): nothing to point
+        pass

@@ -1,7 +1,8 @@
 """``tunecl db``: inspect, export, import and maintain the tuning database.
 
 Every subcommand takes ``--db URL`` (default: ``TUNECL_DB``, else the user data folder) and calls the
-library in ``tunecl.db``; ``--device SEL`` is resolved by the runtime (OpenCL), imported only then.
+library in ``tunecl.db``. ``--device SEL`` selects among the devices stored in the DB; only an index or
+``platform:device`` is resolved by the runtime (OpenCL), imported only then.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from tunecl import config
 from tunecl.cli.output import print_json, print_table
-from tunecl.errors import TuneclError
+from tunecl.errors import DeviceNotFoundError, TuneclError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -30,8 +31,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "user data folder)")
     device = argparse.ArgumentParser(add_help=False)
     device.add_argument("--device", metavar="SEL",
-                        help="only this device's model (any driver): an index, name part or platform:device "
-                             "as listed by `tunecl devices`")
+                        help="only the results of these device models (any driver): a part of the name, "
+                             "vendor or platform of devices stored in the DB (every one that has it), or a "
+                             "key as `tunecl db stats` prints it; an index or platform:device as `tunecl "
+                             "devices` lists them selects a device of this machine")
     as_json = argparse.ArgumentParser(add_help=False)
     as_json.add_argument("--json", action="store_true", help="print JSON")
 
@@ -112,13 +115,34 @@ def _open(args: argparse.Namespace, must_exist: bool = True, **kwargs: Any) -> A
     return TuningDB(args.db, **kwargs)
 
 
-def _fingerprint(selector: str | None) -> Any:
+def _model_keys(selector: str | None, db: Any) -> list[str] | None:
+    """The device models ``--device`` selects in ``db`` (None: every device).
+
+    An index or ``platform:device`` of a device of this machine selects that device's model; any other
+    selector, and a number this machine has no device for (``4090``), is matched against the devices
+    stored in the DB (:mod:`tunecl.db.selection`), so another machine's results can be selected too.
+    """
     if selector is None:
         return None
-    # the runtime loads pyopencl; only commands given --device pay for it
-    from tunecl import runtime
+    from tunecl.db.selection import describe, is_local_form, stored_matches
 
-    return runtime.select_device(selector).fingerprint
+    local_miss = None
+    if is_local_form(selector):
+        # the runtime loads pyopencl; only the forms that name this machine's devices pay for it
+        from tunecl import runtime
+
+        try:
+            return [runtime.select_device(selector).fingerprint.model_key]
+        except DeviceNotFoundError:
+            if ":" in selector:  # platform:device means nothing among stored devices
+                raise
+            local_miss = f"no OpenCL device number {selector.strip()} on this machine, and "
+    stored = db.devices()
+    matches = stored_matches(selector, stored)
+    if not matches:
+        raise DeviceNotFoundError(f"{local_miss or ''}no device stored in {db.display_url} matches "
+                                  f"{selector!r}; {describe(stored)}")
+    return [fp.model_key for fp in matches]
 
 
 def cmd_path(args: argparse.Namespace) -> int:
@@ -196,7 +220,7 @@ def _rows(records: list, with_status: bool, with_device: bool = True) -> tuple[l
     for r in records:
         row = [r.device.label] * with_device + [
             r.problem, r.algorithm, r.algorithm_version, r.precision, _ms(r.time_s), _ms(r.default_time_s),
-            None if r.speedup is None else round(r.speedup, 2), r.trials,
+            None if r.speedup is None else f"{r.speedup:.2f}x", r.trials,
             r.created_at.strftime("%Y-%m-%d %H:%M") if r.created_at else None]
         rows.append(row + [r.status] * with_status)
     return headers + ["status"] * with_status, rows
@@ -214,9 +238,8 @@ def _as_json(records: list) -> list[dict[str, Any]]:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    fingerprint = _fingerprint(args.device)
     with _open(args) as db:
-        records = db.results(fingerprint, same_model=True, problem_contains=args.problem,
+        records = db.results(model_keys=_model_keys(args.device, db), problem_contains=args.problem,
                              ok_only=not args.all)
     if args.json:
         print_json(_as_json(records))
@@ -255,9 +278,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from tunecl.db import exchange
 
-    fingerprint = _fingerprint(args.device)
     with _open(args) as db:
-        document = db.export(fingerprint)
+        document = db.export(model_keys=_model_keys(args.device, db))
     if args.output:
         exchange.write_document(document, args.output)
         print(f"exported {len(document['records'])} results to {args.output}", file=sys.stderr)
@@ -271,8 +293,14 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     # the whole document is validated before the DB is even opened: a bad file changes nothing
     records = exchange.read_document(args.file)
-    with _open(args, must_exist=False) as db:  # importing into a new DB is how one starts
-        report = exchange.import_document(db, records, dry_run=args.dry_run)
+    if args.dry_run:  # merged into a copy in memory: the DB file, or its absence, stays as it is
+        from tunecl.db.scratch import scratch_copy
+
+        with scratch_copy(args.db) as db:
+            report = exchange.import_document(db, records, dry_run=True)
+    else:
+        with _open(args, must_exist=False) as db:  # importing into a new DB is how one starts
+            report = exchange.import_document(db, records)
     print(report)
     return 0
 

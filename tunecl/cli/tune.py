@@ -139,7 +139,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "when it has ≤ 200 valid configs, else 100 unless --time-limit is given)")
     parser.add_argument("--time-limit", type=positive_seconds, metavar="S",
                         help="seconds of searching per problem (with --net the default is 20 when "
-                             "--trials is not given either)")
+                             "--trials is not given either). Every algorithm's default config (and each "
+                             "--try config) is measured even past the limit, so that the tuned result is "
+                             "never slower than the default, and the final re-measurement of the best "
+                             "configs comes on top: a run can take longer than S")
     parser.add_argument("--sampler", choices=SAMPLERS, default="tpe", help="search strategy (default: tpe)")
     parser.add_argument("--patience", type=non_negative_int, metavar="N", default=None,
                         help="stop after N evaluations without a 1%% gain (default 40; 0: never)")
@@ -328,7 +331,10 @@ def print_outcome(outcome: Any, stored_in: str, out: TextIO | None = None) -> No
         what = f"{r.algorithm} " + " ".join(f"{k}={v}" for k, v in differs.items())
         line("tried", f"{what}: {_ms(r.time)} ms  {outcome.gflops(r):.2f} GFLOP/s" if r.ok
              else f"{what}: {r.status.value.replace('_', ' ')} {r.message}".rstrip())
-    if outcome.hints:
+    if outcome.hints == 1:
+        line("warm", "started from 1 config of a similar stored problem; the winner "
+                     + ("is that config" if outcome.hint_won else "is not that config"))
+    elif outcome.hints:
         line("warm", f"started from {outcome.hints} configs of similar stored problems; the winner "
                      + ("is one of them" if outcome.hint_won else "is not one of them"))
     precision = outcome.precision_of(w.algorithm)

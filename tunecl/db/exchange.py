@@ -19,7 +19,7 @@ import dataclasses
 import datetime as dt
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,14 +38,16 @@ _REQUIRED = ("device", "problem", "algorithm", "algorithm_version", "params", "p
              "time_s")
 
 
-def export_document(db: TuningDB, fingerprint: Fingerprint | None = None) -> dict[str, Any]:
+def export_document(db: TuningDB, fingerprint: Fingerprint | None = None, *,
+                    model_keys: Iterable[str] | None = None) -> dict[str, Any]:
     """All ok results of ``db`` as an export document, in a deterministic order.
 
     Args:
         db: the DB to read.
         fingerprint: only results of this device model (every driver version of it), when given.
+        model_keys: only results of these device models (``Fingerprint.model_key``), when given.
     """
-    records = db.results(fingerprint, same_model=True, ok_only=True)
+    records = db.results(fingerprint, same_model=True, ok_only=True, model_keys=model_keys)
     records.sort(key=lambda r: (r.device.key, r.problem, r.algorithm, r.algorithm_version, r.precision))
     return {"format": FORMAT, "version": VERSION,
             "exported_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),

@@ -330,7 +330,7 @@ class TuningDB:
 
     def results(self, fingerprint: Fingerprint | None = None, problem: Problem | str | None = None, *,
                 same_model: bool = False, problem_contains: str | None = None,
-                ok_only: bool = False) -> list[Record]:
+                ok_only: bool = False, model_keys: Iterable[str] | None = None) -> list[Record]:
         """Stored results, ordered by device label, device, problem, algorithm, version, precision.
 
         Args:
@@ -339,12 +339,15 @@ class TuningDB:
             same_model: widen ``fingerprint`` to its device model.
             problem_contains: only problems whose key contains this text.
             ok_only: leave out failed results.
+            model_keys: only devices of these models (``Fingerprint.model_key``), any driver.
         """
         stmt = select(ResultModel).join(ResultModel.device).join(ResultModel.problem).options(
             joinedload(ResultModel.device), joinedload(ResultModel.problem))
         if fingerprint is not None:
             stmt = stmt.where(DeviceModel.model_key == fingerprint.model_key if same_model
                               else DeviceModel.key == fingerprint.key)
+        if model_keys is not None:
+            stmt = stmt.where(DeviceModel.model_key.in_(sorted(set(model_keys))))
         if problem is not None:
             stmt = stmt.where(ProblemModel.key == problem_key(problem))
         if problem_contains:
@@ -355,6 +358,13 @@ class TuningDB:
                              ResultModel.algorithm_version, ResultModel.precision)
         with self.session_scope() as session:
             return [_to_record(row) for row in session.scalars(stmt)]
+
+    def devices(self) -> list[Fingerprint]:
+        """The devices stored in the DB (each with results: prune removes those left without), by label and key."""
+        with self.session_scope() as session:
+            stored = session.scalars(select(DeviceModel.fingerprint)
+                                     .order_by(DeviceModel.label, DeviceModel.key)).all()
+        return [Fingerprint.from_dict(data) for data in stored]
 
     def stats(self) -> dict[str, Any]:
         """Counts of devices, problems and results (ok / failed), overall and per device."""
@@ -377,11 +387,13 @@ class TuningDB:
 
     # -- exchange -----------------------------------------------------------------------------------
 
-    def export(self, fingerprint: Fingerprint | None = None) -> dict[str, Any]:
-        """The export document of all ok results (of ``fingerprint``'s device model, when given)."""
+    def export(self, fingerprint: Fingerprint | None = None, *,
+               model_keys: Iterable[str] | None = None) -> dict[str, Any]:
+        """The export document of all ok results (of ``fingerprint``'s device model, and of the device
+        models ``model_keys``, when given)."""
         from tunecl.db import exchange
 
-        return exchange.export_document(self, fingerprint)
+        return exchange.export_document(self, fingerprint, model_keys=model_keys)
 
     def import_(self, source: str | os.PathLike[str], dry_run: bool = False) -> ImportReport:
         """Validate the export document at ``source`` completely, then merge it in one transaction."""

@@ -445,10 +445,18 @@ def walk_nets(nets: dict[str, int] | Iterable[str] = NETS, *, batch: int = 2,
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tunecl.tools.coverage [NET ...]``: one line per net; exit code 1 if any falls back."""
-    import sys
+    """``python -m tunecl.tools.coverage [NET ...]``: one line per net; exit code 1 if any falls back
+    (2 for a usage error)."""
+    import argparse
 
-    names = (sys.argv[1:] if argv is None else argv) or list(NETS)
+    parser = argparse.ArgumentParser(
+        prog="python -m tunecl.tools.coverage",
+        description="Walk each net's forward, backward and optimizer steps as a dry run of the opencl "
+                    "backend that compiles and launches nothing; print the ops each net asks for and "
+                    "which of them would run on the CPU fallback. The exit code is 1 if any would.")
+    parser.add_argument("nets", nargs="*", metavar="NET",
+                        help=f"torchvision model name or package.module:factory (default: {', '.join(NETS)})")
+    names = parser.parse_args(argv).nets or list(NETS)
     results = walk_nets(names)
     for coverage in results.values():
         print(coverage.summary())
