@@ -97,8 +97,8 @@ def test_the_installed_wheel_serves_its_shipped_results(installed_wheel, tmp_pat
     db = tmp_path / "empty.sqlite"
 
     def run(*args: str) -> str:
-        done = subprocess.run([sys.executable, *args], check=False, cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=120)
+        done = subprocess.run([sys.executable, *args], check=False, cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, f"{args}: {done.stderr[-2000:]}"
         return done.stdout
 
