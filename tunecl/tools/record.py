@@ -65,7 +65,8 @@ def row(*, device: str, benchmark: str, workload: str, precision: str, unit: str
         ratio = 1 / ratio
     return {"date": (date or dt.date.today()).isoformat(), "device": device, "benchmark": benchmark,
             "workload": workload, "precision": precision, "unit": unit, "ours": ours_text, "peer": peer_text,
-            "peer_name": peer_name, "ratio": f"{ratio:.2f}", "command": command, "commit": commit}
+            "peer_name": peer_name, "ratio": f"{ratio:.2f}" if ratio >= 0.1 else f"{ratio:.2g}",
+            "command": command, "commit": commit}
 
 
 def append(path: str | Path, rows: Sequence[Mapping[str, str]]) -> None:
@@ -91,7 +92,8 @@ def command_line(program: str, argv: Sequence[str]) -> str:
 
 def code_version() -> str:
     """The git commit of the checkout this tunecl is imported from (12 hex digits, ``-dirty`` when a
-    tracked file of the package is modified), else ``tunecl VERSION`` (an installed package)."""
+    tracked file of the package or of ``benchmarks/`` is modified, results aside), else ``tunecl VERSION``
+    (an installed package)."""
     package = Path(tunecl.__file__).resolve().parent
 
     def git(*args: str) -> str | None:
@@ -107,6 +109,7 @@ def code_version() -> str:
     if top and (Path(top) / "tunecl").resolve() == package:
         commit = git("rev-parse", "--short=12", "HEAD")
         if commit:
-            dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".")
+            dirty = git("-C", top, "status", "--porcelain", "--untracked-files=no", "--", "tunecl", "benchmarks",
+                        ":(exclude)benchmarks/results")
             return commit + ("-dirty" if dirty else "")
     return f"tunecl {tunecl.__version__}"
