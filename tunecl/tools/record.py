@@ -74,11 +74,13 @@ def append(path: str | Path, rows: Sequence[Mapping[str, str]]) -> None:
     path = check_file(path)
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
-    new = not path.exists() or path.stat().st_size == 0
-    if new:
+    if not path.exists() or path.stat().st_size == 0:
         writer.writeheader()
-    elif not path.read_bytes().endswith(b"\n"):
-        out.write("\n")   # the last row lacks its line end
+    else:
+        with path.open("rb") as fh:
+            fh.seek(-1, 2)
+            if fh.read(1) != b"\n":
+                out.write("\n")   # the last row lacks its line end
     for values in rows:
         writer.writerow({column: values[column] for column in COLUMNS})
     with path.open("a", newline="") as fh:
