@@ -14,6 +14,8 @@ fp32 accumulation; cuDNN on float16 tensors). The algorithm column carries the p
     python benchmarks/conv.py --device 0 --net resnet18 --batch 1 --image-size 64 --trials 6
     python benchmarks/conv.py --device nvidia --net resnet50 --batch 16 --trials 12 --json out.json
     python benchmarks/conv.py --device nvidia --net resnet50 --batch 16 --precision tf32
+    python benchmarks/conv.py --device nvidia --net resnet50 --batch 64 --train \
+        --record benchmarks/results/results.csv
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
 
 from tunecl import runtime
 from tunecl.db import TuningDB
+from tunecl.errors import TuneclError
 from tunecl.kernels import algorithms
 from tunecl.precision import algorithm_precision, at_least
 from tunecl.problems import ConvProblem
@@ -41,6 +44,7 @@ from tunecl.search.evaluate import evaluate
 from tunecl.search.harness import harness_for
 from tunecl.search.measure import TimingPolicy
 from tunecl.search.workload import net_problems
+from tunecl.tools import record
 from tunecl.tune import tune_problem
 
 
@@ -161,7 +165,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "fp16"),
                         help="what tunecl may compute at and the peer runs (default fp32; see above)")
     parser.add_argument("--json", metavar="FILE")
+    parser.add_argument("--record", metavar="FILE.csv",
+                        help="append a row per direction (the tuned sum over the net against the peer's) "
+                             "to a results CSV (benchmarks/results/results.csv's columns) with this command "
+                             "and the commit")
     args = parser.parse_args(argv)
+    if args.record:
+        try:
+            record.check_file(args.record)
+        except TuneclError as error:
+            raise SystemExit(f"{parser.prog}: error: {error}") from None
 
     device = runtime.select_device(args.device)
     counts = net_problems(args.net, args.batch, args.image_size, train=args.train)
@@ -208,7 +221,30 @@ def main(argv: list[str] | None = None) -> int:
                                                "batch": args.batch, "image_size": args.image_size,
                                                "precision": args.precision,
                                                "rows": rows, "summary": summary}, indent=2, default=str))
+    if args.record:
+        record_sums(args, argv, device.fingerprint.name, rows, summary)
     return 0
+
+
+def record_sums(args: argparse.Namespace, argv: list[str] | None, device: str, rows: list[dict[str, Any]],
+                summary: dict[str, dict[str, Any]]) -> None:
+    """Append each direction whose every layer has a peer time to ``--record``'s CSV, in ms per net."""
+    command = record.command_line("python benchmarks/conv.py", sys.argv[1:] if argv is None else argv)
+    commit = record.code_version()
+    image = f" image {args.image_size}" if args.image_size != 224 else ""
+    recorded = []
+    for direction, total in summary.items():
+        layers = [r for r in rows
+                  if r.get("direction") == direction and r.get("tuned_s") and r.get("default_s")]
+        if not total["peer_s"] or not all(r.get("peer_s") for r in layers):
+            continue
+        recorded.append(record.row(
+            device=device, benchmark="conv", workload=f"{args.net} batch {args.batch}{image} {direction} "
+                                                      "(sum of layers)",
+            precision=args.precision, unit="ms", ours=total["tuned_s"] * 1e3, peer=total["peer_s"] * 1e3,
+            peer_name=layers[0]["peer"], command=command, commit=commit))
+    record.append(args.record, recorded)
+    print(f"recorded {len(recorded)} rows in {args.record}", file=sys.stderr)
 
 
 if __name__ == "__main__":

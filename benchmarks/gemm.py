@@ -15,6 +15,7 @@ this device when there is one (``--retune`` to tune anyway), else a fresh ``tune
     python benchmarks/gemm.py --device 0 --quick              # CPU-sized subset
     python benchmarks/gemm.py --device nvidia --trials 150    # the full list on a GPU
     python benchmarks/gemm.py --shapes 1024,1024,1024 --json out.json
+    python benchmarks/gemm.py --device nvidia --shapes 4096,4096,4096 --record benchmarks/results/results.csv
     python benchmarks/gemm.py --device nvidia --precision tf32 --shapes 4096,4096,4096
     python benchmarks/gemm.py --device nvidia --precision fp16 --shapes 4096,4096,4096 1024,1024,1024
     python benchmarks/gemm.py --device nvidia --retune --algorithms gemm_simt gemm_simt:MAXRREG=0
@@ -48,6 +49,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
 from tunecl import runtime
 from tunecl.cli.tune import progress_line
 from tunecl.db import TuningDB
+from tunecl.errors import TuneclError
 from tunecl.kernels import algorithms
 from tunecl.precision import algorithm_precision, at_least
 from tunecl.problems import GemmProblem
@@ -56,6 +58,7 @@ from tunecl.search.harness import harness_for
 from tunecl.search.measure import TimingPolicy
 from tunecl.search.result import Result
 from tunecl.search.space import parse_named
+from tunecl.tools import record
 from tunecl.tune import tune_problem
 
 SHAPES = ["4096,4096,4096", "1024,1024,1024", "512,512,512", "3136,64,576", "196,1024,256", "49,2048,512",
@@ -282,7 +285,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON to FILE")
     parser.add_argument("--no-progress", action="store_true",
                         help="do not draw the tuning progress line (it is drawn only when stderr is a terminal)")
+    parser.add_argument("--record", metavar="FILE.csv",
+                        help="append a row per timed shape (tuned against the peer) to a results CSV "
+                             "(benchmarks/results/results.csv's columns) with this command and the commit")
     args = parser.parse_args(argv)
+    if args.record:
+        try:
+            record.check_file(args.record)
+        except TuneclError as error:
+            raise SystemExit(f"{parser.prog}: error: {error}") from None
     if args.trials is None and args.time_limit is None:
         args.trials = 20 if args.quick else 100
     specs = args.shapes or (QUICK if args.quick else SHAPES)
@@ -330,6 +341,15 @@ def main(argv: list[str] | None = None) -> int:
                                                "precision": args.precision,
                                                "rows": rows, "geomean_tuned_vs_peer": vs_peer,
                                                "geomean_tuned_vs_default": vs_default}, indent=2))
+    if args.record:
+        command = record.command_line("python benchmarks/gemm.py", sys.argv[1:] if argv is None else argv)
+        commit = record.code_version()
+        recorded = [record.row(device=device.fingerprint.name, benchmark="gemm", workload=r["shape"],
+                               precision=args.precision, unit="GFLOP/s", ours=r["tuned_gflops"],
+                               peer=r["peer_gflops"], peer_name=r["peer"], command=command, commit=commit)
+                    for r in timed if r["tuned_gflops"] and r["peer_gflops"]]
+        record.append(args.record, recorded)
+        print(f"recorded {len(recorded)} rows in {args.record}", file=sys.stderr)
     return 0
 
 

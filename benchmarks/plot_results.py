@@ -1,7 +1,8 @@
 """Draw the measured results in ``benchmarks/results/results.csv`` as a PNG, or print them as Markdown.
 
 Each row of the CSV is one measurement: ``date, device, benchmark, workload, precision, unit, ours,
-peer, peer_name, ratio, command``. ``ratio`` is ours ÷ peer as *time* (below 1: tunecl is faster);
+peer, peer_name, ratio, command, commit`` (``commit``: the code's git commit, empty when unknown;
+``tunecl bench --record`` and the benchmark scripts' ``--record`` append such rows). ``ratio`` is ours ÷ peer as *time* (below 1: tunecl is faster);
 for throughput units (GFLOP/s) that is peer ÷ ours. The script recomputes it from ``ours`` and
 ``peer`` and refuses a file whose column disagrees, so the plot and the tables never drift apart.
 
@@ -23,7 +24,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "results.csv"
 VALIDATED = RESULTS.with_name("validate.csv")
 THROUGHPUT_UNITS = {"GFLOP/s", "TFLOP/s", "GB/s"}
 COLUMNS = ("date", "device", "benchmark", "workload", "precision", "unit", "ours", "peer", "peer_name",
-           "ratio", "command")
+           "ratio", "command", "commit")   # tunecl.tools.record.COLUMNS
 
 
 def time_ratio(row: dict[str, str]) -> float:
@@ -41,6 +42,8 @@ def load(path: Path, device: str | None = None) -> list[dict[str, str]]:
             raise SystemExit(f"{path}: missing columns {sorted(missing)}")
         rows = list(reader)
     for number, row in enumerate(rows, start=2):
+        if None in row:
+            raise SystemExit(f"{path}:{number}: more fields than columns (quote a value that has a comma)")
         if abs(time_ratio(row) - float(row["ratio"])) > 0.006:
             raise SystemExit(f"{path}:{number}: ratio {row['ratio']} but ours/peer give {time_ratio(row):.3f}")
     if device:
@@ -62,8 +65,9 @@ def markdown(rows: list[dict[str, str]]) -> str:
                 "| workload | precision | ours | peer | unit | ratio | measured | command |",
                 "|---|---|---:|---:|---|---:|---|---|"]
         for row in group:
+            measured = row["date"] + (f" at {row['commit']}" if row.get("commit") else "")
             out.append(f"| {row['workload']} | {row['precision']} | {row['ours']} | {row['peer']} "
-                       f"({row['peer_name']}) | {row['unit']} | {time_ratio(row):.2f} | {row['date']} | "
+                       f"({row['peer_name']}) | {row['unit']} | {time_ratio(row):.2f} | {measured} | "
                        f"`{row['command']}` |")
         out.append("")
     return "\n".join(out)

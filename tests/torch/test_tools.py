@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import warnings
+from pathlib import Path
 
 import pytest
 import tiny_nets
@@ -280,6 +282,21 @@ def test_bench_cli_summary_without_peer(capsys):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "ours" in out and "peer" not in out and "fallback" in out
+
+
+def test_bench_record_appends_a_results_row_that_plot_results_reads(tmp_path, capsys):
+    path = tmp_path / "results.csv"
+    argv = ["bench", "--net", TINY, "--batch", "1", "--image-size", "8", "--compare", "cpu",
+            "--warmup", "0", "--repeats", "1", "--record", str(path)]
+    assert main(argv) == 0 and main(argv) == 0
+    spec = importlib.util.spec_from_file_location(
+        "plot_results", Path(__file__).resolve().parents[2] / "benchmarks" / "plot_results.py")
+    plot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot)
+    rows = plot.load(path)   # the header once, and every ratio consistent with ours and peer
+    assert len(rows) == 2 and rows[0]["workload"] == f"{TINY} batch 1 inference image 8"
+    assert rows[0]["command"] == "tunecl " + " ".join(argv) and rows[0]["peer_name"].startswith("torch CPU")
+    assert rows[0]["commit"] and "recorded 1 row" in capsys.readouterr().err
 
 
 def test_bench_profile_reports_device_time_per_kernel(capsys):

@@ -8,13 +8,15 @@ never let a failed candidate win, and resume a study without evaluating finished
 from __future__ import annotations
 
 import itertools
+import json
 import math
 
 import optuna
 import pytest
 
 from tunecl.kernels.base import Constraint, Space
-from tunecl.search.result import Result, Status, config_key
+from tunecl.search.driver import ROUND_ATTR
+from tunecl.search.result import Result, Status, config_key, from_summary, summarize
 from tunecl.search.space import SearchSpace
 from tunecl.search.strategies import STRATEGIES, TPE, Budget, Exhaustive, Grid, RandomSearch
 
@@ -264,8 +266,50 @@ def test_a_resumed_study_does_not_evaluate_finished_trials_again(strategy):
     # a third run with the same budget measures nothing at all: the final round is stored too
     third = Replay(space)
     log3 = strategy(storage, "resume-me", seed=0).search(space, third, Budget(trials=14))
-    assert third.calls == [] and log3.winner == log2.winner
+    assert third.calls == [] and (log3.winner.key, log3.winner.time) == (log2.winner.key, log2.winner.time)
     assert log1.study_name == log2.study_name == "resume-me"
+
+
+def test_the_stored_final_round_is_a_small_summary_that_resumes_to_the_same_ranking():
+    space = make_space()
+    storage = optuna.storages.InMemoryStorage()
+
+    class ManySamples(Replay):
+        """Each measurement: 500 samples around the known time (median exactly the known time)."""
+
+        def __call__(self, algorithm, config):
+            t = super().__call__(algorithm, config).times[0]
+            samples = tuple(t * (1 + (i - 250) / 5000) for i in range(501))
+            return Result(algorithm, dict(config), Status.OK, samples, "note")
+
+    first = ManySamples(space)
+    log1 = Exhaustive(storage, "trim").search(space, first, Budget(trials=12, top_k=4))
+    study = optuna.load_study(study_name="trim", storage=storage)
+    stored = study.user_attrs[ROUND_ATTR]
+    assert len(stored["results"]) == len(log1.final) >= 4
+    assert len(json.dumps(stored)) < 220 * len(log1.final)  # not 501 samples per result
+    one = stored["results"][0]
+    assert one["samples"]["count"] == 501 and one["time_s"] == one["samples"]["median"] == log1.final[0].time
+    assert one["samples"]["min"] == min(log1.final[0].times) and one["message"] == "note"
+    # resumed with nothing new to search: the round is read back, not measured, and ranks the same
+    again = ManySamples(space)
+    log2 = Exhaustive(storage, "trim").search(space, again, Budget(trials=12, top_k=4))
+    assert again.calls == []
+    assert [(r.key, r.time, r.status, r.message) for r in log2.final] == \
+        [(r.key, r.time, r.status, r.message) for r in log1.final]
+    assert log2.winner.key == log1.winner.key and log2.winner.time == log1.winner.time
+    assert study.user_attrs[ROUND_ATTR] == stored  # read back, its summaries are kept as they were
+
+
+def test_summaries_rebuild_results_that_rank_the_same_and_full_records_still_read():
+    measured = Result("tiled", {"X": 8, "Y": 8}, Status.OK, (3e-3, 1e-3, 2e-3, 7e-3), "")
+    wrong = Result("direct", {"W": 1}, Status.WRONG_RESULT, (1e-6,), "12 of 100 elements wrong")
+    for result in (measured, wrong, Result("direct", {"W": 2}, Status.COMPILE_ERROR, (), "boom")):
+        back = from_summary(json.loads(json.dumps(summarize(result))))
+        assert (back.key, back.status, back.message, back.time) == \
+            (result.key, result.status, result.message, result.time)
+        assert from_summary(result.to_dict()) == result  # a record that kept every sample
+    assert summarize(measured)["time_s"] == 2.5e-3 and summarize(wrong)["time_s"] is None
 
 
 def test_an_interrupted_search_resumes_without_losing_or_repeating_trials():

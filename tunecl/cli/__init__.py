@@ -61,6 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)   # the command line as typed, for records
     try:
         return int(args.func(args) or 0)
     except TuneclError as error:

@@ -12,6 +12,7 @@ from typing import Any, TextIO
 
 from tunecl.cli.output import print_json
 from tunecl.cli.tune import non_negative_int, positive_int
+from tunecl.errors import TuneclError
 
 COMPARE = ("cpu", "cuda", "none")  # tunecl.tools.bench.COMPARE, repeated so --help imports no torch
 PRECISIONS = ("fp32", "tf32")      # tunecl.tools.bench.PRECISIONS, likewise
@@ -69,10 +70,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "runs the same fused Adam eagerly")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
+    parser.add_argument("--record", metavar="FILE.csv",
+                        help="append the result to a results CSV (benchmarks/results/results.csv's columns; "
+                             "created when missing): one row per peer, with the date, this command line and "
+                             "the code's git commit")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from tunecl.tools import record
+
+    if args.record:   # checked before measuring: a long run must not end on a file it cannot extend
+        if args.compare == "none":
+            raise TuneclError("--record needs a peer to compare with: leave out --compare none")
+        record.check_file(args.record)
     from tunecl.tools.bench import bench_net
 
     result = bench_net(args.net, device=args.device, batch=args.batch, image_size=args.image_size,
@@ -84,7 +95,37 @@ def run(args: argparse.Namespace) -> int:
         print_json(result)
     else:
         print_result(result)
+    if args.record:
+        command = record.command_line("tunecl", getattr(args, "argv", []))
+        rows = result_rows(result, command, record.code_version())
+        record.append(args.record, rows)
+        print(f"recorded {len(rows)} {'row' if len(rows) == 1 else 'rows'} in {args.record}", file=sys.stderr)
     return 0
+
+
+def result_rows(result: dict[str, Any], command: str, commit: str) -> list[dict[str, str]]:
+    """The results-CSV rows of :func:`tunecl.tools.bench.bench_net`'s result: one per peer."""
+    from tunecl.tools import record
+
+    workload = f"{result['net']} batch {result['batch']} {result['mode']}"
+    if result["image_size"] != 224:
+        workload += f" image {result['image_size']}"
+    workload += " compiled" * bool(result.get("compiled")) + " graph" * bool(result.get("graph"))
+    device = result["ours"]["device"].removeprefix("opencl:0 ")
+    rows = []
+    for peer in (result["peer"], result.get("peer_cudnn_benchmark")):
+        if peer is None:
+            continue
+        if peer["kind"] == "cuda":
+            name = "torch CUDA " + ("graph" if peer.get("graph") else "eager")
+            name += " (cudnn.benchmark)" if "cudnn.benchmark on" in peer.get("settings", "") else ""
+        else:
+            name = f"torch CPU ({peer['threads']} threads)" if "threads" in peer else "torch CPU"
+        rows.append(record.row(device=device, benchmark="net", workload=workload,
+                               precision=result.get("precision", "fp32"), unit="ms",
+                               ours=result["ours"]["median_ms"], peer=peer["median_ms"], peer_name=name,
+                               command=command, commit=commit))
+    return rows
 
 
 def _spread(timing: dict[str, Any]) -> str:

@@ -19,7 +19,7 @@ import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from tunecl.search.budget import Budget, Evaluator, Key, Progress, SearchLog
-from tunecl.search.result import Config, Result, Status, config_key
+from tunecl.search.result import Config, Result, Status, config_key, from_summary, summarize
 from tunecl.search.space import SearchSpace
 
 # Starts the work of evaluating a config (e.g. compiling it in another process) and returns what
@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 
 ATTR = "tunecl"  # user attribute of a trial: {"phase": ..., "result": Result.to_dict()}
 WORKER_ATTR = "tunecl_worker"  # "host:pid" of the process that asked the trial
-ROUND_ATTR = "tunecl_final_round"  # study user attribute: the last re-measurement round
+# study user attribute: the last re-measurement round, {"round": N, "results": [summarize(result), ...]}
+ROUND_ATTR = "tunecl_final_round"
 GRID_ENUMERATION_LIMIT = 100_000  # larger valid spaces are sampled by the grid strategy, not listed
 EXHAUSTION_COUNT_LIMIT = 200      # a time-limited search knows the size of spaces up to this many configs
 
@@ -555,25 +556,29 @@ class StudyDriver:
         """Re-measure the top configs (plus each algorithm's best and default), once per search state.
 
         The round is stored in the study (a user attribute rewritten after each re-measurement) under
-        the number of search results it ranked, so a resumed run that adds no trials reuses it.
+        the number of search results it ranked, so a resumed run that adds no trials reuses it. Each
+        result is stored summarized (:func:`summarize`: its ranking time and the samples' count, min,
+        median and max), which ranks a resumed round exactly as the measured one.
         """
         candidates = self._final_candidates()
         round_id = len(self.results)
         stored = self.study.user_attrs.get(ROUND_ATTR) or {}
-        done: dict[Key, Result] = {}
+        done: dict[Key, tuple[Result, dict[str, Any]]] = {}  # read back: the result and its record
         if stored.get("round") == round_id:
             for data in stored.get("results", []):
                 with contextlib.suppress(KeyError, ValueError, TypeError, AttributeError):
-                    result = Result.from_dict(data)
-                    done[result.key] = result
+                    result = from_summary(data)
+                    done[result.key] = result, summarize(result) if "times" in data else data
         final: list[Result] = []
+        records: list[dict[str, Any]] = []
         for index, candidate in enumerate(candidates):
-            again = done.get(candidate.key)
-            if again is None:
+            again, record = done.get(candidate.key) or (None, None)
+            if again is None or record is None:
                 again = self.evaluate(candidate.algorithm, candidate.config)
-                self.study.set_user_attr(ROUND_ATTR, {"round": round_id, "results": [
-                    r.to_dict() for r in final + [again]]})
+                record = summarize(again)
+                self.study.set_user_attr(ROUND_ATTR, {"round": round_id, "results": [*records, record]})
             final.append(again)
+            records.append(record)
             ok = [r for r in final if r.ok]
             self._report("remeasure", index + 1, len(candidates),
                          min(ok, key=lambda r: r.time) if ok else None, again)

@@ -74,6 +74,32 @@ class Result:
                       str(data.get("message", "")))
 
 
+def summarize(result: Result) -> dict[str, Any]:
+    """A compact JSON form for records kept per study: the samples' count, min, median and max instead
+    of every sample, and ``time_s``, the time the result is ranked by (None when it cannot win).
+
+    :func:`from_summary` rebuilds a Result that ranks exactly as the original (its one sample is
+    ``time_s``)."""
+    data: dict[str, Any] = {"algorithm": result.algorithm, "config": dict(result.config),
+                            "status": result.status.value, "message": result.message,
+                            "time_s": result.time if math.isfinite(result.time) else None}
+    if result.times:
+        data["samples"] = {"count": len(result.times), "min": min(result.times),
+                           "median": float(statistics.median(result.times)), "max": max(result.times)}
+    return data
+
+
+def from_summary(data: Mapping[str, Any]) -> Result:
+    """Rebuild a Result from :func:`summarize` output, or from :meth:`Result.to_dict` output (which
+    keeps every sample); raises KeyError/ValueError/TypeError when malformed."""
+    if "times" in data:
+        return Result.from_dict(data)
+    time_s = data["time_s"]
+    return Result(str(data["algorithm"]), {str(k): int(v) for k, v in data["config"].items()},
+                  Status(data["status"]), () if time_s is None else (float(time_s),),
+                  str(data.get("message", "")))
+
+
 def config_key(algorithm: str, config: Mapping[str, int]) -> tuple[str, tuple[tuple[str, int], ...]]:
     """The hashable identity of one candidate: its algorithm and sorted parameter values."""
     return algorithm, tuple(sorted((str(k), int(v)) for k, v in config.items()))
