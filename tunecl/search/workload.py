@@ -21,8 +21,14 @@ from typing import Any
 from tunecl.problems import ConvProblem, GemmProblem, Problem
 
 
-def build_model(name: str) -> Any:
-    """A model by torchvision name (``resnet50``) or ``package.module:factory``, with random weights."""
+def build_model(name: str, image_size: int | None = None) -> Any:
+    """A model by torchvision name (``resnet50``), ``hf:`` name (:mod:`tunecl.language_models`) or
+    ``package.module:factory``, with random weights. ``image_size`` is passed to the torchvision builders
+    that fix their input size (the vision transformers ``vit_*``), as ``image_size``."""
+    from tunecl import language_models
+
+    if name.startswith(language_models.PREFIX):
+        return language_models.build(name)
     if ":" in name:
         module_name, _, factory = name.partition(":")
         return getattr(importlib.import_module(module_name), factory)()
@@ -40,6 +46,8 @@ def build_model(name: str) -> Any:
         raise ValueError(f"unknown model {name!r}{hint}; the torchvision classification models are:\n"
                          f"{names}\nor give package.module:factory") from None
     kwargs = {"aux_logits": False, "init_weights": False} if name in ("inception_v3", "googlenet") else {}
+    if image_size is not None and name.startswith("vit_"):
+        kwargs["image_size"] = image_size
     return factory(weights=None, **kwargs)
 
 

@@ -1,0 +1,110 @@
+"""``nn.MultiheadAttention``'s inference fast path, ``_native_multi_head_attention``, composed of the
+device's own ops (linear, batched matmul, softmax, masked fill), as CPU torch computes it.
+
+``scaled_dot_product_attention`` needs no kernel here: torch picks a fused SDPA backend only for devices
+that register one, so on opencl it runs its math decomposition (matmuls, softmax) on the device.
+
+The fast path runs without autograd (``nn.MultiheadAttention`` takes it only in inference), and so
+does this kernel: the ops it calls are dispatched below the autograd key.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from tunecl.kernels.strided import Unsupported
+
+# what ``mask_type`` says the mask's shape is (torch's ``_masked_softmax``): 0 an L x S attention mask
+# shared by every sequence and head, 1 a B x S key padding mask, 2 one broadcastable to B x heads x L x S
+_ATTENTION_MASK, _KEY_PADDING_MASK, _GENERIC_MASK = 0, 1, 2
+
+
+def _masked_out(mask: torch.Tensor, mask_type: int | None, scores: torch.Tensor) -> torch.Tensor:
+    """The positions ``mask`` excludes, as a bool tensor broadcastable to ``scores`` (B x heads x L x S).
+
+    As in CPU torch, a float mask excludes where it is nonzero (``nn.MultiheadAttention`` passes its
+    masks as 0 / -inf)."""
+    excluded = mask if mask.dtype == torch.bool else mask != 0
+    batch, _, length, keys = scores.shape
+    if mask_type == _ATTENTION_MASK:
+        if tuple(excluded.shape) != (length, keys):
+            raise RuntimeError(f"_native_multi_head_attention: an attention mask (mask_type 0) must be "
+                               f"{length} x {keys}, got {tuple(excluded.shape)}")
+        return excluded
+    if mask_type == _KEY_PADDING_MASK:
+        if tuple(excluded.shape) != (batch, keys):
+            raise RuntimeError(f"_native_multi_head_attention: a key padding mask (mask_type 1) must be "
+                               f"{batch} x {keys}, got {tuple(excluded.shape)}")
+        return excluded.view(batch, 1, 1, keys)
+    if mask_type not in (None, _GENERIC_MASK):
+        raise RuntimeError(f"_native_multi_head_attention: unknown mask_type {mask_type} (0, 1 or 2)")
+    try:
+        torch.broadcast_shapes(excluded.shape, scores.shape)
+    except RuntimeError:
+        raise RuntimeError(f"_native_multi_head_attention: a mask of shape {tuple(excluded.shape)} does not "
+                           f"broadcast to the scores' {tuple(scores.shape)}") from None
+    return excluded
+
+
+def _check(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, embed_dim: int, num_head: int,
+           qkv_weight: torch.Tensor, qkv_bias: torch.Tensor) -> None:
+    """torch's argument checks of the op, with its messages."""
+    if any(t.is_nested for t in (query, key, value)):
+        raise Unsupported("nested tensors")
+    if query.dim() != 3 or key.dim() != 3 or value.dim() != 3:
+        raise RuntimeError(f"_native_multi_head_attention: expected 3-D query/key/value, got "
+                           f"{query.dim()}-D/{key.dim()}-D/{value.dim()}-D tensors")
+    if query.shape[2] != embed_dim:
+        raise RuntimeError(f"passed-in embed_dim {embed_dim} didn't match last dim of query {query.shape[2]}")
+    if not query.shape == key.shape == value.shape:
+        raise RuntimeError("expected `query`/`key`/`value` shapes to match")
+    if tuple(qkv_weight.shape) != (3 * embed_dim, embed_dim) or tuple(qkv_bias.shape) != (3 * embed_dim,):
+        raise RuntimeError(f"expected `qkv_weight` of shape {(3 * embed_dim, embed_dim)} and `qkv_bias` of "
+                           f"shape {(3 * embed_dim,)}, got {tuple(qkv_weight.shape)} and {tuple(qkv_bias.shape)}")
+    if num_head <= 0 or embed_dim % num_head:
+        raise RuntimeError("`embed_dim` must divide evenly by `num_heads`")
+
+
+def native_multi_head_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, embed_dim: int,
+                                num_head: int, qkv_weight: torch.Tensor, qkv_bias: torch.Tensor,
+                                proj_weight: torch.Tensor, proj_bias: torch.Tensor, mask: torch.Tensor | None = None,
+                                need_weights: bool = True, average_attn_weights: bool = True,
+                                mask_type: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Multi-head attention of batch-first ``query``/``key``/``value`` (B x L x E): the in-projection
+    (``qkv_weight`` stacks W_q, W_k, W_v), softmax(q k^T / sqrt(E / heads)) with ``mask``'s positions
+    excluded (a row with every key excluded is NaN, as on the CPU), the out-projection; and the attention
+    weights (averaged over the heads with ``average_attn_weights``) when ``need_weights``, else None."""
+    _check(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias)
+    batch, length, _ = query.shape
+    if query.numel() == 0:
+        return torch.empty_like(query), None
+    head_dim = embed_dim // num_head
+    weights = qkv_weight.split(embed_dim)
+    biases = qkv_bias.split(embed_dim)
+
+    def heads(x: torch.Tensor, index: int) -> torch.Tensor:
+        return F.linear(x, weights[index], biases[index]).view(batch, length, num_head, head_dim).transpose(1, 2)
+
+    q = heads(query, 0) * (1.0 / math.sqrt(head_dim))   # scaled before the product, as torch does
+    k, v = heads(key, 1), heads(value, 2)
+    scores = q @ k.transpose(-2, -1)
+    if mask is None:
+        attention = scores.softmax(-1)
+    else:
+        excluded = _masked_out(mask, mask_type, scores)
+        attention = scores.masked_fill(excluded, float("-inf")).softmax(-1)
+    context = (attention @ v).transpose(1, 2).reshape(batch, length, embed_dim)
+    out = F.linear(context, proj_weight, proj_bias)
+    if not need_weights:
+        return out, None
+    return out, attention.mean(1) if average_attn_weights else attention
+
+
+KERNELS: dict[str, Callable[..., Any]] = {
+    "_native_multi_head_attention": native_multi_head_attention,
+}
