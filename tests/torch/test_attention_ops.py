@@ -108,6 +108,17 @@ def test_native_mha_masks(strict, dtype, mask_type):
     _compare(args, embed, heads, mask=mask, mask_type=mask_type, need_weights=False)
 
 
+def test_native_mha_of_distinct_query_key_and_value(strict):
+    """Three in-projections instead of one (the op takes any query/key/value of one shape)."""
+    x, w_qkv, b_qkv, w_out, b_out = _mha_args(2, 5, 8)
+    key, value = torch.randn(2, 5, 8), torch.randn(2, 5, 8)
+    expected = mha(x, key, value, 8, 2, w_qkv, b_qkv, w_out, b_out)
+    dev = [t.to("opencl") for t in (x, key, value, w_qkv, b_qkv, w_out, b_out)]
+    actual = mha(*dev[:3], 8, 2, *dev[3:])
+    for e, a in zip(expected, actual):
+        torch.testing.assert_close(a.cpu(), e, atol=2e-6, rtol=1e-5)
+
+
 def test_native_mha_of_an_empty_batch(strict):
     args = _mha_args(0, 4, 8)
     _compare(args, 8, 2, need_weights=False)

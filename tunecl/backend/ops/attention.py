@@ -84,14 +84,13 @@ def native_multi_head_attention(query: torch.Tensor, key: torch.Tensor, value: t
     if query.numel() == 0:
         return torch.empty_like(query), None
     head_dim = embed_dim // num_head
-    weights = qkv_weight.split(embed_dim)
-    biases = qkv_bias.split(embed_dim)
-
-    def heads(x: torch.Tensor, index: int) -> torch.Tensor:
-        return F.linear(x, weights[index], biases[index]).view(batch, length, num_head, head_dim).transpose(1, 2)
-
-    q = heads(query, 0) * (1.0 / math.sqrt(head_dim))   # scaled before the product, as torch does
-    k, v = heads(key, 1), heads(value, 2)
+    if query is key and key is value:   # self-attention: one in-projection GEMM of 3 x embed_dim outputs
+        projected = F.linear(query, qkv_weight, qkv_bias).chunk(3, dim=-1)
+    else:
+        projected = [F.linear(x, w, b) for x, w, b in zip((query, key, value), qkv_weight.chunk(3),
+                                                          qkv_bias.chunk(3))]
+    q, k, v = (p.view(batch, length, num_head, head_dim).transpose(1, 2) for p in projected)
+    q = q * (1.0 / math.sqrt(head_dim))   # scaled before the product, as torch does
     scores = q @ k.transpose(-2, -1)
     if mask is None:
         attention = scores.softmax(-1)
