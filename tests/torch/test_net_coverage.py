@@ -87,6 +87,23 @@ def test_every_op_of_the_transformers_and_convnexts_has_a_device_kernel(net):
         assert "aten::convolution_overrideable" not in result.all_ops
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("net,size", [("resnet18", 32), ("vit_b_16", 32), ("hf:bert", 8), ("hf:gpt2", 8)])
+def test_tune_net_extracts_every_conv_and_gemm_problem_a_training_step_runs(net, size):
+    """``tunecl tune --net`` tunes what the backend will plan: the problems extracted on the meta device
+    (convs from module hooks, GEMMs from the dispatched matrix products: linear layers, attention) are
+    exactly those a dry run of the net's eval forward and training step plans."""
+    if net.startswith("hf:"):
+        pytest.importorskip("transformers")
+    from tunecl.search.workload import net_problems
+
+    training = {p.key for p in net_problems(net, batch=2, image_size=size, train=True)}
+    inference = {p.key for p in net_problems(net, batch=2, image_size=size)}
+    planned = set(walk(net, image_size=size, optimizers=()).plans)
+    assert training == planned
+    assert inference < training and any(key.startswith("gemm:") for key in inference)
+
+
 # -- the check sees what falls back, and only what a real run asks ---------------------------------------
 def test_the_walk_reports_an_op_that_has_no_kernel(strict):
     """special_bessel_j0 is registered for no backend key of ours: the fallback serves it."""

@@ -91,7 +91,9 @@ def native_multi_head_attention(query: torch.Tensor, key: torch.Tensor, value: t
                                                           qkv_bias.chunk(3))]
     q, k, v = (p.view(batch, length, num_head, head_dim).transpose(1, 2) for p in projected)
     q = q * (1.0 / math.sqrt(head_dim))   # scaled before the product, as torch does
-    scores = q @ k.transpose(-2, -1)
+    # k made row-major per head (the copy the product would make anyway), so the score GEMM reads it
+    # transposed, as in the module's training path: one tuned GEMM serves both
+    scores = q @ k.contiguous().transpose(-2, -1)
     if mask is None:
         attention = scores.softmax(-1)
     else:
