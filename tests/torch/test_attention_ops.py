@@ -1,6 +1,7 @@
 """Attention on the device: ``scaled_dot_product_attention`` (torch's math decomposition, forward and
-backward) and ``nn.MultiheadAttention``'s inference fast path ``_native_multi_head_attention``, against
-CPU torch over odd shapes and every mask form, with the CPU fallback forbidden."""
+backward), ``nn.MultiheadAttention``'s inference fast path ``_native_multi_head_attention`` and
+``nn.TransformerEncoderLayer``'s ``_transformer_encoder_layer_fwd``, against CPU torch over odd shapes and
+every mask form, with the CPU fallback forbidden."""
 
 from __future__ import annotations
 
@@ -157,3 +158,27 @@ def test_multihead_attention_takes_the_fast_path_on_the_device(strict, fresh_sta
             torch.testing.assert_close(actual[0].cpu(), expected[0], atol=2e-6, rtol=1e-5)
             assert (actual[1] is None) == (expected[1] is None)
     assert fresh_stats()["ops"]["aten::_native_multi_head_attention"] == 3
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_transformer_encoder_layer_takes_its_fast_path_on_the_device(strict, fresh_stats, norm_first, activation,
+                                                                      padded):
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(12, 4, dim_feedforward=19, activation=activation, batch_first=True,
+                                       norm_first=norm_first).eval()
+    with torch.no_grad():   # layer norms that are not the identity
+        for p in (layer.norm1.weight, layer.norm2.weight, layer.norm1.bias, layer.norm2.bias):
+            p.copy_(torch.rand(p.shape) + 0.5)
+    dev = copy.deepcopy(layer).to("opencl")
+    x = torch.randn(3, 7, 12)
+    padding = None
+    if padded:
+        padding = torch.zeros(3, 7, dtype=torch.bool)
+        padding[1, 5:] = True
+    with torch.no_grad():
+        expected = layer(x, src_key_padding_mask=padding)
+        actual = dev(x.to("opencl"), src_key_padding_mask=None if padding is None else padding.to("opencl"))
+    torch.testing.assert_close(actual.cpu(), expected, atol=1e-5, rtol=1e-5)
+    assert fresh_stats()["ops"]["aten::_transformer_encoder_layer_fwd"] == 1

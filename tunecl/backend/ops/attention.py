@@ -1,11 +1,12 @@
-"""``nn.MultiheadAttention``'s inference fast path, ``_native_multi_head_attention``, composed of the
-device's own ops (linear, batched matmul, softmax, masked fill), as CPU torch computes it.
+"""The inference fast paths of ``nn.MultiheadAttention`` (``_native_multi_head_attention``) and
+``nn.TransformerEncoderLayer`` (``_transformer_encoder_layer_fwd``), composed of the device's own ops
+(linear, batched matmul, softmax, masked fill, layer norm), as CPU torch computes them.
 
 ``scaled_dot_product_attention`` needs no kernel here: torch picks a fused SDPA backend only for devices
 that register one, so on opencl it runs its math decomposition (matmuls, softmax) on the device.
 
-The fast path runs without autograd (``nn.MultiheadAttention`` takes it only in inference), and so
-does this kernel: the ops it calls are dispatched below the autograd key.
+The fast paths run without autograd (the modules take them only in inference), and so do these
+kernels: the ops they call are dispatched below the autograd key.
 """
 
 from __future__ import annotations
@@ -106,6 +107,35 @@ def native_multi_head_attention(query: torch.Tensor, key: torch.Tensor, value: t
     return out, attention.mean(1) if average_attn_weights else attention
 
 
+def transformer_encoder_layer_fwd(src: torch.Tensor, embed_dim: int, num_heads: int, qkv_weight: torch.Tensor,
+                                  qkv_bias: torch.Tensor, proj_weight: torch.Tensor, proj_bias: torch.Tensor,
+                                  use_gelu: bool, norm_first: bool, eps: float, norm_weight_1: torch.Tensor,
+                                  norm_bias_1: torch.Tensor, norm_weight_2: torch.Tensor, norm_bias_2: torch.Tensor,
+                                  ffn_weight_1: torch.Tensor, ffn_bias_1: torch.Tensor, ffn_weight_2: torch.Tensor,
+                                  ffn_bias_2: torch.Tensor, mask: torch.Tensor | None = None,
+                                  mask_type: int | None = None) -> torch.Tensor:
+    """One encoder layer of batch-first ``src``: self-attention (:func:`native_multi_head_attention`) and
+    the feed-forward block (linear, ReLU or exact GELU, linear), each added to its input, with layer
+    norm after each sum, or with ``norm_first`` before each block."""
+    def attention(x: torch.Tensor) -> torch.Tensor:
+        return native_multi_head_attention(x, x, x, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight,
+                                           proj_bias, mask, False, True, mask_type)[0]
+
+    def feed_forward(x: torch.Tensor) -> torch.Tensor:
+        hidden = F.linear(x, ffn_weight_1, ffn_bias_1)
+        return F.linear(F.gelu(hidden) if use_gelu else F.relu(hidden), ffn_weight_2, ffn_bias_2)
+
+    def norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (embed_dim,), weight, bias, eps)
+
+    if norm_first:
+        x = src + attention(norm(src, norm_weight_1, norm_bias_1))
+        return x + feed_forward(norm(x, norm_weight_2, norm_bias_2))
+    x = norm(src + attention(src), norm_weight_1, norm_bias_1)
+    return norm(x + feed_forward(x), norm_weight_2, norm_bias_2)
+
+
 KERNELS: dict[str, Callable[..., Any]] = {
     "_native_multi_head_attention": native_multi_head_attention,
+    "_transformer_encoder_layer_fwd": transformer_encoder_layer_fwd,
 }
