@@ -1,5 +1,6 @@
 """The nets beyond torchvision's CNNs in ``tunecl validate`` and ``bench``: the ``hf:`` language models
-(token ids in, logits and labels the cross-entropy compares) and vit_* built for the image size."""
+(token ids in, logits and labels the cross-entropy compares), vit_* built for the image size, and the
+note on an output that is all zeros (vit_*'s zero-initialised head)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 from tunecl import config, language_models
 from tunecl.errors import TuneclError
 from tunecl.tools import load_model, make_batch, model_and_inputs
-from tunecl.tools.validate import validate_net
+from tunecl.tools.validate import Tolerances, _checks, validate_net
 
 pytest.importorskip("transformers")
 
@@ -64,3 +65,11 @@ def test_vision_transformers_are_built_for_the_image_size():
         model = load_model("vit_b_16", image_size=32)
         assert model.image_size == 32 and model(torch.empty(2, 3, 32, 32)).shape == (2, 1000)
         assert load_model("vit_b_16").image_size == 224
+
+
+def test_validate_says_when_the_output_it_compares_is_all_zeros():
+    """vit_* zero-initialise their classification head: an eval-mode output check compares zeros."""
+    [check] = _checks({"output": torch.zeros(2, 3)}, {"output": torch.zeros(2, 3)}, Tolerances())
+    assert check.passed and "all zeros on both sides" in check.note
+    [check] = _checks({"output": torch.ones(2, 3)}, {"output": torch.ones(2, 3)}, Tolerances())
+    assert check.passed and not check.note
