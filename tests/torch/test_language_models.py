@@ -4,10 +4,13 @@ note on an output that is all zeros (vit_*'s zero-initialised head)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from tunecl import config, language_models
+from tunecl.cli import main
 from tunecl.errors import TuneclError
 from tunecl.tools import load_model, make_batch, model_and_inputs
 from tunecl.tools.validate import Tolerances, _checks, validate_net
@@ -73,3 +76,14 @@ def test_validate_says_when_the_output_it_compares_is_all_zeros():
     assert check.passed and "all zeros on both sides" in check.note
     [check] = _checks({"output": torch.ones(2, 3)}, {"output": torch.ones(2, 3)}, Tolerances())
     assert check.passed and not check.note
+
+
+def test_validate_and_bench_take_a_language_model_on_the_command_line(capsys):
+    with config.override(fallback="error"):
+        assert main(["validate", "--net", "hf:gpt2", "--image-size", "5", "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["net"] == "hf:gpt2" and report["passed"] and not report["fallback_ops"]
+        assert main(["bench", "--net", "hf:gpt2", "--batch", "2", "--image-size", "5", "--train", "--compare",
+                     "none", "--warmup", "0", "--repeats", "1", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["mode"] == "train" and data["ours"]["median_ms"] > 0
