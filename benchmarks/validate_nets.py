@@ -1,4 +1,9 @@
+<<<<<<< HEAD
 """Validate the 18 torchvision nets of docs/results.md: eval and train step, one JSON file per net.
+=======
+"""Validate the nets of the README table (the 18 torchvision CNNs, then convnext_tiny/small, vit_b_16,
+swin_t, hf:bert and hf:gpt2): eval and train step, one JSON file per net.
+>>>>>>> transformers
 
 Each net runs as ``tunecl validate --net NAME [--train] --json`` in its own process (so one net's
 failure or crash cannot hide another's), at the smallest image size it takes (``--image-size`` raises
@@ -19,11 +24,15 @@ import sys
 import time
 from pathlib import Path
 
+from tunecl.tools.coverage import BEYOND_CNNS
+
 # the smallest image each net takes at batch 2 (32 where that is enough)
 NETS = {"alexnet": 63, "resnet18": 32, "resnet50": 32, "vgg16": 32, "squeezenet1_0": 32, "googlenet": 32,
         "densenet161": 32, "inception_v3": 75, "shufflenet_v2_x1_0": 32, "mobilenet_v2": 32,
         "mobilenet_v3_large": 32, "mobilenet_v3_small": 32, "resnext50_32x4d": 32, "wide_resnet50_2": 32,
         "mnasnet1_0": 32, "efficientnet_b0": 32, "efficientnet_b4": 32, "regnet_y_400mf": 32}
+# the transformers, ConvNeXts and hf: language models (their sequence length in place of the image size)
+NETS.update(BEYOND_CNNS)
 CRITERIA = ("fp32", "fp64", "zero", "own", "perturbed", "FAIL")
 
 
@@ -95,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         print(row(net, image, eval_, train, times) + (f" {error}" if train is None else ""), flush=True)
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / f"{net}.json").write_text(json.dumps(
+            (args.out / f"{net.replace(':', '_')}.json").write_text(json.dumps(
                 {"net": net, "image_size": image, "batch": args.batch, "seed": args.seed,
                  "runs": {"eval": eval_, "train": train}}, indent=1))
     print(f"{len(args.nets) - failed} of {len(args.nets)} nets pass")

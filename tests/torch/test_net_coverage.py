@@ -1,8 +1,9 @@
-"""Issue 7: the 18 torchvision nets train on the opencl device with zero CPU fallback.
+"""The 18 torchvision CNNs, and the transformers, ConvNeXts and language models beyond them, train on the
+opencl device with zero CPU fallback.
 
 Two parts, sized for CI on PoCL:
 
-- an op-coverage check: every net at its smallest image, eval forward and a training step with three
+- an op-coverage check: every net at its smallest input, eval forward and a training step with three
   Adam variants, dry-run through the backend's real dispatch (:mod:`tunecl.tools.coverage`: every
   adapter and ``Unsupported`` check runs, nothing is launched), must not reach the CPU fallback;
 - a rotating real run: one cheap net per day trains for real under ``TUNECL_FALLBACK=error`` through
@@ -24,7 +25,7 @@ from torch import nn
 import tunecl.backend
 from tunecl.backend import counters, memory, plans, state
 from tunecl.tools import coverage
-from tunecl.tools.coverage import NETS, OPTIMIZERS, dry_run, walk
+from tunecl.tools.coverage import BEYOND_CNNS, NETS, OPTIMIZERS, dry_run, walk
 
 pytestmark = pytest.mark.skipif(not plans.gemm_algorithms(), reason="no GEMM algorithm is registered")
 
@@ -56,6 +57,51 @@ def test_every_op_of_the_net_has_a_device_kernel(net):
     assert ops["aten::convolution_overrideable"] and ops["aten::convolution_backward_overrideable"]
     assert result.ops["adam_fused"]["aten::_fused_adam_"] == 1
     assert result.launches > sum(ops.values()) // 2 and result.plans
+
+
+# the ops that only the nets beyond the CNNs ask for, by phase, and which nets ask for them
+BEYOND_CNN_OPS = {
+    ("train", "aten::native_layer_norm_backward"): set(BEYOND_CNNS),
+    ("eval", "aten::_native_multi_head_attention"): {"vit_b_16"},   # nn.MultiheadAttention's fast path
+    ("train", "aten::_softmax_backward_data.out"): {"vit_b_16", "swin_t", "hf:bert", "hf:gpt2"},
+    ("train", "aten::embedding_dense_backward"): {"hf:bert", "hf:gpt2"},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("net", list(BEYOND_CNNS))
+def test_every_op_of_the_transformers_and_convnexts_has_a_device_kernel(net):
+    if net.startswith("hf:"):
+        pytest.importorskip("transformers")
+    result = walk(net, image_size=BEYOND_CNNS[net])
+    assert result.error is None, result.error
+    assert not result.fallbacks, f"{net} would run on the CPU: " + "; ".join(
+        f"{f.phase}: {f.op} x{f.calls} ({f.reason})" for f in result.fallbacks)
+    assert list(result.ops) == ["eval", "train", *OPTIMIZERS]
+    for (phase, op), nets in BEYOND_CNN_OPS.items():
+        assert (result.ops[phase].get(op, 0) > 0) == (net in nets), (phase, op)
+    assert result.ops["adam_fused"]["aten::_fused_adam_"] == 1
+    assert result.plans and all(key.startswith(("gemm:", "conv")) for key in result.plans)
+    if net.startswith("hf:"):
+        assert result.input_shape == (2, BEYOND_CNNS[net])   # token ids
+        assert "aten::convolution_overrideable" not in result.all_ops
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("net,size", [("resnet18", 32), ("vit_b_16", 32), ("hf:bert", 8), ("hf:gpt2", 8)])
+def test_tune_net_extracts_every_conv_and_gemm_problem_a_training_step_runs(net, size):
+    """``tunecl tune --net`` tunes what the backend will plan: the problems extracted on the meta device
+    (convs from module hooks, GEMMs from the dispatched matrix products: linear layers, attention) are
+    exactly those a dry run of the net's eval forward and training step plans."""
+    if net.startswith("hf:"):
+        pytest.importorskip("transformers")
+    from tunecl.search.workload import net_problems
+
+    training = {p.key for p in net_problems(net, batch=2, image_size=size, train=True)}
+    inference = {p.key for p in net_problems(net, batch=2, image_size=size)}
+    planned = set(walk(net, image_size=size, optimizers=()).plans)
+    assert training == planned
+    assert inference < training and any(key.startswith("gemm:") for key in inference)
 
 
 # -- the check sees what falls back, and only what a real run asks ---------------------------------------

@@ -39,7 +39,7 @@ def test_an_unknown_option_is_a_usage_error(capsys, walked):
 def test_nets_are_the_named_ones_or_all(walked):
     assert coverage.main(["resnet18", "vgg16"]) == 0
     assert coverage.main([]) == 0
-    assert walked == [["resnet18", "vgg16"], list(coverage.NETS)]
+    assert walked == [["resnet18", "vgg16"], [*coverage.NETS, *coverage.BEYOND_CNNS]]
 
 
 def test_help_from_the_command_line():

@@ -10,6 +10,7 @@ import argparse
 import sys
 from typing import Any, TextIO
 
+from tunecl.cli.nets import NET_HELP, size_help
 from tunecl.cli.output import print_json
 from tunecl.cli.tune import non_negative_int, positive_int
 from tunecl.errors import TuneclError
@@ -32,13 +33,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "PrivateUse1 backend loaded, CUDA backward() can fail (pytorch#161129). Weights are "
                     "random.")
     parser.add_argument("--net", metavar="NAME", required=True,
-                        help="torchvision model (resnet50) or package.module:factory")
+                        help=NET_HELP)
     parser.add_argument("--device", metavar="SEL",
                         help="OpenCL device for opencl:0: index, name part or platform:device "
                              "(default: TUNECL_DEVICE or 0)")
     parser.add_argument("--batch", type=positive_int, default=16, help="batch size (default 16)")
-    parser.add_argument("--image-size", type=positive_int, default=224,
-                        help="input height/width (default 224)")
+    parser.add_argument("--image-size", type=positive_int, default=224, help=size_help(224))
     parser.add_argument("--train", action="store_true", help="time training iterations instead of inference")
     parser.add_argument("--compare", choices=COMPARE,
                         help="peer: torch CPU in this process, torch CUDA in a separate process, or none "

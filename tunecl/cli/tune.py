@@ -121,8 +121,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="n=16,c=64,h=56,w=56,k=64,r=3[,stride=1,pad=1,dil=1,groups=1,dir=fwd]"
                            "[,dtype=float16] (float16: half x, w, dy and outputs; default float32)")
     what.add_argument("--net", metavar="NAME",
-                      help="every conv and GEMM problem of a torchvision model (resnet50) or of "
-                           "package.module:factory; a line on stderr as each problem starts (with the time "
+                      help="every conv and GEMM problem (linear layers and attention products too) of a "
+                           "torchvision model (resnet50, vit_b_16, swin_t), of hf:bert / hf:gpt2 (small "
+                           "configs; --image-size is then the sequence length) or of package.module:factory; "
+                           "a line on stderr as each problem starts (with the time "
                            "elapsed and an estimate of the time left) and one as it ends")
     parser.add_argument("--device", metavar="SEL",
                         help="device index, name part or platform:device (default: TUNECL_DEVICE or 0)")

@@ -12,6 +12,7 @@ import sys
 import textwrap
 from typing import Any, TextIO
 
+from tunecl.cli.nets import NET_HELP, size_help
 from tunecl.cli.output import print_json, print_table
 from tunecl.cli.tune import positive_int
 
@@ -54,13 +55,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "the step.", 100),
         epilog=TOLERANCES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--net", metavar="NAME", required=True,
-                        help="torchvision model (resnet50) or package.module:factory")
+                        help=NET_HELP)
     parser.add_argument("--device", metavar="SEL",
                         help="OpenCL device for opencl:0: index, name part or platform:device "
                              "(default: TUNECL_DEVICE or 0)")
     parser.add_argument("--train", action="store_true", help="compare a training step, not inference")
     parser.add_argument("--batch", type=positive_int, default=2, help="batch size (default 2)")
-    parser.add_argument("--image-size", type=positive_int, default=64, help="input height/width (default 64)")
+    parser.add_argument("--image-size", type=positive_int, default=64, help=size_help(64))
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.set_defaults(func=run)

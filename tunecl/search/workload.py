@@ -1,13 +1,18 @@
-"""Workload extraction: the unique conv and GEMM problems a torchvision model asks for.
+"""Workload extraction: the unique conv and GEMM problems a model asks for (torchvision's nets, the
+``hf:`` language models, ``package.module:factory``).
 
-The model runs once on the ``meta`` device (no memory, no arithmetic) with forward hooks on every
-``nn.Conv2d``, ``nn.ConvTranspose2d`` and ``nn.Linear``; each call becomes a :class:`ConvProblem`
-(forward, and with ``train=True`` also backward-data and backward-weight) or a :class:`GemmProblem`,
-counted by how often it occurs. A transposed convolution is recorded as the regular convolution the
-backend runs it as (:meth:`ConvProblem.transposed`): its forward is that problem's backward-data, its
-input gradient the forward and its weight gradient the backward-weight. ``nn.Linear(x) = x @ W.T + b`` is the GEMM M=batch, N=out_features, K=in_features with B
-transposed; its backward adds dX = dY @ W (M=batch, N=in, K=out) and dW = dY.T @ X (M=out, N=in,
-K=batch, A transposed).
+The model runs once on the ``meta`` device (no memory, no arithmetic); with ``train=True`` also its
+backward from a dense output gradient (what a loss gives). Forward hooks on every ``nn.Conv2d`` and ``nn.ConvTranspose2d``
+turn each call into a :class:`ConvProblem` (forward, and with ``train=True`` also backward-data and
+backward-weight), counted by how often it occurs. A transposed convolution is recorded as the regular
+convolution the backend runs it as (:meth:`ConvProblem.transposed`): its forward is that problem's
+backward-data, its input gradient the forward and its weight gradient the backward-weight.
+
+Every matrix product dispatched meanwhile (``mm``, ``addmm``, ``bmm``, ``baddbmm``: linear layers forward
+and backward, attention's products) becomes the :class:`GemmProblem` the backend runs for it, with the
+operand layouts (``trans_a``/``trans_b``) and batch it reads them in. ``nn.Linear(x) = x @ W.T + b`` is
+the GEMM M=rows, N=out_features, K=in_features with B transposed; its backward adds dX = dY @ W (M=rows,
+N=in, K=out) and dW = dY.T @ X (M=out, N=in, K=rows, A transposed).
 """
 
 from __future__ import annotations
@@ -21,8 +26,14 @@ from typing import Any
 from tunecl.problems import ConvProblem, GemmProblem, Problem
 
 
-def build_model(name: str) -> Any:
-    """A model by torchvision name (``resnet50``) or ``package.module:factory``, with random weights."""
+def build_model(name: str, image_size: int | None = None) -> Any:
+    """A model by torchvision name (``resnet50``), ``hf:`` name (:mod:`tunecl.language_models`) or
+    ``package.module:factory``, with random weights. ``image_size`` is passed to the torchvision builders
+    that fix their input size (the vision transformers ``vit_*``), as ``image_size``."""
+    from tunecl import language_models
+
+    if name.startswith(language_models.PREFIX):
+        return language_models.build(name)
     if ":" in name:
         module_name, _, factory = name.partition(":")
         return getattr(importlib.import_module(module_name), factory)()
@@ -40,11 +51,14 @@ def build_model(name: str) -> Any:
         raise ValueError(f"unknown model {name!r}{hint}; the torchvision classification models are:\n"
                          f"{names}\nor give package.module:factory") from None
     kwargs = {"aux_logits": False, "init_weights": False} if name in ("inception_v3", "googlenet") else {}
+    if image_size is not None and name.startswith("vit_"):
+        kwargs["image_size"] = image_size
     return factory(weights=None, **kwargs)
 
 
 def extract(model: Any, batch: int, image_size: int, train: bool = False) -> collections.Counter[Problem]:
-    """Count the conv and GEMM problems one forward (and, with ``train``, backward) pass asks for."""
+    """Count the conv and GEMM problems one forward (and, with ``train``, backward) pass
+    asks for; ``image_size`` is a language model's sequence length (a model with ``example_batch``)."""
     import torch
 
     found: collections.Counter[Problem] = collections.Counter()
@@ -82,35 +96,76 @@ def extract(model: Any, batch: int, image_size: int, train: bool = False) -> col
             if x.requires_grad:
                 found[problem] += 1
 
-    def on_linear(module: torch.nn.Linear, inputs: tuple, output: torch.Tensor) -> None:
-        x = inputs[0]
-        rows = x.numel() // x.shape[-1]
-        found[GemmProblem(rows, module.out_features, module.in_features, trans_b=True)] += 1
-        if train:
-            found[GemmProblem(module.out_features, module.in_features, rows, trans_a=True)] += 1
-            if x.requires_grad:
-                found[GemmProblem(rows, module.in_features, module.out_features)] += 1
-
     hooks = []
     for module in model.modules():
         if isinstance(module, torch.nn.Conv2d):
             hooks.append(module.register_forward_hook(on_conv))
         elif isinstance(module, torch.nn.ConvTranspose2d):
             hooks.append(module.register_forward_hook(on_conv_transpose))
-        elif isinstance(module, torch.nn.Linear):
-            hooks.append(module.register_forward_hook(on_linear))
     try:
         model = model.to("meta").train(train)
-        x = torch.empty(batch, 3, image_size, image_size, device="meta")
-        with torch.set_grad_enabled(train):
-            model(x)
+        example = getattr(model, "example_batch", None)
+        if example is None:
+            x = torch.empty(batch, 3, image_size, image_size, device="meta")
+        else:   # token ids (the values do not matter on the meta device)
+            x = example(batch, image_size, torch.Generator().manual_seed(0))[0].to("meta")
+        with _gemm_recorder(found), torch.set_grad_enabled(train):
+            out = model(x)
+            if train:   # a dense gradient of the output's shape and layout, as a loss's backward gives
+                out.backward(torch.empty_like(out))
     finally:
         for hook in hooks:
             hook.remove()
     return found
 
 
+_PRODUCTS = ("mm", "addmm", "bmm", "baddbmm")
+
+
+def _transposed(shape: Any, stride: Any) -> bool:
+    """Whether the backend reads this operand as the transpose of a row-major matrix (what
+    ``tunecl.backend.ops.linalg._layout`` decides from its last two dims; an operand that is neither
+    layout is copied to row-major first)."""
+    rows, cols = shape[-2], shape[-1]
+    s_row, s_col = stride[-2], stride[-1]
+    if (s_col == 1 or cols == 1) and (rows == 1 or s_row >= max(cols, 1)):
+        return False
+    return (s_row == 1 or rows == 1) and (cols == 1 or s_col >= max(rows, 1))
+
+
+def gemm_of(name: str, args: tuple) -> GemmProblem | None:
+    """The :class:`GemmProblem` the backend runs for ``aten.<name>`` (mm, addmm, bmm, baddbmm) called with
+    ``args``, or None where it runs none (an empty product, a dtype without GEMM kernels)."""
+    a, b = args[1:3] if name in ("addmm", "baddbmm") else args[:2]
+    dtype = str(a.dtype).removeprefix("torch.")
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    if min(m, k, n) == 0 or a.dim() == 3 and a.shape[0] == 0 or dtype not in ("float32", "float16"):
+        return None
+    return GemmProblem(m, n, k, _transposed(a.shape, a.stride()), _transposed(b.shape, b.stride()),
+                       a.shape[0] if a.dim() == 3 else 1, dtype)
+
+
+def _gemm_recorder(found: collections.Counter[Problem]) -> Any:
+    """A dispatch mode that counts every matrix product (``aten.mm``/``addmm``/``bmm``/``baddbmm``) run
+    while it is active into ``found``, as the GEMM problem the backend runs for it: linear layers
+    (``nn.Linear``, Hugging Face's ``Conv1D``, attention in-projections) forward and backward, and
+    attention's score and context products."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class GemmRecorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+            name = func.overloadpacket.__name__
+            if name in _PRODUCTS:
+                problem = gemm_of(name, args)
+                if problem is not None:
+                    found[problem] += 1
+            return func(*args, **(kwargs or {}))
+
+    return GemmRecorder()
+
+
 def net_problems(name: str, batch: int = 16, image_size: int = 224,
                  train: bool = False) -> collections.Counter[Problem]:
-    """:func:`extract` for a model given by name (see :func:`build_model`)."""
-    return extract(build_model(name), batch, image_size, train)
+    """:func:`extract` for a model given by name (see :func:`build_model`; ``image_size`` is a language
+    model's sequence length)."""
+    return extract(build_model(name, image_size), batch, image_size, train)

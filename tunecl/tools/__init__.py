@@ -45,12 +45,12 @@ def use_device(selector: str | None) -> str:
     return torch.opencl.get_device_name()
 
 
-def load_model(name: str) -> Any:
+def load_model(name: str, image_size: int | None = None) -> Any:
     """:func:`tunecl.search.workload.build_model` with user-facing errors (close matches for a typo)."""
     from tunecl.search.workload import build_model
 
     try:
-        return build_model(name)
+        return build_model(name, image_size)
     except ValueError as error:
         if ":" in name or not str(error).startswith("unknown model"):
             raise TuneclError(f"cannot build {name!r}: {error}") from None
@@ -99,9 +99,38 @@ def make_inputs(batch: int, image_size: int, classes: int, seed: int = 0) -> tup
     return x, y
 
 
+def make_batch(model: Any, batch: int, image_size: int, train: bool = False, seed: int = 0) -> tuple[Any, Any]:
+    """Inputs and labels on the CPU that ``model`` takes, from their own seeded generator.
+
+    An image classifier gets :func:`make_inputs`. A model with an ``example_batch(batch, size,
+    generator)`` method (the ``hf:`` language models: ``size`` is the sequence length) makes its own,
+    and one meta-device forward checks that its logits have a row per label.
+
+    Raises:
+        TuneclError: the model cannot take such a batch.
+    """
+    import torch
+
+    example = getattr(model, "example_batch", None)
+    if example is None:
+        return make_inputs(batch, image_size, output_classes(model, batch, image_size, train), seed)
+    x, y = example(batch, image_size, torch.Generator().manual_seed(seed))
+    probe = copy.deepcopy(model).to("meta").train(train)
+    try:
+        with torch.no_grad():
+            out = probe(x.to("meta"))
+    except (RuntimeError, ValueError, IndexError) as error:
+        raise TuneclError(f"the model cannot take a {'x'.join(map(str, x.shape))} input: "
+                          f"{str(error).splitlines()[0]}") from None
+    if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != y.shape[0]:
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise TuneclError(f"expected logits of shape ({y.shape[0]}, classes) for {y.shape[0]} labels, got {shape}")
+    return x, y
+
+
 def model_and_inputs(net: str, batch: int, image_size: int, train: bool, seed: int = 0) -> tuple[Any, Any, Any]:
-    """``net`` on the CPU with random weights (``torch.manual_seed(seed)`` first) and a batch of images and
-    labels it takes (:func:`make_inputs`).
+    """``net`` on the CPU with random weights (``torch.manual_seed(seed)`` first) and a batch of inputs
+    and labels it takes (:func:`make_batch`; ``image_size`` is the sequence length of a language model).
 
     Raises:
         TuneclError: an unknown model, or an input it cannot take.
@@ -109,8 +138,8 @@ def model_and_inputs(net: str, batch: int, image_size: int, train: bool, seed: i
     import torch
 
     torch.manual_seed(seed)
-    model = load_model(net)
-    x, y = make_inputs(batch, image_size, output_classes(model, batch, image_size, train), seed)
+    model = load_model(net, image_size)
+    x, y = make_batch(model, batch, image_size, train, seed)
     return model, x, y
 
 

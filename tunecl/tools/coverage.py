@@ -56,6 +56,12 @@ NETS: dict[str, int] = {
     "mnasnet1_0": 32, "efficientnet_b0": 32, "efficientnet_b4": 32, "regnet_y_400mf": 32,
 }
 
+# the transformers, ConvNeXts and language models beyond them, at the smallest input each takes (an image
+# side; the sequence length of the hf: models); vit_b_16 is built for its image size
+BEYOND_CNNS: dict[str, int] = {
+    "convnext_tiny": 32, "convnext_small": 32, "vit_b_16": 32, "swin_t": 32, "hf:bert": 8, "hf:gpt2": 8,
+}
+
 ADAM_LR = 1e-3
 
 
@@ -95,6 +101,7 @@ class Coverage:
         transfers: ``host_to_device`` and ``device_to_host`` copies (CPU fallbacks add their own).
         plans: conv/GEMM problem key → the algorithm whose default plan would serve it.
         error: what the walk raised, if it did not finish (then the other fields are partial).
+        input_shape: the shape of the batch the model took (images, or token ids).
     """
 
     net: str
@@ -106,6 +113,7 @@ class Coverage:
     transfers: dict[str, int] = dataclasses.field(default_factory=dict)
     plans: dict[str, str] = dataclasses.field(default_factory=dict)
     error: str | None = None
+    input_shape: tuple[int, ...] = ()
 
     @property
     def all_ops(self) -> dict[str, int]:
@@ -123,7 +131,8 @@ class Coverage:
     def summary(self) -> str:
         """One line: distinct ops, calls, launches and what fell back (or the error)."""
         ops = self.all_ops
-        line = (f"{self.net} {self.batch}x3x{self.image_size}x{self.image_size}: {len(ops)} ops, "
+        shape = "x".join(map(str, self.input_shape)) or f"{self.batch}x3x{self.image_size}x{self.image_size}"
+        line = (f"{self.net} {shape}: {len(ops)} ops, "
                 f"{sum(ops.values())} calls, {self.launches} launches, {len(self.plans)} conv/GEMM plans, "
                 f"fallbacks: {', '.join(self.fallback_ops) or 'none'}")
         return line + (f"; ERROR {self.error}" if self.error else "")
@@ -356,13 +365,13 @@ def _bufferless_blocks(first_address: int) -> int:
 
 
 # -- walking models --------------------------------------------------------------------------------------
-def _build_without_weights(net: str | Callable[[], Any]) -> Any:
+def _build_without_weights(net: str | Callable[[], Any], image_size: int) -> Any:
     """The model with parameters on the meta device (no initialisation: a dry run needs no values)."""
     import torch
 
     from tunecl.tools import load_model
 
-    build = net if callable(net) else functools.partial(load_model, net)
+    build = net if callable(net) else functools.partial(load_model, net, image_size)
     try:
         with torch.device("meta"):
             return build()
@@ -374,8 +383,8 @@ def run_phases(model: Any, x: Any, optimizers: Iterable[str],
                record: Callable[[str], contextlib.AbstractContextManager[Any]]) -> None:
     """What :func:`walk` runs, each phase inside ``record(phase)``, on an opencl ``model``: ``eval`` (a
     no-grad eval-mode forward and the output's copy to the host), ``train`` (a train-mode forward,
-    cross-entropy against class 0, backward and ``loss.item()``), then one ``step()`` of each
-    optimizer in ``optimizers`` (names from :data:`OPTIMIZERS`) over those gradients."""
+    cross-entropy of each row of logits against class 0, backward and ``loss.item()``), then one
+    ``step()`` of each optimizer in ``optimizers`` (names from :data:`OPTIMIZERS`) over those gradients."""
     import torch
     import torch.nn.functional as F
 
@@ -384,7 +393,7 @@ def run_phases(model: Any, x: Any, optimizers: Iterable[str],
         model.eval()(x.to("opencl")).cpu()
     with record("train"):
         out = model.train()(x.to("opencl"))
-        loss = F.cross_entropy(out, torch.zeros(x.shape[0], dtype=torch.long).to("opencl"))
+        loss = F.cross_entropy(out, torch.zeros(out.shape[0], dtype=torch.long).to("opencl"))
         loss.backward()
         loss.item()
         del out, loss
@@ -398,10 +407,12 @@ def walk(net: str | Callable[[], Any], *, image_size: int, batch: int = 2, name:
     """Dry-run one model on the opencl device and report what it asked of the backend.
 
     The phases are those of :func:`run_phases`, on the model's architecture with parameters that hold
-    no data (built on the meta device, then given buffer-less opencl storages).
+    no data (built on the meta device, then given buffer-less opencl storages). The input is a batch of
+    random images, or what the model's ``example_batch`` makes (token ids of length ``image_size``).
 
     Args:
-        net: torchvision model name, ``package.module:factory``, or a callable that builds the model.
+        net: torchvision model name, ``hf:`` name, ``package.module:factory``, or a callable that builds
+            the model.
         run: the active dry run to record into; without one, the walk opens its own.
 
     Returns:
@@ -419,8 +430,11 @@ def walk(net: str | Callable[[], Any], *, image_size: int, batch: int = 2, name:
     label = name or (net if isinstance(net, str) else getattr(net, "__name__", repr(net)))
     coverage = Coverage(label, image_size, batch)
     run.start()
-    model = _build_without_weights(net)
-    x = torch.randn(batch, 3, image_size, image_size)
+    model = _build_without_weights(net, image_size)
+    example = getattr(model, "example_batch", None)
+    x = torch.randn(batch, 3, image_size, image_size) if example is None else \
+        example(batch, image_size, torch.Generator().manual_seed(0))[0]
+    coverage.input_shape = tuple(x.shape)
     try:
         model = model.to_empty(device="opencl")
         run_phases(model, x, optimizers, run.record)
@@ -436,8 +450,9 @@ def walk(net: str | Callable[[], Any], *, image_size: int, batch: int = 2, name:
 def walk_nets(nets: dict[str, int] | Iterable[str] = NETS, *, batch: int = 2,
               optimizers: Iterable[str] = OPTIMIZERS) -> dict[str, Coverage]:
     """:func:`walk` over several nets in one dry run; ``nets`` maps names to image sizes (a list of
-    names takes the sizes of :data:`NETS`, 32 for a net not there)."""
-    sizes = nets if isinstance(nets, dict) else {n: NETS.get(n, 32) for n in nets}
+    names takes the sizes of :data:`NETS` and :data:`BEYOND_CNNS`, 32 for a net in neither)."""
+    known = NETS | BEYOND_CNNS
+    sizes = nets if isinstance(nets, dict) else {n: known.get(n, 32) for n in nets}
     optimizers = tuple(optimizers)
     with dry_run() as run:
         return {net: walk(net, image_size=size, batch=batch, optimizers=optimizers, run=run)
@@ -445,8 +460,8 @@ def walk_nets(nets: dict[str, int] | Iterable[str] = NETS, *, batch: int = 2,
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tunecl.tools.coverage [NET ...]``: one line per net; exit code 1 if any falls back
-    (2 for a usage error)."""
+    """``python -m tunecl.tools.coverage [NET ...]``: one line per net (default: :data:`NETS` and
+    :data:`BEYOND_CNNS`); exit code 1 if any falls back (2 for a usage error)."""
     import argparse
 
     parser = argparse.ArgumentParser(
@@ -455,8 +470,9 @@ def main(argv: list[str] | None = None) -> int:
                     "backend that compiles and launches nothing; print the ops each net asks for and "
                     "which of them would run on the CPU fallback. The exit code is 1 if any would.")
     parser.add_argument("nets", nargs="*", metavar="NET",
-                        help=f"torchvision model name or package.module:factory (default: {', '.join(NETS)})")
-    names = parser.parse_args(argv).nets or list(NETS)
+                        help=f"torchvision model name, hf:NAME or package.module:factory (default: "
+                             f"{', '.join([*NETS, *BEYOND_CNNS])})")
+    names = parser.parse_args(argv).nets or [*NETS, *BEYOND_CNNS]
     results = walk_nets(names)
     for coverage in results.values():
         print(coverage.summary())

@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 from tunecl.errors import TuneclError
-from tunecl.tools import load_model, make_inputs, output_classes, use_device
+from tunecl.tools import load_model, make_batch, use_device
 
 ADAM_LR = 1e-3
 ADAM_EPS = 1e-8
@@ -318,7 +318,9 @@ def validate_net(net: str, *, device: str | None = None, train: bool = False, ba
     """Run ``net`` on the opencl device, on the CPU and on the CPU in float64; compare.
 
     Args:
-        net: torchvision model name or ``package.module:factory`` (random weights, seeded by ``seed``).
+        net: torchvision model name, ``hf:bert`` / ``hf:gpt2`` (:mod:`tunecl.language_models`) or
+            ``package.module:factory`` (random weights, seeded by ``seed``).
+        image_size: the input's height and width; a language model's sequence length.
         device: OpenCL device selector for ``opencl:0`` (see :func:`tunecl.tools.use_device`).
         train: compare a training step (forward, loss, backward, one Adam step) instead of inference.
 
@@ -334,20 +336,20 @@ def validate_net(net: str, *, device: str | None = None, train: bool = False, ba
     tolerances = tolerances or Tolerances()
     device_name = use_device(device)
     torch.manual_seed(seed)
-    cpu_model = load_model(net)
-    dev_model = load_model(net)
+    cpu_model = load_model(net, image_size)
+    dev_model = load_model(net, image_size)
     dev_model.load_state_dict(cpu_model.state_dict())
     # before the CPU run's Adam step changes the weights
     fp64_model = copy.deepcopy(cpu_model).double()
     initial = {n: p.detach().clone() for n, p in cpu_model.named_parameters()} if train else None
     initial_state = copy.deepcopy(cpu_model.state_dict()) if train else None
-    classes = output_classes(cpu_model, batch, image_size, train)
-    x, y = make_inputs(batch, image_size, classes, seed)
+    x, y = make_batch(cpu_model, batch, image_size, train, seed)
     report = ValidationReport(net, f"opencl:0 {device_name}", batch, image_size, train, tolerances)
 
     try:
         reference = _timed(report, "cpu", _run, cpu_model, x, y, "cpu", train, seed)
-        reference64 = _timed(report, "fp64", _run, fp64_model, x.double(), y, "cpu", train, seed)
+        x64 = x.double() if x.is_floating_point() else x   # (token ids stay integers)
+        reference64 = _timed(report, "fp64", _run, fp64_model, x64, y, "cpu", train, seed)
     except (RuntimeError, ValueError) as error:   # e.g. train-mode batch norm over one value per channel
         raise TuneclError(f"the CPU reference run failed, so there is nothing to compare with: "
                           f"{str(error).splitlines()[0]}") from None
@@ -374,14 +376,14 @@ def validate_net(net: str, *, device: str | None = None, train: bool = False, ba
             output = report.checks[0]
             delta = tolerances.perturbation(output.fp64_error, output.cpu_fp64_error)
             if delta > 0:
-                perturbed = _timed(report, "perturbed", _perturbed_runs, net, initial_state, x, y, seed,
-                                   delta, tolerances.perturbed_draws)
+                perturbed = _timed(report, "perturbed", _perturbed_runs, net, image_size, initial_state, x, y,
+                                   seed, delta, tolerances.perturbed_draws)
                 report.checks = [_judge_perturbed(c, perturbed, reference64, delta, tolerances)
                                  for c in report.checks]
     return report
 
 
-def _perturbed_runs(net: str, state: dict[str, Any], x: Any, y: Any, seed: int, delta: float,
+def _perturbed_runs(net: str, image_size: int, state: dict[str, Any], x: Any, y: Any, seed: int, delta: float,
                     draws: int) -> list[dict[str, Any]]:
     """Criterion 5's references: CPU float32 training steps with every parameter scaled by
     ``1 + delta * N(0, 1)`` (seeded draws ``0 .. draws-1``)."""
@@ -389,7 +391,7 @@ def _perturbed_runs(net: str, state: dict[str, Any], x: Any, y: Any, seed: int, 
 
     runs = []
     for draw in range(draws):
-        model = load_model(net)
+        model = load_model(net, image_size)
         model.load_state_dict(state)
         generator = torch.Generator().manual_seed(draw)
         with torch.no_grad():
@@ -480,8 +482,12 @@ def _checks(ref: dict[str, Any], dev: dict[str, Any], tol: Tolerances,
             return check
         return judge_fp64(check, dev_value, value32, value64, tol, **kwargs)
 
-    checks = [fp64(compare("output", "output", dev["output"], ref["output"], tol.output), dev["output"],
-                   "output")]
+    output = fp64(compare("output", "output", dev["output"], ref["output"], tol.output), dev["output"], "output")
+    if output.passed and not ref["output"].any():
+        output = dataclasses.replace(output, note="; ".join(n for n in (output.note, (
+            "the output is all zeros on both sides (a zero-initialised head, as in vit_*): --train checks "
+            "the layers before it through their gradients")) if n))
+    checks = [output]
     if "loss" not in ref:
         return checks
     loss = fp64(compare("loss", "loss", dev["loss"], ref["loss"], tol.loss), dev["loss"], "loss")

@@ -1,0 +1,89 @@
+"""The nets beyond torchvision's CNNs in ``tunecl validate`` and ``bench``: the ``hf:`` language models
+(token ids in, logits and labels the cross-entropy compares), vit_* built for the image size, and the
+note on an output that is all zeros (vit_*'s zero-initialised head)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tunecl import config, language_models
+from tunecl.cli import main
+from tunecl.errors import TuneclError
+from tunecl.tools import load_model, make_batch, model_and_inputs
+from tunecl.tools.validate import Tolerances, _checks, validate_net
+
+pytest.importorskip("transformers")
+
+
+@pytest.mark.parametrize("net", ["hf:bert", "hf:gpt2"])
+def test_a_language_model_trains_one_step_on_the_device_as_on_the_cpu(net):
+    with config.override(fallback="error"):
+        report = validate_net(net, train=True, batch=2, image_size=6)
+    assert report.error is None, report.error
+    assert not report.fallback_ops
+    kinds = {c.kind for c in report.checks}
+    assert {"output", "loss", "grad", "param"} <= kinds
+    assert report.exit_code == 0, [c for c in report.checks if not c.passed]
+    names = {c.name for c in report.checks if c.kind == "grad"}
+    assert "model.bert.embeddings.word_embeddings.weight" in names or "model.transformer.wte.weight" in names
+
+
+def test_the_inputs_are_token_ids_and_the_labels_what_each_loss_compares():
+    model, x, y = model_and_inputs("hf:gpt2", batch=3, image_size=5, train=True, seed=4)
+    assert x.dtype == torch.int64 and x.shape == (3, 5) and 0 <= x.min() and x.max() < language_models.VOCAB
+    assert torch.equal(y, x[:, 1:].reshape(-1))   # the next tokens
+    assert model(x).shape == (3 * 4, language_models.VOCAB)
+    assert model.model.lm_head.weight is model.model.transformer.wte.weight   # GPT-2's tied head
+    model, x, y = model_and_inputs("hf:bert", batch=3, image_size=5, train=False, seed=4)
+    assert x.shape == (3, 5) and y.shape == (3,) and y.max() < language_models.LABELS
+    assert model(x).shape == (3, language_models.LABELS)
+    again = model_and_inputs("hf:bert", batch=3, image_size=5, train=False, seed=4)
+    assert torch.equal(again[1], x) and torch.equal(again[2], y)   # seeded
+
+
+def test_bad_language_model_names_and_lengths_are_clear_errors():
+    with pytest.raises(TuneclError, match="the hf: models are hf:bert, hf:gpt2"):
+        load_model("hf:llama")
+    with pytest.raises(TuneclError, match="exceeds the models' 512 positions"):
+        model_and_inputs("hf:bert", batch=2, image_size=513, train=False)
+    with pytest.raises(TuneclError, match="at least 2 tokens"):
+        model_and_inputs("hf:gpt2", batch=2, image_size=1, train=True)
+
+
+class _WrongRows(language_models.SequenceClassifier):
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return super().forward(ids)[:1]
+
+
+def test_a_model_whose_logits_miss_rows_for_its_labels_is_refused():
+    with pytest.raises(TuneclError, match=r"expected logits of shape \(2, classes\) for 2 labels, got \(1, 3\)"):
+        make_batch(_WrongRows(language_models.bert().model), batch=2, image_size=4)
+
+
+def test_vision_transformers_are_built_for_the_image_size():
+    with torch.device("meta"):   # (no weights to initialise)
+        model = load_model("vit_b_16", image_size=32)
+        assert model.image_size == 32 and model(torch.empty(2, 3, 32, 32)).shape == (2, 1000)
+        assert load_model("vit_b_16").image_size == 224
+
+
+def test_validate_says_when_the_output_it_compares_is_all_zeros():
+    """vit_* zero-initialise their classification head: an eval-mode output check compares zeros."""
+    [check] = _checks({"output": torch.zeros(2, 3)}, {"output": torch.zeros(2, 3)}, Tolerances())
+    assert check.passed and "all zeros on both sides" in check.note
+    [check] = _checks({"output": torch.ones(2, 3)}, {"output": torch.ones(2, 3)}, Tolerances())
+    assert check.passed and not check.note
+
+
+def test_validate_and_bench_take_a_language_model_on_the_command_line(capsys):
+    with config.override(fallback="error"):
+        assert main(["validate", "--net", "hf:gpt2", "--image-size", "5", "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["net"] == "hf:gpt2" and report["passed"] and not report["fallback_ops"]
+        assert main(["bench", "--net", "hf:gpt2", "--batch", "2", "--image-size", "5", "--train", "--compare",
+                     "none", "--warmup", "0", "--repeats", "1", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["mode"] == "train" and data["ours"]["median_ms"] > 0
