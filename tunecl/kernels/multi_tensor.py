@@ -20,6 +20,7 @@ from __future__ import annotations
 import struct
 import threading
 from collections.abc import Sequence
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -59,7 +60,7 @@ class Chunks:
         self.tail = [0] * tail             # the tail tensors' offsets
         self.presets: list[cl.Kernel] | None = None
         self._dirty = False                # by-value arguments changed since the presets were set
-        self._positions: dict[int, list[int]] = {}   # column -> its pointers' argument positions, per tensor
+        self._positions: dict[tuple, list[int]] = {}   # columns -> their pointers' argument positions
         self._lock = threading.Lock()
 
     # -- what changes rarely -------------------------------------------------------------------------
@@ -119,18 +120,22 @@ class Chunks:
         self._dirty = False
         return True
 
-    def bind(self, column: int, buffers: Sequence[Any]) -> None:
-        """Set column ``column``'s pointers of every copy to ``buffers`` (one per tensor)."""
-        slots, columns, count = self.slots, self.columns, self.count
-        binding: list[Any] = [None] * (2 * count)
-        positions = self._positions.get(column)
-        if positions is None:
-            first = (1 if self.values is not None else len(self.head)) + 1 + column
-            positions = self._positions[column] = [first + (k % slots) * columns for k in range(count)]
+    def bind(self, columns: Sequence[int], buffers: Sequence[Any]) -> None:
+        """Set the pointers of ``columns`` (column indices; several when they take the same buffers) of every
+        copy to ``buffers`` (one per tensor)."""
+        slots, width, count = self.slots, self.columns, self.count
+        columns = tuple(columns)
+        positions = self._positions.get(columns)
+        if positions is None:   # per tensor, per column
+            head = (1 if self.values is not None else len(self.head)) + 1
+            positions = self._positions[columns] = [head + (k % slots) * width + column
+                                                    for k in range(count) for column in columns]
+        per_tensor = len(columns)
+        binding: list[Any] = [None] * (2 * count * per_tensor)
         binding[0::2] = positions
-        binding[1::2] = buffers
+        binding[1::2] = buffers if per_tensor == 1 else list(chain.from_iterable(zip(*[buffers] * per_tensor)))
         flat = tuple(binding)
-        step = 2 * slots
+        step = 2 * slots * per_tensor
         with self._lock:
             for chunk, preset in enumerate(self.presets):
                 preset._set_arg_multi(flat[chunk * step:(chunk + 1) * step])

@@ -64,7 +64,9 @@ def _numbers(value: Any, count: int) -> list[float] | None:
     """A Scalar (one number for every tensor) or a ScalarList as floats; None for anything else."""
     if type(value) is list and len(value) == count and set(map(type, value)) <= _FLOAT:
         return value   # (optimizers' per-tensor step sizes and bias corrections)
-    values = list(value) if isinstance(value, (list, tuple)) else [value] * count
+    if not isinstance(value, (list, tuple)):   # one number: checked once
+        return [float(value)] * count if _is_number(value) else None
+    values = list(value)
     if len(values) != count or not all(map(_is_number, values)):
         return None
     return [float(v) for v in values]

@@ -147,18 +147,18 @@ def _bind(call: _Call, column: int, tensors: Sequence[Any], outs: Sequence[torch
     buffers, offsets = found
     call.set_offsets(column, offsets)
     call.ptrs[column] = ptrs
-    fresh.append((column, buffers))
+    fresh.append(([column], buffers))
     return True
 
 
 def _launch(call: _Call, fresh: list, columns: int, tail: list | None = None) -> None:
     """Launch a bound call: build its kernel copies on its second call (binding every column), bind the
-    ``fresh`` columns of later calls, enqueue."""
+    ``fresh`` columns of later calls (a list of (columns, buffers)), enqueue."""
     chunks = call.chunks
     optim = state.get().optim
     if chunks.presets is not None:
-        for column, buffers in fresh:
-            chunks.bind(column, buffers)
+        for bound, buffers in fresh:
+            chunks.bind(bound, buffers)
         if tail:
             for index, buffer in tail:
                 chunks.bind_tail(index, buffer)
@@ -166,8 +166,9 @@ def _launch(call: _Call, fresh: list, columns: int, tail: list | None = None) ->
         return
     # every column was bound in this call (none had data_ptrs yet)
     by_column: list[Any] = [None] * columns
-    for column, buffers in fresh:
-        by_column[column] = buffers
+    for bound, buffers in fresh:
+        for column in bound:
+            by_column[column] = buffers
     by_column = [b if b is not None else [None] * chunks.count for b in by_column]
     tail_buffers = [buffer for _, buffer in tail or ()]
     if call.seen and chunks.prebuild(by_column, tail_buffers):
@@ -212,9 +213,9 @@ def foreach_map(name: str, expr: str, in_place: bool, self: list[torch.Tensor], 
         ptrs = list(map(_data_ptr, outs))
         call.set_offsets(0, [0] * len(outs))
         call.ptrs[0] = ptrs
-        fresh.append((0, [_buffers[p] for p in ptrs]))   # fresh storages: their data_ptrs are their addresses
+        fresh.append(([0], [_buffers[p] for p in ptrs]))   # fresh storages: their data_ptrs are their addresses
         changed = False   # (fresh outputs share no storage with any input)
-    out_buffers = fresh[-1][1] if fresh and fresh[-1][0] == 0 else None
+    out_bound = fresh[-1] if fresh and fresh[-1][0][0] == 0 else None
     for index in range(3):
         column = inputs[index] if index < len(inputs) else None
         if index < len(kinds) and kinds[index] and column is not outs:
@@ -223,9 +224,9 @@ def foreach_map(name: str, expr: str, in_place: bool, self: list[torch.Tensor], 
             if len(column) != len(outs) or _bind(call, 1 + index, column, outs, fresh, force=changed) is None:
                 return None
             continue
-        if out_buffers is not None:   # an unused pointer (or the output itself) points at the output
+        if out_bound is not None:   # an unused pointer (or the output itself) points at the output
             call.set_offsets(1 + index, call.offsets[0])
-            fresh.append((1 + index, out_buffers))
+            out_bound[0].append(1 + index)
         if column is not None and not kinds[index]:
             call.set_numbers(index, column)
     for index, numbers in enumerate(params):
