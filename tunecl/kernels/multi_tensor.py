@@ -35,8 +35,23 @@ _INT64 = struct.Struct("q")
 class Chunks:
     """One multi-tensor call signature's launches (see the module docstring)."""
 
-    __slots__ = ("columns", "count", "global_sizes", "head", "head_types", "kernel", "local", "meta", "presets",
-                 "slots", "tail", "values", "_dirty", "_lock", "_positions")
+    __slots__ = (
+        "_dirty",
+        "_lock",
+        "_positions",
+        "columns",
+        "count",
+        "global_sizes",
+        "head",
+        "head_types",
+        "kernel",
+        "local",
+        "meta",
+        "presets",
+        "slots",
+        "tail",
+        "values",
+    )
 
     def __init__(self, kernel: cl.Kernel, slots: int, local: int, items: int, numels: Sequence[int], columns: int,
                  head: Sequence[float | int] = (), head_types: str = "", values: int = 0, tail: int = 0,
