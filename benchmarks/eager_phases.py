@@ -11,6 +11,8 @@ Options:
 - ``--autograd torch|caller``: backward on torch's worker thread for the device (torch's default), or on the
   calling thread (``torch.autograd.set_multithreading_enabled(False)``);
 - ``--copy-inputs``: the batch is copied from the CPU in every step, as ``tunecl bench`` does;
+- the ``thread CPU`` line under each round: the calling thread's CPU time per phase (``time.thread_time``),
+  steadier than wall time on a shared or CPU-OpenCL machine; backward's counts only with ``--autograd caller``;
 - ``--profile N``: Python's cProfile over three more steps, the N functions with the most self time and the
   N with the most cumulative time (cProfile sees the calling thread: use it with ``--autograd caller``).
 
@@ -65,25 +67,28 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     sync = torch.opencl.synchronize
 
-    def step(times: list | None, sync_each: bool = False) -> None:
-        t0 = time.perf_counter()
+    clock = time.thread_time
+
+    def step(times: list | None, sync_each: bool = False, cpu: list | None = None) -> None:
+        t0, c0 = time.perf_counter(), clock()
         xd, yd = (xc.to(dev), yc.to(dev)) if args.copy_inputs else (x, y)
         loss = torch.nn.functional.cross_entropy(model(xd), yd)
         if sync_each:
             sync()
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), clock()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if sync_each:
             sync()
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), clock()
         optimizer.step()
         if sync_each:
             sync()
-        t3 = time.perf_counter()
+        t3, c3 = time.perf_counter(), clock()
         sync()
         if times is not None:
             times.append((t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t0))
+            cpu.append((c1 - c0, c2 - c1, c3 - c2, c3 - c0))
 
     for _ in range(3):
         step(None)
@@ -94,10 +99,13 @@ def main(argv: list[str] | None = None) -> int:
           f"ms, median of {args.repeats}")
     for label, each in (("no sync", False), ("sync per phase", True), ("no sync again", False)):
         times: list = []
+        cpu: list = []
         for _ in range(args.repeats):
-            step(times, each)
+            step(times, each, cpu)
         f, b, o, w = (statistics.median(c) * 1e3 for c in zip(*times))
         print(f"  {label:15s} forward {f:7.2f}  backward {b:7.2f}  optimizer {o:7.2f}  step wall {w:7.2f}")
+        f, b, o, w = (statistics.median(c) * 1e3 for c in zip(*cpu))
+        print(f"  {'  thread CPU':15s} forward {f:7.2f}  backward {b:7.2f}  optimizer {o:7.2f}  step host {w:7.2f}")
     if args.profile:
         profile = cProfile.Profile()
         profile.enable()

@@ -223,3 +223,26 @@ def test_cache_hits_count_reused_buffers_not_reused_empty_blocks():
         torch.empty(16, device="opencl")   # where the statistics' sweep just put it): 20 cache hits
     hits_after, reused_after = counts()
     assert reused_after - reused >= 19 and hits_after - hits == 20
+
+
+def test_a_miss_takes_over_a_dead_block_of_its_class_behind_newer_live_ones():
+    """A temporary of one class dies while more than RECENT_BLOCKS newer tensors of other classes live: the
+    next allocation of its class finds it among its class's newest blocks and takes it over (no new buffer,
+    no sweep); the index by class holds exactly the live blocks."""
+    allocator = memory.allocator
+    torch.opencl.memory_allocated()   # a sweep: no dead blocks left
+    odd = torch.empty(123_456, device="opencl")            # a class nothing else here uses
+    buffer = memory.buffer_of(odd)
+    newer = [torch.empty(7 + k, device="opencl") for k in range(2 * memory.RECENT_BLOCKS)]
+    del odd
+    counts = dict(allocator.counts)
+    again = torch.empty(123_400, device="opencl")          # the same class
+    assert memory.buffer_of(again) is buffer
+    assert allocator.counts["buffers_created"] == counts.get("buffers_created", 0)
+    assert allocator.counts["sweeps"] == counts.get("sweeps", 0)
+    indexed = {key: b for blocks in allocator._by_class.values() for key, b in blocks.items()}
+    assert indexed == allocator._blocks
+    assert all(b.reserved == reserved for reserved, blocks in allocator._by_class.items() for b in blocks.values())
+    del newer, again
+    torch.opencl.memory_allocated()
+    assert {key: b for blocks in allocator._by_class.values() for key, b in blocks.items()} == allocator._blocks

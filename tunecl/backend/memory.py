@@ -11,11 +11,13 @@ that has died when it next needs memory (a cache miss) or reports statistics. A 
 callback would be immediate, but a ctypes callback that runs while a Python exception is pending
 (a tensor freed during error propagation) replaces that exception with a SystemError; polling weak
 references has no such failure mode. A poll costs ~0.1 µs per block, so an allocation first looks at
-the newest block, then (on a cache miss) at the ``RECENT_BLOCKS`` newest (temporaries die young: the
-previous op's output is usually the one to reuse), and takes a dead one of the class it needs over as it
-is (buffer and DLPack slot, with a fresh address), skipping the cache; the full sweep over every live
-block (weights included) runs at most once per ``len(blocks) / 16`` allocations, so it stays O(1)
-amortised per allocation.
+the newest block, then (on a cache miss) at the ``CLASS_BLOCKS`` newest blocks of the class it needs and
+the ``RECENT_BLOCKS`` newest of any class (temporaries die young: the previous op's output is usually the
+one to reuse), and takes a dead one of its class over as it is (buffer and DLPack slot, with a fresh
+address), skipping the cache; the full sweep over every live block (weights included) runs at most once
+per ``len(blocks) / 16`` allocations, and only on a miss none of those found, so it stays O(1) amortised
+per allocation. (Each class's live blocks are kept in the order they were allocated or taken over:
+weights and optimizer state sink to the front, so the class's newest blocks are its temporaries.)
 
 Size classes: requests up to 1 MiB round up to a multiple of 512 B (at most 511 B wasted); larger
 requests round up to a multiple of 1/16 of the power of two at or below them (under 6.25 % wasted;
@@ -44,7 +46,8 @@ LARGE_SHIFT = 4            # above: 2**4 = 16 classes per power of two
 _FIRST_ADDRESS = 1 << 56   # pseudo addresses lie above every user-space host pointer (< 2**57)
 _ADDRESS_ALIGN = 256
 MAX_DIMS_RECYCLED = 8      # DLPack structs with room for this many dims are recycled
-RECENT_BLOCKS = 16         # a cache miss first polls this many of the newest blocks
+RECENT_BLOCKS = 16         # a cache miss then polls this many of the newest blocks
+CLASS_BLOCKS = 16          # a cache miss first polls this many of the newest blocks of the class it needs
 
 
 def size_class(nbytes: int) -> int:
@@ -173,6 +176,8 @@ class CachingAllocator:
         self._pending_graph_releases: list[Sequence[cl.MemoryObjectHolder]] = []
         self._cache: dict[int, list[cl.Buffer]] = {}
         self._blocks: dict[int, _Block] = {}      # struct address -> live block
+        # the same blocks by size class, each class's newest (allocated or taken over) last
+        self._by_class: dict[int, dict[int, _Block]] = {}
         self._free_slots: list[_Slot] = []
         # slots of more than MAX_DIMS_RECYCLED dims, by rank: kept rather than freed, since torch reads a
         # dead storage's DLManagedTensor (its deleter field) just after the weak reference shows it
@@ -233,6 +238,21 @@ class CachingAllocator:
             self._free_dead(dead)
         return found
 
+    # called with the lock held
+    def _reclaim_class(self, reserved: int, rank: int) -> _Block | None:
+        """Look at the ``CLASS_BLOCKS`` newest live blocks of class ``reserved`` for a dead one that fits (see
+        :func:`_fits`): return it, still registered, for :meth:`_take_over`. (Long-lived tensors, weights and
+        optimizer state, sink to the front of their class as temporaries are taken over and move to its end.)"""
+        same_class = self._by_class.get(reserved)
+        if not same_class:
+            return None
+        for n, b in enumerate(reversed(same_class.values())):
+            if b.weak and _weak_ref_expired(b.weak) and _fits(b, reserved, rank):
+                return b
+            if n == CLASS_BLOCKS:
+                return None
+        return None
+
     def _take_over(self, block: _Block, nbytes: int) -> _Block:
         """Give a dead block (of the class wanted and a fitting slot) to a new storage as it is: buffer,
         slot, a place as the newest block, and a fresh address. The outcome of recycling it through the
@@ -240,8 +260,13 @@ class CachingAllocator:
         _free_weak_ref(block.weak)
         block.weak = 0
         key = block.slot.address
-        del self._blocks[key]
-        self._blocks[key] = block
+        blocks = self._blocks
+        if next(reversed(blocks)) != key:   # (the newest block stays where it is)
+            del blocks[key]
+            blocks[key] = block
+            same_class = self._by_class[block.reserved]
+            del same_class[key]
+            same_class[key] = block
         del _buffers[block.address]
         address = block.address = self._next_address
         self._next_address = address + (block.reserved or _ADDRESS_ALIGN)
@@ -255,8 +280,10 @@ class CachingAllocator:
         return block
 
     def _free_dead(self, keys: list[int]) -> None:
+        by_class = self._by_class
         for key in keys:
             block = self._blocks.pop(key)
+            del by_class[block.reserved][key]
             _free_weak_ref(block.weak)
             block.weak = 0
             self._release(block)
@@ -307,19 +334,26 @@ class CachingAllocator:
 
     def allocate(self, nbytes: int, ndim: int) -> _Block:
         """A live block of at least ``nbytes`` with a DLPack slot for ``ndim`` dims."""
-        reserved = size_class(nbytes) if nbytes else 0
-        rank = max(ndim, MAX_DIMS_RECYCLED)  # (slots of up to MAX_DIMS_RECYCLED dims are all that wide)
+        reserved = (_classes.get(nbytes) or size_class(nbytes)) if nbytes else 0
+        rank = max(MAX_DIMS_RECYCLED, ndim)  # (slots up to that many dims are that wide)
         with self._lock:
             if self._pending_graph_releases:
                 self._drain_graph_releases()
-            newest = next(reversed(self._blocks.values()), None)
-            if newest is not None and newest.weak and _weak_ref_expired(newest.weak) and _fits(newest, reserved, rank):
-                # the newest block has died (the previous op's temporary, typically) and fits
-                return self._take_over(newest, nbytes)
+            blocks = self._blocks
+            if blocks:
+                newest = blocks[next(reversed(blocks))]
+                # the newest block has died (the previous op's temporary, typically) and fits (_fits)
+                if (newest.reserved == reserved and newest.weak and newest.slot.rank == rank
+                        and (newest.buffer is not None or not reserved) and _weak_ref_expired(newest.weak)
+                        and (not graph_buffers or id(newest.buffer) not in graph_buffers)):
+                    return self._take_over(newest, nbytes)
             self._allocs_since_sweep += 1
             if nbytes:
                 cached = self._cache.get(reserved)
                 if not cached:  # a miss: reclaim dead storages first (see the module docstring)
+                    found = self._reclaim_class(reserved, rank)
+                    if found is not None:
+                        return self._take_over(found, nbytes)
                     found = self._reclaim_recent(reserved, rank)
                     if found is not None:
                         return self._take_over(found, nbytes)
@@ -348,6 +382,10 @@ class CachingAllocator:
                 slot = self._free_slots.pop() if self._free_slots else _Slot(MAX_DIMS_RECYCLED)
             block = _Block(address, buffer, reserved, nbytes, slot)
             self._blocks[slot.address] = block
+            same_class = self._by_class.get(reserved)
+            if same_class is None:
+                same_class = self._by_class[reserved] = {}
+            same_class[slot.address] = block
             self.allocated += reserved
             self.allocated_total += reserved
             self.requested += nbytes
@@ -360,7 +398,8 @@ class CachingAllocator:
     def abandon(self, block: _Block) -> None:
         """Take back a block whose tensor could not be created."""
         with self._lock:
-            self._blocks.pop(block.slot.address, None)
+            if self._blocks.pop(block.slot.address, None) is not None:
+                del self._by_class[block.reserved][block.slot.address]
             self._release(block)
 
     # called with the lock held
@@ -515,7 +554,21 @@ empty_sized = _empty
 
 
 def empty_contiguous(size: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-    return empty(size, contiguous_strides(size), dtype)
+    """A new, uninitialised contiguous opencl tensor of ``size``."""
+    key = (tuple(size), dtype)
+    layout = _contiguous_layouts.get(key)
+    if layout is None:
+        dl_dtype = DLPACK.get(dtype)
+        if dl_dtype is None:
+            check_storable(dtype)
+        strides = tuple(contiguous_strides(size))
+        layout = (strides, dl_dtype, storage_nbytes(size, strides, dl_dtype[1] >> 3))
+        if len(_contiguous_layouts) < 4096:   # sizes repeat (the same shapes every step): remember them
+            _contiguous_layouts[key] = layout
+    return _empty(size, *layout)
+
+
+_contiguous_layouts: dict[tuple, tuple] = {}   # (size, dtype) -> (strides, DLPack dtype, storage nbytes)
 
 
 def buffer_of(t: torch.Tensor) -> cl.Buffer | None:

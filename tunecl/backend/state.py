@@ -140,7 +140,8 @@ def check_index(device: torch.device | str | int | None) -> None:
     if isinstance(device, int):
         index = device
     else:
-        device = torch.device(device)
+        if type(device) is not torch.device:   # (factories pass a torch.device: no new one)
+            device = torch.device(device)
         if device.type != "opencl":
             return
         index = device.index

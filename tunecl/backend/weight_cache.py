@@ -228,8 +228,17 @@ def note_write(t: Any) -> None:
                         _drop(entry)
                         counts["invalidations"] += 1
     elif isinstance(t, (list, tuple)):
+        try:   # (an optimizer step writes ~1000 tensors, rarely a watched one: one pass over their storages)
+            if watched.keys().isdisjoint(map(_storage_address, t)):
+                return
+        except (AttributeError, RuntimeError, NotImplementedError):   # not all tensors with storages
+            pass
         for e in t:
             note_write(e)
+
+
+def _storage_address(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
 
 
 class WriteListener:

@@ -8,14 +8,15 @@ parameter.
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pyopencl as cl
 
 from tunecl import config
-from tunecl.kernels.strided import KernelCache, Operand, Unsupported, meta_dtype, pack_meta, work_group
+from tunecl.kernels.multi_tensor import Chunks
+from tunecl.kernels.strided import KernelCache, Operand, Unsupported, meta_dtype, work_group
 from tunecl.runtime import Device
 
 SLOTS = 8            # tensors per launch where the device's parameter bytes are not known to allow more
@@ -69,6 +70,8 @@ class Optim:
         self.cpu_layout = device.fingerprint.device_type == "cpu"
         self.items = MAX_ITEMS_CPU if self.cpu_layout else MAX_ITEMS   # work-items per slot, at most
         self.slots = slots_for(device, config.get().optim_slots)          # tensors per launch
+        # the backend's pre-built calls (tunecl.backend.ops.optim_calls: its signature key -> its call)
+        self.calls: dict[tuple, Any] = {}
 
     def _kernel(self, name: str, flags: tuple[str, ...], scalars: int, per_slot_buffers: int, meta_len: int
                 ) -> cl.Kernel:
@@ -83,26 +86,22 @@ class Optim:
             kernel = self.cache.build(key, options, name, dtypes)
         return kernel
 
-    def _launch(self, kernel: cl.Kernel, scalars: list, rows: Sequence[Sequence[Operand | None]],
-                numels: Sequence[int], per_slot: int, tensors: Sequence[Operand | None] = ()) -> None:
-        """Launch over ``rows`` (one tuple of operands per tensor) in chunks of ``slots``; ``tensors``: the
-        one-element tensors of TENSOR_ARGUMENTS the kernel was built for, in that order (None: not built)."""
-        tail = [value for t in tensors if t is not None for value in (t.buffer, t.offset)]
-        slots = self.slots
-        for start in range(0, len(rows), slots):
-            chunk, sizes = rows[start:start + slots], numels[start:start + slots]
-            meta: list[int] = []
-            buffers: list = []
-            for row, n in zip(chunk, sizes):
-                meta += [n] + [o.offset if o is not None else 0 for o in row]
-                buffers += [o.buffer if o is not None else None for o in row]
-            pad = slots - len(chunk)
-            meta += [0] * ((per_slot + 1) * pad)
-            buffers += [None] * (per_slot * pad)
-            items = min(max(sizes, default=1), self.items)
-            global_size = (-(-items // self.local) * self.local, len(chunk))
-            kernel(self.device.queue, global_size, (self.local, 1), *scalars, pack_meta(meta, "long"), *buffers,
-                   *tail)
+    def queue(self) -> cl.CommandQueue:
+        """The device's queue, taken once per launch (see :attr:`tunecl.runtime.Device.queue`)."""
+        return self.device.queue
+
+    def _run(self, chunks: Chunks, rows: Sequence[Sequence[Operand | None]],
+             tensors: Sequence[Operand | None] = ()) -> None:
+        """Launch ``chunks`` over ``rows`` (one tuple of operands per tensor, None for an absent one) and the
+        one-element ``tensors`` of TENSOR_ARGUMENTS the kernel was built for (None: not built)."""
+        buffers = []
+        for column, operands in enumerate(zip(*rows)):
+            chunks.set_offsets(column, [0 if o is None else o.offset for o in operands])
+            buffers.append([None if o is None else o.buffer for o in operands])
+        tail = [t for t in tensors if t is not None]
+        for index, t in enumerate(tail):
+            chunks.set_tail_offset(index, t.offset)
+        chunks.launch(self.queue, buffers, [t.buffer for t in tail])
 
     @staticmethod
     def _check(rows: Sequence[Sequence[Operand | None]]) -> None:
@@ -121,11 +120,24 @@ class Optim:
         changes when found_inf is 1)."""
         self._check(rows)
         tensors = _tensor_arguments(lr, grad_scale, found_inf)
+        chunks = self.adam_chunks(numels, lr=lr, beta1=beta1, beta2=beta2, weight_decay=weight_decay, eps=eps,
+                                  amsgrad=amsgrad, maximize=maximize, adamw=adamw,
+                                  tensors=tuple(t is not None for t in tensors))
+        self._run(chunks, rows, tensors)
+
+    def adam_chunks(self, numels: Sequence[int], *, lr: float | Operand, beta1: float, beta2: float,
+                    weight_decay: float, eps: float, amsgrad: bool, maximize: bool, adamw: bool,
+                    tensors: tuple[bool, bool, bool]) -> Chunks:
+        """:meth:`adam`'s launches over tensors of ``numels``, by column (param, grad, exp_avg, exp_avg_sq,
+        max_exp_avg_sq, step); ``tensors``: which of TENSOR_ARGUMENTS are tensors (the tail, in that order;
+        ``lr`` is then not read)."""
         flags = tuple(f for f, on in (("AMSGRAD", amsgrad), ("MAXIMIZE", maximize), ("ADAMW", adamw),
                                       ("GROUP_CORRECTIONS", self.cpu_layout),
-                                      *zip(TENSOR_ARGUMENTS, (t is not None for t in tensors))) if on)
+                                      *zip(TENSOR_ARGUMENTS, tensors)) if on)
         kernel = self._kernel("adam_step", flags, 5, 6, 7 * self.slots)
-        self._launch(kernel, [0.0 if tensors[0] else lr, beta1, beta2, weight_decay, eps], rows, numels, 6, tensors)
+        return Chunks(kernel, self.slots, self.local, self.items, numels, 6,
+                      head=[0.0 if tensors[0] else lr, beta1, beta2, weight_decay, eps], head_types="fffff",
+                      tail=sum(tensors))
 
     def sgd(self, rows: Sequence[tuple[Operand, Operand, Operand | None]], numels: Sequence[int], *,
             lr: float | Operand, weight_decay: float, momentum: float, dampening: float, nesterov: bool,
@@ -135,11 +147,22 @@ class Optim:
         ``found_inf`` as for :meth:`adam`."""
         self._check(rows)
         tensors = _tensor_arguments(lr, grad_scale, found_inf)
+        chunks = self.sgd_chunks(numels, lr=lr, weight_decay=weight_decay, momentum=momentum, dampening=dampening,
+                                 nesterov=nesterov, maximize=maximize, first_step=first_step,
+                                 tensors=tuple(t is not None for t in tensors))
+        self._run(chunks, rows, tensors)
+
+    def sgd_chunks(self, numels: Sequence[int], *, lr: float | Operand, weight_decay: float, momentum: float,
+                   dampening: float, nesterov: bool, maximize: bool, first_step: bool,
+                   tensors: tuple[bool, bool, bool]) -> Chunks:
+        """:meth:`sgd`'s launches over tensors of ``numels``, by column (param, grad, momentum buffer);
+        ``tensors`` as for :meth:`adam_chunks`."""
         flags = tuple(f for f, on in (("MOMENTUM", momentum != 0), ("NESTEROV", nesterov), ("MAXIMIZE", maximize),
-                                      *zip(TENSOR_ARGUMENTS, (t is not None for t in tensors))) if on)
+                                      *zip(TENSOR_ARGUMENTS, tensors)) if on)
         kernel = self._kernel("sgd_step", flags, 4, 3, 4 * self.slots)
-        self._launch(kernel, [0.0 if tensors[0] else lr, weight_decay, momentum, dampening, int(first_step)], rows,
-                     numels, 3, tensors)
+        return Chunks(kernel, self.slots, self.local, self.items, numels, 3,
+                      head=[0.0 if tensors[0] else lr, weight_decay, momentum, dampening, int(first_step)],
+                      head_types="ffffi", tail=sum(tensors))
 
     def map(self, expr: str, outs: Sequence[tuple[cl.Buffer, int]],
             inputs: Sequence[Sequence[tuple[cl.Buffer, int]] | Sequence[float]],
@@ -152,15 +175,34 @@ class Optim:
         ``inputs`` is a list with one pair per tensor or one number per tensor; each entry of ``params``
         one number per tensor.
         """
+        tensor = [bool(column) and isinstance(column[0], tuple) for column in inputs]
+        chunks = self.map_chunks(expr, tensor, len(params), numels)
+        # the pointers o, a, b, c (an unused one points at the output); the numbers a, b, c (0 where a
+        # tensor), s0, s1
+        pointers = [outs] + [column if is_tensor else outs for column, is_tensor in zip(inputs, tensor)]
+        pointers += [outs] * (4 - len(pointers))
+        buffers = []
+        for column, pairs in enumerate(pointers):
+            chunks.set_offsets(column, [offset for _, offset in pairs])
+            buffers.append([buffer for buffer, _ in pairs])
+        for index, (column, is_tensor) in enumerate(zip(inputs, tensor)):
+            if not is_tensor:
+                chunks.set_values(index, column)
+        for index, column in enumerate(params):
+            chunks.set_values(3 + index, column)
+        chunks.launch(self.queue, buffers)
+
+    def map_chunks(self, expr: str, tensor: Sequence[bool], params: int, numels: Sequence[int]) -> Chunks:
+        """:meth:`map`'s launches over tensors of ``numels``, by column (o, a, b, c), with values (the numbers
+        a, b, c, s0, s1 per tensor, 0 until set); ``tensor``: which inputs are tensors (the others numbers),
+        ``params``: how many parameters ``expr`` takes."""
         from tunecl.kernels.pointwise import EXPRESSIONS
 
         spec = EXPRESSIONS[expr]
-        if len(inputs) != spec.nin or len(params) != spec.nparams or spec.nin > 3 or spec.nparams > 2:
+        if len(tensor) != spec.nin or params != spec.nparams or spec.nin > 3 or spec.nparams > 2:
             raise ValueError(f"{expr} takes {spec.nin} inputs and {spec.nparams} parameters")
-        count = len(outs)
-        columns = list(inputs) + [None] * (3 - len(inputs))
-        tensor = [bool(column) and isinstance(column[0], tuple) for column in columns]
-        flags = tuple(f"-D{letter}_SCALAR" for letter, is_tensor in zip("ABC", tensor) if not is_tensor)
+        flags = tuple(f"-D{letter}_SCALAR" for letter, is_tensor in zip("ABC", [*tensor, False, False, False])
+                      if not is_tensor)
         slots = self.slots
         key = ("foreach_map", expr, flags, slots)
         kernel = self.cache.get(key)
@@ -168,30 +210,4 @@ class Optim:
             options = [f"-DSLOTS={slots}", f"-DMAP_EXPR={spec.code}", *flags]
             dtypes = [meta_dtype(5 * slots, "int"), meta_dtype(5 * slots, "long")] + [None] * (4 * slots)
             kernel = self.cache.build(key, options, "foreach_map", dtypes)
-        zeros = [0.0] * count
-        # per tensor: the (buffer, offset) of o, a, b, c (an unused pointer points at the output) and the
-        # numbers a, b, c (0 where a tensor), s0, s1
-        pointers = [outs] + [column if is_tensor else outs for column, is_tensor in zip(columns, tensor)]
-        numbers = [zeros if is_tensor or column is None else column for column, is_tensor in zip(columns, tensor)] \
-            + list(params) + [zeros] * (2 - len(params))
-        # per slot, in the kernel's order: meta (numel, then o, a, b, c offsets), buffers (o, a, b, c),
-        # values (a, b, c, s0, s1); built by zipping whole columns rather than element by element
-        offsets = [[offset for _, offset in column] for column in pointers]
-        handles = [[buffer for buffer, _ in column] for column in pointers]
-        meta_all = [v for row in zip(numels, *offsets) for v in row]
-        buffers_all = [b for row in zip(*handles) for b in row]
-        values_all = [v for row in zip(*numbers) for v in row]
-        queue, local = self.device.queue, self.local
-        for start in range(0, count, slots):
-            stop = min(start + slots, count)
-            meta = meta_all[5 * start:5 * stop]
-            buffers = buffers_all[4 * start:4 * stop]
-            values = values_all[5 * start:5 * stop]
-            pad = slots - (stop - start)
-            if pad:
-                meta += [0] * (5 * pad)
-                values += [0.0] * (5 * pad)
-                buffers += [None] * (4 * pad)
-            items = min(max(numels[start:stop]), self.items) or 1
-            kernel(queue, (-(-items // local) * local, stop - start), (local, 1), array("f", values).tobytes(),
-                   pack_meta(meta, "long"), *buffers)
+        return Chunks(kernel, slots, self.local, self.items, numels, 4, values=5, empty_items=1)

@@ -11,6 +11,7 @@ from tunecl.backend import copies, memory, state
 from tunecl.backend.memory import contiguous_strides, storage_nbytes
 
 aten = torch.ops.aten
+_STRIDED, _CONTIGUOUS, _PRESERVE = torch.strided, torch.contiguous_format, torch.preserve_format
 CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
 
@@ -26,12 +27,14 @@ def empty_memory_format(size: Sequence[int], *, dtype: torch.dtype | None = None
                         layout: torch.layout | None = None, device: torch.device | None = None,
                         pin_memory: bool | None = None,
                         memory_format: torch.memory_format | None = None) -> torch.Tensor:
+    if (dtype is not None and (layout is None or layout is _STRIDED) and (device is None or not device.index)
+            and (memory_format is None or memory_format is _CONTIGUOUS or memory_format is _PRESERVE)):
+        return memory.empty_contiguous(size, dtype)   # (the common call: nothing else to check)
     dtype = _check_factory(dtype, layout, device)
     if memory_format in (None, torch.contiguous_format, torch.preserve_format):
-        stride = contiguous_strides(size)
-    else:  # channels_last(_3d): let torch's own rules compute the strides
-        stride = torch.empty(size, device="meta", memory_format=memory_format).stride()
-    return memory.empty(size, stride, dtype)
+        return memory.empty_contiguous(size, dtype)
+    # channels_last(_3d): let torch's own rules compute the strides
+    return memory.empty(size, torch.empty(size, device="meta", memory_format=memory_format).stride(), dtype)
 
 
 def empty_strided(size: Sequence[int], stride: Sequence[int], *, dtype: torch.dtype | None = None,

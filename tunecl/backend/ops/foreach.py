@@ -22,6 +22,7 @@ import torch
 
 from tunecl.backend import state
 from tunecl.backend.memory import _buffers, empty_dense
+from tunecl.backend.ops import optim_calls
 
 _GENERIC = torch._C.DispatchKey.CompositeExplicitAutograd
 
@@ -51,6 +52,7 @@ def _pairs(tensors: Sequence[Any], outs: Sequence[torch.Tensor] | None = None) -
 
 _MISSING = object()
 _PLAIN_NUMBERS = (float, int)
+_FLOAT = {float}
 
 
 def _is_number(value: Any) -> bool:
@@ -60,7 +62,11 @@ def _is_number(value: Any) -> bool:
 
 def _numbers(value: Any, count: int) -> list[float] | None:
     """A Scalar (one number for every tensor) or a ScalarList as floats; None for anything else."""
-    values = list(value) if isinstance(value, (list, tuple)) else [value] * count
+    if type(value) is list and len(value) == count and set(map(type, value)) <= _FLOAT:
+        return value   # (optimizers' per-tensor step sizes and bias corrections)
+    if not isinstance(value, (list, tuple)):   # one number: checked once
+        return [float(value)] * count if _is_number(value) else None
+    values = list(value)
     if len(values) != count or not all(map(_is_number, values)):
         return None
     return [float(v) for v in values]
@@ -126,6 +132,9 @@ def _adapter(name: str, expr: str, arrange: Callable[..., tuple[list, list] | No
         if arranged is not None and self:
             more, params = arranged
             inputs = ([self] if expr != "fill" else []) + more
+            outs = optim_calls.foreach_map(name, expr, in_place, self, inputs, params)
+            if outs is not None:
+                return None if in_place else outs
             known = None
             if in_place:
                 outs = self

@@ -17,6 +17,7 @@ import torch
 
 from tunecl.backend import graphs, half, memory, state
 from tunecl.backend.operands import operand
+from tunecl.backend.ops import optim_calls
 from tunecl.backend.ops.pointwise import run
 from tunecl.backend.ops.reduction import reduce
 from tunecl.kernels.strided import Operand, Unsupported
@@ -58,6 +59,9 @@ def fused_adam(adamw: bool) -> Callable[..., None]:
                *, lr: float | torch.Tensor, beta1: float, beta2: float, weight_decay: float, eps: float,
                amsgrad: bool, maximize: bool, grad_scale: torch.Tensor | None = None,
                found_inf: torch.Tensor | None = None) -> None:
+        if optim_calls.fused_adam(adamw, self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1,
+                                  beta2, weight_decay, eps, amsgrad, maximize, grad_scale, found_inf):
+            return
         lr = _lr(lr)
         _dense([*self, *grads, *exp_avgs, *exp_avg_sqs, *(max_exp_avg_sqs if amsgrad else ()), *state_steps])
         rows = [(operand(p), operand(g), operand(m), operand(v), operand(max_exp_avg_sqs[i]) if amsgrad else None,
@@ -72,6 +76,9 @@ def fused_sgd(self: list[torch.Tensor], grads: list[torch.Tensor], momentum_buff
               weight_decay: float, momentum: float, lr: float | torch.Tensor, dampening: float, nesterov: bool,
               maximize: bool, is_first_step: bool, grad_scale: torch.Tensor | None = None,
               found_inf: torch.Tensor | None = None) -> None:
+    if optim_calls.fused_sgd(self, grads, momentum_buffer_list, weight_decay, momentum, lr, dampening, nesterov,
+                             maximize, is_first_step, grad_scale, found_inf):
+        return
     lr = _lr(lr)
     buffers = momentum_buffer_list if momentum != 0 else []
     _dense([*self, *grads, *buffers])

@@ -1,0 +1,286 @@
+"""Pre-built optimizer calls (ops/optim_calls.py, tunecl.kernels.multi_tensor): the fused steps and the
+``_foreach_*`` ops bound once per signature give, bit for bit, what the general route gives, under
+everything that can change between steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tunecl.backend import state
+from tunecl.backend.ops import optim_calls
+from tunecl.profiling import KernelProfile
+
+# more tensors than a launch's slots (several chunks), odd sizes, a one-element tensor
+SHAPES = [(3, 5), (7,), (2, 1, 4), (1,), (4, 4), (9,), (1, 2, 3), (5,), (6, 2), (11,), (2, 2, 2)]
+
+
+@pytest.fixture
+def general(monkeypatch):
+    """A switch to the general route: ``general(True)`` bypasses the pre-built calls."""
+    saved = optim_calls.foreach_map, optim_calls.fused_adam, optim_calls.fused_sgd
+
+    def use(on: bool) -> None:
+        if on:
+            monkeypatch.setattr(optim_calls, "foreach_map", lambda *a, **k: None)
+            monkeypatch.setattr(optim_calls, "fused_adam", lambda *a, **k: False)
+            monkeypatch.setattr(optim_calls, "fused_sgd", lambda *a, **k: False)
+        else:
+            (optim_calls.foreach_map, optim_calls.fused_adam, optim_calls.fused_sgd) = saved
+    yield use
+    use(False)
+
+
+def _params(seed: int = 0, shapes=SHAPES) -> list[torch.nn.Parameter]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(s, generator=g).to("opencl")) for s in shapes]
+
+
+def _grads(params, step: int) -> None:
+    g = torch.Generator().manual_seed(100 + step)
+    for p in params:
+        p.grad = (torch.randn(p.shape, generator=g) * 0.1).to("opencl")
+
+
+def _host(tensors) -> list[torch.Tensor]:
+    return [t.detach().cpu() for t in tensors]
+
+
+def _same(a, b) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.shape == y.shape and torch.equal(x, y)
+
+
+OPTIMIZERS = {
+    "adam": lambda p, **o: torch.optim.Adam(p, lr=1e-2, **o),
+    "adam_amsgrad_maximize_wd": lambda p, **o: torch.optim.Adam(p, lr=1e-2, amsgrad=True, maximize=True,
+                                                                weight_decay=0.1, **o),
+    "adamw": lambda p, **o: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.05, **o),
+    "adamw_amsgrad": lambda p, **o: torch.optim.AdamW(p, lr=1e-2, amsgrad=True, **o),
+    "sgd_momentum": lambda p, **o: torch.optim.SGD(p, lr=1e-2, momentum=0.9, weight_decay=1e-3, **o),
+    "sgd_nesterov_maximize": lambda p, **o: torch.optim.SGD(p, lr=1e-2, momentum=0.9, nesterov=True,
+                                                            maximize=True, **o),
+    "sgd_plain": lambda p, **o: torch.optim.SGD(p, lr=1e-2, **o),
+}
+
+
+def _train(make, options, steps: int, between=None) -> list[torch.Tensor]:
+    params = _params()
+    opt = make(params, **options)
+    for step in range(steps):
+        _grads(params, step)
+        if between is not None:
+            params = between(step, params, opt) or params
+        opt.step()
+    return _host(params) + [t.cpu() for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+
+
+@pytest.mark.parametrize("impl", ["fused", "foreach"])
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_steps_equal_the_general_route_bit_for_bit(name, impl, general, strict):
+    options = {"fused": True} if impl == "fused" else {"foreach": True}
+    fast = _train(OPTIMIZERS[name], options, 5)
+    assert state.get().optim.calls   # the steps went through pre-built calls
+    general(True)
+    _same(fast, _train(OPTIMIZERS[name], options, 5))
+
+
+def _swap_storage(step, params, opt):
+    if step == 3:   # p.data = other: the same Parameter on a new storage
+        params[2].data = params[2].data.clone() * 0.5
+        params[7].data = torch.randn(params[7].shape, generator=torch.Generator().manual_seed(5)).to("opencl")
+
+
+def _add_param(step, params, opt):
+    if step == 3:   # a parameter joins the group (the lists grow by one)
+        g = torch.Generator().manual_seed(6)
+        extra = torch.nn.Parameter(torch.randn(4, 3, generator=g).to("opencl"))
+        extra.grad = torch.randn(4, 3, generator=g).to("opencl")
+        opt.param_groups[0]["params"].append(extra)
+        if isinstance(opt, torch.optim.SGD):   # (torch's fused SGD wants every momentum buffer after step 1)
+            opt.state[extra]["momentum_buffer"] = torch.zeros_like(extra)
+        return params + [extra]
+
+
+def _change_lr(step, params, opt):
+    for group in opt.param_groups:   # a scheduler's float learning rate
+        group["lr"] = 1e-2 / (step + 1)
+
+
+@pytest.mark.parametrize("impl", ["fused", "foreach"])
+@pytest.mark.parametrize("between", [_swap_storage, _add_param, _change_lr], ids=lambda f: f.__name__[1:])
+@pytest.mark.parametrize("name", ["adam_amsgrad_maximize_wd", "sgd_momentum"])
+def test_changes_between_steps_are_bound(name, between, impl, general, strict):
+    options = {"fused": True} if impl == "fused" else {"foreach": True}
+    fast = _train(OPTIMIZERS[name], options, 6, between)
+    general(True)
+    _same(fast, _train(OPTIMIZERS[name], options, 6, between))
+
+
+def test_gradients_written_in_place_keep_their_binding(general, strict):
+    def run():
+        params = _params()
+        grads = [torch.zeros(p.shape, device="opencl") for p in params]
+        opt = torch.optim.Adam(params, lr=1e-2, fused=True)
+        for step in range(4):
+            g = torch.Generator().manual_seed(step)
+            for p, grad in zip(params, grads):
+                grad.copy_(torch.randn(p.shape, generator=g))
+                p.grad = grad
+            opt.step()
+        return _host(params)
+    fast = run()
+    general(True)
+    _same(fast, run())
+
+
+@pytest.mark.parametrize("make", [
+    lambda p, lr: torch.optim.Adam(p, lr=lr, fused=True, weight_decay=0.1),
+    lambda p, lr: torch.optim.AdamW(p, lr=lr, fused=True, amsgrad=True),
+    lambda p, lr: torch.optim.SGD(p, lr=lr, momentum=0.9, fused=True),
+])
+def test_a_device_learning_rate_changed_in_place_or_replaced_is_read(make, general, strict):
+    def run():
+        params = _params()
+        lr = torch.tensor(0.01, device="opencl")
+        opt = make(params, lr)
+        for step in range(6):
+            _grads(params, step)
+            if step == 2:
+                lr.fill_(0.003)                                              # a scheduler, in place
+            if step == 4:
+                opt.param_groups[0]["lr"] = torch.tensor(0.02, device="opencl")   # another tensor
+            opt.step()
+        return _host(params)
+    fast = run()
+    general(True)
+    _same(fast, run())
+
+
+@pytest.mark.parametrize("adamw", [False, True])
+def test_grad_scale_and_found_inf_are_read_each_call(adamw, general, strict):
+    """torch.amp.GradScaler's tensors of a fused step: the scale divides the gradients (written back), a
+    found inf skips the step; both change in place between calls, and are replaced."""
+    step_op = torch._fused_adamw_ if adamw else torch._fused_adam_
+
+    def run():
+        params = _params()
+        g = torch.Generator().manual_seed(7)
+        grads = [torch.randn(p.shape, generator=g).to("opencl") for p in params]
+        m = [torch.zeros_like(p) for p in params]
+        v = [torch.zeros_like(p) for p in params]
+        steps = [torch.zeros((), device="opencl") for _ in params]
+        scale, found = torch.tensor(4.0, device="opencl"), torch.tensor(0.0, device="opencl")
+        for call in range(5):
+            if call == 2:
+                found.fill_(1.0)
+            if call == 3:
+                found.fill_(0.0)
+                scale.fill_(2.0)
+            if call == 4:
+                scale = torch.tensor(8.0, device="opencl")
+            torch._foreach_add_(steps, 1)
+            step_op([p.data for p in params], grads, m, v, [], steps, lr=1e-2, beta1=0.9, beta2=0.99,
+                    weight_decay=0.01, eps=1e-8, amsgrad=False, maximize=False, grad_scale=scale, found_inf=found)
+        return _host(params) + _host(grads) + _host(m) + _host(v)
+    fast = run()
+    general(True)
+    _same(fast, run())
+
+
+def test_a_tensor_resized_in_place_is_seen(general, strict):
+    def run():
+        a = [torch.ones(s, device="opencl") for s in [(12,), (5,), (9,)]]
+        b = [torch.full(s, 2.0, device="opencl") for s in [(12,), (5,), (9,)]]
+        for call in range(4):
+            if call == 2:
+                a[0].resize_(6)          # the same storage and data_ptr, fewer elements
+                b[0] = b[0][:6]
+            torch._foreach_add_(a, b, alpha=0.5)
+        return _host(a)
+    fast = run()
+    general(True)
+    _same(fast, run())
+
+
+def test_a_number_list_changed_by_its_caller_is_seen(general, strict):
+    def run():
+        a = [torch.ones(s, device="opencl") for s in SHAPES]
+        numbers = [float(i) for i in range(len(SHAPES))]
+        for call in range(4):
+            numbers[3] = 10.0 * call   # the same list object, changed
+            torch._foreach_mul_(a, numbers)
+        return _host(a)
+    fast = run()
+    general(True)
+    _same(fast, run())
+
+
+def test_inputs_sharing_storage_with_outputs_still_take_the_general_route(strict):
+    """An input list first disjoint from its outputs, then views overlapping them: the second call is
+    refused as the general route refuses it (torch's per-tensor ops raise)."""
+    base = torch.arange(20, dtype=torch.float32, device="opencl")
+    outs = [base[0:5], base[10:15]]
+    others = [torch.ones(5, device="opencl"), torch.ones(5, device="opencl")]
+    for _ in range(2):
+        expected = [o.cpu() + 2 * x.cpu() for o, x in zip(outs, others)]
+        torch._foreach_add_(outs, others, alpha=2)
+        _same(_host(outs), expected)
+    with pytest.raises(RuntimeError, match="refer to a single memory location"):
+        torch._foreach_add_(outs, [base[1:6], base[11:16]], alpha=2)
+
+
+def test_a_graph_records_the_launches_of_a_bound_step(general):
+    """Steps already bound (kernel copies built): a capture and a KernelProfile see the same launches as the
+    general route makes, and replays update as eager steps do."""
+    def run(capture: bool):
+        params = _params()
+        opt = torch.optim.Adam(params, lr=1e-2, fused=True)
+        for step in range(3):
+            _grads(params, step)
+            opt.step()
+        with KernelProfile() as profile:
+            opt.step()
+            torch.opencl.synchronize()
+        if capture:
+            g = torch.opencl.Graph()
+            with torch.opencl.graph(g):
+                opt.step()
+            for _ in range(2):
+                g.replay()
+            g.reset()
+        else:
+            for _ in range(3):
+                opt.step()
+        return profile.commands, _host(params)
+    commands, fast = run(True)
+    general(True)
+    general_commands, expected = run(False)
+    assert commands == general_commands > 0
+    _same(fast, expected)
+
+
+def test_a_new_backend_state_starts_with_no_calls(general, monkeypatch, strict):
+    params = _params()
+    opt = torch.optim.Adam(params, lr=1e-2, foreach=True)
+    for step in range(3):
+        _grads(params, step)
+        opt.step()
+    old = state.get().optim
+    assert old.calls
+    monkeypatch.setattr(state, "_state", state.State(state.get().device))   # a device reset
+    assert not state.get().optim.calls
+    _grads(params, 3)
+    opt.step()
+    assert state.get().optim.calls and state.get().optim is not old
+
+
+def test_the_table_is_bounded(monkeypatch, strict):
+    monkeypatch.setattr(optim_calls, "MAX_CALLS", 4)
+    for n in range(1, 12):
+        a = [torch.ones(n + k, device="opencl") for k in range(3)]
+        torch._foreach_mul_(a, 2.0)
+        torch._foreach_mul_(a, 2.0)
+        _same(_host(a), [torch.full((n + k,), 4.0) for k in range(3)])
+        assert len(state.get().optim.calls) <= 4

@@ -1,0 +1,326 @@
+"""Pre-built multi-tensor calls: the fused optimizer steps and the ``_foreach_*`` ops, bound once per signature.
+
+An optimizer makes the same calls on the same tensors every step. A call's *signature* (the op and its
+flags, which operands are tensors, the number of tensors and each one's numel) fixes its launches
+(:class:`tunecl.kernels.multi_tensor.Chunks`: kernel, grid, chunking); they are built on the signature's
+second call, as kernel copies with every argument set. A call then checks, per tensor list, what may have
+changed since the last one and binds only that:
+
+- the ``data_ptr()`` of every tensor. A storage's address is unique and never reused
+  (:mod:`tunecl.backend.memory`), so an unchanged data_ptr is the same storage, buffer and element offset.
+  A list with any change (``p.data = other``, a parameter added, new gradients, fresh temporaries, a
+  loaded state dict) is validated as the general route validates it (contiguous float32 opencl tensors,
+  each input its output or sharing no storage with it) and its pointers and offsets are bound anew;
+- the numel of every tensor (a tensor resized in place keeps its data_ptr);
+- the scalars and per-tensor numbers (a learning rate a scheduler changed, bias corrections), and the
+  data_ptrs of the one-element tensors a fused step reads (learning rate, ``grad_scale``, ``found_inf``:
+  their values are read by the kernel, so changing them in place needs nothing).
+
+A tensor whose data_ptr and numel are unchanged is taken to be still contiguous and float32: only an
+in-place change of its own dtype or strides onto the same storage offset (``.data =`` a reinterpreting
+view, ``as_strided_``) could break that. Calls with an empty tensor (its data_ptr need not be unique) and
+calls while a graph capture or a KernelProfile watches pyopencl's launch function take the general route,
+which launches the same kernels through pyopencl (so a capture records them). The table lives on the
+backend State's Optim (a new State starts empty) and is bounded (:data:`MAX_CALLS`).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from itertools import repeat
+from typing import Any
+
+import torch
+
+from tunecl import profiling
+from tunecl.backend import state
+from tunecl.backend.memory import _buffers, empty_dense
+
+MAX_CALLS = 256
+_FLOAT32 = torch.float32
+_Tensor = torch.Tensor
+_data_ptr = torch.Tensor.data_ptr
+_numel = torch.Tensor.numel
+_MISSING = object()
+_ONLY_FLOAT32 = {_FLOAT32}
+_dtype = operator.attrgetter("dtype")
+_shape = operator.attrgetter("shape")
+_is_contiguous = torch.Tensor.is_contiguous
+_storage_offset = torch.Tensor.storage_offset
+_minus = operator.sub
+_times4 = (4).__mul__
+_swap_lock = profiling.swap_lock
+
+
+class _Call:
+    """One signature's launches and what they were last bound to: per column the data_ptrs (None: not
+    bound yet, or a column without tensors) and offsets, the head scalars, the numbers, the tail's
+    data_ptrs."""
+
+    __slots__ = ("chunks", "head", "numbers", "numels", "offsets", "own_numels", "ptrs", "seen", "tail")
+
+    def __init__(self, chunks: Any, numels: list[int], columns: int, numbers: int = 0, tail: int = 0) -> None:
+        self.chunks, self.numels = chunks, numels
+        self.own_numels: list[int] | None = None   # of the column bound with own_numels (step counts)
+        self.ptrs: list[list[int] | None] = [None] * columns
+        self.offsets: list[list[int] | None] = [None] * columns
+        self.head: tuple | None = None
+        self.numbers: list[list[float] | None] = [None] * numbers
+        self.tail: list[int | None] = [None] * tail
+        self.seen = False   # called once already (the launches are built on the second call)
+
+    def set_offsets(self, column: int, offsets: list[int]) -> None:
+        if offsets != self.offsets[column]:
+            self.chunks.set_offsets(column, offsets)
+            self.offsets[column] = offsets
+
+    def set_numbers(self, index: int, numbers: list[float]) -> None:
+        if numbers != self.numbers[index]:
+            self.chunks.set_values(index, numbers)
+            self.numbers[index] = list(numbers)   # (a copy: the caller may change its list)
+
+    def set_head(self, head: tuple) -> None:
+        if head != self.head:
+            self.chunks.set_head(head)
+            self.head = head
+
+
+def _keep(calls: dict[tuple, _Call], key: tuple, call: _Call) -> _Call:
+    if len(calls) >= MAX_CALLS:   # a safety valve for ever-changing signatures
+        calls.clear()
+    calls[key] = call
+    return call
+
+
+def _column(tensors: Sequence[torch.Tensor], numels: list[int] | None, outs: Sequence[torch.Tensor] | None,
+            ptrs: list[int]) -> tuple[list, list[int]] | None:
+    """(buffers, element offsets) of ``tensors`` (data_ptrs ``ptrs``) when each is a contiguous float32
+    opencl tensor of the signature's numel (``numels`` None: of any but 0) and, given ``outs``, of its
+    output's shape and either exactly its output or sharing no storage with it; else None. The general
+    route's checks (:func:`tunecl.backend.ops.foreach._pairs`), a pass over the list per property."""
+    if (set(map(_dtype, tensors)) != _ONLY_FLOAT32 or not all(map(_is_contiguous, tensors))
+            or (list(map(_numel, tensors)) != numels if numels is not None else 0 in map(_numel, tensors))):
+        return None
+    offsets = list(map(_storage_offset, tensors))
+    # a storage's address is the data_ptr less the offset's bytes (float32: 4 per element)
+    addresses = list(map(_minus, ptrs, map(_times4, offsets))) if any(offsets) else ptrs
+    buffers = list(map(_buffers.get, addresses, repeat(_MISSING, len(addresses))))
+    if _MISSING in buffers:   # not an opencl storage
+        return None
+    if outs is not None and outs is not tensors:
+        if list(map(_shape, tensors)) != list(map(_shape, outs)):
+            return None
+        out_offsets = list(map(_storage_offset, outs))
+        out_ptrs = list(map(_data_ptr, outs))
+        out_addresses = list(map(_minus, out_ptrs, map(_times4, out_offsets))) if any(out_offsets) else out_ptrs
+        if not set(addresses).isdisjoint(out_addresses):   # some storage shared: the exact rule, per tensor
+            for t, out, address, offset, out_address, out_offset in zip(tensors, outs, addresses, offsets,
+                                                                        out_addresses, out_offsets):
+                if out is not t and address == out_address and offset != out_offset:
+                    return None
+    return buffers, offsets
+
+
+_FAILED = None
+
+
+def _bind(call: _Call, column: int, tensors: Sequence[Any], outs: Sequence[torch.Tensor] | None, fresh: list,
+          force: bool = False, numels_known: bool = False, own_numels: bool = False) -> bool | None:
+    """Bind column ``column`` to ``tensors`` where their data_ptrs changed (or ``force``: its outputs
+    changed), adding (column, buffers) to ``fresh`` for :func:`_launch`; an unchanged column's numels are
+    checked unless ``numels_known``. ``own_numels``: the tensors need not have the signature's numels (a
+    fused step's step counts), only the same as when bound. Whether it changed; None where the general
+    route must serve the call."""
+    ptrs = list(map(_data_ptr, tensors))
+    if ptrs == call.ptrs[column] and not force:
+        if numels_known:
+            return False
+        expected = call.own_numels if own_numels else call.numels
+        return False if list(map(_numel, tensors)) == expected else _FAILED
+    found = _column(tensors, None if own_numels else call.numels, outs, ptrs)
+    if own_numels and found is not None:
+        call.own_numels = list(map(_numel, tensors))
+    if found is None:
+        call.ptrs[column] = None
+        return _FAILED
+    buffers, offsets = found
+    call.set_offsets(column, offsets)
+    call.ptrs[column] = ptrs
+    fresh.append(([column], buffers))
+    return True
+
+
+def _launch(call: _Call, fresh: list, columns: int, tail: list | None = None) -> None:
+    """Launch a bound call: build its kernel copies on its second call (binding every column), bind the
+    ``fresh`` columns of later calls (a list of (columns, buffers)), enqueue."""
+    chunks = call.chunks
+    optim = state.get().optim
+    if chunks.presets is not None:
+        for bound, buffers in fresh:
+            chunks.bind(bound, buffers)
+        if tail:
+            for index, buffer in tail:
+                chunks.bind_tail(index, buffer)
+        chunks.enqueue(optim.queue)
+        return
+    # every column was bound in this call (none had data_ptrs yet)
+    by_column: list[Any] = [None] * columns
+    for bound, buffers in fresh:
+        for column in bound:
+            by_column[column] = buffers
+    by_column = [b if b is not None else [None] * chunks.count for b in by_column]
+    tail_buffers = [buffer for _, buffer in tail or ()]
+    if call.seen and chunks.prebuild(by_column, tail_buffers):
+        chunks.enqueue(optim.queue)
+        return
+    call.seen = True
+    call.ptrs = [None] * len(call.ptrs)   # (the next call binds every column again, to build the copies)
+    call.tail = [None] * len(call.tail)
+    chunks.launch(optim.queue, by_column, tail_buffers)
+
+
+# -- the _foreach_* ops ---------------------------------------------------------------------------------
+def foreach_map(name: str, expr: str, in_place: bool, self: list[torch.Tensor], inputs: Sequence[Sequence[Any]],
+                params: Sequence[list[float]]) -> list[torch.Tensor] | None:
+    """``expr`` over the lists by a pre-built call: the outputs (``self`` for an in-place op); None where
+    the general route must serve the call. ``inputs``: tensor lists or per-tensor number lists (a, b, c);
+    ``params``: per-tensor numbers (s0, s1)."""
+    if _swap_lock.locked():
+        return None
+    numels = list(map(_numel, self))
+    kinds = tuple(bool(column) and isinstance(column[0], _Tensor) for column in inputs)
+    key = (name, kinds, len(params), tuple(numels))
+    optim = state.get().optim
+    call = optim.calls.get(key)
+    if call is None:
+        if 0 in numels:
+            return None
+        call = _keep(optim.calls, key, _Call(optim.map_chunks(expr, kinds, len(params), numels), numels, 4,
+                                             numbers=5))
+    if call.chunks.presets is None:
+        call.ptrs = [None] * 4
+    fresh: list = []
+    if in_place:
+        outs = self
+        changed = _bind(call, 0, outs, None, fresh, numels_known=True)
+        if changed is None:
+            return None
+    else:
+        if kinds[0] and _bind(call, 1, self, None, fresh) is None:   # self is input a: checked before allocating
+            return None
+        outs = [empty_dense(t) for t in self]
+        ptrs = list(map(_data_ptr, outs))
+        call.set_offsets(0, [0] * len(outs))
+        call.ptrs[0] = ptrs
+        fresh.append(([0], [_buffers[p] for p in ptrs]))   # fresh storages: their data_ptrs are their addresses
+        changed = False   # (fresh outputs share no storage with any input)
+    out_bound = fresh[-1] if fresh and fresh[-1][0][0] == 0 else None
+    for index in range(3):
+        column = inputs[index] if index < len(inputs) else None
+        if index < len(kinds) and kinds[index] and column is not outs:
+            if index == 0 and not in_place:
+                continue
+            if len(column) != len(outs) or _bind(call, 1 + index, column, outs, fresh, force=changed) is None:
+                return None
+            continue
+        if out_bound is not None:   # an unused pointer (or the output itself) points at the output
+            call.set_offsets(1 + index, call.offsets[0])
+            out_bound[0].append(1 + index)
+        if column is not None and not kinds[index]:
+            call.set_numbers(index, column)
+    for index, numbers in enumerate(params):
+        call.set_numbers(3 + index, numbers)
+    _launch(call, fresh, 4)
+    return outs
+
+
+# -- the fused optimizer steps ----------------------------------------------------------------------------
+def _tail(call: _Call, tensors: Sequence[torch.Tensor | None]) -> list | None:
+    """Bind the one-element tensors a fused step reads (lr, grad_scale, found_inf, those present, in that
+    order): (index, buffer) of each that changed; None where one is not a one-element float32 opencl tensor."""
+    fresh = []
+    for index, t in enumerate(t for t in tensors if t is not None):
+        ptr = t.data_ptr()
+        if ptr == call.tail[index]:
+            continue
+        if t.dtype is not _FLOAT32 or t.numel() != 1:
+            return None
+        buffer = _buffers.get(t.untyped_storage().data_ptr(), _MISSING)
+        if buffer is _MISSING:
+            return None
+        call.chunks.set_tail_offset(index, t.storage_offset())
+        call.tail[index] = ptr
+        fresh.append((index, buffer))
+    return fresh
+
+
+def _step(key: tuple, columns: Sequence[Sequence[torch.Tensor] | None], head: tuple,
+          tensors: Sequence[torch.Tensor | None], build: Any, steps: int = -1) -> bool:
+    """A fused step by a pre-built call (``build(numels)`` makes its Chunks; ``steps``: the column of step
+    counts, if any); False where the general route must serve it."""
+    if _swap_lock.locked():
+        return False
+    params = columns[0]
+    numels = list(map(_numel, params))
+    key += (tuple(numels),)
+    optim = state.get().optim
+    call = optim.calls.get(key)
+    if call is None:
+        if not params or 0 in numels:
+            return False
+        call = _keep(optim.calls, key, _Call(build(numels), numels, len(columns),
+                                             tail=sum(t is not None for t in tensors)))
+    if call.chunks.presets is None:
+        call.ptrs = [None] * len(columns)
+        call.tail = [None] * len(call.tail)
+    fresh: list = []
+    for column, tensors_of in enumerate(columns):
+        if tensors_of is None:
+            continue
+        if len(tensors_of) != len(params) or _bind(call, column, tensors_of, None, fresh, numels_known=column == 0,
+                                                   own_numels=column == steps) is None:
+            return False
+    tail = _tail(call, tensors)
+    if tail is None:
+        return False
+    call.set_head(head)
+    _launch(call, fresh, len(columns), tail)
+    return True
+
+
+def fused_adam(adamw: bool, self: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
+               exp_avg_sqs: list[torch.Tensor], max_exp_avg_sqs: list[torch.Tensor], state_steps: list[torch.Tensor],
+               lr: float | torch.Tensor, beta1: float, beta2: float, weight_decay: float, eps: float, amsgrad: bool,
+               maximize: bool, grad_scale: torch.Tensor | None, found_inf: torch.Tensor | None) -> bool:
+    """torch's ``_fused_adam_``/``_fused_adamw_`` by a pre-built call; False where the general route serves it
+    (a learning rate as a CPU tensor among them: it is read on the host)."""
+    lr_tensor = isinstance(lr, _Tensor)
+    if lr_tensor and lr.device.type != "opencl":
+        return False
+    key = ("adam", adamw, amsgrad, maximize, lr_tensor, grad_scale is not None, found_inf is not None)
+    head = (0.0 if lr_tensor else lr, beta1, beta2, weight_decay, eps)
+    flags = (lr_tensor, grad_scale is not None, found_inf is not None)
+    return _step(key, (self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if amsgrad else None, state_steps),
+                 head, (lr if lr_tensor else None, grad_scale, found_inf),
+                 lambda numels: state.get().optim.adam_chunks(
+                     numels, lr=head[0], beta1=beta1, beta2=beta2, weight_decay=weight_decay, eps=eps, amsgrad=amsgrad,
+                     maximize=maximize, adamw=adamw, tensors=flags), steps=5)
+
+
+def fused_sgd(self: list[torch.Tensor], grads: list[torch.Tensor], momentum_buffer_list: list[torch.Tensor],
+              weight_decay: float, momentum: float, lr: float | torch.Tensor, dampening: float, nesterov: bool,
+              maximize: bool, is_first_step: bool, grad_scale: torch.Tensor | None,
+              found_inf: torch.Tensor | None) -> bool:
+    """torch's ``_fused_sgd_`` by a pre-built call; False where the general route serves it."""
+    lr_tensor = isinstance(lr, _Tensor)
+    if lr_tensor and lr.device.type != "opencl":
+        return False
+    key = ("sgd", momentum != 0, nesterov, maximize, lr_tensor, grad_scale is not None, found_inf is not None)
+    head = (0.0 if lr_tensor else lr, weight_decay, momentum, dampening, int(is_first_step))
+    flags = (lr_tensor, grad_scale is not None, found_inf is not None)
+    return _step(key, (self, grads, momentum_buffer_list if momentum != 0 else None), head,
+                 (lr if lr_tensor else None, grad_scale, found_inf),
+                 lambda numels: state.get().optim.sgd_chunks(
+                     numels, lr=head[0], weight_decay=weight_decay, momentum=momentum, dampening=dampening,
+                     nesterov=nesterov, maximize=maximize, first_step=is_first_step, tensors=flags))
