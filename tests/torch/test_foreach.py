@@ -63,6 +63,8 @@ CASES = {
     "log": (lambda a: torch._foreach_log(a[0]), 1, True),
     "reciprocal_": (lambda a: torch._foreach_reciprocal_(a[0]), 1, True),
     "zero_": (lambda a: torch._foreach_zero_(a[0]), 1, False),
+    "copy_": (lambda a: torch._foreach_copy_(a[0], a[1]), 2, False),
+    "pow.ScalarAndTensor": (lambda a: torch._foreach_pow(0.9, a[0]), 1, False),
 }
 
 
@@ -128,6 +130,15 @@ def test_other_calls_run_the_per_tensor_ops_and_still_match_cpu(case, strict):
         got = call(dev_a, dev_b)
         _check(got, expected)
         _check(dev_a, cpu_a)
+
+
+def test_copies_of_other_dtypes_and_broadcasts_run_one_by_one_and_match_cpu(strict):
+    destinations = [torch.zeros(5), torch.zeros(3, dtype=torch.int64), torch.zeros(2, 4), torch.zeros(4).half()]
+    sources = [torch.randn(5), torch.tensor([4, -1, 7]), torch.randn(4), torch.randn(4)]
+    got = _to(destinations)
+    torch._foreach_copy_(got, _to(sources))
+    torch._foreach_copy_(destinations, sources)
+    _check(got, destinations)
 
 
 def test_overlapping_views_get_torchs_error_not_a_kernel_result(strict):

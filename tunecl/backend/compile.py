@@ -29,8 +29,10 @@ graph's static inputs and enqueues the recorded commands, without running the gr
   code. :func:`stats` counts captures, replays and eager calls with their reasons.
 - Before a graph runs, it is rewritten: in an inference graph each convolution -> eval batch norm pair
   becomes one convolution with folded weights (:mod:`tunecl.backend.folding`), and in every graph each
-  run of pointwise ops becomes one generated kernel (:mod:`tunecl.backend.fusion`). Options switch them
-  off: ``torch.compile(m, backend="tunecl", options={"fold_conv_bn": False, "fuse_pointwise": False})``.
+  run of pointwise ops becomes one generated kernel (:mod:`tunecl.backend.fusion`), and the copies that
+  write mutated inputs back are grouped into multi-tensor copies (:mod:`tunecl.backend.copy_backs`).
+  Options switch them off: ``torch.compile(m, backend="tunecl", options={"fold_conv_bn": False,
+  "fuse_pointwise": False, "group_copy_backs": False})``.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from torch._dynamo.backends.debugging import boxed_nop
 from torch._inductor.utils import count_tangents
 
 import tunecl.backend  # noqa: F401  (registers the opencl device)
-from tunecl.backend import folding, fusion, graphs
+from tunecl.backend import copy_backs, folding, fusion, graphs
 from tunecl.backend.ops import foreach
 
 _counts: collections.Counter[str] = collections.Counter()
@@ -64,7 +66,8 @@ def stats() -> dict[str, int]:
     ``eager_calls:<reason>`` (calls of a captured graph run eagerly instead of replayed),
     ``captured_commands`` (device commands the captures hold: what their replays enqueue), and the
     rewrites: ``folded_conv_bn`` (convolution + batch norm pairs folded), ``fused_chains`` (runs of
-    pointwise ops fused into one kernel) and ``fused_ops`` (the ops in them)."""
+    pointwise ops fused into one kernel), ``fused_ops`` (the ops in them) and ``grouped_copy_backs``
+    (copies into mutated inputs made multi-tensor copies)."""
     return dict(_counts)
 
 
@@ -325,6 +328,8 @@ def _rewrite(gm: torch.fx.GraphModule, options: dict[str, Any], inference: bool)
         runs = fusion.fuse_pointwise(gm)
         _counts["fused_chains"] += len(runs)
         _counts["fused_ops"] += sum(runs)
+    if options.get("group_copy_backs", True):
+        _counts["grouped_copy_backs"] += copy_backs.group_copy_backs(gm)
 
 
 def _forward_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, inference: bool = False,
@@ -340,7 +345,8 @@ def _backward_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
     return _Replayed(gm, example_inputs, "backward", set(range(count_tangents(gm))), set(), gradients=True)
 
 
-REWRITES = ("fold_conv_bn", "fuse_pointwise")   # the options, each True unless given False
+# the options, each True unless given False
+REWRITES = ("fold_conv_bn", "fuse_pointwise", "group_copy_backs")
 
 
 def tunecl_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, options: dict[str, Any] | None = None,

@@ -109,6 +109,30 @@ def copy_all(destinations: Sequence[torch.Tensor], sources: Sequence[torch.Tenso
     return bool(destinations) and _launch("copy", destinations, [sources], [])
 
 
+def _foreach_copy_(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bool = False) -> None:
+    """``self[k].copy_(src[k])`` for every k: the pairs the multi-tensor path takes (contiguous float32
+    tensors of one shape sharing no storage; the copy-backs of a compiled graph's mutated inputs) in one
+    launch per ``Optim.slots``, the others one by one, in order."""
+    fast = [k for k, (d, s) in enumerate(zip(self, src))
+            if d.dtype is s.dtype is torch.float32 and d.shape == s.shape and d.device == s.device]
+    if len(self) != len(src) or not fast or not copy_all([self[k] for k in fast], [src[k] for k in fast]):
+        fast = []
+    done = set(fast)
+    for k, (d, s) in enumerate(zip(self, src)):
+        if k not in done:
+            d.copy_(s, non_blocking)
+
+
+def _foreach_pow_scalar_and_tensor(self: Any, exponent: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``[self ** e for e in exponent]`` (a number to tensor powers: Adam's bias corrections from step
+    counts kept on the device) in one launch per ``Optim.slots`` tensors where the path applies."""
+    if _is_number(self) and exponent and (pairs := _pairs(exponent)) is not None:
+        outs = [empty_dense(t) for t in exponent]
+        if _launch("pow", outs, [[float(self)] * len(exponent), exponent], [], (exponent, pairs)):
+            return outs
+    return torch.ops.aten._foreach_pow.ScalarAndTensor._op_dk(_GENERIC, self, exponent)
+
+
 def _op(name: str) -> torch._ops.OpOverload:
     base, _, overload = name.partition(".")
     return getattr(getattr(torch.ops.aten, base), overload or "default")
@@ -216,6 +240,8 @@ def _table() -> dict[str, Callable[..., Any]]:
         for name in (f"_foreach_{base}_{dot}{rest}", f"_foreach_{base}{dot}{rest}"):
             table[name] = _adapter(name, expr, arrange)
     table["_foreach_zero_"] = _adapter("_foreach_zero_", "fill", _zero)
+    table["_foreach_copy_"] = _foreach_copy_
+    table["_foreach_pow.ScalarAndTensor"] = _foreach_pow_scalar_and_tensor
     return table
 
 
