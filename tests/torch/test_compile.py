@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import importlib.metadata
+import itertools
 import subprocess
 import sys
 import warnings
@@ -273,3 +274,57 @@ def test_gradients_over_one_storage_accumulate_as_eagerly():
             torch.testing.assert_close(a.grad.cpu(), b.grad.cpu(), atol=1e-5, rtol=1e-5)
         model.zero_grad()
         reference.zero_grad()
+
+
+def test_replays_draw_fresh_dropout_masks_the_ones_eager_draws():
+    """A replayed step draws its dropout masks from torch's CPU generator, as eager dropout does: new
+    masks each call, at the right keep rate, the backward scaling by the mask the forward used, and the
+    same masks as an eager run after the same ``torch.manual_seed``."""
+    def dropped(x: torch.Tensor) -> torch.Tensor:
+        return F.dropout(x, 0.3, training=True) * 2
+
+    run = torch.compile(dropped, backend="tunecl")
+    x = torch.rand(4096) + 0.5
+    masks = []
+    for seed in range(STEPS + 1):
+        given = x.to("opencl").requires_grad_()
+        torch.manual_seed(seed)
+        out = run(given)
+        out.backward(torch.ones_like(out))
+        torch.manual_seed(seed)
+        expected = dropped(x.to("opencl")).cpu()
+        got, grad = out.detach().cpu(), given.grad.cpu()
+        torch.testing.assert_close(got, expected)
+        mask = got != 0
+        torch.testing.assert_close(grad, mask.float() * 2 / 0.7)
+        assert abs(mask.float().mean().item() - 0.7) < 0.03   # 4096 draws: 4.5 standard deviations
+        masks.append(mask)
+    assert all((a != b).any() for a, b in itertools.pairwise(masks))
+    assert compile_backend.stats()["replays"] >= 2 * (STEPS - 1)
+
+
+def test_replays_draw_the_bernoulli_numbers_eager_draws():
+    def stochastic_depth(x: torch.Tensor) -> torch.Tensor:   # torchvision's: a kept/dropped flag per sample
+        return x * torch.empty(x.shape[0], 1, device=x.device).bernoulli_(0.6) / 0.6
+
+    run = torch.compile(stochastic_depth, backend="tunecl")
+    x = torch.randn(64, 5, device="opencl")
+    for seed in range(STEPS + 1):
+        torch.manual_seed(seed)
+        got = run(x).cpu()
+        torch.manual_seed(seed)
+        torch.testing.assert_close(got, stochastic_depth(x).cpu())
+    assert compile_backend.stats()["replays"] == STEPS - 1
+
+
+def test_a_net_with_dropout_trains_as_it_does_eagerly():
+    model = nn.Sequential(nn.Linear(7, 32), nn.ReLU(), nn.Dropout(0.25), nn.Linear(32, 3))
+    batches = [(torch.randn(4, 7), torch.randint(0, 3, (4,))) for _ in range(STEPS)]
+    torch.manual_seed(1)
+    expected, eager = _train(model, batches, compiled=False, device="opencl")
+    torch.manual_seed(1)
+    got, compiled = _train(model, batches, compiled=True, device="opencl")
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), atol=1e-5, rtol=1e-5)
+    for a, b in zip(compiled.parameters(), eager.parameters()):
+        torch.testing.assert_close(a.detach().cpu(), b.detach().cpu(), atol=1e-5, rtol=1e-5)
+    assert compile_backend.stats()["replays"] == 2 * (STEPS - 2)

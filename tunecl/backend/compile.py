@@ -156,7 +156,7 @@ class _Replayed:
                   _alias(a) if i in self.aliased or i in self.borrowed else _static_copy(a)
                   for i, a in enumerate(args)]
         folding.refresh_before_capture(self.gm)
-        graph = graphs.Graph()
+        graph = graphs.Graph(random_on_host=True)   # (a replay draws the random numbers eager ops would)
         try:
             with graphs.graph(graph):
                 outputs = self.run_eagerly(list(static))
