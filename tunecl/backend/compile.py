@@ -19,6 +19,9 @@ graph's static inputs and enqueues the recorded commands, without running the gr
   backward. Where a replay would overwrite a tensor someone still holds (two forwards before a backward;
   a gradient kept from ``torch.autograd.grad``), that call runs eagerly instead, and such gradients are
   handed out as copies from then on.
+- Random numbers (dropout's masks, ``bernoulli_``) are drawn on the host from torch's CPU generator at
+  their place in every replay, as eager ops draw them: a compiled step draws what the eager one would
+  under the same seed (``Graph(random_on_host=True)``, :mod:`tunecl.backend.graphs`).
 - An input that is another captured graph's tensor (the gradients an optimizer step is given are the
   backward's) is used in place, so passing the same tensor again costs no copy.
 - What cannot be captured runs eagerly for that graph, with one warning naming why: a graph with CPU
@@ -29,7 +32,7 @@ graph's static inputs and enqueues the recorded commands, without running the gr
   code. :func:`stats` counts captures, replays and eager calls with their reasons.
 - Before a graph runs, it is rewritten: in an inference graph each convolution -> eval batch norm pair
   becomes one convolution with folded weights (:mod:`tunecl.backend.folding`), and in every graph each
-  run of pointwise ops becomes one generated kernel (:mod:`tunecl.backend.fusion`), and the copies that
+  run of pointwise ops becomes one generated kernel (:mod:`tunecl.backend.fusion`); the copies that
   write mutated inputs back are grouped into multi-tensor copies (:mod:`tunecl.backend.copy_backs`).
   Options switch them off: ``torch.compile(m, backend="tunecl", options={"fold_conv_bn": False,
   "fuse_pointwise": False, "group_copy_backs": False})``.
