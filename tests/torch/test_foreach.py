@@ -132,6 +132,23 @@ def test_other_calls_run_the_per_tensor_ops_and_still_match_cpu(case, strict):
         _check(dev_a, cpu_a)
 
 
+def test_lists_of_0_dim_tensors_broadcast_in_one_launch_per_slots(strict):
+    """A capturable Adam divides by bias corrections made from its device step counts: one 0-dim tensor
+    per parameter."""
+    cpu = _lists(1)[0]
+    divisors = [torch.rand(()) + 0.5 for _ in SHAPES]
+    dev, dev_divisors = _to(cpu), _to(divisors)
+    with KernelProfile() as profile:
+        got = torch._foreach_div(dev, dev_divisors)
+        torch._foreach_mul_(dev, dev_divisors)
+        torch.opencl.synchronize()
+        launches = {row.name: row.launches for row in profile.summary()}
+    _check(got, torch._foreach_div(cpu, divisors))
+    torch._foreach_mul_(cpu, divisors)
+    _check(dev, cpu)
+    assert launches == {"foreach_map": 2 * -(-N // state.get().optim.slots)}, launches
+
+
 def test_copies_of_other_dtypes_and_broadcasts_run_one_by_one_and_match_cpu(strict):
     destinations = [torch.zeros(5), torch.zeros(3, dtype=torch.int64), torch.zeros(2, 4), torch.zeros(4).half()]
     sources = [torch.randn(5), torch.tensor([4, -1, 7]), torch.randn(4), torch.randn(4)]

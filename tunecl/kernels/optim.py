@@ -143,14 +143,15 @@ class Optim:
 
     def map(self, expr: str, outs: Sequence[tuple[cl.Buffer, int]],
             inputs: Sequence[Sequence[tuple[cl.Buffer, int]] | Sequence[float]],
-            params: Sequence[Sequence[float]], numels: Sequence[int]) -> None:
+            params: Sequence[Sequence[float]], numels: Sequence[int], single: Sequence[bool] = ()) -> None:
         """``outs[k] = expr(inputs..., params...)`` for every tensor k, a launch per ``slots`` tensors.
 
         ``expr`` names a float expression of the pointwise family (:data:`tunecl.kernels.pointwise.EXPRESSIONS`,
         inputs a, b, c, parameters s0, s1). Tensors are (buffer, element offset) pairs of contiguous float32
         data, ``numels[k]`` elements for index k; an input may alias its output exactly. Each entry of
         ``inputs`` is a list with one pair per tensor or one number per tensor; each entry of ``params``
-        one number per tensor.
+        one number per tensor. ``single[j]`` true: input j's tensors hold one element each, read for every
+        element of the output (a 0-dim tensor broadcast).
         """
         from tunecl.kernels.pointwise import EXPRESSIONS
 
@@ -160,7 +161,8 @@ class Optim:
         count = len(outs)
         columns = list(inputs) + [None] * (3 - len(inputs))
         tensor = [bool(column) and isinstance(column[0], tuple) for column in columns]
-        flags = tuple(f"-D{letter}_SCALAR" for letter, is_tensor in zip("ABC", tensor) if not is_tensor)
+        flags = tuple(f"-D{letter}_SCALAR" for letter, is_tensor in zip("ABC", tensor) if not is_tensor) \
+            + tuple(f"-D{letter}_ONE" for letter, one, is_tensor in zip("ABC", single, tensor) if one and is_tensor)
         slots = self.slots
         key = ("foreach_map", expr, flags, slots)
         kernel = self.cache.get(key)

@@ -75,7 +75,9 @@ def _launch(expr: str, outs: Sequence[torch.Tensor], inputs: Sequence[Sequence[A
     if out_pairs is None:
         return False
     columns: list[list[Any]] = []
+    single = []
     for column in inputs:
+        one = False
         if column and isinstance(column[0], torch.Tensor):
             if len(column) != len(outs):
                 return False
@@ -83,13 +85,28 @@ def _launch(expr: str, outs: Sequence[torch.Tensor], inputs: Sequence[Sequence[A
                 pairs = known[1]
             else:
                 pairs = column is outs and out_pairs or _pairs(column, outs)
+            if pairs is None and columns and (pairs := _single_elements(column, outs)) is not None:
+                one = True   # (not the first input: it is self, whose shape is the output's)
             if pairs is None:
                 return False
             columns.append(pairs)
         else:
             columns.append(list(column))
-    state.get().optim.map(expr, out_pairs, columns, params, [o.numel() for o in outs])
+        single.append(one)
+    state.get().optim.map(expr, out_pairs, columns, params, [o.numel() for o in outs], single)
     return True
+
+
+def _single_elements(column: Sequence[Any], outs: Sequence[torch.Tensor]) -> list[tuple[Any, int]] | None:
+    """The pairs of ``column`` when each of its tensors holds one element (a 0-dim tensor, e.g. a
+    bias correction from a step count kept on the device, that broadcasts over its output) and none
+    shares storage with an output; else None."""
+    if not all(isinstance(t, torch.Tensor) and t.numel() == 1 for t in column):
+        return None
+    written = {o.untyped_storage().data_ptr() for o in outs}
+    if any(t.untyped_storage().data_ptr() in written for t in column):
+        return None
+    return _pairs(column)
 
 
 def clone_all(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
