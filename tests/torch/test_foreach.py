@@ -8,6 +8,7 @@ import torch
 
 from tunecl import config
 from tunecl.backend import state
+from tunecl.backend.ops import foreach
 from tunecl.backend.ops.foreach import KERNELS
 from tunecl.kernels.optim import MAX_ITEMS, SLOTS, parameter_bytes, slots_for
 from tunecl.profiling import KernelProfile
@@ -86,6 +87,7 @@ def test_multi_tensor_path_matches_cpu_in_few_launches(name, items, slots, stric
     if items == "strided":
         monkeypatch.setattr(state.get().optim, "items", 64)
     monkeypatch.setattr(state.get().optim, "slots", slots)
+    monkeypatch.setattr(foreach, "COPY_KERNELS", True)   # (by default not on CPU devices)
     call, lists, positive = CASES[name]
     cpu = _lists(lists, positive)
     dev = [_to(tensors) for tensors in cpu]
@@ -147,6 +149,19 @@ def test_lists_of_0_dim_tensors_broadcast_in_one_launch_per_slots(strict):
     torch._foreach_mul_(cpu, divisors)
     _check(dev, cpu)
     assert launches == {"foreach_map": 2 * -(-N // state.get().optim.slots)}, launches
+
+
+@pytest.mark.parametrize("kernels", [True, False])
+def test_copies_run_as_kernels_or_buffer_copies_as_set(kernels, strict, monkeypatch):
+    monkeypatch.setattr(foreach, "COPY_KERNELS", kernels)
+    sources = [torch.randn(s) for s in ((3, 5), (7,), (2, 2))]
+    got, given = _to([torch.zeros_like(t) for t in sources]), _to(sources)
+    with KernelProfile() as profile:
+        torch._foreach_copy_(got, given)
+        torch.opencl.synchronize()
+        launches = {row.name: row.launches for row in profile.summary()}
+    _check(got, sources)
+    assert launches == ({"foreach_map": 1} if kernels else {"copy device→device": 3}), launches
 
 
 def test_copies_of_other_dtypes_and_broadcasts_run_one_by_one_and_match_cpu(strict):

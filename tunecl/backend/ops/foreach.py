@@ -126,12 +126,18 @@ def copy_all(destinations: Sequence[torch.Tensor], sources: Sequence[torch.Tenso
     return bool(destinations) and _launch("copy", destinations, [sources], [])
 
 
+# copies of _foreach_copy_ as multi-tensor kernels: True, False, or None (default): on devices other than
+# CPUs (a CPU device's buffer copy is a memcpy, faster there than a kernel; elsewhere the launches count)
+COPY_KERNELS: bool | None = None
+
+
 def _foreach_copy_(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bool = False) -> None:
     """``self[k].copy_(src[k])`` for every k: the pairs the multi-tensor path takes (contiguous float32
     tensors of one shape sharing no storage; the copy-backs of a compiled graph's mutated inputs) in one
-    launch per ``Optim.slots``, the others one by one, in order."""
+    launch per ``Optim.slots`` (see :data:`COPY_KERNELS`), the others one by one, in order."""
+    kernels = COPY_KERNELS if COPY_KERNELS is not None else state.get().device.fingerprint.device_type != "cpu"
     fast = [k for k, (d, s) in enumerate(zip(self, src))
-            if d.dtype is s.dtype is torch.float32 and d.shape == s.shape and d.device == s.device]
+            if kernels and d.dtype is s.dtype is torch.float32 and d.shape == s.shape and d.device == s.device]
     if len(self) != len(src) or not fast or not copy_all([self[k] for k in fast], [src[k] for k in fast]):
         fast = []
     done = set(fast)
