@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import importlib.metadata
+import itertools
 import subprocess
 import sys
 import warnings
@@ -200,6 +201,130 @@ def test_a_compiled_optimizer_step_equals_the_eager_one(options):
     stats = compile_backend.stats()
     if options.get("capturable"):
         assert stats["replays"] >= STEPS - 2, stats
+        assert stats["grouped_copy_backs"] >= 4 * 4, stats   # parameters, moments and step counts
     else:
         assert stats.get("eager_graphs", 0) >= 1 and not stats.get("replays"), stats
 
+
+
+def _compiled_adam_training(model: nn.Module, batches, compiled: bool, set_to_none: bool) -> nn.Module:
+    model = copy.deepcopy(model).to("opencl")
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, capturable=True)
+    run = torch.compile(model, backend="tunecl") if compiled else model
+    step = torch.compile(optimizer.step, backend="tunecl") if compiled else optimizer.step
+    for x, y in batches:
+        optimizer.zero_grad(set_to_none=set_to_none)
+        F.cross_entropy(run(x.to("opencl")), y.to("opencl")).backward()
+        step()
+    return model
+
+
+@pytest.mark.parametrize("set_to_none", [True, False], ids=["grads-set-to-none", "grads-zeroed"])
+def test_a_compiled_training_step_hands_gradients_to_the_compiled_optimizer_without_copies(set_to_none):
+    """The backward hands its gradients out as its own tensors; the compiled Adam step, given them again
+    each call, uses them in place. Only the batch and the loss's gradient are copied into the graphs."""
+    torch.manual_seed(0)
+    batches = [(torch.randn(4, 7), torch.randint(0, 3, (4,))) for _ in range(STEPS + 1)]
+    model = _mlp()
+    eager = _compiled_adam_training(model, batches, compiled=False, set_to_none=set_to_none)
+    compiled = _compiled_adam_training(model, batches, compiled=True, set_to_none=set_to_none)
+    for a, b in zip(compiled.parameters(), eager.parameters()):
+        torch.testing.assert_close(a.detach().cpu(), b.detach().cpu(), atol=1e-5, rtol=1e-5)
+    stats = compile_backend.stats()
+    replayed_steps = STEPS + 1 - 2
+    assert stats["replays"] == 3 * replayed_steps, stats   # forward, backward, optimizer step
+    assert not any(key.startswith("eager") for key in stats), stats
+    if set_to_none:   # (zeroed .grad tensors are the user's own, copied into the optimizer's graph)
+        assert stats["input_copies"] == 2 * replayed_steps, stats   # the batch and the loss's gradient
+
+
+def test_gradients_kept_from_autograd_grad_are_not_overwritten_by_later_replays():
+    model = _mlp().to("opencl")
+    reference = copy.deepcopy(model)
+    run = torch.compile(model, backend="tunecl")
+    xs = [torch.randn(3, 7, device="opencl") for _ in range(STEPS + 2)]
+    kept = [torch.autograd.grad(run(x).square().sum(), list(model.parameters())) for x in xs]
+    expected = [torch.autograd.grad(reference(x).square().sum(), list(reference.parameters())) for x in xs]
+    for got, want in zip(kept, expected):
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a.cpu(), b.cpu(), atol=1e-5, rtol=1e-5)
+    assert compile_backend.stats()["replays"] >= 2   # (the backward replays again, its gradients copied)
+
+
+def test_gradients_over_one_storage_accumulate_as_eagerly():
+    """Two parameters whose gradient is the same tensor (the loss's gradient itself): each ``.grad`` gets
+    storage of its own, and a second backward before ``zero_grad`` adds into both once."""
+    class Sum(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.p, self.q = nn.Parameter(torch.randn(3, 4)), nn.Parameter(torch.randn(3, 4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.p + self.q
+
+    model = Sum().to("opencl")
+    reference = copy.deepcopy(model)
+    run = torch.compile(model, backend="tunecl")
+    for _ in range(STEPS):
+        for _ in range(2):
+            x = torch.randn(3, 4, device="opencl")
+            run(x).square().sum().backward()
+            reference(x).square().sum().backward()
+        for a, b in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(a.grad.cpu(), b.grad.cpu(), atol=1e-5, rtol=1e-5)
+        model.zero_grad()
+        reference.zero_grad()
+
+
+def test_replays_draw_fresh_dropout_masks_the_ones_eager_draws():
+    """A replayed step draws its dropout masks from torch's CPU generator, as eager dropout does: new
+    masks each call, at the right keep rate, the backward scaling by the mask the forward used, and the
+    same masks as an eager run after the same ``torch.manual_seed``."""
+    def dropped(x: torch.Tensor) -> torch.Tensor:
+        return F.dropout(x, 0.3, training=True) * 2
+
+    run = torch.compile(dropped, backend="tunecl")
+    x = torch.rand(4096) + 0.5
+    masks = []
+    for seed in range(STEPS + 1):
+        given = x.to("opencl").requires_grad_()
+        torch.manual_seed(seed)
+        out = run(given)
+        out.backward(torch.ones_like(out))
+        torch.manual_seed(seed)
+        expected = dropped(x.to("opencl")).cpu()
+        got, grad = out.detach().cpu(), given.grad.cpu()
+        torch.testing.assert_close(got, expected)
+        mask = got != 0
+        torch.testing.assert_close(grad, mask.float() * 2 / 0.7)
+        assert abs(mask.float().mean().item() - 0.7) < 0.03   # 4096 draws: 4.5 standard deviations
+        masks.append(mask)
+    assert all((a != b).any() for a, b in itertools.pairwise(masks))
+    assert compile_backend.stats()["replays"] >= 2 * (STEPS - 1)
+
+
+def test_replays_draw_the_bernoulli_numbers_eager_draws():
+    def stochastic_depth(x: torch.Tensor) -> torch.Tensor:   # torchvision's: a kept/dropped flag per sample
+        return x * torch.empty(x.shape[0], 1, device=x.device).bernoulli_(0.6) / 0.6
+
+    run = torch.compile(stochastic_depth, backend="tunecl")
+    x = torch.randn(64, 5, device="opencl")
+    for seed in range(STEPS + 1):
+        torch.manual_seed(seed)
+        got = run(x).cpu()
+        torch.manual_seed(seed)
+        torch.testing.assert_close(got, stochastic_depth(x).cpu())
+    assert compile_backend.stats()["replays"] == STEPS - 1
+
+
+def test_a_net_with_dropout_trains_as_it_does_eagerly():
+    model = nn.Sequential(nn.Linear(7, 32), nn.ReLU(), nn.Dropout(0.25), nn.Linear(32, 3))
+    batches = [(torch.randn(4, 7), torch.randint(0, 3, (4,))) for _ in range(STEPS)]
+    torch.manual_seed(1)
+    expected, eager = _train(model, batches, compiled=False, device="opencl")
+    torch.manual_seed(1)
+    got, compiled = _train(model, batches, compiled=True, device="opencl")
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), atol=1e-5, rtol=1e-5)
+    for a, b in zip(compiled.parameters(), eager.parameters()):
+        torch.testing.assert_close(a.detach().cpu(), b.detach().cpu(), atol=1e-5, rtol=1e-5)
+    assert compile_backend.stats()["replays"] == 2 * (STEPS - 2)

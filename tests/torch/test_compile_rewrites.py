@@ -246,6 +246,34 @@ def test_folded_replays_follow_a_compiled_optimizer_step_replayed_in_between():
     assert stats["folded_conv_bn"] == 2 and stats["replays"] >= 2 * (STEPS - 2), stats
 
 
+def test_eager_evaluation_between_replays_does_not_refold_and_a_training_forward_does():
+    """Evaluation batch norm reads its running statistics only; a training forward writes them."""
+    from tunecl.backend.folding import FoldedConv
+
+    torch.manual_seed(0)
+    model = _randomise_batch_norms(tiny_cnn()).to("opencl").eval()
+    run = torch.compile(model, backend="tunecl")
+    x = torch.randn(2, 3, 8, 8, device="opencl")
+
+    def folds() -> int:
+        return sum(m.folds for gm in _captured_graph_modules() for m in gm.modules() if isinstance(m, FoldedConv))
+
+    with torch.no_grad():
+        for _ in range(3):
+            run(x)
+        before = folds()
+        for _ in range(2):
+            expected = model(x).cpu()
+            torch.testing.assert_close(run(x).cpu(), expected, **TOL)
+        assert folds() == before
+        model.train()
+        model(x)
+        model.eval()
+        torch.testing.assert_close(run(x).cpu(), model(x).cpu(), **TOL)
+        assert folds() > before
+    assert compile_backend.stats()["replays"] >= 4
+
+
 def test_the_rewrites_can_be_switched_off():
     model = tiny_cnn().to("opencl").eval()
     run = torch.compile(model, backend="tunecl", options={"fold_conv_bn": False, "fuse_pointwise": False})

@@ -8,6 +8,7 @@ import torch
 
 from tunecl import config
 from tunecl.backend import state
+from tunecl.backend.ops import foreach
 from tunecl.backend.ops.foreach import KERNELS
 from tunecl.kernels.optim import MAX_ITEMS, SLOTS, parameter_bytes, slots_for
 from tunecl.profiling import KernelProfile
@@ -63,6 +64,8 @@ CASES = {
     "log": (lambda a: torch._foreach_log(a[0]), 1, True),
     "reciprocal_": (lambda a: torch._foreach_reciprocal_(a[0]), 1, True),
     "zero_": (lambda a: torch._foreach_zero_(a[0]), 1, False),
+    "copy_": (lambda a: torch._foreach_copy_(a[0], a[1]), 2, False),
+    "pow.ScalarAndTensor": (lambda a: torch._foreach_pow(0.9, a[0]), 1, False),
 }
 
 
@@ -84,6 +87,7 @@ def test_multi_tensor_path_matches_cpu_in_few_launches(name, items, slots, stric
     if items == "strided":
         monkeypatch.setattr(state.get().optim, "items", 64)
     monkeypatch.setattr(state.get().optim, "slots", slots)
+    monkeypatch.setattr(foreach, "COPY_KERNELS", True)   # (by default not on CPU devices)
     call, lists, positive = CASES[name]
     cpu = _lists(lists, positive)
     dev = [_to(tensors) for tensors in cpu]
@@ -128,6 +132,45 @@ def test_other_calls_run_the_per_tensor_ops_and_still_match_cpu(case, strict):
         got = call(dev_a, dev_b)
         _check(got, expected)
         _check(dev_a, cpu_a)
+
+
+def test_lists_of_0_dim_tensors_broadcast_in_one_launch_per_slots(strict):
+    """A capturable Adam divides by bias corrections made from its device step counts: one 0-dim tensor
+    per parameter."""
+    cpu = _lists(1)[0]
+    divisors = [torch.rand(()) + 0.5 for _ in SHAPES]
+    dev, dev_divisors = _to(cpu), _to(divisors)
+    with KernelProfile() as profile:
+        got = torch._foreach_div(dev, dev_divisors)
+        torch._foreach_mul_(dev, dev_divisors)
+        torch.opencl.synchronize()
+        launches = {row.name: row.launches for row in profile.summary()}
+    _check(got, torch._foreach_div(cpu, divisors))
+    torch._foreach_mul_(cpu, divisors)
+    _check(dev, cpu)
+    assert launches == {"foreach_map": 2 * -(-N // state.get().optim.slots)}, launches
+
+
+@pytest.mark.parametrize("kernels", [True, False])
+def test_copies_run_as_kernels_or_buffer_copies_as_set(kernels, strict, monkeypatch):
+    monkeypatch.setattr(foreach, "COPY_KERNELS", kernels)
+    sources = [torch.randn(s) for s in ((3, 5), (7,), (2, 2))]
+    got, given = _to([torch.zeros_like(t) for t in sources]), _to(sources)
+    with KernelProfile() as profile:
+        torch._foreach_copy_(got, given)
+        torch.opencl.synchronize()
+        launches = {row.name: row.launches for row in profile.summary()}
+    _check(got, sources)
+    assert launches == ({"foreach_map": 1} if kernels else {"copy device→device": 3}), launches
+
+
+def test_copies_of_other_dtypes_and_broadcasts_run_one_by_one_and_match_cpu(strict):
+    destinations = [torch.zeros(5), torch.zeros(3, dtype=torch.int64), torch.zeros(2, 4), torch.zeros(4).half()]
+    sources = [torch.randn(5), torch.tensor([4, -1, 7]), torch.randn(4), torch.randn(4)]
+    got = _to(destinations)
+    torch._foreach_copy_(got, _to(sources))
+    torch._foreach_copy_(destinations, sources)
+    _check(got, destinations)
 
 
 def test_overlapping_views_get_torchs_error_not_a_kernel_result(strict):

@@ -57,6 +57,24 @@ def test_validate_draws_the_same_dropout_and_stochastic_depth_masks_in_all_three
     assert all(c.fp64_error < 1e-5 for c in report.checks if c.kind in ("output", "grad"))
 
 
+def test_validate_compiled_compares_the_replayed_training_step_masks_included():
+    """``--compile``: the model and its Adam step through torch.compile, the replay compared; dropout and
+    stochastic depth draw the masks the CPU runs draw."""
+    report = validate_net(DROPOUT, train=True, compiled=True, **SMALL)
+    assert report.passed, report.failures or report.error
+    assert all(c.fp64_error < 1e-5 for c in report.checks if c.kind in ("output", "grad"))
+    stats = report.compile_stats
+    assert stats["captures"] == 3 and stats["replays"] == 3, stats   # forward, backward, Adam step
+    assert not any(key.startswith("eager") for key in stats), stats
+
+
+def test_validate_compiled_inference_from_the_command_line(capsys):
+    assert main(["validate", "--net", TINY, "--batch", "2", "--image-size", "16", "--compile"]) == 0
+    out = capsys.readouterr().out
+    assert "compiled (torch.compile backend='tunecl', the replay compared)" in out
+    assert "compile   captures 1, replays 1" in out and "PASS: 1 of 1" in out
+
+
 def test_validate_fails_with_exit_code_1_when_the_device_is_off(capsys):
     report = validate_net(OFF, **SMALL)
     assert not report.passed and report.exit_code == 1

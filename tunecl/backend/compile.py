@@ -13,10 +13,17 @@ graph's static inputs and enqueues the recorded commands, without running the gr
   ``load_state_dict``, in-place writes). The saved tensors are the forward graph's static outputs, which
   live until the backward that reads them has run.
 - A replay rewrites the graph's outputs in place. The forward's user-visible outputs are returned as
-  copies, so a result kept across calls is never overwritten; everything else the replay writes is read
-  by torch before the next call (the backward's gradients are accumulated into ``.grad`` at once). Where
-  a replay would overwrite a tensor someone still holds (two forwards before a backward; a gradient kept
-  from ``torch.autograd.grad``), that call runs eagerly instead.
+  copies, so a result kept across calls is never overwritten. The other outputs (saved tensors,
+  gradients) are handed out as aliases of the graph's own tensors, each watched by a weak reference:
+  a gradient becomes ``.grad`` (or is added into it), and ``zero_grad()`` lets go of it before the next
+  backward. Where a replay would overwrite a tensor someone still holds (two forwards before a backward;
+  a gradient kept from ``torch.autograd.grad``), that call runs eagerly instead, and such gradients are
+  handed out as copies from then on.
+- Random numbers (dropout's masks, ``bernoulli_``) are drawn on the host from torch's CPU generator at
+  their place in every replay, as eager ops draw them: a compiled step draws what the eager one would
+  under the same seed (``Graph(random_on_host=True)``, :mod:`tunecl.backend.graphs`).
+- An input that is another captured graph's tensor (the gradients an optimizer step is given are the
+  backward's) is used in place, so passing the same tensor again costs no copy.
 - What cannot be captured runs eagerly for that graph, with one warning naming why: a graph with CPU
   tensors or symbolic sizes, an op served by the CPU fallback or any other host copy
   (:class:`~tunecl.backend.graphs.GraphCaptureError`). A compile never fails where eager works; with
@@ -25,8 +32,10 @@ graph's static inputs and enqueues the recorded commands, without running the gr
   code. :func:`stats` counts captures, replays and eager calls with their reasons.
 - Before a graph runs, it is rewritten: in an inference graph each convolution -> eval batch norm pair
   becomes one convolution with folded weights (:mod:`tunecl.backend.folding`), and in every graph each
-  run of pointwise ops becomes one generated kernel (:mod:`tunecl.backend.fusion`). Options switch them
-  off: ``torch.compile(m, backend="tunecl", options={"fold_conv_bn": False, "fuse_pointwise": False})``.
+  run of pointwise ops becomes one generated kernel (:mod:`tunecl.backend.fusion`); the copies that
+  write mutated inputs back are grouped into multi-tensor copies (:mod:`tunecl.backend.copy_backs`).
+  Options switch them off: ``torch.compile(m, backend="tunecl", options={"fold_conv_bn": False,
+  "fuse_pointwise": False, "group_copy_backs": False})``.
 """
 
 from __future__ import annotations
@@ -46,7 +55,7 @@ from torch._dynamo.backends.debugging import boxed_nop
 from torch._inductor.utils import count_tangents
 
 import tunecl.backend  # noqa: F401  (registers the opencl device)
-from tunecl.backend import folding, fusion, graphs
+from tunecl.backend import copy_backs, folding, fusion, graphs
 from tunecl.backend.ops import foreach
 
 _counts: collections.Counter[str] = collections.Counter()
@@ -60,7 +69,8 @@ def stats() -> dict[str, int]:
     ``eager_calls:<reason>`` (calls of a captured graph run eagerly instead of replayed),
     ``captured_commands`` (device commands the captures hold: what their replays enqueue), and the
     rewrites: ``folded_conv_bn`` (convolution + batch norm pairs folded), ``fused_chains`` (runs of
-    pointwise ops fused into one kernel) and ``fused_ops`` (the ops in them)."""
+    pointwise ops fused into one kernel), ``fused_ops`` (the ops in them) and ``grouped_copy_backs``
+    (copies into mutated inputs made multi-tensor copies)."""
     return dict(_counts)
 
 
@@ -95,16 +105,19 @@ def _why_not_capturable(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> str 
 class _Replayed:
     """One AOT graph: eager on its first call, captured on its second, replayed after (see the module
     docstring). ``aliased``: indices of inputs used in place (parameters, buffers, saved tensors);
-    ``copied_outputs``: indices of outputs returned as copies (the forward's user-visible ones)."""
+    ``copied_outputs``: indices of outputs returned as copies (the forward's user-visible ones);
+    ``gradients``: the outputs are gradients (see :meth:`_choose_handed_out`)."""
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str,
-                 aliased: set[int], copied_outputs: range | set[int]) -> None:
+                 aliased: set[int], copied_outputs: set[int], gradients: bool = False) -> None:
         self._boxed_call = True   # called with one list of arguments (an instance attribute: wrappers copy it)
         self.kind = kind
         self.gm = gm
         self.run_eagerly = boxed_nop(gm, list(example_inputs))
         self.aliased = aliased
-        self.copied_outputs = copied_outputs
+        self.borrowed: set[int] = set()          # inputs over another graph's tensors, used in place
+        self.copied_outputs = set(copied_outputs)
+        self.gradients = gradients
         self.reason = _why_not_capturable(gm, example_inputs)
         if self.reason:
             _counts["eager_graphs"] += 1
@@ -114,7 +127,7 @@ class _Replayed:
         self.static_inputs: list[Any] = []
         self.static_outputs: list[Any] = []
         self.rewritten: list[int] = []           # outputs a replay rewrites, handed out as fresh aliases
-        self.handed_out: list[weakref.ref] = []  # those aliases of the last call
+        self.handed_out: list[tuple[int, weakref.ref]] = []   # (output index, alias) of the last call
 
     def release(self) -> None:
         """Free the capture (its buffers go back to the allocator); later calls run eagerly."""
@@ -137,11 +150,16 @@ class _Replayed:
     # -- capture -----------------------------------------------------------------------------------
     def _capture(self, args: list[Any]) -> Any:
         # in-place inputs are held as aliases of their own (a saved tensor the forward handed out must be
-        # free to die), the others are copied into static tensors
-        static = [a if not isinstance(a, torch.Tensor) else _alias(a) if i in self.aliased else _static_copy(a)
+        # free to die); so are inputs over a tensor another captured graph holds (its output, e.g. a
+        # gradient the backward handed out, which the next call passes again); the others are copied into
+        # static tensors
+        self.borrowed = {i for i, a in enumerate(args) if i not in self.aliased and isinstance(a, torch.Tensor)
+                         and _storage(a) in _holders}
+        static = [a if not isinstance(a, torch.Tensor) else
+                  _alias(a) if i in self.aliased or i in self.borrowed else _static_copy(a)
                   for i, a in enumerate(args)]
         folding.refresh_before_capture(self.gm)
-        graph = graphs.Graph()
+        graph = graphs.Graph(random_on_host=True)   # (a replay draws the random numbers eager ops would)
         try:
             with graphs.graph(graph):
                 outputs = self.run_eagerly(list(static))
@@ -154,21 +172,41 @@ class _Replayed:
         _live.add(self)
         tensors = [t for t in (*static, *self.static_outputs) if isinstance(t, torch.Tensor)]
         _hold(self, tensors)
-        # the outputs a replay rewrites: not those over an in-place input's storage (a parameter saved for
-        # the backward), not the copies handed out
-        inputs = {_storage(t) for i, t in enumerate(static) if i in self.aliased and isinstance(t, torch.Tensor)}
-        self.rewritten = [i for i, t in enumerate(self.static_outputs) if isinstance(t, torch.Tensor)
-                          and i not in self.copied_outputs and _storage(t) not in inputs]
+        self._choose_handed_out()
         _counts["captures"] += 1
         _counts["captured_commands"] += graph.commands
         args.clear()
         return self._hand_out()
 
+    def _choose_handed_out(self) -> None:
+        """Which outputs a replay rewrites, handed out as aliases of their own (the rest are returned as
+        they are: those over an in-place input's storage, e.g. a parameter saved for the backward; or as
+        copies: ``copied_outputs``). Gradients are handed out as aliases only where their storage is not
+        an input's and not another output's: autograd takes a gradient over as ``.grad`` when that is
+        None, and two ``.grad`` must not share storage."""
+        in_place = {_storage(t) for i, t in enumerate(self.static_inputs)
+                    if (i in self.aliased or i in self.borrowed) and isinstance(t, torch.Tensor)}
+        every_input = {_storage(t) for t in self.static_inputs if isinstance(t, torch.Tensor)}
+        seen: set[int] = set()
+        self.rewritten = []
+        for i, t in enumerate(self.static_outputs):
+            if not isinstance(t, torch.Tensor) or i in self.copied_outputs:
+                continue
+            storage = _storage(t)
+            if self.gradients and (storage in every_input or storage in seen):
+                self.copied_outputs.add(i)
+            elif storage not in in_place:
+                self.rewritten.append(i)
+            seen.add(storage)
+
     # -- replay ------------------------------------------------------------------------------------
     def _replay(self, args: list[Any]) -> Any:
-        hazard = self._overwrites_a_held_tensor()
-        if hazard:
-            _counts[f"eager_calls:{hazard}"] += 1
+        held = self._held_outputs()
+        if held:
+            _counts[f"eager_calls:an output of the last {self.kind} call is still in use"] += 1
+            if self.gradients:   # (e.g. kept from torch.autograd.grad) handed out as copies from now on
+                self.copied_outputs.update(held)
+                self.rewritten = [i for i in self.rewritten if i not in self.copied_outputs]
             return self.run_eagerly(args)
         copies = []
         for i, (given, static) in enumerate(zip(args, self.static_inputs)):
@@ -176,7 +214,8 @@ class _Replayed:
                 continue
             if _same_tensor(given, static):
                 continue
-            if i in self.aliased and _held_elsewhere(static):   # never write into a tensor someone holds
+            if (i in self.aliased or i in self.borrowed) and _held_elsewhere(static):
+                # never write into a tensor someone holds
                 _counts["eager_calls:an in-place input moved to another tensor"] += 1
                 return self.run_eagerly(args)
             copies.append((static, given))
@@ -189,13 +228,11 @@ class _Replayed:
         _counts["replays"] += 1
         return self._hand_out()
 
-    def _overwrites_a_held_tensor(self) -> str | None:
-        """Whether an output of the last call that a replay would rewrite is still held (a saved tensor
-        whose backward has not run: two forwards before a backward): each is handed out as an alias of its
-        own, dead once torch lets go of it."""
-        if any(ref() is not None for ref in self.handed_out):
-            return f"an output of the last {self.kind} call is still in use"
-        return None
+    def _held_outputs(self) -> list[int]:
+        """The outputs of the last call that a replay would rewrite and that are still held (a saved tensor
+        whose backward has not run: two forwards before a backward; a gradient kept from
+        ``torch.autograd.grad``): each is handed out as an alias of its own, dead once torch lets go of it."""
+        return [i for i, ref in self.handed_out if ref() is not None]
 
     def _hand_out(self) -> list[Any]:
         outputs = list(self.static_outputs)
@@ -207,9 +244,8 @@ class _Replayed:
         _counts["output_copies"] += len(copied)
         handed_out = []
         for i in self.rewritten:
-            out = outputs[i]
-            outputs[i] = out = _alias(out)
-            handed_out.append(weakref.ref(out))
+            outputs[i] = out = _alias(outputs[i])
+            handed_out.append((i, weakref.ref(out)))
         self.handed_out = handed_out
         return outputs
 
@@ -295,6 +331,8 @@ def _rewrite(gm: torch.fx.GraphModule, options: dict[str, Any], inference: bool)
         runs = fusion.fuse_pointwise(gm)
         _counts["fused_chains"] += len(runs)
         _counts["fused_ops"] += sum(runs)
+    if options.get("group_copy_backs", True):
+        _counts["grouped_copy_backs"] += copy_backs.group_copy_backs(gm)
 
 
 def _forward_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, inference: bool = False,
@@ -302,23 +340,16 @@ def _forward_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *
     aliased, user_outputs = _forward_layout()   # (before the rewrites: they keep inputs and outputs)
     _rewrite(gm, options, inference)
     aliased |= {i for i, a in enumerate(example_inputs) if isinstance(a, torch.nn.Parameter)}
-    return _Replayed(gm, example_inputs, "inference" if inference else "forward", aliased, user_outputs)
+    return _Replayed(gm, example_inputs, "inference" if inference else "forward", aliased, set(user_outputs))
 
 
 def _backward_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, options: dict[str, Any]) -> Any:
     _rewrite(gm, options, inference=False)
-    # the gradients are handed out as copies: autograd takes a gradient over as the parameter's .grad when
-    # that is None (its storage, not a copy), and a replay must not rewrite a .grad
-    outputs = len(output_node_args(gm))
-    return _Replayed(gm, example_inputs, "backward", set(range(count_tangents(gm))), range(outputs))
+    return _Replayed(gm, example_inputs, "backward", set(range(count_tangents(gm))), set(), gradients=True)
 
 
-def output_node_args(gm: torch.fx.GraphModule) -> Sequence[Any]:
-    node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    return node.args[0] if isinstance(node.args[0], (list, tuple)) else (node.args[0],)
-
-
-REWRITES = ("fold_conv_bn", "fuse_pointwise")   # the options, each True unless given False
+# the options, each True unless given False
+REWRITES = ("fold_conv_bn", "fuse_pointwise", "group_copy_backs")
 
 
 def tunecl_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, options: dict[str, Any] | None = None,

@@ -29,6 +29,19 @@ HIDDEN_MUTATIONS: dict[str, tuple[int, ...]] = {
     "aten::_copy_from": (1,),           # dst (what Tensor.copy_ reaches for an opencl tensor)
     "aten::_copy_from_and_resize": (1,),
 }
+# the argument without which an op's hidden writes do not happen (evaluation batch norm writes nothing)
+HIDDEN_MUTATIONS_ONLY_IF: dict[str, int] = {"aten::native_batch_norm": 5}   # training
+
+
+def hidden_writes(schema: torch.FunctionSchema, args: tuple, kwargs: dict[str, Any]) -> tuple[int, ...]:
+    """The positions of the arguments a call of ``schema``'s op writes without its schema marking them."""
+    hidden = HIDDEN_MUTATIONS.get(schema.name, ())
+    flag = HIDDEN_MUTATIONS_ONLY_IF.get(schema.name)
+    if hidden and flag is not None:
+        value = args[flag] if flag < len(args) else kwargs.get(schema.arguments[flag].name)
+        if not value:
+            return ()
+    return hidden
 
 _warned: set[str] = set()
 _warn_lock = threading.Lock()
@@ -101,7 +114,7 @@ def _involves_device(x: Any) -> bool:
 
 def _execute(op: torch._ops.OpOverload, args: tuple, kwargs: dict[str, Any]) -> Any:
     schema = op._schema
-    hidden = HIDDEN_MUTATIONS.get(schema.name, ())
+    hidden = hidden_writes(schema, args, kwargs)
     mutated: list[tuple[Any, Any]] = []   # (device argument, its CPU stand-in)
 
     def writes(index: int | None, arg_name: str | None) -> bool:

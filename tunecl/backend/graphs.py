@@ -47,7 +47,11 @@ Random numbers: outside graphs the backend draws them from torch's CPU generator
 a capture, ``bernoulli_`` with a float probability on a contiguous float32 tensor (dropout's masks,
 stochastic depth) draws on the device instead, from the graph's own Philox generator (keyed from torch's
 CPU generator at capture, its counter advanced on the device), so every replay draws new masks; the
-capture's and the replays' numbers differ from what the CPU generator would have given.
+capture's and the replays' numbers differ from what the CPU generator would have given. A graph made
+with ``Graph(random_on_host=True)`` (the compiled graphs of :mod:`tunecl.backend.compile`) draws dropout's
+masks and ``bernoulli_`` on the host instead, from torch's CPU generator as eager ops do, and uploads them
+before each replay (outside its recorded commands): a replay draws what an eager run would, at the cost
+of the host's draw and upload.
 
 Not capturable (the capture raises :class:`GraphCaptureError` and records nothing): copies from or to
 host memory (``x.to("opencl")``, ``.cpu()``, ``.item()``, printing a tensor, the CPU fallback) and the
@@ -103,7 +107,8 @@ def check_not_capturing(what: str) -> None:
 class Graph:
     """Recorded device commands and the buffers they use (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, random_on_host: bool = False) -> None:
+        self.random_on_host = random_on_host   # random numbers drawn on the host each replay (see draw_on_host)
         self._commands: list[tuple] = []
         self._buffers: list[cl.MemoryObjectHolder] = []   # each once; reserved with the allocator
         self._presets: list[cl.Kernel | None] = []        # per command: its kernel with its arguments set
@@ -182,7 +187,7 @@ class Graph:
             return
         seen: dict[int, cl.MemoryObjectHolder] = {}
         for is_launch, a, b, _, args, _ in self._commands:
-            for obj in (args if is_launch else (a, b)):
+            for obj in (args if is_launch else (a, b)):   # (a host write: a is its function, b its buffer)
                 if isinstance(obj, cl.MemoryObjectHolder):
                     seen.setdefault(id(obj), obj)
         self._buffers = list(seen.values())
@@ -228,6 +233,8 @@ class Graph:
                 enqueue(queue, preset, b, c)
             elif is_launch:
                 call(a, queue, b, c, *args, **kwargs)
+            elif is_launch is None:   # numbers drawn on the host and written into buffer b (draw_on_host)
+                a()
             else:
                 copy(queue, a, b, **kwargs)
             if every:
@@ -282,6 +289,34 @@ def bernoulli_(t: Any, p: float) -> bool:
     if _active is None or t.dtype != torch.float32 or not t.is_contiguous() or not 0.0 <= p <= 1.0:
         return False
     state.get().random.bernoulli(memory.buffer_of(t), t.storage_offset(), t.numel(), p, _active.random_state())
+    return True
+
+
+def draw_on_host(t: torch.Tensor, draw: Callable[[], torch.Tensor]) -> bool:
+    """In the capture of a graph that draws its random numbers on the host (``Graph(random_on_host=True)``):
+    write ``draw()`` (a CPU tensor of contiguous ``t``'s shape and dtype, drawn from torch's CPU generator
+    as the eager op draws it) into ``t`` now, and record a command that draws and writes again at this
+    point of every replay; False (nothing done) otherwise. A replay then reads what an eager run would
+    have drawn."""
+    global _active
+    graph = _active
+    if graph is None or not graph.random_on_host or not t.is_contiguous():
+        return False
+    from tunecl.backend.copies import write_bytes  # (copies imports this module)
+
+    buffer, offset = memory.buffer_of(t), t.storage_offset() * t.element_size()
+
+    def write() -> None:   # (holds the buffer, not the tensor: the tensor may die before the graph)
+        write_bytes(buffer, offset, draw().reshape(-1).view(torch.uint8).numpy())
+
+    graph._device.flush()   # (launches deferred so far are recorded first: the write enqueues them)
+    graph._commands.append((None, write, buffer, None, (), {}))
+    recording = cl.Kernel.__call__, cl.enqueue_copy
+    _active, (cl.Kernel.__call__, cl.enqueue_copy) = None, graph._saved   # (its upload is not recorded)
+    try:
+        write()
+    finally:
+        _active, (cl.Kernel.__call__, cl.enqueue_copy) = graph, recording
     return True
 
 

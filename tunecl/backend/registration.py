@@ -150,6 +150,8 @@ def _kernel(name: str, adapter: Callable[..., Any]) -> Callable[..., Any]:
     counts = counters.op_counts
     full_name = fallback.op_name(op)
     written = _written(op)
+    # (an op whose only writes are hidden ones made in some calls: evaluation batch norm writes nothing)
+    written_only_if = op._schema.name in fallback.HIDDEN_MUTATIONS_ONLY_IF
     watched = weight_cache.watched
     outs = _out_arguments(op)
     check_out = _out_dtype_check(op, outs) if outs else None
@@ -158,7 +160,7 @@ def _kernel(name: str, adapter: Callable[..., Any]) -> Callable[..., Any]:
         counts[full_name] += 1
         if check_out is not None:
             check_out(args, kwargs)
-        if written and watched:
+        if written and watched and (not written_only_if or fallback.hidden_writes(op._schema, args, kwargs)):
             for index, arg_name in written:
                 weight_cache.note_write(args[index] if index < len(args) else kwargs.get(arg_name))
         try:

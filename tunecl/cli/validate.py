@@ -63,6 +63,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch", type=positive_int, default=2, help="batch size (default 2)")
     parser.add_argument("--image-size", type=positive_int, default=64, help=size_help(64))
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs")
+    parser.add_argument("--compile", action="store_true",
+                        help="run the device's model (and Adam step, capturable) through torch.compile(..., "
+                             "backend='tunecl'): the same step three times from the same weights and seed "
+                             "(a warm-up, the capture, a replay), the replay compared")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.set_defaults(func=run)
 
@@ -71,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from tunecl.tools.validate import validate_net
 
     report = validate_net(args.net, device=args.device, train=args.train, batch=args.batch,
-                          image_size=args.image_size, seed=args.seed)
+                          image_size=args.image_size, seed=args.seed, compiled=args.compile)
     if args.json:
         print_json(report.to_dict())
     else:
@@ -101,6 +105,8 @@ def print_report(report: Any, out: TextIO | None = None) -> None:
     tol = report.tolerances
     mode = ("train step (train-mode forward, CE loss, backward, Adam)" if report.train
             else "inference (eval mode)")
+    if report.compiled:
+        mode += ", compiled (torch.compile backend='tunecl', the replay compared)"
     print(f"{report.net} on {report.device} vs CPU torch float32 and float64: {mode}, batch {report.batch}, "
           f"image {report.image_size}", file=out)
     print(f"tolerances: {tol.describe(report.train)}; relative: max|opencl - cpu| / max|cpu| per tensor",
@@ -133,6 +139,11 @@ def print_report(report: Any, out: TextIO | None = None) -> None:
         print("fallback  none: every op ran on the device", file=out)
     if report.plan_sources:
         print("plans     " + ", ".join(f"{s} {n}" for s, n in report.plan_sources.items()), file=out)
+    if report.compile_stats is not None:
+        counters = report.compile_stats
+        eager = {k.partition(":")[2] or k: n for k, n in counters.items() if k.startswith("eager")}
+        print(f"compile   captures {counters.get('captures', 0)}, replays {counters.get('replays', 0)}"
+              + "".join(f"; ran eagerly: {why} {n}" for why, n in eager.items()), file=out)
     if report.seconds:
         print("seconds   " + ", ".join(f"{k} {v:.2f}" for k, v in report.seconds.items()), file=out)
     if report.checks:

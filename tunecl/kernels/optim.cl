@@ -17,7 +17,8 @@
 //   written back so (g = g / scale, before maximize).
 //   foreach_map  o = MAP_EXPR(a, b, c, s0, s1) elementwise (torch's _foreach_* ops; MAP_EXPR is one of
 //              the pointwise family's float expressions). Each of a, b, c is a tensor of the slot or,
-//              with A_SCALAR / B_SCALAR / C_SCALAR, a number of the slot; s0 and s1 are numbers of the slot.
+//              with A_SCALAR / B_SCALAR / C_SCALAR, a number of the slot, or with A_ONE / B_ONE / C_ONE
+//              a tensor of one element read for every element; s0 and s1 are numbers of the slot.
 //
 // meta (long): per slot, adam: n, offsets of p, g, m, v, vmax, step; sgd: n, offsets of p, g, buf;
 // foreach_map: n, offsets of o, a, b, c. foreach_map's numbers (float): per slot a, b, c, s0, s1.
@@ -239,16 +240,22 @@ __kernel void foreach_map(const map_numbers_t s, const map_meta_t m FOR_SLOTS(MA
   for (long i = get_global_id(0); i < n; i += get_global_size(0)) {
   #ifdef A_SCALAR
     const float a = s.v[5 * slot];
+  #elif defined(A_ONE)
+    const float a = ta[0];
   #else
     const float a = ta[i];
   #endif
   #ifdef B_SCALAR
     const float b = s.v[5 * slot + 1];
+  #elif defined(B_ONE)
+    const float b = tb[0];
   #else
     const float b = tb[i];
   #endif
   #ifdef C_SCALAR
     const float c = s.v[5 * slot + 2];
+  #elif defined(C_ONE)
+    const float c = tc[0];
   #else
     const float c = tc[i];
   #endif

@@ -166,17 +166,18 @@ class Optim:
 
     def map(self, expr: str, outs: Sequence[tuple[cl.Buffer, int]],
             inputs: Sequence[Sequence[tuple[cl.Buffer, int]] | Sequence[float]],
-            params: Sequence[Sequence[float]], numels: Sequence[int]) -> None:
+            params: Sequence[Sequence[float]], numels: Sequence[int], single: Sequence[bool] = ()) -> None:
         """``outs[k] = expr(inputs..., params...)`` for every tensor k, a launch per ``slots`` tensors.
 
         ``expr`` names a float expression of the pointwise family (:data:`tunecl.kernels.pointwise.EXPRESSIONS`,
         inputs a, b, c, parameters s0, s1). Tensors are (buffer, element offset) pairs of contiguous float32
         data, ``numels[k]`` elements for index k; an input may alias its output exactly. Each entry of
         ``inputs`` is a list with one pair per tensor or one number per tensor; each entry of ``params``
-        one number per tensor.
+        one number per tensor. ``single[j]`` true: input j's tensors hold one element each, read for every
+        element of the output (a 0-dim tensor broadcast).
         """
         tensor = [bool(column) and isinstance(column[0], tuple) for column in inputs]
-        chunks = self.map_chunks(expr, tensor, len(params), numels)
+        chunks = self.map_chunks(expr, tensor, len(params), numels, single)
         # the pointers o, a, b, c (an unused one points at the output); the numbers a, b, c (0 where a
         # tensor), s0, s1
         pointers = [outs] + [column if is_tensor else outs for column, is_tensor in zip(inputs, tensor)]
@@ -192,17 +193,19 @@ class Optim:
             chunks.set_values(3 + index, column)
         chunks.launch(self.queue, buffers)
 
-    def map_chunks(self, expr: str, tensor: Sequence[bool], params: int, numels: Sequence[int]) -> Chunks:
+    def map_chunks(self, expr: str, tensor: Sequence[bool], params: int, numels: Sequence[int],
+                   single: Sequence[bool] = ()) -> Chunks:
         """:meth:`map`'s launches over tensors of ``numels``, by column (o, a, b, c), with values (the numbers
         a, b, c, s0, s1 per tensor, 0 until set); ``tensor``: which inputs are tensors (the others numbers),
-        ``params``: how many parameters ``expr`` takes."""
+        ``params``: how many parameters ``expr`` takes, ``single``: as for :meth:`map`."""
         from tunecl.kernels.pointwise import EXPRESSIONS
 
         spec = EXPRESSIONS[expr]
         if len(tensor) != spec.nin or params != spec.nparams or spec.nin > 3 or spec.nparams > 2:
             raise ValueError(f"{expr} takes {spec.nin} inputs and {spec.nparams} parameters")
         flags = tuple(f"-D{letter}_SCALAR" for letter, is_tensor in zip("ABC", [*tensor, False, False, False])
-                      if not is_tensor)
+                      if not is_tensor) \
+            + tuple(f"-D{letter}_ONE" for letter, one, is_tensor in zip("ABC", single, tensor) if one and is_tensor)
         slots = self.slots
         key = ("foreach_map", expr, flags, slots)
         kernel = self.cache.get(key)

@@ -5,7 +5,10 @@ converted with ``.double()``), the same inputs and the same seed before each run
 stochastic depth draw the same masks in all three (the device draws from the CPU generator). Without
 ``train``: one eval-mode forward, and the outputs are compared. With ``train``: a train-mode forward,
 cross-entropy loss, backward and one Adam step on each, and the output, the loss, every parameter's
-gradient and every parameter after the step are compared.
+gradient and every parameter after the step are compared. With ``compiled``, the device runs the model
+and the Adam step through ``torch.compile(..., backend="tunecl")``: the same step, from the same weights,
+optimizer state and seed, runs :data:`COMPILED_CALLS` times (a warm-up, the capture, a replay), and the
+last call, replayed from device graphs, is what is compared.
 
 Each check reports the max absolute error and the relative error ``max|dev - cpu| / max|cpu|`` of one
 tensor against CPU float32, and the normwise errors ``||x - ref64|| / ||ref64||`` of the device and of
@@ -35,6 +38,9 @@ SIGN_FLOOR = 1000 * ADAM_EPS
 NUMERICALLY_ZERO = 1e-4
 # elements per step of the float64 error sums (2 MiB of float64: stays in cache)
 _CHUNK = 1 << 18
+# calls of a compiled step: the backend's graphs run eagerly first, are captured on the second call
+# and replay from the third
+COMPILED_CALLS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,7 +180,9 @@ class ValidationReport:
     """The outcome of :func:`validate_net`. ``error`` is set when the device run raised.
 
     ``seconds`` holds the wall time of each run: ``cpu`` (float32), ``fp64``, ``device`` and, when
-    criterion 5 was needed, ``perturbed`` (all its runs).
+    criterion 5 was needed, ``perturbed`` (all its runs). With ``compiled``, ``compile_stats`` holds the
+    compile backend's counters of the device run (:func:`tunecl.backend.compile.stats`: captures,
+    replays, graphs run eagerly and why).
     """
 
     net: str
@@ -189,6 +197,8 @@ class ValidationReport:
     error: str | None = None
     error_op: str | None = None
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    compiled: bool = False
+    compile_stats: dict[str, int] | None = None
 
     @property
     def passed(self) -> bool:
@@ -313,8 +323,8 @@ def _host(tensor: Any) -> Any:
 
 
 def validate_net(net: str, *, device: str | None = None, train: bool = False, batch: int = 2,
-                 image_size: int = 64, seed: int = 0,
-                 tolerances: Tolerances | None = None) -> ValidationReport:
+                 image_size: int = 64, seed: int = 0, tolerances: Tolerances | None = None,
+                 compiled: bool = False) -> ValidationReport:
     """Run ``net`` on the opencl device, on the CPU and on the CPU in float64; compare.
 
     Args:
@@ -323,6 +333,8 @@ def validate_net(net: str, *, device: str | None = None, train: bool = False, ba
         image_size: the input's height and width; a language model's sequence length.
         device: OpenCL device selector for ``opencl:0`` (see :func:`tunecl.tools.use_device`).
         train: compare a training step (forward, loss, backward, one Adam step) instead of inference.
+        compiled: run the device's step through ``torch.compile(..., backend="tunecl")`` and compare its
+            replay (module docstring).
 
     Returns:
         The report; an exception on the device (e.g. ``FallbackError`` under ``TUNECL_FALLBACK=error``)
@@ -344,7 +356,8 @@ def validate_net(net: str, *, device: str | None = None, train: bool = False, ba
     initial = {n: p.detach().clone() for n, p in cpu_model.named_parameters()} if train else None
     initial_state = copy.deepcopy(cpu_model.state_dict()) if train else None
     x, y = make_batch(cpu_model, batch, image_size, train, seed)
-    report = ValidationReport(net, f"opencl:0 {device_name}", batch, image_size, train, tolerances)
+    report = ValidationReport(net, f"opencl:0 {device_name}", batch, image_size, train, tolerances,
+                              compiled=compiled)
 
     try:
         reference = _timed(report, "cpu", _run, cpu_model, x, y, "cpu", train, seed)
@@ -360,13 +373,17 @@ def validate_net(net: str, *, device: str | None = None, train: bool = False, ba
     import tunecl.backend
 
     tunecl.backend.reset_stats()
+    if compiled:
+        _reset_compiled()
     try:
-        result = _timed(report, "device", _run, dev_model.to("opencl"), x, y, "opencl", train, seed)
+        result = _timed(report, "device", _run, dev_model.to("opencl"), x, y, "opencl", train, seed, compiled)
     except (RuntimeError, ValueError) as error:   # FallbackError is a RuntimeError
         report.error = f"{type(error).__name__}: {error}"
         match = re.search(r"\b(aten::[\w.]+)", str(error))
         report.error_op = match.group(1) if match else None
         result = None
+    if compiled:
+        report.compile_stats = _reset_compiled()
     stats = tunecl.backend.stats()
     report.fallback_ops = dict(sorted(stats["fallback_ops"].items(), key=lambda kv: -kv[1]))
     report.plan_sources = dict(stats["plan_sources"])
@@ -425,26 +442,58 @@ def _timed(report: ValidationReport, key: str, function: Any, *args: Any) -> Any
     return result
 
 
-def _run(model: Any, x: Any, y: Any, device: str, train: bool, seed: int) -> dict[str, Any]:
+def _reset_compiled() -> dict[str, int]:
+    """Free the compiled graphs and start the compile counters afresh; the counters so far."""
+    import torch
+
+    from tunecl.backend import compile as tunecl_compile
+
+    counters = tunecl_compile.stats()
+    torch._dynamo.reset()
+    tunecl_compile.reset_stats()
+    return counters
+
+
+def _run(model: Any, x: Any, y: Any, device: str, train: bool, seed: int,
+         compiled: bool = False) -> dict[str, Any]:
     """Output (and with ``train``: loss, gradients, parameters after one Adam step) on ``device``.
 
-    With ``train`` also ``own_loss``: the float64 cross-entropy of the output, computed on the CPU.
+    With ``train`` also ``own_loss``: the float64 cross-entropy of the output, computed on the CPU. With
+    ``compiled``, the model and the (capturable) Adam step run through ``torch.compile(...,
+    backend="tunecl")``, :data:`COMPILED_CALLS` times from the same weights, optimizer state and seed; the
+    results are the last call's.
     """
     import torch
     import torch.nn.functional as F
 
-    torch.manual_seed(seed)   # the same dropout masks: the device draws them from the CPU generator
+    calls = COMPILED_CALLS if compiled else 1
+    if compiled:
+        from tunecl.backend.compile import tunecl_backend
+    forward = torch.compile(model, backend=tunecl_backend) if compiled else model
     if not train:
+        model.eval()
         with torch.no_grad():
-            return {"output": model.eval()(x.to(device)).cpu()}
+            for _ in range(calls):
+                torch.manual_seed(seed)   # the same dropout masks: the device draws them from the CPU generator
+                out = forward(x.to(device))
+        return {"output": out.cpu()}
     model.train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=ADAM_LR, eps=ADAM_EPS)
-    optimizer.zero_grad()
-    out = model(x.to(device))
-    loss = F.cross_entropy(out, y.to(device))
-    loss.backward()
-    grads = {n: (p.grad.cpu() if p.grad is not None else None) for n, p in model.named_parameters()}
-    optimizer.step()
+    # (capturable: the step count lives on the device, so the compiled step replays)
+    optimizer = torch.optim.Adam(model.parameters(), lr=ADAM_LR, eps=ADAM_EPS, capturable=compiled)
+    step = torch.compile(optimizer.step, backend=tunecl_backend) if compiled else optimizer.step
+    start = {k: v.clone() for k, v in model.state_dict().items()} if compiled else None
+    for call in range(calls):
+        if call:   # back to the start, in place (the replays read the same tensors)
+            model.load_state_dict(start)
+            for value in (v for state in optimizer.state.values() for v in state.values()):
+                value.zero_()   # the moments and the step count
+        torch.manual_seed(seed)
+        optimizer.zero_grad()
+        out = forward(x.to(device))
+        loss = F.cross_entropy(out, y.to(device))
+        loss.backward()
+        grads = {n: (p.grad.cpu() if p.grad is not None else None) for n, p in model.named_parameters()}
+        step()
     params = {n: p.detach().cpu() for n, p in model.named_parameters()}
     out = out.detach().cpu()
     return {"output": out, "loss": loss.detach().cpu(), "grads": grads, "params": params,

@@ -82,10 +82,12 @@ def _host_random(method: str) -> Callable[..., torch.Tensor]:
 
 def bernoulli_float_(self: torch.Tensor, p: float = 0.5, generator: torch.Generator | None = None,
                      **kwargs: Any) -> torch.Tensor:
-    """``bernoulli_(p)``: in a graph capture, from the graph's device generator (no explicit generator);
-    else drawn on the host."""
+    """``bernoulli_(p)``: in a graph capture (no explicit generator), drawn anew by every replay, on the
+    host or from the graph's device generator (see :mod:`tunecl.backend.graphs`); else drawn on the host."""
     generator = kwargs.pop("generator", generator)
-    if generator is None and graphs.bernoulli_(self, float(p)):
+    shape, dtype = self.shape, self.dtype
+    if generator is None and (graphs.draw_on_host(self, lambda: torch.empty(shape, dtype=dtype).bernoulli_(p))
+                              or graphs.bernoulli_(self, float(p))):
         return self
     return _host_bernoulli(self, p, generator=generator)
 

@@ -81,7 +81,9 @@ def _launch(expr: str, outs: Sequence[torch.Tensor], inputs: Sequence[Sequence[A
     if out_pairs is None:
         return False
     columns: list[list[Any]] = []
+    single = []
     for column in inputs:
+        one = False
         if column and isinstance(column[0], torch.Tensor):
             if len(column) != len(outs):
                 return False
@@ -89,13 +91,28 @@ def _launch(expr: str, outs: Sequence[torch.Tensor], inputs: Sequence[Sequence[A
                 pairs = known[1]
             else:
                 pairs = column is outs and out_pairs or _pairs(column, outs)
+            if pairs is None and columns and (pairs := _single_elements(column, outs)) is not None:
+                one = True   # (not the first input: it is self, whose shape is the output's)
             if pairs is None:
                 return False
             columns.append(pairs)
         else:
             columns.append(list(column))
-    state.get().optim.map(expr, out_pairs, columns, params, [o.numel() for o in outs])
+        single.append(one)
+    state.get().optim.map(expr, out_pairs, columns, params, [o.numel() for o in outs], single)
     return True
+
+
+def _single_elements(column: Sequence[Any], outs: Sequence[torch.Tensor]) -> list[tuple[Any, int]] | None:
+    """The pairs of ``column`` when each of its tensors holds one element (a 0-dim tensor, e.g. a
+    bias correction from a step count kept on the device, that broadcasts over its output) and none
+    shares storage with an output; else None."""
+    if not all(isinstance(t, torch.Tensor) and t.numel() == 1 for t in column):
+        return None
+    written = {o.untyped_storage().data_ptr() for o in outs}
+    if any(t.untyped_storage().data_ptr() in written for t in column):
+        return None
+    return _pairs(column)
 
 
 def clone_all(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
@@ -113,6 +130,36 @@ def copy_all(destinations: Sequence[torch.Tensor], sources: Sequence[torch.Tenso
     applies (contiguous float32 opencl tensors of equal shapes, no storage shared within a pair); False
     (nothing done) otherwise."""
     return bool(destinations) and _launch("copy", destinations, [sources], [])
+
+
+# copies of _foreach_copy_ as multi-tensor kernels: True, False, or None (default): on devices other than
+# CPUs (a CPU device's buffer copy is a memcpy, faster there than a kernel; elsewhere the launches count)
+COPY_KERNELS: bool | None = None
+
+
+def _foreach_copy_(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bool = False) -> None:
+    """``self[k].copy_(src[k])`` for every k: the pairs the multi-tensor path takes (contiguous float32
+    tensors of one shape sharing no storage; the copy-backs of a compiled graph's mutated inputs) in one
+    launch per ``Optim.slots`` (see :data:`COPY_KERNELS`), the others one by one, in order."""
+    kernels = COPY_KERNELS if COPY_KERNELS is not None else state.get().device.fingerprint.device_type != "cpu"
+    fast = [k for k, (d, s) in enumerate(zip(self, src))
+            if kernels and d.dtype is s.dtype is torch.float32 and d.shape == s.shape and d.device == s.device]
+    if len(self) != len(src) or not fast or not copy_all([self[k] for k in fast], [src[k] for k in fast]):
+        fast = []
+    done = set(fast)
+    for k, (d, s) in enumerate(zip(self, src)):
+        if k not in done:
+            d.copy_(s, non_blocking)
+
+
+def _foreach_pow_scalar_and_tensor(self: Any, exponent: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``[self ** e for e in exponent]`` (a number to tensor powers: Adam's bias corrections from step
+    counts kept on the device) in one launch per ``Optim.slots`` tensors where the path applies."""
+    if _is_number(self) and exponent and (pairs := _pairs(exponent)) is not None:
+        outs = [empty_dense(t) for t in exponent]
+        if _launch("pow", outs, [[float(self)] * len(exponent), exponent], [], (exponent, pairs)):
+            return outs
+    return torch.ops.aten._foreach_pow.ScalarAndTensor._op_dk(_GENERIC, self, exponent)
 
 
 def _op(name: str) -> torch._ops.OpOverload:
@@ -225,6 +272,8 @@ def _table() -> dict[str, Callable[..., Any]]:
         for name in (f"_foreach_{base}_{dot}{rest}", f"_foreach_{base}{dot}{rest}"):
             table[name] = _adapter(name, expr, arrange)
     table["_foreach_zero_"] = _adapter("_foreach_zero_", "fill", _zero)
+    table["_foreach_copy_"] = _foreach_copy_
+    table["_foreach_pow.ScalarAndTensor"] = _foreach_pow_scalar_and_tensor
     return table
 
 

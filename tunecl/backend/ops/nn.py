@@ -497,11 +497,19 @@ def native_dropout(input: torch.Tensor, p: float, train: bool | None) -> tuple[t
         return run("copy", new_like(input), (input,)), mask
     keep = 1.0 - p
     scale = 0.0 if keep == 0 else 1.0 / keep
-    drawn = memory.empty_contiguous(list(input.shape), torch.float32) if graphs.capturing() else None
-    if drawn is not None and graphs.bernoulli_(drawn, keep):   # in a graph capture: from its device generator
-        mask = run("copy", new_like(input, torch.bool), (drawn,))
-    else:
-        mask = copies.upload(torch.empty(input.shape, dtype=input.dtype).bernoulli_(keep).bool())
+    shape, dtype = list(input.shape), input.dtype
+
+    def host_mask() -> torch.Tensor:   # (as the CPU kernel draws it)
+        return torch.empty(shape, dtype=dtype).bernoulli_(keep).bool()
+
+    mask = None
+    if graphs.capturing():   # each replay draws anew: on the host, or from the graph's device generator
+        mask = memory.empty_contiguous(shape, torch.bool)
+        if not graphs.draw_on_host(mask, host_mask):
+            drawn = memory.empty_contiguous(shape, torch.float32)
+            mask = run("copy", mask, (drawn,)) if graphs.bernoulli_(drawn, keep) else None
+    if mask is None:
+        mask = copies.upload(host_mask())
     return run("scale_mask", new_like(input), (input, mask), (scale,)), mask
 
 
