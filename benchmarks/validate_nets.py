@@ -1,9 +1,5 @@
-<<<<<<< HEAD
-"""Validate the 18 torchvision nets of docs/results.md: eval and train step, one JSON file per net.
-=======
-"""Validate the nets of the README table (the 18 torchvision CNNs, then convnext_tiny/small, vit_b_16,
+"""Validate the nets of docs/results.md (the 18 torchvision CNNs, then convnext_tiny/small, vit_b_16,
 swin_t, hf:bert and hf:gpt2): eval and train step, one JSON file per net.
->>>>>>> transformers
 
 Each net runs as ``tunecl validate --net NAME [--train] --json`` in its own process (so one net's
 failure or crash cannot hide another's), at the smallest image size it takes (``--image-size`` raises
