@@ -9,10 +9,24 @@ and the memory of each process's torch.
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).parent))
+import native_stacks  # noqa: E402
+
 MAX_WORKERS = 4
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """With ``TUNECL_TEST_NATIVE_STACKS=1`` (``.ci/run``), a process of the run (a pytest-xdist worker
+    included) that dies on a fatal signal prints its threads' native stacks after faulthandler's Python
+    stacks (see native_stacks.py)."""
+    if native_stacks.wanted():
+        native_stacks.install()
 
 
 @pytest.hookimpl(optionalhook=True)  # defined by pytest-xdist; without it, never called
