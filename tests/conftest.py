@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+import draws  # noqa: E402
 import native_stacks  # noqa: E402
 
 MAX_WORKERS = 4
@@ -32,3 +33,17 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(optionalhook=True)  # defined by pytest-xdist; without it, never called
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(1, min(MAX_WORKERS, os.cpu_count() or 1))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    draws.used.clear()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A failed test that drew random configs (draws.py) says which seed, and how to draw them again."""
+    report = yield
+    if report.failed and draws.used:
+        report.sections.append(("random draws", draws.describe()))
+    return report
