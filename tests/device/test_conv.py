@@ -2,9 +2,10 @@
 
 Every registered conv algorithm × every direction it applies to is run at its default config on the
 whole shape list (which is also the ``applies``-exactness test: whenever an algorithm says yes, the
-result must be right) and at seeded random valid configs on a few shapes; the random configs on every
-shape are ``slow``. References are float64 torch (``conv2d`` and its autograd for the backward
-directions).
+result must be right) and at random valid configs drawn with the day's seed (tests/draws.py): one per
+run on each of a few shapes, and one on a few of the other shapes (``TUNECL_RANDOM_CONFIGS=full``: three
+on each of the few, one on every other shape). References are float64 torch (``conv2d`` and its
+autograd for the backward directions).
 
 Tolerance: an fp32 sum of L products, in any order and tiling (split reductions included), is off
 by at most γ_L·Σ|terms| with γ_L ≈ L·ε (Higham, *Accuracy and Stability*, §3.1). The test computes
@@ -22,8 +23,8 @@ measured ≤ 0.18 of the bound.
 from __future__ import annotations
 
 import importlib
-import random
 
+import draws
 import numpy as np
 import pytest
 
@@ -61,10 +62,12 @@ SHAPES = {
     "out_1x1": "n=3,c=4,h=3,w=3,k=4,r=3,s=3",
     "asymmetric": "n=1,c=4,h=12,w=10,k=4,r=3,s=2,stride=2x1,pad=1x0,dil=1x2",
 }
-# shapes that get seeded random configs in the fast run (the rest only in the slow one)
+# shapes that get RANDOM_CONFIGS random configs each; each of the others gets one, OTHER_SHAPES of them
+# per run (drawn), all with TUNECL_RANDOM_CONFIGS=full (tests/draws.py)
 RANDOM_SHAPES = ("3x3_s1_odd", "3x3_s2", "3x3_p2_dil2", "groups2", "depthwise_s2", "1x1_s2",
                  "depthwise_x2_5x5")
-RANDOM_CONFIGS = 3
+RANDOM_CONFIGS = draws.count(per_run=1, full=3)
+OTHER_SHAPES = draws.count(per_run=4, full=len(SHAPES) - len(RANDOM_SHAPES))
 # shapes whose whole spaces are enumerated and re-checked (defaults are checked on every shape)
 SPACE_SHAPES = ("c3_7x7_s2_b1", "3x3_s2", "3x3_p0_s1", "groups32", "depthwise_x2_5x5", "1x1_s2", "k1000",
                 "out_1x1")
@@ -160,9 +163,9 @@ def test_every_direction_with_offsets(device, name):
 
 
 # -- random configs ------------------------------------------------------------------------------------
-def random_configs(algorithm, p: ConvProblem, device, count: int, seed: str) -> list[dict[str, int]]:
+def random_configs(algorithm, p: ConvProblem, device, count: int, name: str) -> list[dict[str, int]]:
     configs = algorithm.space(p, device).configs()
-    return random.Random(seed).sample(configs, min(count, len(configs)))
+    return draws.rng(name).sample(configs, min(count, len(configs)))
 
 
 def _run_random(device, name: str, direction: str, shapes, count: int = RANDOM_CONFIGS) -> int:
@@ -172,7 +175,8 @@ def _run_random(device, name: str, direction: str, shapes, count: int = RANDOM_C
         p = problem(shape, direction)
         if not algorithm.applies(p, device):
             continue
-        for i, config in enumerate(random_configs(algorithm, p, device, count, f"{name}/{shape}/{direction}")):
+        drawn = random_configs(algorithm, p, device, count, f"conv/{name}/{shape}/{direction}")
+        for i, config in enumerate(drawn):
             odd = (i + j) % 2  # beta and bias alternate over configs and shapes
             try:
                 check(device, algorithm, p, config, beta=0.5 if odd else 0.0,
@@ -195,9 +199,11 @@ def test_random_configs(device, name, direction):
 @pytest.mark.parametrize("direction", DIRECTIONS)
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_random_configs_on_every_shape(device, name, direction):
-    """One seeded random config per remaining shape (each compile costs seconds on PoCL; the shapes
-    above get RANDOM_CONFIGS each)."""
-    _run_random(device, name, direction, [s for s in SHAPES if s not in RANDOM_SHAPES], count=1)
+    """One random config on each of OTHER_SHAPES of the remaining shapes, drawn (each compile costs
+    seconds on PoCL; the shapes above get RANDOM_CONFIGS each)."""
+    others = [s for s in SHAPES if s not in RANDOM_SHAPES]
+    shapes = draws.rng(f"conv/{name}/{direction}/shapes").sample(others, OTHER_SHAPES)
+    _run_random(device, name, direction, [s for s in others if s in shapes], count=1)
 
 
 # -- spaces, determinism, coverage -----------------------------------------------------------------------

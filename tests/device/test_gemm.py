@@ -18,6 +18,8 @@ import math
 import random
 import types
 
+import draws
+import draw_spaces
 import numpy as np
 import pytest
 
@@ -190,6 +192,9 @@ def test_default_config_matches_numpy(device, rng, name, transposes):
 # ---- seeded random configs ---------------------------------------------------------------------------
 
 CONFIGS_PER_ALGORITHM = 32
+# the draws checked against numpy: 12 of 1000 per run, drawn with the day's seed; the first CONFIGS_PER_ALGORITHM
+# with TUNECL_RANDOM_CONFIGS=full (tests/draws.py)
+PICKS = draws.Picks("gemm/random", per_run=12, full=CONFIGS_PER_ALGORITHM)
 _spaces: dict[tuple[str, bool, bool], list[dict[str, int]]] = {}
 
 
@@ -201,16 +206,19 @@ def random_config(name: str, index: int) -> tuple[tuple[bool, bool], dict[str, i
     transposes = TRANSPOSES[index % 4]
     key = (name, *transposes)
     if key not in _spaces:
-        _spaces[key] = ALGORITHMS[name].space(problem(DRAW_SHAPE, transposes), DRAW_DEVICE).configs()
+        p = problem(DRAW_SHAPE, transposes)
+        _spaces[key] = (draw_spaces.tiled_configs(p, DRAW_DEVICE, gemm.CP_ASYNC in gemm.capabilities(DRAW_DEVICE))
+                        if name == "gemm_tiled" else ALGORITHMS[name].space(p, DRAW_DEVICE).configs())
     configs = _spaces[key]
     if name == "gemm_tiled" and index % 8 == 7:
         configs = [c for c in configs if c["SA"] == 0]
     return transposes, random.Random(1000 * index + len(name)).choice(configs)
 
 
-@pytest.mark.parametrize("index", range(CONFIGS_PER_ALGORITHM))
+@pytest.mark.parametrize("position", range(len(PICKS)))
 @pytest.mark.parametrize("name", ALGORITHMS)
-def test_random_config_matches_numpy(device, rng, name, index):
+def test_random_config_matches_numpy(device, rng, name, position):
+    index = PICKS[position]
     transposes, config = random_config(name, index)
     algorithm = ALGORITHMS[name]
     assert algorithm.space(problem(DRAW_SHAPE, transposes), device).is_valid(config)

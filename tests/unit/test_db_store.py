@@ -216,9 +216,14 @@ def test_garbage_file_is_a_database_error(tmp_path):
         TuningDB(str(path))
 
 
-def _record_many(url: str, worker: int, count: int) -> None:
+WRITERS, RECORDS = 4, 150   # records per writer
+
+
+def _record_many(url: str, worker: int, count: int, start=None) -> None:
     fp = Fingerprint("Acme", "Acme GPU 9000", f"driver-{worker % 2}", "3.0", "gpu", 64, 1024, 65536, 2**34)
     with TuningDB(url) as db:
+        if start is not None:
+            start.wait(timeout=120)   # every writer has started and opened the DB: the writes overlap
         for i in range(count):
             problem = GemmProblem(i + 1, worker + 1, 8)
             db.record(fp, problem, "gemm", 1, {"worker": worker, "i": i}, 1e-3 + i * 1e-6)
@@ -228,15 +233,16 @@ def test_four_processes_write_at_once(tmp_path):
     url = f"sqlite:///{tmp_path / 'shared.sqlite'}"
     # spawn, not fork: each writer is a fresh process with its own connections, as separate tuning runs are
     context = multiprocessing.get_context("spawn")
-    workers = [context.Process(target=_record_many, args=(url, w, 500)) for w in range(4)]
+    start = context.Barrier(WRITERS)
+    workers = [context.Process(target=_record_many, args=(url, w, RECORDS, start)) for w in range(WRITERS)]
     for worker in workers:
         worker.start()
     for worker in workers:
         worker.join(timeout=240)
-    assert [w.exitcode for w in workers] == [0, 0, 0, 0]
+    assert [w.exitcode for w in workers] == [0] * WRITERS
     with TuningDB(url) as db:
         records = db.results()
-        assert len(records) == 2000
+        assert len(records) == WRITERS * RECORDS
         found = {(r.params["worker"], r.params["i"]) for r in records}
-        assert found == {(w, i) for w in range(4) for i in range(500)}
+        assert found == {(w, i) for w in range(WRITERS) for i in range(RECORDS)}
         assert db.stats()["devices"] == 2

@@ -10,7 +10,6 @@ Skipped unless ``clang`` (15+) and ``ptxas`` are on the PATH.
 
 from __future__ import annotations
 
-import random
 import re
 import shutil
 import subprocess
@@ -18,6 +17,7 @@ import types
 from importlib import resources
 from pathlib import Path
 
+import draws
 import pytest
 
 from tunecl.kernels import gemm_mma
@@ -36,6 +36,9 @@ CLANG = next(
 PTXAS = shutil.which("ptxas")
 pytestmark = pytest.mark.skipif(not (CLANG and PTXAS), reason="needs clang with NVPTX and ptxas")
 
+# configs drawn per random test with the day's seed, the transposes and variants rotating over them; 8 with
+# TUNECL_RANDOM_CONFIGS=full (tests/draws.py)
+RANDOM_CONFIGS = draws.count(per_run=2, full=8)
 H200 = types.SimpleNamespace(
     local_mem_size=48 * 1024,
     max_work_group_size=1024,
@@ -151,8 +154,9 @@ def test_cp_async_pipelines_assemble_without_spills(stages, tmp_path):
 
 def test_random_configs_and_scalar_variants_assemble(tmp_path):
     source = Path(str(resources.files("tunecl.kernels").joinpath("gemm_mma.cl")))
-    pick = random.Random(11)
-    for index in range(8):
+    pick = draws.rng("gemm_mma_ptx/tf32")
+    first = pick.randrange(12)   # where in the 12-long cycle of transposes and variants the draws start
+    for index in range(first, first + RANDOM_CONFIGS):
         transposes = [(False, False), (False, True), (True, False), (True, True)][index % 4]
         p = GemmProblem(2048, 512, 256, *transposes)
         config = pick.choice(gemm_mma.GemmMmaTF32().space(p, H200).configs())
@@ -206,8 +210,9 @@ def test_random_f16_configs_and_scalar_variants_assemble(tmp_path):
     """Seeded configs with aligned and scalar (VWA/VWB = 1, CSCALAR) variants; a scalar operand with
     cp.async copies single halves without cp.async (it copies 4 bytes at least)."""
     source = Path(str(resources.files("tunecl.kernels").joinpath("gemm_mma.cl")))
-    pick = random.Random(13)
-    for index in range(8):
+    pick = draws.rng("gemm_mma_ptx/f16")
+    first = pick.randrange(12)   # where in the 12-long cycle of transposes and variants the draws start
+    for index in range(first, first + RANDOM_CONFIGS):
         transposes = [(False, False), (False, True), (True, False), (True, True)][index % 4]
         p = GemmProblem(2048, 512, 256, *transposes, dtype="float16")
         config = pick.choice(gemm_mma.GemmMmaF16().space(p, H200).configs())

@@ -1,0 +1,85 @@
+"""Native stacks of a test process that dies on a fatal signal (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT).
+
+Python's faulthandler (which pytest enables) prints the Python stack of every thread of a dying process;
+a heap corrupted by native code shows itself only in the native frames. :func:`install` adds a handler
+that runs after faulthandler's: it attaches gdb to the dying process and prints every thread's native
+backtrace to stderr (the pytest-xdist controller's stderr for a worker, so the CI log), then lets the
+process die of the signal as before. Enabled by ``TUNECL_TEST_NATIVE_STACKS=1`` (``.ci/run`` sets it)
+where gdb is on PATH; without either, nothing changes.
+
+The handler is a ctypes callback: it takes the GIL, so it runs in a crashing thread that holds it (the
+usual case: a Python call into a native library) and waits for it in a native thread that does not.
+A second fault inside the handler kills the process with the signal's default action.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+ENV = "TUNECL_TEST_NATIVE_STACKS"
+SIGNALS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT)
+GDB_TIMEOUT_S = 180
+_HANDLER = ctypes.CFUNCTYPE(None, ctypes.c_int)
+_SIG_DFL = 0
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.signal.restype = ctypes.c_void_p
+_libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+_installed: list = []   # the callback object: it must outlive every signal
+
+
+def _gdb_command(gdb: str, pid: int) -> list[str]:
+    return [gdb, "-nx", "-batch", "-iex", "set auto-load no", "-p", str(pid), "-ex", "set pagination off",
+            "-ex", "set print frame-arguments none", "-ex", "thread apply all bt 40"]
+
+
+def _make_handler(gdb: str, out: int):
+    """The handler, writing to file descriptor ``out`` (a copy of stderr taken before pytest captures
+    fd 2 around each test, as pytest's faulthandler does)."""
+
+    def on_fatal_signal(signum: int) -> None:
+        for s in SIGNALS:   # a fault from here on ends the process at once
+            _libc.signal(s, _SIG_DFL)
+        pid = os.getpid()
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        header = f"\n==== native stacks of pytest process {pid} ({worker}), signal {signum}: gdb ====\n"
+        os.write(out, header.encode())
+        try:
+            subprocess.run(_gdb_command(gdb, pid), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                           timeout=GDB_TIMEOUT_S, check=False)
+        except BaseException as error:   # (nothing may escape a signal handler)
+            os.write(out, f"gdb could not run: {error!r}\n".encode())
+        os.write(out, f"==== end of the native stacks of process {pid} ({worker}) ====\n".encode())
+        # returning re-runs the faulting instruction (or returns into faulthandler's raise()): the signal
+        # now has its default action and ends the process as it would have without this handler
+
+    return _HANDLER(on_fatal_signal)
+
+
+def install(gdb: str | None = None) -> bool:
+    """Install the handler beneath faulthandler's (which runs first and then raises the signal again);
+    True if installed."""
+    gdb = gdb or shutil.which("gdb")
+    if _installed or gdb is None:
+        return bool(_installed)
+    enabled = faulthandler.is_enabled()
+    if enabled:   # faulthandler keeps the handler it found when enabled and calls it after its own
+        faulthandler.disable()
+    handler = _make_handler(gdb, os.dup(sys.__stderr__.fileno()))
+    address = ctypes.cast(handler, ctypes.c_void_p).value
+    for s in SIGNALS:
+        _libc.signal(s, address)
+    _installed.append(handler)
+    if enabled:
+        faulthandler.enable(all_threads=True)
+    return True
+
+
+def wanted() -> bool:
+    return os.environ.get(ENV, "") == "1"
