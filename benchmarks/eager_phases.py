@@ -47,13 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", type=int, default=0, metavar="N")
     args = parser.parse_args(argv)
     if args.stub_launches:   # before tunecl binds the launch functions
-        import pyopencl as cl
-        import pyopencl._cl as binding
+        from tunecl.tools.launch_stub import stub_launches
 
-        def stub(*_: object, **__: object) -> None:
-            return None
-
-        binding.enqueue_nd_range_kernel = cl.enqueue_nd_range_kernel = stub
+        stub_launches()
     import torch
 
     import tunecl.backend  # noqa: F401
