@@ -37,7 +37,8 @@ class ResultSink(Protocol):
                origin: str | None = None) -> None: ...
 
 
-WARM_START = 6  # configs of similar problems a search starts from (tunecl tune --warm-start)
+WARM_START = 0  # configs of similar problems a search starts from (tunecl tune --warm-start): off until a
+# measurement shows it pays (benchmarks/warm_start.py on PoCL: cold/warm tuned time 0.90-0.96 with 8 trials)
 
 
 def origin_here() -> str:

@@ -279,7 +279,7 @@ def test_a_config_asked_to_try_is_measured_after_the_defaults_and_bad_ones_are_u
 def test_a_search_starts_from_the_winners_of_similar_stored_problems(device, tmp_path, storage, capsys,
                                                                      monkeypatch):
     """A config stored for a similar problem is measured right after the defaults (its nearest valid
-    config where it does not fit); --warm-start 0 turns that off."""
+    config where it does not fit), given a warm start; --warm-start 0 (the default) turns that off."""
     gemm = next(a for a in algorithms("gemm") if a.name == "gemm_tiled")
     near = GemmProblem(66, 17, 29)   # PROBLEM with twice the M
     default, space = dict(gemm.default(near, device)), gemm.space(near, device)
@@ -289,7 +289,7 @@ def test_a_search_starts_from_the_winners_of_similar_stored_problems(device, tmp
     with TuningDB(str(tmp_path / "tuning.sqlite")) as db:
         db.record(device.fingerprint, PROBLEM, gemm.name, gemm.version, stored, 1e-3)
         outcome = tune_problem(near, device, db, trials=len(algorithms("gemm")) + 2, storage_url=storage,
-                               policy=FAST)
+                               policy=FAST, warm_start=6)
     assert outcome.hints == 1
     assert [(r.algorithm, dict(r.config)) for r in outcome.results[len(outcome.defaults):][:1]] == \
         [("gemm_tiled", stored)]

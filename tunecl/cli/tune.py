@@ -164,11 +164,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "the others again; with --net a problem counts as tuned when each of them "
                              "that applies has a stored result, and problems none of them applies to are "
                              "listed as not applicable")
-    parser.add_argument("--warm-start", type=non_negative_int, default=6, metavar="N",   # tunecl.tune.WARM_START
+    parser.add_argument("--warm-start", type=non_negative_int, default=0, metavar="N",   # tunecl.tune.WARM_START
                         help="start each search from up to N configs: the winners of the most similar "
                              "problems stored for this device model (same kind and kernel shape, other "
                              "batch or sizes; the DB and the shipped results), measured and verified right "
-                             "after the defaults (default 6; 0: none)")
+                             "after the defaults (default 0: none; they take trials from the search)")
     parser.add_argument("--try", dest="tries", metavar="ALG[:K=V,...]", type=try_spec, action="append",
                         default=[],
                         help="with --gemm or --conv: also evaluate ALG's default with these parameters "
