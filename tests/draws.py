@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import os
 import random
+from collections.abc import Callable
 
 SEED_ENV = "TUNECL_RANDOM_SEED"
 FULL_ENV = "TUNECL_RANDOM_CONFIGS"
@@ -41,6 +42,23 @@ def rng(name: str, seed: int | None = None) -> random.Random:
     ``seed``)."""
     used.add(name)
     return random.Random(f"{name}/{SEED if seed is None else seed}")
+
+
+def shape_configs(rng: random.Random, shapes: list[str], configs_of: Callable[[str], list[dict[str, int]]],
+                  count: int, stride: int = 1) -> list[tuple[str, dict[str, int]]]:
+    """``count`` (shape, config) pairs with distinct configs: shapes every ``stride``-th from a start
+    drawn by ``rng``, each with a config drawn from ``configs_of(shape)``."""
+    start = rng.randrange(len(shapes))
+    drawn, seen = [], set()
+    for index in range(count):
+        shape = shapes[(start + stride * index) % len(shapes)]
+        configs = configs_of(shape)
+        config = rng.choice(configs)
+        while tuple(sorted(config.items())) in seen:
+            config = rng.choice(configs)
+        seen.add(tuple(sorted(config.items())))
+        drawn.append((shape, config))
+    return drawn
 
 
 class Picks:

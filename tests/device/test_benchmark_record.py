@@ -1,16 +1,8 @@
 """gemm.py and conv.py --record: rows in the results CSV's columns that plot_results.py reads back."""
 
-import importlib.util
 from pathlib import Path
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from test_benchmark_scripts import load_script
 
 
 def test_gemm_and_conv_record_their_results(tmp_path, capsys, monkeypatch):

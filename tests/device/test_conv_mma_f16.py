@@ -204,19 +204,8 @@ def _space_configs(shape: str, direction: str) -> list[dict[str, int]]:
 def random_configs(direction: str, seed: int | None = None) -> list[tuple[str, dict[str, int]]]:
     """RANDOM_CONFIGS distinct (shape, config) pairs for a direction, configs drawn from the H200-like
     space with the day's seed (or ``seed``), shapes every third from a drawn start."""
-    rng = draws.rng(f"conv_mma_f16/{direction}", seed)
-    names = list(SHAPES)
-    start = rng.randrange(len(names))
-    drawn, seen = [], set()
-    for index in range(RANDOM_CONFIGS):
-        shape = names[(start + 3 * index) % len(names)]
-        configs = _space_configs(shape, direction)
-        config = rng.choice(configs)
-        while tuple(sorted(config.items())) in seen:
-            config = rng.choice(configs)
-        seen.add(tuple(sorted(config.items())))
-        drawn.append((shape, config))
-    return drawn
+    return draws.shape_configs(draws.rng(f"conv_mma_f16/{direction}", seed), list(SHAPES),
+                               lambda shape: _space_configs(shape, direction), RANDOM_CONFIGS, stride=3)
 
 
 @pytest.mark.parametrize("mode", MODES)
