@@ -17,6 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import draws  # noqa: E402
 import native_stacks  # noqa: E402
+import worker_deaths  # noqa: E402
 
 MAX_WORKERS = 4
 
@@ -28,6 +29,31 @@ def pytest_configure(config: pytest.Config) -> None:
     stacks (see native_stacks.py)."""
     if native_stacks.wanted():
         native_stacks.install()
+        _watch.append(worker_deaths.HandlerWatch(native_stacks.SIGNALS, os.dup(sys.__stderr__.fileno())))
+
+
+_watch: list[worker_deaths.HandlerWatch] = []
+
+
+@pytest.hookimpl(optionalhook=True)  # defined by pytest-xdist, called in the controller
+def pytest_testnodedown(node, error) -> None:
+    """A worker that went down unexpectedly: say how its process ended (worker_deaths.py)."""
+    if error is None or not native_stacks.wanted():
+        return
+    status = worker_deaths.exit_status(node)
+    reporter = node.config.pluginmanager.get_plugin("terminalreporter")
+    line = f"==== worker {node.gateway.id} went down ({error}): {worker_deaths.describe_exit(status)} ===="
+    if reporter is not None:
+        reporter.write_line(line)
+    else:
+        sys.stderr.write(line + "\n")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """Native code that replaced a fatal-signal handler during this test is named (worker_deaths.py)."""
+    if _watch:
+        _watch[0].check(item.nodeid)
 
 
 @pytest.hookimpl(optionalhook=True)  # defined by pytest-xdist; without it, never called

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -45,3 +46,52 @@ def test_not_wanted_without_the_variable(monkeypatch):
     assert not native_stacks.wanted()
     monkeypatch.setenv(native_stacks.ENV, "1")
     assert native_stacks.wanted()
+
+
+DYING = """
+import os, signal
+
+def test_killed():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+def test_exits():
+    os._exit(3)
+"""
+
+
+def test_a_worker_that_dies_without_a_stack_is_said_how(tmp_path):
+    """The controller names the signal or exit status of a worker process that went down
+    (tests/worker_deaths.py); both deaths here leave no Python stack."""
+    (tmp_path / "conftest.py").write_text(   # the suite's conftest under another module name
+        "import importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('suite_conftest', {str(TESTS / 'conftest.py')!r})\n"
+        "suite = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(suite)\n"
+        "globals().update({k: v for k, v in vars(suite).items() if k.startswith('pytest_')})\n")
+    (tmp_path / "test_dying.py").write_text(DYING)
+    env = {**os.environ, "TUNECL_TEST_NATIVE_STACKS": "1"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert "killed by SIGKILL: no handler runs for it" in out, out
+    assert "exited with status 3 before finishing its session" in out, out
+
+
+def test_a_replaced_crash_handler_is_named(tmp_path):
+    sys.path.insert(0, str(TESTS))
+    import worker_deaths
+
+    read, write = os.pipe()
+    watch = worker_deaths.HandlerWatch((signal.SIGUSR1,), write)
+    assert watch.check("nothing") == []
+    previous = signal.signal(signal.SIGUSR1, lambda *_: None)
+    try:
+        lines = watch.check("test_x")
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    os.close(write)
+    assert len(lines) == 1 and "SIGUSR1 handler" in lines[0] and "during test_x" in lines[0]
+    assert os.read(read, 4096).decode() == lines[0]
+    os.close(read)
+    assert "killed by SIGSEGV" == worker_deaths.describe_exit(-signal.SIGSEGV)
+    assert "could not be read" in worker_deaths.describe_exit(None)
