@@ -63,6 +63,20 @@ def handler_address(signum: int) -> int:
     return ctypes.c_void_p.from_buffer(action).value or 0
 
 
+def library_of(address: int) -> str:
+    """The file mapped at ``address`` in this process (from /proc/self/maps), or "?"."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split()
+                low, high = (int(x, 16) for x in fields[0].split("-"))
+                if low <= address < high:
+                    return fields[5] if len(fields) > 5 else "an anonymous mapping"
+    except OSError:
+        pass
+    return "?"
+
+
 class HandlerWatch:
     """Remembers the handlers of ``signals`` and says once per signal when one has been replaced."""
 
@@ -78,7 +92,8 @@ class HandlerWatch:
             now = handler_address(s)
             if now != self.known[s]:
                 lines.append(f"==== {signal.Signals(s).name} handler of process {os.getpid()} replaced during "
-                             f"{where} ({self.known[s]:#x} -> {now:#x}): a crash from here on may end "
+                             f"{where} (by {library_of(now)}; the test or a thread still running from an "
+                             "earlier one): a crash from here on may end "
                              "without Python stacks ====\n")
                 self.known[s] = now
         for line in lines:
