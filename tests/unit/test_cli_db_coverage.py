@@ -130,10 +130,16 @@ def test_the_text_table_and_the_problem_list(capsys, tiny_net, stored, tmp_path)
     assert lines[1] == f"user DB  {stored}"
     assert lines[2] == f"shipped  {tmp_path / 'shipped'} (1 files)"
     assert lines[4].split() == ["net", "batch", "mode", "precision", "problems", "user", "shipped", "user", "near",
-                                "batch", "shipped", "near", "batch", "default"]
-    assert lines[5].split() == ["tinycov:build", "2", "inference", "fp32", "3", "2", "1", "0", "0", "0"]
+                                "batch", "shipped", "near", "batch", "default", "at", "tf32"]
+    assert lines[5].split() == ["tinycov:build", "2", "inference", "fp32", "3", "2", "1", "0", "0", "0", "0"]
     listed = {line.split()[0]: line.split()[2] for line in lines if line.startswith(("conv:", "gemm:"))}
     assert listed == {CONV1.key: "user", CONV2.key: "user-other-driver", FC.key: "shipped"}
+
+    code, out, _ = _run(capsys, *ARGS, "--db", str(stored), "--device", "gpu 9000", "--mode", "training",
+                        "--precision", "tf32")
+    assert code == 0   # the TF32-only result serves a TF32 request, and is counted among those at TF32
+    assert out.splitlines()[5].split() == ["tinycov:build", "2", "training", "tf32", "8", "3", "1", "0", "1", "3",
+                                           "1"]
 
 
 def test_the_plan_sources_agree_with_the_lookups_the_backend_makes(tiny_net, stored, fingerprint):
@@ -175,8 +181,8 @@ def test_all_names_the_seed_nets(capsys, stored, monkeypatch):
     (("--net", "resnet5O"), "unknown model 'resnet5O'"),
     (("--net", "resnet18,hf:nope"), "unknown model 'hf:nope'"),
     (("--net", "no_such_module_xyz:build"), "cannot build 'no_such_module_xyz:build'"),
-    (("--net", "resnet18", "--device", "radeon"), "no device stored in the DB or the shipped results matches "
-                                                  "'radeon'; stored devices: Acme GPU 9000 (driver 1.0) ["),
+    (("--net", "resnet18", "--device", "radeon"), ("no device stored in the DB or the shipped results matches "
+                                                   "'radeon'; stored devices: Acme GPU 9000 (driver 1.0) [")),
     (("--net", "resnet18", "--device", "gpu"), "'gpu' names 2 device models: "),
 ])
 def test_an_unknown_net_or_device_is_a_usage_error(argv, message, capsys, stored, monkeypatch):
@@ -186,6 +192,14 @@ def test_an_unknown_net_or_device_is_a_usage_error(argv, message, capsys, stored
     code, out, err = _run(capsys, "db", "coverage", *argv, "--db", str(stored))
     assert (code, out) == (2, "")
     assert err.startswith(f"tunecl db coverage: error: {message}")
+
+
+def test_with_no_stored_device_the_error_says_so(capsys, tmp_path):
+    code, out, err = _run(capsys, "db", "coverage", "--net", "resnet18", "--device", "h200", "--db",
+                          str(tmp_path / "none.sqlite"))
+    assert (code, out) == (2, "")
+    assert err == ("tunecl db coverage: error: no device to select with 'h200': neither the DB nor the shipped "
+                   "results hold any results\n")
 
 
 @pytest.mark.parametrize("argv,message", [

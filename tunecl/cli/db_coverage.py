@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from tunecl.cli.output import print_json, print_table
-from tunecl.precision import PRECISIONS
+from tunecl.precision import PRECISIONS, TF32
 
 MODES = ("inference", "training")   # tunecl.tools.plan_sources.MODES (kept here so --help imports nothing)
 ALL_NETS = "all"
@@ -148,6 +148,9 @@ def _device(selector: str | None, db: Any, shipped_index: Any) -> Any:
 
         return runtime.select_device(None).fingerprint
     stored = list({fp.key: fp for fp in [*db.devices(), *shipped_index.devices()]}.values())
+    if not stored:
+        raise DeviceNotFoundError(f"no device to select with {selector!r}: neither the DB nor the shipped results "
+                                  f"hold any results")
     matches = select_devices(selector, stored, "the DB or the shipped results")
     models = {fp.model_key: fp for fp in matches}
     if len(models) > 1:
@@ -189,17 +192,18 @@ def _print_text(rows: list[Any], fingerprint: Any, args: argparse.Namespace, fol
           + (f" ({len(files)} files)" if folder is not None else ""))
     print()
     headers = ["net", "batch", "mode", "precision", "problems", "user", "shipped", "user near batch",
-               "shipped near batch", "default"]
+               "shipped near batch", "default", "at tf32"]
     table = []
     for row in rows:
         c = row.counts
         table.append([row.net, row.batch, row.mode, row.precision, len(row.plans),
                       c["user"] + c["user-other-driver"], c["shipped"],
                       c["user-near-batch"] + c["user-other-driver-near-batch"], c["shipped-near-batch"],
-                      c["default"]])
+                      c["default"], sum(p.hit is not None and p.hit.precision == TF32 for p in row.plans)])
     print_table(headers, table)
     print("\nuser: this device, or its model on another driver; near batch: the same problem tuned at another "
-          "batch (the backend's next step, with TUNECL_TUNE=off); default: the heuristic default")
+          "batch (the backend's next step, with TUNECL_TUNE=off); default: the heuristic default; at tf32: the "
+          "stored results among them that compute at TF32")
     if not args.problems:
         return
     for row in rows:
