@@ -147,8 +147,11 @@ def _device(selector: str | None, db: Any, shipped_index: Any) -> Any:
         from tunecl import runtime
 
         return runtime.select_device(None).fingerprint
-    stored = list({fp.key: fp for fp in [*db.devices(), *shipped_index.devices()]}.values())
-    if not stored:
+    from tunecl.db.selection import is_local_form
+
+    found = {fp.key: fp for fp in [*db.devices(), *shipped_index.devices()]}
+    stored = sorted(found.values(), key=lambda fp: (fp.label, fp.key))
+    if not stored and not is_local_form(selector):
         raise DeviceNotFoundError(f"no device to select with {selector!r}: neither the DB nor the shipped results "
                                   f"hold any results")
     matches = select_devices(selector, stored, "the DB or the shipped results")
