@@ -117,12 +117,17 @@ def gpt2() -> NextTokenModel:
 MODELS: dict[str, Callable[[], TokenModel]] = {f"{PREFIX}bert": bert, f"{PREFIX}gpt2": gpt2}
 
 
-def build(name: str) -> TokenModel:
-    """The model ``name`` (one of :data:`MODELS`) with random weights.
+def builder(name: str) -> Callable[[], TokenModel]:
+    """What builds the model ``name`` (one of :data:`MODELS`), checked without building it.
 
     Raises:
         ValueError: an unknown ``hf:`` name (the message lists the known ones).
     """
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; the hf: models are {', '.join(MODELS)}")
-    return MODELS[name]()
+    return MODELS[name]
+
+
+def build(name: str) -> TokenModel:
+    """The model ``name`` (one of :data:`MODELS`) with random weights (:func:`builder`'s errors)."""
+    return builder(name)()

@@ -63,3 +63,23 @@ def test_docs_links_resolve():
             if "://" in target:
                 continue
             assert (page.parent / target).exists(), f"{page.name}: broken link {target}"
+
+
+def _subcommands(parser):
+    import argparse
+
+    (action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return action.choices
+
+
+def test_every_db_subcommand_and_its_options_are_on_the_commands_page():
+    from tunecl.cli import build_parser
+
+    page = (ROOT / "docs" / "commands.md").read_text()
+    section = page.split("## `tunecl db`", 1)[1].split("\n## ", 1)[0]
+    for name, command in _subcommands(_subcommands(build_parser())["db"]).items():
+        assert f"`tunecl db {name}" in section, name
+        for action in command._actions:   # each option under one of its spellings (-o or --output)
+            spellings = [o for o in action.option_strings if o not in ("-h", "--help")]
+            assert not spellings or any(f"`{o}" in section or f"[{o}" in section for o in spellings), \
+                f"tunecl db {name} {spellings}"

@@ -200,7 +200,7 @@ def clear() -> None:
 # -- choosing ----------------------------------------------------------------------------------------
 def _choose_plan(problem: Problem, accepted: frozenset[str] = precision.at_least(precision.FP32)) -> PlanEntry:
     device = state.get().device
-    registered = [a for a in kernels.algorithms(problem.kind) if precision.algorithm_precision(a) in accepted]
+    registered = kernels.algorithms_at(problem.kind, accepted)
     by_name = {a.name: a for a in registered}
     chain: list[str] = []
 

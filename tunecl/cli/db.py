@@ -63,6 +63,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          help="results created before this: 30d, 12h, 90m, 2w or a date (2025-01-31)")
     command.add_argument("--failed", action="store_true", help="failed results")
     command.add_argument("--yes", action="store_true", help="really remove (default: only report)")
+    from tunecl.cli import db_coverage
+
+    command = add("coverage", db_coverage.run, "count which conv/GEMM problems of nets the DB and the shipped "
+                  "results serve on a device, per net, batch, mode and precision (nothing runs on a device)",
+                  [as_json])
+    db_coverage.add_arguments(command)
     add("upgrade", cmd_upgrade, "migrate the tuning DB's schema to this tunecl's revision", [])
     command = add("plot", cmd_plot, "write a tuning study's optimization history and parameter importances "
                   "as a PNG (needs matplotlib: the plots extra)", [])
@@ -116,14 +122,23 @@ def _open(args: argparse.Namespace, must_exist: bool = True, **kwargs: Any) -> A
 
 
 def _model_keys(selector: str | None, db: Any) -> list[str] | None:
-    """The device models ``--device`` selects in ``db`` (None: every device).
-
-    An index or ``platform:device`` of a device of this machine selects that device's model; any other
-    selector, and a number this machine has no device for (``4090``), is matched against the devices
-    stored in the DB (:mod:`tunecl.db.selection`), so another machine's results can be selected too.
-    """
+    """The device models ``--device`` selects in ``db`` (None: every device); see :func:`select_devices`."""
     if selector is None:
         return None
+    return [fp.model_key for fp in select_devices(selector, db.devices(), str(db.display_url))]
+
+
+def select_devices(selector: str, stored: list[Any], where: str) -> list[Any]:
+    """The devices (fingerprints) ``selector`` names: a device of this machine, or those of ``stored``.
+
+    An index or ``platform:device`` of a device of this machine selects that device; any other selector,
+    and a number this machine has no device for (``4090``), is matched against the ``stored`` devices
+    (:mod:`tunecl.db.selection`), so another machine's results can be selected too.
+
+    Raises:
+        DeviceNotFoundError: nothing matches (the message lists the stored devices, ``where`` names
+            where they are stored).
+    """
     from tunecl.db.selection import describe, is_local_form, stored_matches
 
     local_miss = None
@@ -132,17 +147,16 @@ def _model_keys(selector: str | None, db: Any) -> list[str] | None:
         from tunecl import runtime
 
         try:
-            return [runtime.select_device(selector).fingerprint.model_key]
+            return [runtime.select_device(selector).fingerprint]
         except DeviceNotFoundError:
             if ":" in selector:  # platform:device means nothing among stored devices
                 raise
             local_miss = f"no OpenCL device number {selector.strip()} on this machine, and "
-    stored = db.devices()
     matches = stored_matches(selector, stored)
     if not matches:
-        raise DeviceNotFoundError(f"{local_miss or ''}no device stored in {db.display_url} matches "
+        raise DeviceNotFoundError(f"{local_miss or ''}no device stored in {where} matches "
                                   f"{selector!r}; {describe(stored)}")
-    return [fp.model_key for fp in matches]
+    return matches
 
 
 def cmd_path(args: argparse.Namespace) -> int:

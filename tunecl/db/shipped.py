@@ -42,6 +42,11 @@ class ShippedIndex:
             index.by_model.setdefault((record.problem, record.device.model_key), []).append(record)
         return index
 
+    def devices(self) -> list[Fingerprint]:
+        """The devices the records were measured on, each once, by label and key (as ``TuningDB.devices``)."""
+        found = {record.device.key: record.device for records in self.by_device.values() for record in records}
+        return sorted(found.values(), key=lambda fp: (fp.label, fp.key))
+
     def lookup(self, fingerprint: Fingerprint, problem_key: str, versions: Mapping[str, int] | None,
                precisions: frozenset[str]) -> Hit | None:
         """The fastest servable record for this exact device, else for its device model."""

@@ -7,7 +7,9 @@ kind; families register themselves in ``_REGISTRY`` below.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Collection
 
+from tunecl import precision
 from tunecl.kernels.base import Algorithm
 
 # problem kind -> modules whose ALGORITHMS lists are the families of that kind. The order matters:
@@ -41,6 +43,13 @@ def algorithms(kind: str) -> list[Algorithm]:
     for module_name in _REGISTRY.get(kind, ()):
         found.extend(importlib.import_module(module_name).ALGORITHMS)
     return found
+
+
+def algorithms_at(kind: str, accepted: Collection[str]) -> list[Algorithm]:
+    """The algorithms of ``kind`` that compute at one of the ``accepted`` precisions, in registry order:
+    those a request accepting them may be served with. The backend's plans ask the tuning DB for these
+    (each at its current version), and so does ``tunecl db coverage``."""
+    return [a for a in algorithms(kind) if precision.algorithm_precision(a) in accepted]
 
 
 def algorithm(name: str) -> Algorithm:

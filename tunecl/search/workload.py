@@ -19,28 +19,35 @@ from __future__ import annotations
 
 import collections
 import difflib
+import functools
 import importlib
 import textwrap
+from collections.abc import Callable
 from typing import Any
 
 from tunecl.problems import ConvProblem, GemmProblem, Problem
 
 
-def build_model(name: str, image_size: int | None = None) -> Any:
-    """A model by torchvision name (``resnet50``), ``hf:`` name (:mod:`tunecl.language_models`) or
-    ``package.module:factory``, with random weights. ``image_size`` is passed to the torchvision builders
-    that fix their input size (the vision transformers ``vit_*``), as ``image_size``."""
+def model_builder(name: str, image_size: int | None = None) -> Callable[[], Any]:
+    """What builds the model :func:`build_model` names, found without building it (a bad name fails
+    before any model is built).
+
+    Raises:
+        ValueError: an unknown torchvision or ``hf:`` name (the message names close matches and the
+            known models).
+        ImportError, AttributeError: a ``package.module:factory`` that is not there.
+    """
     from tunecl import language_models
 
     if name.startswith(language_models.PREFIX):
-        return language_models.build(name)
+        return language_models.builder(name)
     if ":" in name:
         module_name, _, factory = name.partition(":")
-        return getattr(importlib.import_module(module_name), factory)()
+        return getattr(importlib.import_module(module_name), factory)
     import torchvision
 
     try:
-        factory = torchvision.models.get_model_builder(name)
+        builder = torchvision.models.get_model_builder(name)
     except ValueError:
         known = sorted(torchvision.models.list_models(module=torchvision.models))
         close = difflib.get_close_matches(name, known, n=5, cutoff=0.7)
@@ -50,10 +57,31 @@ def build_model(name: str, image_size: int | None = None) -> Any:
                               break_on_hyphens=False)
         raise ValueError(f"unknown model {name!r}{hint}; the torchvision classification models are:\n"
                          f"{names}\nor give package.module:factory") from None
-    kwargs = {"aux_logits": False, "init_weights": False} if name in ("inception_v3", "googlenet") else {}
+    kwargs: dict[str, Any] = {"aux_logits": False, "init_weights": False} \
+        if name in ("inception_v3", "googlenet") else {}
     if image_size is not None and name.startswith("vit_"):
         kwargs["image_size"] = image_size
-    return factory(weights=None, **kwargs)
+    return functools.partial(builder, weights=None, **kwargs)
+
+
+def build_model(name: str, image_size: int | None = None) -> Any:
+    """A model by torchvision name (``resnet50``), ``hf:`` name (:mod:`tunecl.language_models`) or
+    ``package.module:factory``, with random weights. ``image_size`` is passed to the torchvision builders
+    that fix their input size (the vision transformers ``vit_*``), as ``image_size``."""
+    return model_builder(name, image_size)()
+
+
+def build_on_meta(build: Callable[[], Any]) -> Any:
+    """``build()`` with its parameters on the meta device: no memory, no initialisation (what only
+    shapes need). A constructor that reads tensor data (regnet's block widths) is run on the CPU and its
+    model moved to the meta device."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            return build()
+    except NotImplementedError:
+        return build().to("meta")
 
 
 def extract(model: Any, batch: int, image_size: int, train: bool = False) -> collections.Counter[Problem]:
@@ -167,5 +195,5 @@ def _gemm_recorder(found: collections.Counter[Problem]) -> Any:
 def net_problems(name: str, batch: int = 16, image_size: int = 224,
                  train: bool = False) -> collections.Counter[Problem]:
     """:func:`extract` for a model given by name (see :func:`build_model`; ``image_size`` is a language
-    model's sequence length)."""
-    return extract(build_model(name, image_size), batch, image_size, train)
+    model's sequence length), built on the meta device (:func:`build_on_meta`)."""
+    return extract(build_on_meta(model_builder(name, image_size)), batch, image_size, train)

@@ -367,16 +367,10 @@ def _bufferless_blocks(first_address: int) -> int:
 # -- walking models --------------------------------------------------------------------------------------
 def _build_without_weights(net: str | Callable[[], Any], image_size: int) -> Any:
     """The model with parameters on the meta device (no initialisation: a dry run needs no values)."""
-    import torch
-
+    from tunecl.search.workload import build_on_meta
     from tunecl.tools import load_model
 
-    build = net if callable(net) else functools.partial(load_model, net, image_size)
-    try:
-        with torch.device("meta"):
-            return build()
-    except NotImplementedError:  # a constructor that reads tensor data (regnet's block widths)
-        return build().to("meta")
+    return build_on_meta(net if callable(net) else functools.partial(load_model, net, image_size))
 
 
 def run_phases(model: Any, x: Any, optimizers: Iterable[str],
