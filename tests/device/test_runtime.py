@@ -86,6 +86,34 @@ def test_offsets_in_copies(device):
     np.testing.assert_array_equal(out, np.arange(8, dtype=np.float32))
 
 
+def test_programs_are_loaded_from_their_kept_binaries_in_another_context(device, tmp_path):
+    """Where the runtime keeps binaries (every device but NVIDIA's, whose driver caches builds), a
+    program built once is stored in the cache folder and a later build (here in a new context, as in a
+    new process) loads it, giving the same kernel."""
+    if not runtime.keeps_binaries(device.cl_device):
+        pytest.skip("the driver's own build cache serves this device")
+    options = ["-DUNUSED=3"]
+    runtime.build_program(device.context, device.cl_device, SOURCE, options, str(tmp_path))
+    def kept() -> dict:
+        return {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
+
+    stored = kept()
+    assert stored, "the binary was not kept"
+    context = cl.Context([device.cl_device])
+    program = runtime.build_program(context, device.cl_device, SOURCE, options, str(tmp_path))
+    assert kept() == stored   # loaded, not stored again
+    queue = cl.CommandQueue(context)
+    kernel = cl.Kernel(program, "axpy")
+    kernel.set_scalar_arg_dtypes([None, None, np.float32, np.int32])
+    x, y = np.arange(5, dtype=np.float32), np.ones(5, dtype=np.float32)
+    flags = cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR
+    xb, yb = cl.Buffer(context, flags, hostbuf=x), cl.Buffer(context, flags, hostbuf=y)
+    kernel(queue, (8,), None, yb, xb, 3.0, 5)
+    out = np.empty_like(y)
+    cl.enqueue_copy(queue, out, yb)
+    np.testing.assert_array_equal(out, 1 + 3 * x)
+
+
 def test_build_error_carries_the_log(device):
     with pytest.raises(BuildError, match="build failed") as info:
         device.build("__kernel void broken(__global float *x) { x[0] = undefined_name; }")

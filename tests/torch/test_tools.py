@@ -291,6 +291,7 @@ def test_bench_cli_train_json(capsys):
     assert main(argv) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["mode"] == "train" and data["ours"]["median_ms"] > 0 and data["ratio"] > 0
+    assert len(data["ours"]["warmup_ms"]) == 1 and data["ours"]["warmup_ms"][0] > 0   # the untimed iteration
     assert data["precision"] == "fp32"   # strict fp32 unless --precision tf32
 
 
@@ -300,6 +301,16 @@ def test_bench_cli_summary_without_peer(capsys):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "ours" in out and "peer" not in out and "fallback" in out
+
+
+def test_bench_compiled_train_prints_its_warm_up_and_replays(capsys):
+    argv = ["bench", "--net", TINY, "--batch", "2", "--image-size", "16", "--train", "--compare", "none",
+            "--warmup", "3", "--repeats", "1", "--compile"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    warmup = next(line for line in out.splitlines() if line.startswith("warm-up"))
+    assert "the 3 untimed iterations" in warmup and "the second is captured" in warmup
+    assert "captures 3" in out and "replays 6" in out   # forward, backward, Adam: the third warm-up and the timed one
 
 
 def test_bench_record_appends_a_results_row_that_plot_results_reads(tmp_path, capsys):
