@@ -189,33 +189,55 @@ def default_build_options(cl_device: cl.Device) -> tuple[str, ...]:
 
 
 def keeps_binaries(cl_device: cl.Device) -> bool:
-    """Whether :func:`build_program` keeps the device's program binaries in its on-disk cache itself:
-    everywhere but on NVIDIA's driver, whose own cache serves a rebuilt source. pyopencl leaves PoCL to
-    its driver's cache too, but a hit there still runs the compiler's front end: 40-70 ms per program
-    against 1 ms for loading the binary (PoCL 3.1, one CPU core), which is most of a fresh process's
-    first training step of a small net."""
-    from pyopencl.characterize import nv_compute_capability
+    """Whether :func:`build_program` keeps the programs it builds for ``cl_device`` as binaries on disk:
+    on the devices whose driver pyopencl leaves the caching to, but NVIDIA's. A hit in PoCL's own cache
+    still runs its compiler's front end: 40-70 ms per program against 1 ms for loading the binary (PoCL
+    3.1, one CPU core), most of a fresh process's first training step of a small net. (Elsewhere pyopencl
+    keeps binaries itself.)"""
+    from pyopencl.characterize import has_src_build_cache, nv_compute_capability
 
-    return nv_compute_capability(cl_device) is None
+    return bool(has_src_build_cache(cl_device)) and nv_compute_capability(cl_device) is None
+
+
+def _binary_path(cache_dir: str, cl_device: cl.Device, source: str, options: Sequence[str]) -> Path:
+    """Where the binary of ``source`` built with ``options`` for ``cl_device`` is kept: named by a hash of
+    them and of the device's platform, name and driver versions."""
+    platform = cl_device.platform
+    identity = (platform.name, platform.version, cl_device.name, cl_device.version, cl_device.driver_version)
+    key = hashlib.sha256("\0".join((source, " ".join(options), *identity)).encode()).hexdigest()
+    return Path(cache_dir) / "binaries" / f"{key}.bin"
 
 
 def build_program(context: cl.Context, cl_device: cl.Device, source: str, options: Sequence[str],
                   cache_dir: str | None = None) -> cl.Program:
     """Compile ``source`` with ``options`` for one device; with ARCH_PTX_OPTION among them, by way of
-    its retargeted PTX (see retarget_ptx). With ``cache_dir`` a program is loaded from its binary there
-    when one was kept (pyopencl's cache, keyed by source, options, device and driver versions; see
-    :func:`keeps_binaries`). Raises cl.Error as the compiler does."""
+    its retargeted PTX (see retarget_ptx). With ``cache_dir``, the on-disk caches serve a program built
+    before: pyopencl's, the driver's, or where :func:`keeps_binaries`, the binary kept there (a kept
+    binary the driver refuses is built again from source). Raises cl.Error as the compiler does."""
+    kept = None
     if cache_dir is not None and ARCH_PTX_OPTION not in options and keeps_binaries(cl_device):
-        from pyopencl.cache import create_built_program_from_source_cached
-
-        built, _ = create_built_program_from_source_cached(context, source, " ".join(options).encode(),
-                                                           [cl_device], cache_dir=cache_dir)
-        return cl.Program(built)
+        kept = _binary_path(cache_dir, cl_device, source, options)
+        with contextlib.suppress(OSError, cl.Error):
+            return cl.Program(context, [cl_device], [kept.read_bytes()]).build(options=list(options))
     program = cl.Program(context, source).build(options=list(options), cache_dir=cache_dir)
+    if kept is not None:
+        _keep_binary(program, cl_device, kept)
     if ARCH_PTX_OPTION not in options:
         return program
     ptx = program.binaries[0].decode("utf-8", errors="replace").rstrip("\x00")
     return cl.Program(context, [cl_device], [retarget_ptx(ptx).encode() + b"\x00"]).build()
+
+
+def _keep_binary(program: cl.Program, cl_device: cl.Device, path: Path) -> None:
+    """Write ``program``'s binary for ``cl_device`` to ``path`` (whole or not at all: into a temporary file
+    renamed over it; a cache that cannot be written only costs a build next time)."""
+    with contextlib.suppress(OSError, cl.Error, ValueError):
+        devices = program.get_info(cl.program_info.DEVICES)
+        binary = program.get_info(cl.program_info.BINARIES)[devices.index(cl_device)]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}")
+        temporary.write_bytes(binary)
+        os.replace(temporary, path)
 
 
 def _compile_error(error: cl.Error) -> str:
