@@ -17,6 +17,8 @@ of the first ``--steps`` calls, its wall time (until the device finished) and th
 - ``replays``: the graphs' replays, with their input copies and handed-out outputs;
 - ``kernel builds`` (inside the runs): OpenCL program builds that no in-process cache served (each a
   compile or a load from the on-disk caches), with their count;
+- ``plan choices`` (inside the runs): choosing each new conv/GEMM problem's plan (the tuning DB's lookup
+  chain, a family's heuristic default, building the plan: its kernel builds included), with their count;
 - ``other``: the step outside the compiled graphs (autograd, the loss, ``zero_grad``, the batch's copies).
 
 Kernel builds of the process's first eager step are not the compile's: ``--eager-first`` runs one eager
@@ -92,6 +94,7 @@ def instrument(clock: Clock) -> None:
 
     from tunecl import runtime
     from tunecl.backend import compile as tunecl_compile
+    from tunecl.backend import plans
 
     # the backend's compile: from Dynamo's compile of a frame (AOTAutograd, our forward compiler inside it),
     # and the backward's, compiled lazily by AOTAutograd at its first call
@@ -115,6 +118,7 @@ def instrument(clock: Clock) -> None:
         return None if cached else "kernel builds"
 
     clock.wrap(runtime.Device, "build", build_phase)
+    clock.wrap(plans, "_choose_plan", "plan choices")
 
 
 def dynamo_seconds() -> float:
@@ -158,14 +162,16 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         step(model, optimizer.step)
         print(f"eager step first: {time.perf_counter() - start:.2f} s, kernel builds "
-              f"{clock.seconds['kernel builds']:.2f} s ({clock.counts['kernel builds']})")
+              f"{clock.seconds['kernel builds']:.2f} s ({clock.counts['kernel builds']}), plan choices "
+              f"{clock.seconds['plan choices']:.2f} s ({clock.counts['plan choices']})")
         clock.seconds.clear()
         clock.counts.clear()
     forward = torch.compile(model, backend=tunecl_backend)
     optimizer_step = torch.compile(optimizer.step, backend=tunecl_backend)
     print(f"{args.net} batch {args.batch} image {args.image_size} compiled train step on "
           f"{torch.opencl.get_device_name()}: seconds per phase of each call")
-    print(f"{'call':>4} {'wall':>7} " + " ".join(f"{p:>15}" for p in PHASES) + f" {'kernel builds':>18}")
+    print(f"{'call':>4} {'wall':>7} " + " ".join(f"{p:>15}" for p in PHASES) + f" {'kernel builds':>18}"
+          f" {'plan choices':>18}")
     profile = cProfile.Profile() if args.profile else None
     totals: collections.Counter[str] = collections.Counter()
     for call in range(1, args.steps + 1):
@@ -185,11 +191,13 @@ def main(argv: list[str] | None = None) -> int:
                  "captures": s["captures"], "replays": s["replays"]}
         phase["other"] = wall - sum(phase.values())
         print(f"{call:>4} {wall:7.2f} " + " ".join(f"{phase[p]:15.2f}" for p in PHASES)
-              + f" {s['kernel builds']:12.2f} ({clock.counts['kernel builds']})")
+              + f" {s['kernel builds']:12.2f} ({clock.counts['kernel builds']:3d})"
+              + f" {s['plan choices']:12.2f} ({clock.counts['plan choices']:3d})")
         if call <= 3:
-            totals.update({"wall": wall, **phase, "kernel builds": s["kernel builds"]})
+            totals.update({"wall": wall, **phase, "kernel builds": s["kernel builds"],
+                           "plan choices": s["plan choices"]})
     print(f"{'1-3':>4} {totals['wall']:7.2f} " + " ".join(f"{totals[p]:15.2f}" for p in PHASES)
-          + f" {totals['kernel builds']:12.2f}")
+          + f" {totals['kernel builds']:12.2f}       {totals['plan choices']:12.2f}")
     print("warm-up (the first call to the third, replayed): "
           f"{totals['wall']:.2f} s; {tunecl.backend.compile.stats()}")
     if profile is not None:
