@@ -60,6 +60,7 @@ class Clock:
         self.seconds: collections.Counter[str] = collections.Counter()
         self.counts: collections.Counter[str] = collections.Counter()
         self._depth: collections.Counter[str] = collections.Counter()
+        self._wrapped: list[tuple[Any, str, Any]] = []
 
     @contextlib.contextmanager
     def timing(self, phase: str) -> Iterator[None]:
@@ -84,7 +85,14 @@ class Clock:
             with self.timing(which):
                 return original(*args, **kwargs)
 
+        self._wrapped.append((owner, name, original))
         setattr(owner, name, timed)
+
+    def restore(self) -> None:
+        """Put every wrapped function back."""
+        while self._wrapped:
+            owner, name, original = self._wrapped.pop()
+            setattr(owner, name, original)
 
 
 def instrument(clock: Clock) -> None:
@@ -139,14 +147,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", type=int, default=0, metavar="N")
     args = parser.parse_args(argv)
     import torch
-    import torch.nn.functional as F
 
     import tunecl.backend  # noqa: F401
-    from tunecl.backend.compile import tunecl_backend
-    from tunecl.tools import model_and_inputs
 
     clock = Clock()
     instrument(clock)
+    try:
+        measure(args, clock)
+    finally:
+        clock.restore()
+        torch._dynamo.reset()   # (frees the compiled graphs)
+    return 0
+
+
+def measure(args: argparse.Namespace, clock: Clock) -> None:
+    """Compile the training step and print its first ``args.steps`` calls by phase."""
+    import torch
+    import torch.nn.functional as F
+
+    import tunecl.backend
+    from tunecl.backend.compile import tunecl_backend
+    from tunecl.tools import model_and_inputs
+
     dev = torch.device("opencl")
     model, xc, yc = model_and_inputs(args.net, args.batch, args.image_size, train=True)
     model = model.to(dev).train()
@@ -190,19 +212,18 @@ def main(argv: list[str] | None = None) -> int:
                  "ours: compilers": s["compilers"] - s["rewrites"], "warm-up runs": s["warm-up runs"],
                  "captures": s["captures"], "replays": s["replays"]}
         phase["other"] = wall - sum(phase.values())
-        print(f"{call:>4} {wall:7.2f} " + " ".join(f"{phase[p]:15.2f}" for p in PHASES)
+        print(f"{call:>4} {wall:7.2f} " + " ".join(f"{phase[p]:15.3f}" for p in PHASES)
               + f" {s['kernel builds']:12.2f} ({clock.counts['kernel builds']:3d})"
               + f" {s['plan choices']:12.2f} ({clock.counts['plan choices']:3d})")
         if call <= 3:
             totals.update({"wall": wall, **phase, "kernel builds": s["kernel builds"],
                            "plan choices": s["plan choices"]})
-    print(f"{'1-3':>4} {totals['wall']:7.2f} " + " ".join(f"{totals[p]:15.2f}" for p in PHASES)
+    print(f"{'1-3':>4} {totals['wall']:7.2f} " + " ".join(f"{totals[p]:15.3f}" for p in PHASES)
           + f" {totals['kernel builds']:12.2f}       {totals['plan choices']:12.2f}")
     print("warm-up (the first call to the third, replayed): "
           f"{totals['wall']:.2f} s; {tunecl.backend.compile.stats()}")
     if profile is not None:
         pstats.Stats(profile).sort_stats("cumulative").print_stats(args.profile)
-    return 0
 
 
 if __name__ == "__main__":

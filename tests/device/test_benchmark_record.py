@@ -3,7 +3,6 @@
 from pathlib import Path
 
 import pytest
-
 from test_benchmark_scripts import load_script
 
 
