@@ -4,8 +4,8 @@ One small vocabulary over pyopencl: :func:`list_devices` gives every OpenCL devi
 numbered order (GPUs, then accelerators, then CPUs; within a type by platform name and position), and
 :func:`select_device` returns the :class:`Device` a selector names. A ``Device`` owns a context and an
 in-order profiling queue, builds programs through a cache keyed by (source hash, options, device,
-driver) on top of the on-disk compile cache (pyopencl's, or the driver's own where pyopencl defers to
-it, as for PoCL and NVIDIA), fetches each kernel once with its scalar argument
+driver) on top of the on-disk compile caches (pyopencl's; NVIDIA's driver's own; for PoCL, the
+programs' binaries kept by :func:`build_program`), fetches each kernel once with its scalar argument
 types set, and times launches with device events.
 """
 
@@ -718,9 +718,9 @@ class Device:
         """Compile ``source`` with ``options`` (``-DNAME=VALUE`` ...), once per process.
 
         The in-process cache is keyed by (source hash, options); the device and driver are fixed per
-        ``Device``. An on-disk binary cache spares recompiles across processes: pyopencl's (in
-        ``TUNECL_CACHE_DIR``), or, for drivers that cache builds themselves (PoCL, NVIDIA), the driver's;
-        both are disposable and kept apart from tuning data.
+        ``Device``. An on-disk cache spares recompiles across processes: the binaries in
+        ``TUNECL_CACHE_DIR`` (pyopencl's, or for PoCL :func:`build_program`'s), or NVIDIA's driver's own
+        cache; all are disposable and kept apart from tuning data.
 
         Raises:
             BuildError: the compiler rejected the program; the message carries the build log.
