@@ -82,13 +82,18 @@ def validated_markdown(path: Path) -> str:
            "checked against CPU float32 and float64, with `TUNECL_FALLBACK=error` (nothing on the CPU fallback).",
            "**checks by criterion**: fixed fp32 tolerance / float64 criterion / numerically zero / own output",
            "or gradient / perturbed runs / failed.", "",
-           "| device | net | batch | image | train step | checks | checks by criterion | measured | command |",
-           "|---|---|---:|---:|---|---:|---|---|---|"]
+           "**mode**: eager, or `torch.compile(backend=\"tunecl\")` (`--compile`: the replayed step compared).", "",
+           "| device | net | mode | batch | image | eval forward | train step | checks | checks by criterion | measured "
+           "| command |",
+           "|---|---|---|---:|---:|---|---|---:|---|---|---|"]
     for row in rows:
         verdict = "pass" if row["train_passed"] == "True" else "FAIL"
         criteria = " / ".join(row[k] for k in ("passed_by_fp32", "passed_by_fp64", "passed_by_zero",
                                                "passed_by_own", "passed_by_perturbed", "failed"))
-        out.append(f"| {row['device']} | {row['net']} | {row['batch']} | {row['image_size']} | {verdict} | "
+        mode = "compiled" if row["compiled"] == "True" else "eager"
+        forward = {"True": "pass", "False": "FAIL"}.get(row["eval_passed"], "-")
+        out.append(f"| {row['device']} | {row['net']} | {mode} | {row['batch']} | {row['image_size']} | {forward} | "
+                   f"{verdict} | "
                    f"{row['train_checks']} | {criteria} | {row['date']} | `{row['command']}` |")
     return "\n".join(out + [""])
 

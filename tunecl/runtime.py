@@ -4,8 +4,8 @@ One small vocabulary over pyopencl: :func:`list_devices` gives every OpenCL devi
 numbered order (GPUs, then accelerators, then CPUs; within a type by platform name and position), and
 :func:`select_device` returns the :class:`Device` a selector names. A ``Device`` owns a context and an
 in-order profiling queue, builds programs through a cache keyed by (source hash, options, device,
-driver) on top of the on-disk compile cache (pyopencl's, or the driver's own where pyopencl defers to
-it, as for PoCL and NVIDIA), fetches each kernel once with its scalar argument
+driver) on top of the on-disk compile caches (pyopencl's; NVIDIA's driver's own; for PoCL, the
+programs' binaries kept by :func:`build_program`), fetches each kernel once with its scalar argument
 types set, and times launches with device events.
 """
 
@@ -188,15 +188,56 @@ def default_build_options(cl_device: cl.Device) -> tuple[str, ...]:
     return ()
 
 
+def keeps_binaries(cl_device: cl.Device) -> bool:
+    """Whether :func:`build_program` keeps the programs it builds for ``cl_device`` as binaries on disk:
+    on the devices whose driver pyopencl leaves the caching to, but NVIDIA's. A hit in PoCL's own cache
+    still runs its compiler's front end: 40-70 ms per program against 1 ms for loading the binary (PoCL
+    3.1, one CPU core), most of a fresh process's first training step of a small net. (Elsewhere pyopencl
+    keeps binaries itself.)"""
+    from pyopencl.characterize import has_src_build_cache, nv_compute_capability
+
+    return bool(has_src_build_cache(cl_device)) and nv_compute_capability(cl_device) is None
+
+
+def _binary_path(cache_dir: str, cl_device: cl.Device, source: str, options: Sequence[str]) -> Path:
+    """Where the binary of ``source`` built with ``options`` for ``cl_device`` is kept: named by a hash of
+    them and of the device's platform, name and driver versions."""
+    platform = cl_device.platform
+    identity = (platform.name, platform.version, cl_device.name, cl_device.version, cl_device.driver_version)
+    key = hashlib.sha256("\0".join((source, " ".join(options), *identity)).encode()).hexdigest()
+    return Path(cache_dir) / "binaries" / f"{key}.bin"
+
+
 def build_program(context: cl.Context, cl_device: cl.Device, source: str, options: Sequence[str],
                   cache_dir: str | None = None) -> cl.Program:
     """Compile ``source`` with ``options`` for one device; with ARCH_PTX_OPTION among them, by way of
-    its retargeted PTX (see retarget_ptx). Raises cl.Error as the compiler does."""
+    its retargeted PTX (see retarget_ptx). With ``cache_dir``, the on-disk caches serve a program built
+    before: pyopencl's, the driver's, or where :func:`keeps_binaries`, the binary kept there (a kept
+    binary the driver refuses is built again from source). Raises cl.Error as the compiler does."""
+    kept = None
+    if cache_dir is not None and ARCH_PTX_OPTION not in options and keeps_binaries(cl_device):
+        kept = _binary_path(cache_dir, cl_device, source, options)
+        with contextlib.suppress(OSError, cl.Error):
+            return cl.Program(context, [cl_device], [kept.read_bytes()]).build(options=list(options))
     program = cl.Program(context, source).build(options=list(options), cache_dir=cache_dir)
+    if kept is not None:
+        _keep_binary(program, cl_device, kept)
     if ARCH_PTX_OPTION not in options:
         return program
     ptx = program.binaries[0].decode("utf-8", errors="replace").rstrip("\x00")
     return cl.Program(context, [cl_device], [retarget_ptx(ptx).encode() + b"\x00"]).build()
+
+
+def _keep_binary(program: cl.Program, cl_device: cl.Device, path: Path) -> None:
+    """Write ``program``'s binary for ``cl_device`` to ``path`` (whole or not at all: into a temporary file
+    renamed over it; a cache that cannot be written only costs a build next time)."""
+    with contextlib.suppress(OSError, cl.Error, ValueError):
+        devices = program.get_info(cl.program_info.DEVICES)
+        binary = program.get_info(cl.program_info.BINARIES)[devices.index(cl_device)]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}")
+        temporary.write_bytes(binary)
+        os.replace(temporary, path)
 
 
 def _compile_error(error: cl.Error) -> str:
@@ -677,9 +718,9 @@ class Device:
         """Compile ``source`` with ``options`` (``-DNAME=VALUE`` ...), once per process.
 
         The in-process cache is keyed by (source hash, options); the device and driver are fixed per
-        ``Device``. An on-disk binary cache spares recompiles across processes: pyopencl's (in
-        ``TUNECL_CACHE_DIR``), or, for drivers that cache builds themselves (PoCL, NVIDIA), the driver's;
-        both are disposable and kept apart from tuning data.
+        ``Device``. An on-disk cache spares recompiles across processes: the binaries in
+        ``TUNECL_CACHE_DIR`` (pyopencl's, or for PoCL :func:`build_program`'s), or NVIDIA's driver's own
+        cache; all are disposable and kept apart from tuning data.
 
         Raises:
             BuildError: the compiler rejected the program; the message carries the build log.

@@ -198,3 +198,19 @@ def test_eager_phases_prints_each_phase_in_three_rounds(capsys):
         wall = float(words[words.index("wall") + 1])
         assert all(t > 0 for t in times) and wall >= max(times)
     assert "launches real, autograd on the worker thread" in printed
+
+
+def test_compile_warmup_prints_each_call_by_phase(capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "torch"))   # tiny_nets
+    script = load_script("compile_warmup")
+    assert script.main(["--net", "tiny_nets:tiny_cnn", "--batch", "2", "--image-size", "16", "--steps", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line.split() for line in lines if line.startswith("call"))
+    rows = {line.split()[0]: line.split() for line in lines if line.split() and line.split()[0] in "123"}
+    assert sorted(rows) == ["1", "2", "3"] and "dynamo" in header and "captures" in header
+    phase = {name: float(rows["1"][2 + k]) for k, name in enumerate(("dynamo", "aot", "rewrites", "compilers",
+                                                                     "warmup", "captures", "replays"))}
+    assert phase["dynamo"] > 0 and phase["aot"] > 0 and phase["warmup"] > 0 and phase["captures"] == 0
+    assert float(rows["2"][2 + 5]) > 0 and float(rows["3"][2 + 6]) > 0   # the capture, then a replay
+    assert all(float(rows[c][1]) > 0 for c in rows)
+    assert any(line.startswith("warm-up (the first call to the third") for line in lines)

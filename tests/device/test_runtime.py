@@ -86,6 +86,43 @@ def test_offsets_in_copies(device):
     np.testing.assert_array_equal(out, np.arange(8, dtype=np.float32))
 
 
+def test_programs_are_loaded_from_their_kept_binaries_in_another_context(device, tmp_path):
+    """Where the runtime keeps binaries (PoCL: a hit in its own cache still runs the compiler's front end),
+    a program built once is stored in the cache folder and a later build (here in a new context, as in a
+    new process) loads it and gives the same kernel; a binary the driver refuses is built again."""
+    if not runtime.keeps_binaries(device.cl_device):
+        pytest.skip("pyopencl's or the driver's cache serves this device")
+    options = ["-DUNUSED=3"]
+    runtime.build_program(device.context, device.cl_device, SOURCE, options, str(tmp_path))
+
+    def kept() -> dict:
+        return {p: p.stat().st_mtime_ns for p in (tmp_path / "binaries").iterdir()}
+
+    stored = kept()
+    assert len(stored) == 1, "the binary was not kept"
+
+    def axpy(program: cl.Program, context: cl.Context) -> np.ndarray:
+        queue = cl.CommandQueue(context)
+        kernel = cl.Kernel(program, "axpy")
+        kernel.set_scalar_arg_dtypes([None, None, np.float32, np.int32])
+        x, y = np.arange(5, dtype=np.float32), np.ones(5, dtype=np.float32)
+        flags = cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR
+        xb, yb = cl.Buffer(context, flags, hostbuf=x), cl.Buffer(context, flags, hostbuf=y)
+        kernel(queue, (8,), None, yb, xb, 3.0, 5)
+        cl.enqueue_copy(queue, y, yb)
+        return y
+
+    context = cl.Context([device.cl_device])
+    program = runtime.build_program(context, device.cl_device, SOURCE, options, str(tmp_path))
+    assert kept() == stored   # loaded, not stored again
+    np.testing.assert_array_equal(axpy(program, context), 1 + 3 * np.arange(5, dtype=np.float32))
+    (path,) = stored
+    path.write_bytes(b"not a binary")
+    program = runtime.build_program(context, device.cl_device, SOURCE, options, str(tmp_path))
+    np.testing.assert_array_equal(axpy(program, context), 1 + 3 * np.arange(5, dtype=np.float32))
+    assert path.read_bytes() != b"not a binary"   # built from source and kept again
+
+
 def test_build_error_carries_the_log(device):
     with pytest.raises(BuildError, match="build failed") as info:
         device.build("__kernel void broken(__global float *x) { x[0] = undefined_name; }")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import tiny_nets
 import torch
+from torch import nn
 
 import tunecl.backend  # noqa: F401
 from tunecl import config
@@ -66,6 +67,30 @@ def test_validate_compiled_compares_the_replayed_training_step_masks_included():
     stats = report.compile_stats
     assert stats["captures"] == 3 and stats["replays"] == 3, stats   # forward, backward, Adam step
     assert not any(key.startswith("eager") for key in stats), stats
+
+
+def test_the_compiled_runs_restart_from_a_state_that_keeps_its_version_metadata():
+    """Between its compiled calls validate loads the starting state back; modules that check the version
+    of a state they load (torchvision's MNASNet) refuse one without its ``_metadata``."""
+    from tunecl.tools.validate import _cloned_state
+
+    class Versioned(nn.Linear):
+        _version = 2
+
+        def _load_from_state_dict(self, state_dict, prefix, local_metadata, *args):
+            if local_metadata.get("version") != 2:
+                raise ValueError(f"version should be 2 instead of {local_metadata.get('version')}")
+            super()._load_from_state_dict(state_dict, prefix, local_metadata, *args)
+
+    model = nn.Sequential(Versioned(3, 2)).to("opencl")
+    start = _cloned_state(model)
+    with torch.no_grad():
+        model[0].weight.add_(1)
+    model.load_state_dict(start)
+    torch.testing.assert_close(model[0].weight.cpu(), start["0.weight"].cpu())
+    assert start["0.weight"].data_ptr() != model[0].weight.data_ptr()   # a copy, not the live tensor
+    with pytest.raises(ValueError, match="version should be 2"):
+        model.load_state_dict({k: v.clone() for k, v in model.state_dict().items()})
 
 
 def test_validate_compiled_inference_from_the_command_line(capsys):
@@ -291,6 +316,7 @@ def test_bench_cli_train_json(capsys):
     assert main(argv) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["mode"] == "train" and data["ours"]["median_ms"] > 0 and data["ratio"] > 0
+    assert len(data["ours"]["warmup_ms"]) == 1 and data["ours"]["warmup_ms"][0] > 0   # the untimed iteration
     assert data["precision"] == "fp32"   # strict fp32 unless --precision tf32
 
 
@@ -300,6 +326,16 @@ def test_bench_cli_summary_without_peer(capsys):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "ours" in out and "peer" not in out and "fallback" in out
+
+
+def test_bench_compiled_train_prints_its_warm_up_and_replays(capsys):
+    argv = ["bench", "--net", TINY, "--batch", "2", "--image-size", "16", "--train", "--compare", "none",
+            "--warmup", "3", "--repeats", "1", "--compile"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    warmup = next(line for line in out.splitlines() if line.startswith("warm-up"))
+    assert "the 3 untimed iterations" in warmup and "the second is captured" in warmup
+    assert "captures 3" in out and "replays 6" in out   # forward, backward, Adam: the third warm-up and the timed one
 
 
 def test_bench_record_appends_a_results_row_that_plot_results_reads(tmp_path, capsys):

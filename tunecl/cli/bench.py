@@ -161,6 +161,13 @@ def print_result(result: dict[str, Any], out: TextIO | None = None) -> None:
                      "the same cores")
     if result.get("graph"):
         line("graph", "one step captured after the warm-up; the timed iterations replay it")
+    warmup = ours.get("warmup_ms")
+    if warmup:
+        line("warm-up", f"{sum(warmup) / 1e3:10.3f} s   the {len(warmup)} untimed iterations: "
+                        + ", ".join(f"{t / 1e3:.3g}" for t in warmup) + " s"
+                        + (" (compiled: the first is traced and runs eagerly, the second is captured, "
+                           "the others replay)"
+                           if result.get("compiled") else ""))
     if result.get("compiled"):
         line("compile", "torch.compile(backend='tunecl'): " + ", ".join(
             f"{key} {value}" for key, value in sorted(result["compile"].items())))

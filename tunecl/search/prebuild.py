@@ -4,8 +4,8 @@ Compilation dominates tuning time and measuring must stay serial (one kernel at 
 so with ``jobs > 1`` the study driver asks for up to J trials at once, hands each valid config to
 :meth:`Prebuilder.prepare`, then evaluates them one by one in the main process. A worker (a spawned
 process with its own OpenCL context on the same device) runs ``algorithm.build`` once: that fills
-pyopencl's on-disk binary cache (``TUNECL_CACHE_DIR``), so the main process's own build of the same
-program is a fast binary load. A config the compiler rejects in the worker is reported as
+the on-disk compile cache (``TUNECL_CACHE_DIR``, or the driver's, see :meth:`tunecl.runtime.Device.build`),
+so the main process's own build of the same program is a fast load. A config the compiler rejects in the worker is reported as
 COMPILE_ERROR at once, without compiling it again. Anything else going wrong with a worker (the
 algorithm cannot be pickled, the pool broke) only loses the head start: the main process then builds
 as it would with ``jobs=1``.

@@ -47,12 +47,14 @@ PEER_TIMEOUT_S = 3600.0
 def time_iterations(model: Any, x: Any, y: Any, device: str, *, train: bool, warmup: int, repeats: int,
                     after_warmup: Callable[[], None] | None = None,
                     after_timed: Callable[[Callable[[], None]], None] | None = None,
-                    graph: bool = False, fused: bool = False, compiled: bool = False) -> list[float]:
+                    graph: bool = False, fused: bool = False, compiled: bool = False,
+                    warmup_times: list[float] | None = None) -> list[float]:
     """Seconds of each of ``repeats`` timed iterations (after ``warmup`` untimed ones) on ``device``.
 
     ``model`` is moved to ``device``; ``x`` and ``y`` stay on the CPU and are copied every iteration,
     as part of the measured time. ``after_warmup`` runs between the untimed and the timed iterations;
     ``after_timed`` is called with the iteration function once they are done (to run more, e.g. profiled).
+    ``warmup_times``, when given, gets the seconds of each untimed iteration appended.
 
     ``fused`` selects Adam's fused implementation (``fused=True``). With ``graph`` (devices ``opencl`` and
     ``cuda``; implies ``fused``, and on CUDA ``capturable=True``, which CUDA capture requires) one more
@@ -102,7 +104,10 @@ def time_iterations(model: Any, x: Any, y: Any, device: str, *, train: bool, war
         side.wait_stream(torch.cuda.current_stream())   # (the model and inputs were copied on the default one)
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
         for _ in range(warmup):
+            start = time.perf_counter()
             iteration()
+            if warmup_times is not None:
+                warmup_times.append(time.perf_counter() - start)
     if side is not None:
         torch.cuda.current_stream().wait_stream(side)
     if after_warmup is not None:
@@ -224,7 +229,8 @@ def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_siz
     Returns:
         ``net``, ``batch``, ``image_size``, ``mode``, ``warmup``, ``repeats``, ``ours`` and ``peer``
         (``device``, ``median_ms``, ``times_ms``, ...; ``peer`` is None for ``compare="none"``),
-        ``ratio`` (ours / peer median), ``peer_cudnn_benchmark`` and ``ratio_cudnn_benchmark`` (the CUDA peer
+        ``ratio`` (ours / peer median; ``ours["warmup_ms"]``: each warm-up iteration, the first with
+        the kernel builds and, ``compiled``, Dynamo's and the backend's compile), ``peer_cudnn_benchmark`` and ``ratio_cudnn_benchmark`` (the CUDA peer
         with cudnn.benchmark on, when ``cudnn_benchmark="both"``; else None), ``shared_cores`` (the peer is torch CPU and the OpenCL device
         is the same CPU), ``fallback_ops`` (op -> CPU-fallback calls in the timed
         iterations), ``fallback_calls``, ``fallback_calls_per_batch``, ``plan_sources``, ``graph`` and
@@ -268,17 +274,18 @@ def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_siz
             say(f"profiling {profile} more iterations: device time of every kernel launch and copy")
             profiled.update(profile_iterations(iteration, profile))
 
+    warmup_times: list[float] = []
     try:
         with tf32_flags(precision == "tf32"):
             times = time_iterations(model, x, y, "opencl", train=train, warmup=warmup, repeats=repeats,
                                     after_warmup=tunecl.backend.reset_stats, after_timed=after_timed,
-                                    graph=graph, compiled=compiled)
+                                    graph=graph, compiled=compiled, warmup_times=warmup_times)
     except tunecl.backend.FallbackError as error:   # TUNECL_FALLBACK=error and an op without a kernel
         raise TuneclError(f"{net} cannot run on opencl:0: {error}") from None
     except torch.opencl.GraphCaptureError as error:
         raise TuneclError(f"--graph: a step of {net} cannot be captured: {error}") from None
     del model
-    ours = {"device": f"opencl:0 {device_name}", **_timing(times)}
+    ours = {"device": f"opencl:0 {device_name}", **_timing(times), "warmup_ms": [t * 1e3 for t in warmup_times]}
     device_type = torch.opencl.get_device_properties()["type"]
 
     peer = peer_benchmark = None

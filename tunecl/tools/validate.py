@@ -481,7 +481,7 @@ def _run(model: Any, x: Any, y: Any, device: str, train: bool, seed: int,
     # (capturable: the step count lives on the device, so the compiled step replays)
     optimizer = torch.optim.Adam(model.parameters(), lr=ADAM_LR, eps=ADAM_EPS, capturable=compiled)
     step = torch.compile(optimizer.step, backend=tunecl_backend) if compiled else optimizer.step
-    start = {k: v.clone() for k, v in model.state_dict().items()} if compiled else None
+    start = _cloned_state(model) if compiled else None
     for call in range(calls):
         if call:   # back to the start, in place (the replays read the same tensors)
             model.load_state_dict(start)
@@ -498,6 +498,15 @@ def _run(model: Any, x: Any, y: Any, device: str, train: bool, seed: int,
     out = out.detach().cpu()
     return {"output": out, "loss": loss.detach().cpu(), "grads": grads, "params": params,
             "own_loss": F.cross_entropy(out.double(), y)}
+
+
+def _cloned_state(model: Any) -> Any:
+    """``model.state_dict()`` with every tensor cloned and the dict's ``_metadata`` kept (modules check
+    their state's version when it is loaded back, e.g. torchvision's MNASNet)."""
+    state = model.state_dict()
+    cloned = type(state)((k, v.clone()) for k, v in state.items())
+    cloned._metadata = getattr(state, "_metadata", None)
+    return cloned
 
 
 def _largest(grads: dict[str, Any]) -> float:
