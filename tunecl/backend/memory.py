@@ -123,6 +123,22 @@ _watch = weakref.ref
 _deaths: collections.deque[_Block] = collections.deque()
 
 
+def _check_storage_objects_live_with_their_storages() -> None:
+    """The allocator frees a block when its storage's Python object goes: make sure this torch keeps that
+    object while the storage lives (here held by a tensor without a Python reference to the storage)."""
+    died: list[int] = []
+    t = torch.empty(1)
+    watch = weakref.ref(t.untyped_storage(), lambda _: died.append(1))
+    alive = not died
+    del t
+    if not (alive and died and watch() is None):
+        raise ImportError(f"tunecl.backend needs torch to keep a storage's Python object as long as the storage "
+                          f"lives (PyObject preservation); this torch {torch.__version__} does not")
+
+
+_check_storage_objects_live_with_their_storages()
+
+
 class _Slot:
     """A recycled DLManagedTensor with shape/stride arrays (ctypes objects are slow to create).
     Its deleter stays NULL: blocks are reclaimed through weak references instead."""
