@@ -289,3 +289,24 @@ def test_storages_freed_on_another_thread_or_during_an_exception():
     with pytest.raises(TypeError, match="must be Tensor, not str"):
         torch.add(temporary(), "x")
     assert memory.buffer_of(torch.empty(5432, device="opencl")) is seen[0]
+
+
+def test_a_reused_dlpack_slot_describes_each_new_tensor():
+    """A slot whose struct already describes a tensor's layout gets only the new address written: any other
+    size, stride, dtype or rank rewrites it, and so does a size list its caller changed in place."""
+    size = [4, 5]
+    cases = [((2, 3), (3, 1), torch.float32), ((3, 2), (2, 1), torch.float32), ((3, 2), (2, 1), torch.float32),
+             ((3, 2), (1, 3), torch.float32), ((3, 2), (1, 3), torch.int32), ((6,), (1,), torch.int32),
+             ((1, 6), (6, 1), torch.int32), ((1, 6), (1, 1), torch.int32), (size, [5, 1], torch.float32)]
+    addresses = set()
+    for shape, stride, dtype in cases + [(size, [5, 1], torch.float32)]:
+        if shape is size:
+            size[0] += 1   # the same list, another size: the second time (5, 5)
+        t = memory.empty(shape, stride, dtype)
+        assert (tuple(t.shape), t.stride(), t.dtype) == (tuple(shape), tuple(stride), dtype)
+        assert t.data_ptr() not in addresses
+        addresses.add(t.data_ptr())
+        values = torch.arange(t.numel(), dtype=dtype).reshape(t.shape)
+        t.copy_(values)
+        assert torch.equal(t.cpu(), values)
+        del t   # the next allocation of the class reuses the block and its slot

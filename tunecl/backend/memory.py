@@ -143,10 +143,14 @@ class _Slot:
     """A recycled DLManagedTensor with shape/stride arrays (ctypes objects are slow to create).
     Its deleter stays NULL: blocks are reclaimed through weak references instead."""
 
-    __slots__ = ("address", "managed", "rank", "shape", "strides", "tensor")
+    __slots__ = ("address", "dtype", "layout", "managed", "rank", "shape", "strides", "tensor")
 
     def __init__(self, ndim: int):
         self.rank = ndim
+        # what the struct describes now, (size, stride) as tuples and the DLPack dtype: a tensor of the same
+        # layout needs only its address written
+        self.layout: tuple = ((), ())
+        self.dtype: tuple[int, int] | None = None
         self.managed = _DLManagedTensor()
         self.shape = (ctypes.c_int64 * ndim)()
         self.strides = (ctypes.c_int64 * ndim)()
@@ -206,6 +210,7 @@ class CachingAllocator:
         self.allocated_total = 0
         self.reserved_total = 0
         self.counts = collections.Counter()
+        self.freed = 0            # blocks whose storages died
         self.revived = 0          # allocations served from the cache (see _revive) ...
         self.revived_empty = 0    # ... of them, zero-byte blocks (no buffer: not a cache hit)
         self.graph_bytes = 0      # bytes of the buffers live graphs hold (some also belong to live tensors)
@@ -221,16 +226,28 @@ class CachingAllocator:
 
     # called with the lock held
     def _bury(self) -> None:
-        """Move the blocks whose storages died (queued by their callbacks) to the cache."""
-        blocks = self._blocks
-        freed = 0
+        """Move the blocks whose storages died (queued by their callbacks) to the cache (:meth:`_release`,
+        written out here for the common case: a block with a buffer no graph holds)."""
+        blocks, idle_by_class = self._blocks, self._idle
         while _deaths:
             block = _deaths.popleft()
-            if blocks.pop(block.slot.address, None) is block:
-                block.watch = None
+            if blocks.pop(block.slot.address, None) is not block:
+                continue
+            block.watch = None
+            self.freed += 1
+            buffer, reserved = block.buffer, block.reserved
+            if buffer is None or (graph_buffers and id(buffer) in graph_buffers):
                 self._release(block)
-                freed += 1
-        self.counts["frees"] += freed
+                continue
+            del _buffers[block.address]
+            self.allocated -= reserved
+            self.requested -= block.requested
+            self.cached += reserved
+            idle = idle_by_class.get(reserved)
+            if idle is None:
+                idle_by_class[reserved] = [block]
+            else:
+                idle.append(block)
 
     def _recycle_slot(self, slot: _Slot) -> None:
         if slot.rank == MAX_DIMS_RECYCLED:
@@ -436,7 +453,7 @@ class CachingAllocator:
                     "allocated_bytes_total": self.allocated_total, "reserved_bytes_total": self.reserved_total,
                     **counts,
                     # a block revived from the cache is an allocation and (with a buffer) a cache hit
-                    "allocs": counts["allocs"] + self.revived, "frees": counts["frees"],
+                    "allocs": counts["allocs"] + self.revived, "frees": self.freed,
                     "cache_hits": self.revived - self.revived_empty}
 
     def reset_peak(self) -> None:
@@ -488,9 +505,14 @@ def _empty(size: Sequence[int], stride: Sequence[int], dl_dtype: tuple[int, int]
     ndim = len(size)
     block = allocator.allocate(nbytes, ndim)
     slot = block.slot
-    slot.shape[:ndim] = size
-    slot.strides[:ndim] = stride
-    _DL_HEADER.pack_into(slot.managed, 0, block.address, _KDL_EXT_DEV, 0, ndim, dl_dtype[0], dl_dtype[1], 1)
+    layout = slot.layout
+    if layout[0] != size or layout[1] != stride or slot.dtype is not dl_dtype:   # (a list is never equal)
+        slot.shape[:ndim] = size
+        slot.strides[:ndim] = stride
+        _DL_HEADER.pack_into(slot.managed, 0, block.address, _KDL_EXT_DEV, 0, ndim, dl_dtype[0], dl_dtype[1], 1)
+        slot.layout, slot.dtype = (tuple(size), tuple(stride)), dl_dtype
+    else:
+        slot.tensor.data = block.address
     try:
         result = torch._C._from_dlpack(_capsule_new(slot.address, b"dltensor", None))
     except BaseException:
