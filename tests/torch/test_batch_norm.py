@@ -354,3 +354,66 @@ def test_backward_without_an_input_gradient_matches_cpu():
         grads[device] = [bn.weight.grad.cpu(), bn.bias.grad.cpu()]
     for a, b in zip(grads["cpu"], grads["opencl"]):
         torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
+
+
+def test_functional_batch_norm_reaches_native_batch_norm_directly(strict):
+    """F.batch_norm calls native_batch_norm alone (ops/composite.py's batch_norm): nothing else reaches the
+    device, not the reserve tensor of torch's _batch_norm_impl_index route; the output and the running
+    statistics are those of that route, bit for bit."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Log(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    x = (torch.randn(3, 4, 5, 6) * 2 + 1).to(DEV)
+    w, b = (torch.rand(4) + 0.5).to(DEV), torch.randn(4).to(DEV)
+    stats = [(torch.randn(4) * 0.1).to(DEV), (torch.rand(4) + 0.5).to(DEV)]
+    other = [s.clone() for s in stats]
+    with Log():
+        y = F.batch_norm(x, *stats, w, b, training=True, momentum=0.3, eps=1e-4)
+    assert seen == [torch.ops.aten.native_batch_norm.default]
+    expected = torch.ops.aten._batch_norm_impl_index.default.decompose(x, w, b, *other, True, 0.3, 1e-4, False)[0]
+    assert torch.equal(y.cpu(), expected.cpu())
+    for s, o in zip(stats, other):
+        assert torch.equal(s.cpu(), o.cpu())
+
+
+_BAD_CALLS = {
+    "running_mean_size": lambda x, s, w: F.batch_norm(x, s[:3], s, w, w, training=True),
+    "running_var_size": lambda x, s, w: F.batch_norm(x, s, s[:2], w, w, training=False),
+    "weight_size": lambda x, s, w: F.batch_norm(x, s, s, w[:1], w, training=True),
+    "bias_size": lambda x, s, w: F.batch_norm(x, s, s, w, w[:3], training=False),
+    "eval_without_running_mean": lambda x, s, w: F.batch_norm(x, None, s, w, w, training=False),
+    "eval_without_running_var": lambda x, s, w: F.batch_norm(x, s, None, w, w, training=False),
+    "one_dim_input": lambda x, s, w: torch.batch_norm(x[0, 0, 0], w, w, s, s, False, 0.1, 1e-5, False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_BAD_CALLS))
+def test_batch_norm_argument_errors_match_cpu(case):
+    """Calls that torch's checks refuse raise as on the CPU (ops/composite.py leaves them to torch's route)."""
+    def call(device):
+        x = torch.ones(2, 4, 3, 3, device=device)
+        s, w = torch.ones(4, device=device), torch.ones(4, device=device)
+        try:
+            _BAD_CALLS[case](x, s, w)
+        except Exception as error:   # noqa: BLE001 (the CPU's own exception is the reference)
+            return type(error), str(error).splitlines()[0]
+        return None
+
+    expected = call("cpu")
+    assert expected is not None
+    assert call(DEV) == expected
+
+
+def test_batch_norm_of_an_empty_input_matches_cpu(strict):
+    x = torch.randn(0, 4, 3, 3)
+    w, b = torch.rand(4) + 0.5, torch.randn(4)
+    stats = [torch.zeros(4), torch.ones(4)]
+    expected = F.batch_norm(x, *[s.clone() for s in stats], w, b, training=True)
+    actual = F.batch_norm(x.to(DEV), *[s.to(DEV) for s in stats], w.to(DEV), b.to(DEV), training=True)
+    assert actual.device.type == "opencl" and torch.equal(actual.cpu(), expected)

@@ -284,3 +284,28 @@ def test_the_table_is_bounded(monkeypatch, strict):
         torch._foreach_mul_(a, 2.0)
         _same(_host(a), [torch.full((n + k,), 4.0) for k in range(3)])
         assert len(state.get().optim.calls) <= 4
+
+
+def test_views_at_offsets_into_one_storage_bind_their_offsets(general, strict):
+    """Flat-buffer lists (every tensor a view at an offset into one storage) next to tensors of their own, in
+    columns bound anew each call (fresh inputs): the offsets are found, as the general route finds them."""
+    sizes = [3, 7, 1, 5]
+
+    def views(flat: torch.Tensor) -> list[torch.Tensor]:
+        return list(torch.split(flat, sizes))
+
+    def run() -> list[torch.Tensor]:
+        torch.manual_seed(3)
+        outs = views(torch.randn(sum(sizes), device="opencl"))[:3] + [torch.randn(5, device="opencl")]
+        for step in range(3):
+            flat = torch.randn(sum(sizes) + 2, device="opencl")[2:]            # offsets from 2 on
+            inputs = views(flat)[:2] + [torch.randn(1, device="opencl"), views(flat)[3]]
+            torch._foreach_addcmul_(outs, inputs, inputs, value=0.5)
+            torch._foreach_add_(outs, [x.clone() for x in inputs], alpha=-1.5)
+        return _host(outs)
+
+    state.get().optim.calls.clear()
+    fast = run()
+    assert sum(call.chunks.presets is not None for call in state.get().optim.calls.values()) == 2   # (bound)
+    general(True)
+    _same(fast, run())

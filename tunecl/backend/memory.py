@@ -6,23 +6,22 @@ pointer is a *pseudo address* from a bump pointer: unique, never reused, so two 
 appear to overlap and ``data_ptr() - storage.data_ptr()`` stays the byte offset. The address maps to a
 ``cl.Buffer`` in ``_buffers``.
 
-Freeing: the allocator keeps a weak reference to each storage and recycles the block of a storage
-that has died when it next needs memory (a cache miss) or reports statistics. A DLPack deleter
-callback would be immediate, but a ctypes callback that runs while a Python exception is pending
-(a tensor freed during error propagation) replaces that exception with a SystemError; polling weak
-references has no such failure mode. A poll costs ~0.1 µs per block, so an allocation first looks at
-the newest block, then (on a cache miss) at the ``CLASS_BLOCKS`` newest blocks of the class it needs and
-the ``RECENT_BLOCKS`` newest of any class (temporaries die young: the previous op's output is usually the
-one to reuse), and takes a dead one of its class over as it is (buffer and DLPack slot, with a fresh
-address), skipping the cache; the full sweep over every live block (weights included) runs at most once
-per ``len(blocks) / 16`` allocations, and only on a miss none of those found, so it stays O(1) amortised
-per allocation. (Each class's live blocks are kept in the order they were allocated or taken over:
-weights and optimizer state sink to the front, so the class's newest blocks are its temporaries.)
+Freeing: each block watches its storage through a Python weak reference to the storage's Python object
+(``t.untyped_storage()``), which torch keeps exactly as long as the storage lives (PyObject preservation:
+while only C++ holds the storage, a tensor autograd saved say, the Python object is kept for it). When the
+storage dies, so does that object, and the reference's callback queues the block (an append to a deque:
+no lock, so it may run on any thread, inside an allocator call, or while an exception propagates, since
+Python saves and restores a pending exception around weak reference callbacks; a ctypes DLPack deleter
+could not: run with an exception pending it replaces it with a SystemError). The next allocation, or a
+statistic, moves the queued blocks to the cache of their size class whole, buffer and DLPack slot; an
+allocation takes the newest cached block of its class and gives it a fresh address, and creates a buffer
+only when its class has none cached. Nothing polls or sweeps: each allocation and each death costs O(1).
 
 Size classes: requests up to 1 MiB round up to a multiple of 512 B (at most 511 B wasted); larger
 requests round up to a multiple of 1/16 of the power of two at or below them (under 6.25 % wasted;
 power-of-two rounding wastes up to 50 %). Freed blocks are cached per class and reused for the same
-class; ``empty_cache`` returns them to the driver.
+class (zero-byte blocks, without a buffer, too: for their slots); ``empty_cache`` returns the buffers to
+the driver.
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ import collections
 import ctypes
 import struct
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 
 import pyopencl as cl
@@ -46,8 +46,6 @@ LARGE_SHIFT = 4            # above: 2**4 = 16 classes per power of two
 _FIRST_ADDRESS = 1 << 56   # pseudo addresses lie above every user-space host pointer (< 2**57)
 _ADDRESS_ALIGN = 256
 MAX_DIMS_RECYCLED = 8      # DLPack structs with room for this many dims are recycled
-RECENT_BLOCKS = 16         # a cache miss then polls this many of the newest blocks
-CLASS_BLOCKS = 16          # a cache miss first polls this many of the newest blocks of the class it needs
 
 
 def size_class(nbytes: int) -> int:
@@ -119,18 +117,40 @@ _KDL_EXT_DEV = 12
 # in one call (three ctypes field stores cost twice as much)
 _DL_HEADER = struct.Struct("=QiiiBBH")
 assert (_DLTensor.device.offset, _DLTensor.ndim.offset, _DLTensor.dtype.offset, _DLTensor.shape.offset) == (8, 16, 20, 24)
-_weak_ref_expired = torch.UntypedStorage._expired
-_free_weak_ref = torch.UntypedStorage._free_weak_ref
+_watch = weakref.ref
+# blocks whose storages died, queued by their weak references' callbacks (thread-safe appends) for the
+# allocator to move to its cache under its lock
+_deaths: collections.deque[_Block] = collections.deque()
+
+
+def _check_storage_objects_live_with_their_storages() -> None:
+    """The allocator frees a block when its storage's Python object goes: make sure this torch keeps that
+    object while the storage lives (here held by a tensor without a Python reference to the storage)."""
+    died: list[int] = []
+    t = torch.empty(1)
+    watch = weakref.ref(t.untyped_storage(), lambda _: died.append(1))
+    alive = not died
+    del t
+    if not (alive and died and watch() is None):
+        raise ImportError(f"tunecl.backend needs torch to keep a storage's Python object as long as the storage "
+                          f"lives (PyObject preservation); this torch {torch.__version__} does not")
+
+
+_check_storage_objects_live_with_their_storages()
 
 
 class _Slot:
     """A recycled DLManagedTensor with shape/stride arrays (ctypes objects are slow to create).
     Its deleter stays NULL: blocks are reclaimed through weak references instead."""
 
-    __slots__ = ("address", "managed", "rank", "shape", "strides", "tensor")
+    __slots__ = ("address", "dtype", "layout", "managed", "rank", "shape", "strides", "tensor")
 
     def __init__(self, ndim: int):
         self.rank = ndim
+        # what the struct describes now, (size, stride) as tuples and the DLPack dtype: a tensor of the same
+        # layout needs only its address written
+        self.layout: tuple = ((), ())
+        self.dtype: tuple[int, int] | None = None
         self.managed = _DLManagedTensor()
         self.shape = (ctypes.c_int64 * ndim)()
         self.strides = (ctypes.c_int64 * ndim)()
@@ -142,23 +162,19 @@ class _Slot:
 
 
 class _Block:
-    """One allocation: its pseudo address (the storage's data_ptr), buffer (None when empty), class
-    bytes held, bytes requested, DLPack slot, and torch's weak reference to the storage (0 until
-    the storage exists)."""
+    """One allocation: its pseudo address (the storage's data_ptr), buffer (None when empty), class bytes
+    held, bytes requested, DLPack slot, and the weak reference to its storage's Python object that queues
+    the block when the storage dies (None while the block is cached or its tensor is being made)."""
 
-    __slots__ = ("address", "buffer", "requested", "reserved", "slot", "weak")
+    __slots__ = ("address", "buffer", "requested", "reserved", "slot", "watch")
 
     def __init__(self, address: int, buffer: cl.Buffer | None, reserved: int, requested: int, slot: _Slot):
         self.address, self.buffer, self.reserved, self.requested, self.slot = address, buffer, reserved, requested, slot
-        self.weak = 0
+        self.watch: weakref.ref | None = None
 
-
-def _fits(block: _Block, reserved: int, rank: int) -> bool:
-    """Whether a dead ``block`` can serve a request of class ``reserved`` with a slot of ``rank`` dims as
-    it is (dry-run blocks of a class above 0 have no buffer: those go through the cache instead; a buffer a
-    graph replays into is never handed out again)."""
-    return (block.reserved == reserved and block.slot.rank == rank and (block.buffer is not None or not reserved)
-            and (not graph_buffers or id(block.buffer) not in graph_buffers))
+    def __call__(self, _: weakref.ref, _queue: Callable[[_Block], None] = _deaths.append) -> None:
+        """The weak reference's callback: the storage died."""
+        _queue(self)
 
 
 # buffers that captured graphs (graphs.py) replay into: id -> how many live graphs hold it. Such a buffer
@@ -174,14 +190,14 @@ class CachingAllocator:
         self._lock = threading.Lock()
         # buffers of graphs collected since the last locked call (release_from_graph_soon)
         self._pending_graph_releases: list[Sequence[cl.MemoryObjectHolder]] = []
-        self._cache: dict[int, list[cl.Buffer]] = {}
+        # the cache: dead blocks by size class, each kept whole (buffer and DLPack slot) for the next
+        # allocation of its class, which revives it with a fresh address (see _revive)
+        self._idle: dict[int, list[_Block]] = {}
         self._blocks: dict[int, _Block] = {}      # struct address -> live block
-        # the same blocks by size class, each class's newest (allocated or taken over) last
-        self._by_class: dict[int, dict[int, _Block]] = {}
         self._free_slots: list[_Slot] = []
-        # slots of more than MAX_DIMS_RECYCLED dims, by rank: kept rather than freed, since torch reads a
-        # dead storage's DLManagedTensor (its deleter field) just after the weak reference shows it
-        # expired, possibly on another thread, so its memory must stay valid
+        # slots of more than MAX_DIMS_RECYCLED dims, by rank: kept rather than freed, since torch may read a
+        # dead storage's DLManagedTensor (its deleter field) just after its Python object went, possibly on
+        # another thread, so its memory must stay valid
         self._free_large_slots: dict[int, list[_Slot]] = {}
         self._next_address = _FIRST_ADDRESS
         self.allocated = 0      # class bytes of live blocks
@@ -194,13 +210,13 @@ class CachingAllocator:
         self.allocated_total = 0
         self.reserved_total = 0
         self.counts = collections.Counter()
-        self.reused_in_place = 0  # allocations that took a dead block over (see _take_over)
-        self.reused_empty_in_place = 0  # of those, empty (0-byte) blocks: no buffer, so no cache hit
+        self.freed = 0            # blocks whose storages died
+        self.revived = 0          # allocations served from the cache (see _revive) ...
+        self.revived_empty = 0    # ... of them, zero-byte blocks (no buffer: not a cache hit)
         self.graph_bytes = 0      # bytes of the buffers live graphs hold (some also belong to live tensors)
-        self._allocs_since_sweep = 0
-        # caches of derived tensors (weight_cache): let go of those of dead tensors before a full sweep
-        # (statistics, empty_cache), of everything before an allocation fails (called with the
-        # allocator's lock held: must not wait)
+        # caches of derived tensors (weight_cache): let go of those of dead tensors before statistics and
+        # empty_cache, of everything before an allocation fails (called with the allocator's lock held:
+        # must not wait)
         self.before_sweep: list[Callable[[], None]] = []
         self.under_pressure: list[Callable[[], None]] = []
 
@@ -209,90 +225,35 @@ class CachingAllocator:
         return self.allocated + self.cached
 
     # called with the lock held
-    def _sweep(self) -> None:
-        """Recycle the blocks whose storages have died."""
-        dead = [key for key, b in self._blocks.items() if b.weak and _weak_ref_expired(b.weak)]
-        self._free_dead(dead)
-        self.counts["sweeps"] += 1
-        self._allocs_since_sweep = 0
-
-    # called with the lock held
-    def _reclaim_recent(self, reserved: int, rank: int = 0) -> _Block | None:
-        """Look at the ``RECENT_BLOCKS`` newest blocks for a dead one of class ``reserved``: return it,
-        still registered, when its slot has rank ``rank`` and it holds a buffer (or needs none), for
-        :meth:`_take_over`; recycle it otherwise, and every other dead block met before it."""
-        dead = []
-        found = None
-        for n, (key, b) in enumerate(reversed(self._blocks.items())):
-            if b.weak and _weak_ref_expired(b.weak):
-                if b.reserved == reserved:
-                    if _fits(b, reserved, rank):
-                        found = b
-                    else:
-                        dead.append(key)
-                    break
-                dead.append(key)
-            if n == RECENT_BLOCKS:
-                break
-        if dead:
-            self._free_dead(dead)
-        return found
-
-    # called with the lock held
-    def _reclaim_class(self, reserved: int, rank: int) -> _Block | None:
-        """Look at the ``CLASS_BLOCKS`` newest live blocks of class ``reserved`` for a dead one that fits (see
-        :func:`_fits`): return it, still registered, for :meth:`_take_over`. (Long-lived tensors, weights and
-        optimizer state, sink to the front of their class as temporaries are taken over and move to its end.)"""
-        same_class = self._by_class.get(reserved)
-        if not same_class:
-            return None
-        for n, b in enumerate(reversed(same_class.values())):
-            if b.weak and _weak_ref_expired(b.weak) and _fits(b, reserved, rank):
-                return b
-            if n == CLASS_BLOCKS:
-                return None
-        return None
-
-    def _take_over(self, block: _Block, nbytes: int) -> _Block:
-        """Give a dead block (of the class wanted and a fitting slot) to a new storage as it is: buffer,
-        slot, a place as the newest block, and a fresh address. The outcome of recycling it through the
-        cache and allocating again, in a third of the time."""
-        _free_weak_ref(block.weak)
-        block.weak = 0
-        key = block.slot.address
-        blocks = self._blocks
-        if next(reversed(blocks)) != key:   # (the newest block stays where it is)
-            del blocks[key]
-            blocks[key] = block
-            same_class = self._by_class[block.reserved]
-            del same_class[key]
-            same_class[key] = block
-        del _buffers[block.address]
-        address = block.address = self._next_address
-        self._next_address = address + (block.reserved or _ADDRESS_ALIGN)
-        self.requested += nbytes - block.requested
-        block.requested = nbytes
-        self.reused_in_place += 1
-        self.allocated_total += block.reserved
-        if not block.reserved:
-            self.reused_empty_in_place += 1
-        _buffers[address] = block.buffer
-        return block
-
-    def _free_dead(self, keys: list[int]) -> None:
-        by_class = self._by_class
-        for key in keys:
-            block = self._blocks.pop(key)
-            del by_class[block.reserved][key]
-            _free_weak_ref(block.weak)
-            block.weak = 0
-            self._release(block)
-            rank = block.slot.rank
-            if rank == MAX_DIMS_RECYCLED:
-                self._free_slots.append(block.slot)
+    def _bury(self) -> None:
+        """Move the blocks whose storages died (queued by their callbacks) to the cache (:meth:`_release`,
+        written out here for the common case: a block with a buffer no graph holds)."""
+        blocks, idle_by_class = self._blocks, self._idle
+        while _deaths:
+            block = _deaths.popleft()
+            if blocks.pop(block.slot.address, None) is not block:
+                continue
+            block.watch = None
+            self.freed += 1
+            buffer, reserved = block.buffer, block.reserved
+            if buffer is None or (graph_buffers and id(buffer) in graph_buffers):
+                self._release(block)
+                continue
+            del _buffers[block.address]
+            self.allocated -= reserved
+            self.requested -= block.requested
+            self.cached += reserved
+            idle = idle_by_class.get(reserved)
+            if idle is None:
+                idle_by_class[reserved] = [block]
             else:
-                self._free_large_slots.setdefault(rank, []).append(block.slot)
-        self.counts["frees"] += len(keys)
+                idle.append(block)
+
+    def _recycle_slot(self, slot: _Slot) -> None:
+        if slot.rank == MAX_DIMS_RECYCLED:
+            self._free_slots.append(slot)
+        else:
+            self._free_large_slots.setdefault(slot.rank, []).append(slot)
 
     def _new_buffer(self, reserved: int, requested: int) -> cl.Buffer:
         device = state.get().device
@@ -303,7 +264,7 @@ class CachingAllocator:
             if self.reserved + reserved > device.cl_device.global_mem_size:
                 if attempt == 0:
                     self._relieve()
-                    self._sweep()
+                    self._bury()
                     self._release_cache()
                     continue
                 raise _oom(requested, device, "the device's global memory is exhausted")
@@ -313,7 +274,7 @@ class CachingAllocator:
                 if attempt == 0:
                     self.counts["oom_retries"] += 1
                     self._relieve()
-                    self._sweep()
+                    self._bury()
                     self._release_cache()
                     continue
                 raise _oom(requested, device, f"the driver said {error}") from None
@@ -323,69 +284,39 @@ class CachingAllocator:
         raise AssertionError("unreachable")
 
     def _relieve(self) -> None:
-        """Ask the caches of derived tensors to let go (the sweep that follows reclaims their blocks)."""
+        """Ask the caches of derived tensors to let go (their blocks are queued as their storages die)."""
         for release in self.under_pressure:
             release()
 
     def _release_cache(self) -> None:
-        self.counts["buffers_released"] += sum(map(len, self._cache.values()))
-        self._cache.clear()
+        for idle in self._idle.values():
+            for block in idle:
+                if block.buffer is not None:
+                    self.counts["buffers_released"] += 1
+                self._recycle_slot(block.slot)
+        self._idle.clear()
         self.cached = 0
 
     def allocate(self, nbytes: int, ndim: int) -> _Block:
-        """A live block of at least ``nbytes`` with a DLPack slot for ``ndim`` dims."""
+        """A live block of at least ``nbytes`` with a DLPack slot for ``ndim`` dims; its caller sets
+        :attr:`_Block.watch` once the storage exists."""
         reserved = (_classes.get(nbytes) or size_class(nbytes)) if nbytes else 0
-        rank = max(MAX_DIMS_RECYCLED, ndim)  # (slots up to that many dims are that wide)
+        rank = ndim if ndim > MAX_DIMS_RECYCLED else MAX_DIMS_RECYCLED  # (slots up to that many dims are that wide)
         with self._lock:
             if self._pending_graph_releases:
                 self._drain_graph_releases()
-            blocks = self._blocks
-            if blocks:
-                newest = blocks[next(reversed(blocks))]
-                # the newest block has died (the previous op's temporary, typically) and fits (_fits)
-                if (newest.reserved == reserved and newest.weak and newest.slot.rank == rank
-                        and (newest.buffer is not None or not reserved) and _weak_ref_expired(newest.weak)
-                        and (not graph_buffers or id(newest.buffer) not in graph_buffers)):
-                    return self._take_over(newest, nbytes)
-            self._allocs_since_sweep += 1
-            if nbytes:
-                cached = self._cache.get(reserved)
-                if not cached:  # a miss: reclaim dead storages first (see the module docstring)
-                    found = self._reclaim_class(reserved, rank)
-                    if found is not None:
-                        return self._take_over(found, nbytes)
-                    found = self._reclaim_recent(reserved, rank)
-                    if found is not None:
-                        return self._take_over(found, nbytes)
-                    cached = self._cache.get(reserved)
-                    if (not cached and len(self._blocks) > RECENT_BLOCKS
-                            and self._allocs_since_sweep > len(self._blocks) // 16):
-                        self._sweep()
-                        cached = self._cache.get(reserved)
-                if cached:
-                    buffer = cached.pop()
-                    self.cached -= reserved
-                    self.counts["cache_hits"] += 1
-                else:
-                    buffer = self._new_buffer(reserved, nbytes)
-            else:
-                buffer = None
+            if _deaths:
+                self._bury()
+            idle = self._idle.get(reserved)
+            if idle:
+                return self._revive(idle.pop(), nbytes, rank)
+            buffer = self._new_buffer(reserved, nbytes) if reserved else None
             address = self._next_address
             # classes are multiples of the alignment (512 B granules, >= 64 KiB steps above 1 MiB)
             self._next_address = address + (reserved or _ADDRESS_ALIGN)
-            if ndim > MAX_DIMS_RECYCLED:  # rare: a struct of exactly this rank, recycled per rank
-                spare = self._free_large_slots.get(ndim)
-                slot = spare.pop() if spare else _Slot(ndim)
-            else:
-                if not self._free_slots:  # (empty tensors never reclaimed above: a new _Slot costs ~15 µs)
-                    self._reclaim_recent(reserved)
-                slot = self._free_slots.pop() if self._free_slots else _Slot(MAX_DIMS_RECYCLED)
+            slot = self._slot(rank)
             block = _Block(address, buffer, reserved, nbytes, slot)
             self._blocks[slot.address] = block
-            same_class = self._by_class.get(reserved)
-            if same_class is None:
-                same_class = self._by_class[reserved] = {}
-            same_class[slot.address] = block
             self.allocated += reserved
             self.allocated_total += reserved
             self.requested += nbytes
@@ -395,22 +326,61 @@ class CachingAllocator:
             _buffers[address] = buffer
             return block
 
+    # called with the lock held
+    def _revive(self, block: _Block, nbytes: int, rank: int) -> _Block:
+        """Give a cached block to a new storage: a fresh address and a slot of ``rank`` dims (its own where it
+        has that rank)."""
+        reserved = block.reserved
+        self.cached -= reserved
+        slot = block.slot
+        if slot.rank != rank:   # (rare: more than MAX_DIMS_RECYCLED dims on one side)
+            self._recycle_slot(slot)
+            slot = block.slot = self._slot(rank)
+        address = block.address = self._next_address
+        self._next_address = address + (reserved or _ADDRESS_ALIGN)
+        block.requested = nbytes
+        self._blocks[slot.address] = block
+        allocated = self.allocated = self.allocated + reserved
+        self.allocated_total += reserved
+        self.requested += nbytes
+        self.revived += 1
+        if not reserved:
+            self.revived_empty += 1
+        elif allocated > self.peak_allocated:
+            self.peak_allocated = allocated
+        _buffers[address] = block.buffer
+        return block
+
+    def _slot(self, rank: int) -> _Slot:
+        if rank > MAX_DIMS_RECYCLED:  # rare: a struct of exactly this rank, recycled per rank
+            spare = self._free_large_slots.get(rank)
+            return spare.pop() if spare else _Slot(rank)
+        return self._free_slots.pop() if self._free_slots else _Slot(MAX_DIMS_RECYCLED)
+
     def abandon(self, block: _Block) -> None:
         """Take back a block whose tensor could not be created."""
         with self._lock:
-            if self._blocks.pop(block.slot.address, None) is not None:
-                del self._by_class[block.reserved][block.slot.address]
+            self._blocks.pop(block.slot.address, None)
             self._release(block)
 
     # called with the lock held
     def _release(self, block: _Block) -> None:
-        """Forget a dead block's address and put its buffer back in the cache of its size class."""
+        """Forget a dead block's address; keep it, buffer and slot, in the cache of its size class (a block
+        of a class above 0 without a buffer, a dry run's, or whose buffer a graph holds, gives its slot back
+        instead)."""
         _buffers.pop(block.address, None)
         self.allocated -= block.reserved
         self.requested -= block.requested
-        if block.buffer is not None and not (graph_buffers and id(block.buffer) in graph_buffers):
-            self._cache.setdefault(block.reserved, []).append(block.buffer)
+        buffer = block.buffer
+        if (buffer is not None or not block.reserved) and not (graph_buffers and id(buffer) in graph_buffers):
+            idle = self._idle.get(block.reserved)
+            if idle is None:
+                self._idle[block.reserved] = [block]
+            else:
+                idle.append(block)
             self.cached += block.reserved
+        else:
+            self._recycle_slot(block.slot)
 
     def reserve_for_graph(self, buffers: Sequence[cl.MemoryObjectHolder]) -> None:
         """Keep ``buffers`` (each once) out of circulation while the graph that replays into them lives:
@@ -419,11 +389,14 @@ class CachingAllocator:
             self._drain_graph_releases()
             for buffer in buffers:
                 graph_buffers[id(buffer)] = graph_buffers.get(id(buffer), 0) + 1
-            for reserved, cached in self._cache.items():
-                kept = [b for b in cached if id(b) not in graph_buffers]
-                if len(kept) != len(cached):
-                    self.cached -= reserved * (len(cached) - len(kept))
-                    cached[:] = kept
+            for reserved, idle in self._idle.items():
+                kept = [b for b in idle if b.buffer is None or id(b.buffer) not in graph_buffers]
+                if len(kept) != len(idle):
+                    self.cached -= reserved * (len(idle) - len(kept))
+                    for block in idle:
+                        if block.buffer is not None and id(block.buffer) in graph_buffers:
+                            self._recycle_slot(block.slot)
+                    idle[:] = kept
             self.graph_bytes += sum(b.size for b in buffers)
 
     def release_from_graph(self, buffers: Sequence[cl.MemoryObjectHolder]) -> None:
@@ -460,7 +433,7 @@ class CachingAllocator:
         self._sweep_derived()
         with self._lock:
             self._drain_graph_releases()
-            self._sweep()
+            self._bury()
             self._release_cache()
 
     def _sweep_derived(self) -> None:
@@ -471,27 +444,23 @@ class CachingAllocator:
         self._sweep_derived()
         with self._lock:
             self._drain_graph_releases()
-            self._sweep()
+            self._bury()
+            counts = self.counts
             return {"allocated_bytes": self.allocated, "requested_bytes": self.requested,
                     "reserved_bytes": self.reserved, "cached_bytes": self.cached,
                     "peak_allocated_bytes": self.peak_allocated, "peak_reserved_bytes": self.peak_reserved,
                     "live_blocks": len(self._blocks), "graph_bytes": self.graph_bytes,
                     "allocated_bytes_total": self.allocated_total, "reserved_bytes_total": self.reserved_total,
-                    **self.counts,
-                    **self._in_place_counts()}
-
-    def _in_place_counts(self) -> dict[str, int]:
-        """A takeover in place is an allocation, a free and (for a block with a buffer) a reuse of a cached
-        buffer."""
-        n = self.reused_in_place
-        return {"allocs": self.counts["allocs"] + n, "frees": self.counts["frees"] + n,
-                "cache_hits": self.counts["cache_hits"] + n - self.reused_empty_in_place, "reused_in_place": n}
+                    **counts,
+                    # a block revived from the cache is an allocation and (with a buffer) a cache hit
+                    "allocs": counts["allocs"] + self.revived, "frees": self.freed,
+                    "cache_hits": self.revived - self.revived_empty}
 
     def reset_peak(self) -> None:
         self._sweep_derived()
         with self._lock:
             self._drain_graph_releases()
-            self._sweep()
+            self._bury()
             self.peak_allocated = self.allocated
             self.peak_reserved = self.reserved
 
@@ -536,15 +505,20 @@ def _empty(size: Sequence[int], stride: Sequence[int], dl_dtype: tuple[int, int]
     ndim = len(size)
     block = allocator.allocate(nbytes, ndim)
     slot = block.slot
-    slot.shape[:ndim] = size
-    slot.strides[:ndim] = stride
-    _DL_HEADER.pack_into(slot.managed, 0, block.address, _KDL_EXT_DEV, 0, ndim, dl_dtype[0], dl_dtype[1], 1)
+    layout = slot.layout
+    if layout[0] != size or layout[1] != stride or slot.dtype is not dl_dtype:   # (a list is never equal)
+        slot.shape[:ndim] = size
+        slot.strides[:ndim] = stride
+        _DL_HEADER.pack_into(slot.managed, 0, block.address, _KDL_EXT_DEV, 0, ndim, dl_dtype[0], dl_dtype[1], 1)
+        slot.layout, slot.dtype = (tuple(size), tuple(stride)), dl_dtype
+    else:
+        slot.tensor.data = block.address
     try:
         result = torch._C._from_dlpack(_capsule_new(slot.address, b"dltensor", None))
     except BaseException:
         allocator.abandon(block)
         raise
-    block.weak = result.untyped_storage()._weak_ref()  # the allocator watches the storage from now on
+    block.watch = _watch(result.untyped_storage(), block)  # the storage's death queues the block
     return result
 
 

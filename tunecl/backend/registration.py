@@ -40,8 +40,8 @@ class _Hooks(torch._C._acc.PrivateUse1Hooks if hasattr(torch._C, "_acc") else ob
 class _Guard(torch._C._acc.DeviceGuard if hasattr(torch._C, "_acc") else object):
     """The device guard: torch's Python guard supports a single device (index 0)."""
 
-    def type_(self) -> Any:
-        return torch._C._autograd.DeviceType.PrivateUse1
+    def type_(self, _type: Any = torch._C._autograd.DeviceType.PrivateUse1) -> Any:   # (called for every op)
+        return _type
 
 
 def _setup_function() -> Callable[..., None]:

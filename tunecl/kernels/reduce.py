@@ -14,6 +14,8 @@ from typing import NamedTuple
 import numpy as np
 import pyopencl as cl
 
+from tunecl import profiling
+from tunecl.kernels import launches
 from tunecl.kernels.strided import (
     CTYPES,
     FLOATING,
@@ -90,6 +92,8 @@ class Reduce:
         self.cache = KernelCache(device, __package__, "reduce.cl")
         self.group = work_group(device, 256)
         self._plans: dict[tuple, _Plan] = {}
+        # the backend's pre-built reduction calls by signature (tunecl.backend.ops.reduction)
+        self.calls: dict[tuple, Prepared | None] = {}
 
     def __call__(self, op: str, shape: Sequence[int], inp: Operand, reduce_dims: Collection[int],
                  out: Operand, out2: Operand | None = None, p0: float = 0.0, defer: bool = False) -> cl.Event | None:
@@ -122,6 +126,22 @@ class Reduce:
             self.device.defer(plan.kernel, plan.global_size, plan.local_size, args)
             return None
         return plan.kernel(self.device.queue, plan.global_size, plan.local_size, *args)
+
+    def prepare(self, op: str, shape: Sequence[int], inp: Operand, reduce_dims: Collection[int], out: Operand,
+                p0: float = 0.0) -> Prepared | None:
+        """:meth:`__call__`'s launch for every call with this signature (the op, shape, the operands' strides,
+        offsets and dtypes, ``p0``; their buffers are ignored), pre-built: each call binds its own output
+        and input buffers. None where it cannot be (no elements, a kernel that cannot be copied)."""
+        key = (op, tuple(shape), inp.strides, inp.dtype, tuple(sorted(reduce_dims)), out.strides, out.dtype, None)
+        plan = self._plans.get(key) or self._plan(key, op, shape, inp, reduce_dims, out, None, wide=False)
+        if plan is None:
+            return None
+        offsets = [inp.offset, out.offset, 0]
+        if not plan.wide and any(o + e > INT32_MAX for o, e in zip(offsets, plan.extents)):
+            plan = self._plan(None, op, shape, inp, reduce_dims, out, None, wide=True)
+        args = [None, None, float(p0), pack_meta(plan.prefix + offsets, "long" if plan.wide else "int")]
+        bound = launches.Bound.build(plan.kernel, plan.global_size, plan.local_size, args, (0, 1))
+        return None if bound is None else Prepared(self.device, bound)
 
     def _plan(self, key: tuple | None, op: str, shape: Sequence[int], inp: Operand, reduce_dims: Collection[int],
               out: Operand, out2: Operand | None, wide: bool) -> _Plan | None:
@@ -184,3 +204,22 @@ class Reduce:
             dtypes.append(None)
         dtypes += [None, np.float32, meta_dtype(meta_len, idx)]
         return self.cache.build(key, options, "reduce", dtypes)
+
+
+class Prepared:
+    """One reduction signature's launch, pre-built (:class:`tunecl.kernels.launches.Bound`): a call binds its
+    output's and input's buffers and defers it as :meth:`Reduce.__call__` would, the same launch; while a
+    graph capture or a KernelProfile holds pyopencl's launch function, the kernel's own launch."""
+
+    __slots__ = ("bound", "device")
+
+    def __init__(self, device: Device, bound: launches.Bound) -> None:
+        self.device, self.bound = device, bound
+
+    def enqueue(self, out: cl.Buffer, inp: cl.Buffer) -> None:
+        bound = self.bound
+        binding = (0, out, 1, inp)
+        if profiling.swap_lock.locked():
+            self.device.defer(bound.kernel, bound.global_size, bound.local_size, bound.arguments(binding))
+        else:
+            self.device.defer(bound, bound.global_size, bound.local_size, (binding,))

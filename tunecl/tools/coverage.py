@@ -320,7 +320,8 @@ def dry_run() -> Iterator[DryRun]:
         allocator = memory.allocator
         saved_counts = (collections.Counter(counters.op_counts), collections.Counter(counters.fallback_counts))
         saved_memory = (allocator.peak_allocated, allocator.peak_reserved, collections.Counter(allocator.counts),
-                        allocator.reused_in_place, allocator.allocated_total, allocator.reserved_total)
+                        allocator.freed, allocator.revived, allocator.revived_empty, allocator.allocated_total,
+                        allocator.reserved_total)
         dry_cl = _DryOpenCL(run)
         first_address = allocator._next_address  # pseudo addresses only grow: later ones are ours
         run.device.flush()  # the real launches still waiting (Device.defer) go before the dry ones
@@ -347,7 +348,8 @@ def dry_run() -> Iterator[DryRun]:
                 counter.clear()
                 counter.update(saved)
             (allocator.peak_allocated, allocator.peak_reserved, allocator.counts,
-             allocator.reused_in_place, allocator.allocated_total, allocator.reserved_total) = saved_memory
+             allocator.freed, allocator.revived, allocator.revived_empty, allocator.allocated_total,
+             allocator.reserved_total) = saved_memory
     finally:
         _active.release()
     if survivors:  # only reached without an exception (one in flight keeps its frames' tensors alive)

@@ -93,39 +93,62 @@ def _keep(calls: dict[tuple, _Call], key: tuple, call: _Call) -> _Call:
     return call
 
 
-def _column(tensors: Sequence[torch.Tensor], numels: list[int] | None, outs: Sequence[torch.Tensor] | None,
+def _column(tensors: Sequence[torch.Tensor], numels: list[int] | None, outs: _Outs | None,
             ptrs: list[int]) -> tuple[list, list[int]] | None:
     """(buffers, element offsets) of ``tensors`` (data_ptrs ``ptrs``) when each is a contiguous float32
     opencl tensor of the signature's numel (``numels`` None: of any but 0) and, given ``outs``, of its
     output's shape and either exactly its output or sharing no storage with it; else None. The general
-    route's checks (:func:`tunecl.backend.ops.foreach._pairs`), a pass over the list per property."""
+    route's checks (:func:`tunecl.backend.ops.foreach._pairs`), a pass over the list per property.
+
+    A data_ptr that is some storage's address (a key of ``_buffers``) is that of the tensor's own storage
+    at offset 0: storages' address ranges never overlap and a tensor with elements points into its own
+    (so the common list, every tensor at the start of its storage, needs no pass over the offsets)."""
     if (set(map(_dtype, tensors)) != _ONLY_FLOAT32 or not all(map(_is_contiguous, tensors))
             or (list(map(_numel, tensors)) != numels if numels is not None else 0 in map(_numel, tensors))):
         return None
-    offsets = list(map(_storage_offset, tensors))
-    # a storage's address is the data_ptr less the offset's bytes (float32: 4 per element)
-    addresses = list(map(_minus, ptrs, map(_times4, offsets))) if any(offsets) else ptrs
-    buffers = list(map(_buffers.get, addresses, repeat(_MISSING, len(addresses))))
-    if _MISSING in buffers:   # not an opencl storage
-        return None
-    if outs is not None and outs is not tensors:
-        if list(map(_shape, tensors)) != list(map(_shape, outs)):
+    buffers = list(map(_buffers.get, ptrs, repeat(_MISSING, len(ptrs))))
+    if _MISSING in buffers:   # some tensor at an offset into its storage (or not an opencl storage)
+        offsets = list(map(_storage_offset, tensors))
+        # a storage's address is the data_ptr less the offset's bytes (float32: 4 per element)
+        addresses = list(map(_minus, ptrs, map(_times4, offsets)))
+        buffers = list(map(_buffers.get, addresses, repeat(_MISSING, len(addresses))))
+        if _MISSING in buffers:   # not an opencl storage
             return None
-        out_offsets = list(map(_storage_offset, outs))
-        out_ptrs = list(map(_data_ptr, outs))
-        out_addresses = list(map(_minus, out_ptrs, map(_times4, out_offsets))) if any(out_offsets) else out_ptrs
-        if not set(addresses).isdisjoint(out_addresses):   # some storage shared: the exact rule, per tensor
-            for t, out, address, offset, out_address, out_offset in zip(tensors, outs, addresses, offsets,
-                                                                        out_addresses, out_offsets):
+    else:
+        offsets = [0] * len(ptrs)
+        addresses = ptrs
+    if outs is not None and outs.tensors is not tensors:
+        if list(map(_shape, tensors)) != outs.shapes():
+            return None
+        if not set(addresses).isdisjoint(outs.addresses):   # some storage shared: the exact rule, per tensor
+            for t, out, address, offset, out_address, out_offset in zip(tensors, outs.tensors, addresses, offsets,
+                                                                        outs.addresses, outs.offsets):
                 if out is not t and address == out_address and offset != out_offset:
                     return None
     return buffers, offsets
 
 
+class _Outs:
+    """A call's output list with the storage addresses and offsets its binding found, and its shapes once
+    asked for (each input column is checked against them)."""
+
+    __slots__ = ("_shapes", "addresses", "offsets", "tensors")
+
+    def __init__(self, tensors: Sequence[torch.Tensor], ptrs: list[int], offsets: list[int]) -> None:
+        self.tensors, self.offsets = tensors, offsets
+        self.addresses = list(map(_minus, ptrs, map(_times4, offsets))) if any(offsets) else ptrs
+        self._shapes: list | None = None
+
+    def shapes(self) -> list:
+        if self._shapes is None:
+            self._shapes = list(map(_shape, self.tensors))
+        return self._shapes
+
+
 _FAILED = None
 
 
-def _bind(call: _Call, column: int, tensors: Sequence[Any], outs: Sequence[torch.Tensor] | None, fresh: list,
+def _bind(call: _Call, column: int, tensors: Sequence[Any], outs: _Outs | None, fresh: list,
           force: bool = False, numels_known: bool = False, own_numels: bool = False) -> bool | None:
     """Bind column ``column`` to ``tensors`` where their data_ptrs changed (or ``force``: its outputs
     changed), adding (column, buffers) to ``fresh`` for :func:`_launch`; an unchanged column's numels are
@@ -216,12 +239,15 @@ def foreach_map(name: str, expr: str, in_place: bool, self: list[torch.Tensor], 
         fresh.append(([0], [_buffers[p] for p in ptrs]))   # fresh storages: their data_ptrs are their addresses
         changed = False   # (fresh outputs share no storage with any input)
     out_bound = fresh[-1] if fresh and fresh[-1][0][0] == 0 else None
+    outs_found = None
     for index in range(3):
         column = inputs[index] if index < len(inputs) else None
         if index < len(kinds) and kinds[index] and column is not outs:
             if index == 0 and not in_place:
                 continue
-            if len(column) != len(outs) or _bind(call, 1 + index, column, outs, fresh, force=changed) is None:
+            if outs_found is None:
+                outs_found = _Outs(outs, call.ptrs[0], call.offsets[0])
+            if len(column) != len(outs) or _bind(call, 1 + index, column, outs_found, fresh, force=changed) is None:
                 return None
             continue
         if out_bound is not None:   # an unused pointer (or the output itself) points at the output

@@ -75,6 +75,82 @@ def _new(self: torch.Tensor, dims: Sequence[int], keepdim: bool, dtype: torch.dt
     return memory.empty_contiguous(out_shape(self, dims, keepdim), self.dtype if dtype is None else dtype)
 
 
+# -- functional fast paths ------------------------------------------------------------------------------
+# ``x.sum()`` and ``x.mean(dim)`` reach the backend as themselves: sum/mean of everything are composite
+# (they call the dim form), and the dim forms are structured, so torch's wrapper would infer the output,
+# allocate it by a second call into Python and call our ``.out`` kernel. A float32 call whose dims are
+# plain (distinct, in range; none or [] for all) has a signature (the op, the input's shape, strides and
+# offset, the dims as given, keepdim) that fixes the output's geometry and the launch but its buffers: the
+# launch is built once (Reduce.prepare) and each call allocates the output, binds the two buffers and
+# defers it, the launch of the ``.out`` route bit for bit. The table lives on the State's Reduce (a new
+# State has its own) and is bounded (MAX_CALLS). Every other call takes torch's route, reached by
+# redispatching to a key without kernels of its own (its composite kernels).
+MAX_CALLS = 1024
+_FLOAT32 = torch.float32
+_DL_FLOAT32 = memory.DLPACK[_FLOAT32]
+_COMPOSITE_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse3)
+
+
+class _Call:
+    """A pre-built reduction call: the output's geometry and the launch."""
+
+    __slots__ = ("nbytes", "prepared", "shape", "strides")
+
+    def __init__(self, op: str, self_: torch.Tensor, dims: list[int], keepdim: bool) -> None:
+        self.shape = tuple(out_shape(self_, dims, keepdim))
+        self.strides = tuple(memory.contiguous_strides(self.shape))
+        self.nbytes = 4 * math.prod(self.shape)
+        if keepdim:
+            aligned_strides = tuple(0 if d in dims else s for d, s in enumerate(self.strides))
+        else:
+            it = iter(self.strides)
+            aligned_strides = tuple(0 if d in dims else next(it) for d in range(self_.dim()))
+        self.prepared = state.get().reduce.prepare(
+            op, tuple(self_.shape), Operand(None, self_.storage_offset(), self_.stride(), "float32"), set(dims),
+            Operand(None, 0, aligned_strides, "float32"))
+
+
+def _plain_dims(self: torch.Tensor, dim: DimArg) -> list[int] | None:
+    """The reduced dims when ``dim`` names them plainly (None or [] for all; distinct and in range), else
+    None (torch's route raises what it must)."""
+    nd = self.dim()
+    if dim is None or (not isinstance(dim, int) and not len(dim)):
+        return list(range(nd))
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    if any(not isinstance(d, int) or not -nd <= d < nd for d in dims):
+        return None
+    wrapped = sorted({d % nd for d in dims})
+    return wrapped if len(wrapped) == len(dims) else None
+
+
+def _fast_reduction(op: str, overload: torch._ops.OpOverload) -> Callable[..., torch.Tensor]:
+    def kernel(self: torch.Tensor, dim: DimArg = None, keepdim: bool = False, *,
+               dtype: torch.dtype | None = None) -> torch.Tensor:
+        if self.dtype is _FLOAT32 and (dtype is None or dtype is _FLOAT32) and self.dim() and self.numel():
+            calls = state.get().reduce.calls
+            key = (op, self.shape, self.stride(), self.storage_offset(),
+                   dim if dim is None or isinstance(dim, int) else tuple(dim), keepdim)
+            call = calls.get(key, calls)
+            if call is calls:   # (calls itself: not seen yet)
+                dims = _plain_dims(self, dim)
+                call = None if dims is None else _Call(op, self, dims, keepdim)
+                if call is not None and call.prepared is None:
+                    call = None
+                if len(calls) >= MAX_CALLS:   # a safety valve for ever-changing signatures
+                    calls.clear()
+                calls[key] = call
+            if call is not None:
+                buffer = _buffers.get(self.untyped_storage().data_ptr())
+                if buffer is not None:
+                    out = memory.empty_sized(call.shape, call.strides, _DL_FLOAT32, call.nbytes)
+                    call.prepared.enqueue(_buffers[out.untyped_storage().data_ptr()], buffer)
+                    return out
+        if overload._schema.arguments[1].name == "dim":
+            return overload.redispatch(_COMPOSITE_KEYS, self, dim, keepdim, dtype=dtype)
+        return overload.redispatch(_COMPOSITE_KEYS, self, dtype=dtype)
+    return kernel
+
+
 # -- adapters ----------------------------------------------------------------------------------------
 def sum_out(self: torch.Tensor, dim: DimArg, keepdim: bool = False, *, dtype: torch.dtype | None = None,
             out: torch.Tensor) -> torch.Tensor:
@@ -198,6 +274,10 @@ def logical(op: str) -> dict[str, Callable[..., torch.Tensor]]:
 
 
 KERNELS: dict[str, Callable[..., Any]] = {
+    "sum": _fast_reduction("sum", torch.ops.aten.sum.default),
+    "sum.dim_IntList": _fast_reduction("sum", torch.ops.aten.sum.dim_IntList),
+    "mean": _fast_reduction("mean", torch.ops.aten.mean.default),
+    "mean.dim": _fast_reduction("mean", torch.ops.aten.mean.dim),
     **logical("any"),
     **logical("all"),
     "sum.IntList_out": sum_out,
