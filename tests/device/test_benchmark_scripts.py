@@ -198,3 +198,17 @@ def test_eager_phases_prints_each_phase_in_three_rounds(capsys):
         wall = float(words[words.index("wall") + 1])
         assert all(t > 0 for t in times) and wall >= max(times)
     assert "launches real, autograd on the worker thread" in printed
+
+
+def test_attention_benchmark_times_fused_math_and_peer(tmp_path, capsys):
+    pytest.importorskip("torch")
+    script = load_script("attention")
+    out, csv = tmp_path / "attention.json", tmp_path / "results.csv"
+    assert script.main(["--seq", "9", "33", "--heads", "2", "--head-dim", "8", "--iterations", "1", "--rounds", "2",
+                        "--backward", "--json", str(out), "--record", str(csv)]) == 0
+    data = json.loads(out.read_text())
+    assert data["backward"] is True and [r["seq"] for r in data["rows"]] == [9, 33]
+    assert all(r[k] > 0 for r in data["rows"] for k in ("fused_device_s", "math_device_s", "peer_s"))
+    lines = csv.read_text().splitlines()
+    assert len(lines) == 1 + 4 and "sdpa b1 h2 L33 d8 fwd+bwd" in lines[-1]
+    assert "math/fused" in capsys.readouterr().out
