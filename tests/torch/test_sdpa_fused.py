@@ -183,3 +183,20 @@ def test_multihead_attention_training_runs_fused(strict, fresh_stats):
     for (name, p), q in zip(cpu.named_parameters(), dev.parameters()):
         torch.testing.assert_close(q.grad.cpu(), p.grad, atol=1e-4, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
     assert tunecl.backend.stats()["ops"][FUSED_BACKWARD] == 1
+
+
+def test_compiled_attention_runs_fused_forward_and_backward(strict, fresh_stats):
+    """Under torch.compile(backend="tunecl") the traced graph calls the fused op and its backward (the
+    op's unused outputs are tensors, which the compiled graph saves for the backward)."""
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).square().sum()
+
+    q, k, v = _qkv(2, 3, 7, 9, 8)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    attend(*leaves).backward()
+    dev = [t.to("opencl").requires_grad_() for t in (q, k, v)]
+    torch.compile(attend, backend="tunecl")(*dev).backward()
+    for got, want in zip(dev, leaves):
+        torch.testing.assert_close(got.grad.cpu(), want.grad, atol=1e-5, rtol=1e-5)
+    ops = fresh_stats()["ops"]
+    assert ops[FUSED] == 1 and ops[FUSED_BACKWARD] == 1

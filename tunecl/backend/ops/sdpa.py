@@ -174,7 +174,10 @@ def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     elif out.numel():   # no keys: every row attends to nothing (torch's math path gives 0)
         out.zero_()
         lse.fill_(float("-inf"))
-    return out, lse, None, None, length, keys, None, None, None
+    # (cum_seq_q/k, philox seed/offset and the debug mask are unused: empty tensors, since a compiled
+    # graph saves them for the backward and wants tensors there)
+    unused = [memory.empty_contiguous((0,), torch.int64) for _ in range(5)]
+    return out, lse, unused[0], unused[1], length, keys, unused[2], unused[3], unused[4]
 
 
 def fused_attention_backward(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
