@@ -292,13 +292,91 @@ class ConvProblem:
         return problem
 
 
-Problem = Union[GemmProblem, ConvProblem]
-PROBLEM_KINDS: dict[str, type] = {"gemm": GemmProblem, "conv": ConvProblem}
+ATTENTION_MASKS = ("none", "bool", "float")
+ATTENTION_DIRECTIONS = ("fwd", "bwd")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionProblem:
+    """Scaled-dot-product attention of ``batch`` x ``heads`` sequences: queries L x E, keys S x E, values
+    S x EV, output L x EV; ``mask`` says which attention mask is applied (``none``, ``bool``: excluded
+    where false, ``float``: added to the scores), ``causal`` whether keys after the query row are
+    excluded (top-left aligned). ``direction`` is ``fwd`` (output and row log-sum-exp) or ``bwd`` (the
+    gradients of queries, keys and values)."""
+
+    batch: int
+    heads: int
+    l: int  # noqa: E741 (torch's name for the query length)
+    s: int
+    e: int
+    ev: int
+    causal: bool = False
+    mask: str = "none"
+    direction: str = "fwd"
+    dtype: str = "float32"
+
+    kind: ClassVar[str] = "attention"
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "heads", "l", "s", "e", "ev"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"attention {name} must be a positive integer, got {value!r}")
+        if self.mask not in ATTENTION_MASKS:
+            raise ValueError(f"mask must be one of {', '.join(ATTENTION_MASKS)}, got {self.mask!r}")
+        if self.causal and self.mask != "none":
+            raise ValueError("a causal attention problem takes no mask")
+        if self.direction not in ATTENTION_DIRECTIONS:
+            raise ValueError(f"direction must be one of {', '.join(ATTENTION_DIRECTIONS)}, got {self.direction!r}")
+        _check_dtype(self.dtype)
+
+    @property
+    def key(self) -> str:
+        return (f"attention:b={self.batch},h={self.heads},l={self.l},s={self.s},e={self.e},ev={self.ev},"
+                f"causal={int(self.causal)},mask={self.mask},dir={self.direction},dtype={self.dtype}")
+
+    @classmethod
+    def parse(cls, body: str) -> AttentionProblem:
+        """Parse ``b=2,h=8,l=512,s=512,e=64[,ev=64,causal=0,mask=none,dir=fwd,dtype=float32]`` (``ev``
+        defaults to ``e``)."""
+        fields = _parse_fields(body)
+        e = _int(fields, "e")
+        problem = cls(batch=_int(fields, "b"), heads=_int(fields, "h"), l=_int(fields, "l"), s=_int(fields, "s"),
+                      e=e, ev=_int(fields, "ev", e), causal=_flag(fields, "causal"),
+                      mask=fields.pop("mask", "none"), direction=fields.pop("dir", "fwd"),
+                      dtype=fields.pop("dtype", "float32"))
+        _reject_unknown(fields, "attention")
+        return problem
+
+    @property
+    def flops(self) -> int:
+        """Multiply-adds x2 over the (query, key) pairs computed (causal: those on or below the diagonal):
+        forward the two products (scores, P V); backward the scores and dP recomputed twice (for dQ and
+        for dK/dV) and the three gradient products."""
+        pairs = self.l * self.s
+        if self.causal:
+            pairs = sum(min(i + 1, self.s) for i in range(self.l))
+        per_pair = self.e + self.ev if self.direction == "fwd" else 4 * self.e + 3 * self.ev
+        return 2 * self.batch * self.heads * pairs * per_pair
+
+    @property
+    def bytes(self) -> int:
+        per_head = self.l * self.e + self.s * self.e + self.s * self.ev + self.l * self.ev
+        if self.direction == "bwd":
+            per_head *= 2
+        return self.batch * self.heads * per_head * DTYPES[self.dtype]
+
+    def with_direction(self, direction: str) -> AttentionProblem:
+        return dataclasses.replace(self, direction=direction)
+
+
+Problem = Union[GemmProblem, ConvProblem, AttentionProblem]
+PROBLEM_KINDS: dict[str, type] = {"gemm": GemmProblem, "conv": ConvProblem, "attention": AttentionProblem}
 
 
 def problem_from_key(key: str) -> Problem:
     """Inverse of ``Problem.key``: ``problem_from_key(p.key) == p``. Raises ValueError with the reason."""
     kind, sep, body = key.partition(":")
     if not sep or kind not in PROBLEM_KINDS:
-        raise ValueError(f"not a problem key: {key!r} (expected 'gemm:...' or 'conv:...')")
+        raise ValueError(f"not a problem key: {key!r} (expected 'gemm:...', 'conv:...' or 'attention:...')")
     return PROBLEM_KINDS[kind].parse(body)

@@ -308,7 +308,15 @@ def _nn_suite(full: bool) -> None:
         grad=True, atol=1e-3)
     _op("conv conv2d_groups", lambda a, w: F.conv2d(a, w, padding=1, groups=3), x, torch.randn(3, 1, 3, 3),
         grad=True, atol=1e-3)
+    # the fused attention kernels: lengths past one 32-row tile, odd head dims
+    q, k, v = torch.randn(1, 2, 37, 6), torch.randn(1, 2, 41, 6), torch.randn(1, 2, 41, 3)
+    _op("attention sdpa_fused", lambda a, b, c: F.scaled_dot_product_attention(a, b, c), q, k, v, grad=True)
     if full:
+        keep = torch.rand(37, 41) > 0.3
+        _op("attention sdpa_causal", lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True),
+            q, k, v, grad=True)
+        _op("attention sdpa_bool_mask", lambda a, b, c, m: F.scaled_dot_product_attention(a, b, c, attn_mask=m),
+            q, k, v, keep, grad=True)
         _op("norm batch_norm_wide", batch_stats, torch.randn(3, 5, 9, 11), grad=True, atol=3e-4)
         _op("pool max_dilated_ceil", lambda v: F.max_pool2d(v, 3, 2, 1, dilation=2, ceil_mode=True),
             torch.randn(2, 3, 9, 7), grad=True)

@@ -214,3 +214,17 @@ def test_compile_warmup_prints_each_call_by_phase(capsys, monkeypatch):
     assert float(rows["2"][2 + 5]) > 0 and float(rows["3"][2 + 6]) > 0   # the capture, then a replay
     assert all(float(rows[c][1]) > 0 for c in rows)
     assert any(line.startswith("warm-up (the first call to the third") for line in lines)
+
+
+def test_attention_benchmark_times_fused_math_and_peer(tmp_path, capsys):
+    pytest.importorskip("torch")
+    script = load_script("attention")
+    out, csv = tmp_path / "attention.json", tmp_path / "results.csv"
+    assert script.main(["--seq", "9", "33", "--heads", "2", "--head-dim", "8", "--iterations", "1", "--rounds", "2",
+                        "--backward", "--json", str(out), "--record", str(csv)]) == 0
+    data = json.loads(out.read_text())
+    assert data["backward"] is True and [r["seq"] for r in data["rows"]] == [9, 33]
+    assert all(r[k] > 0 for r in data["rows"] for k in ("fused_device_s", "math_device_s", "peer_s"))
+    lines = csv.read_text().splitlines()
+    assert len(lines) == 1 + 4 and "sdpa b1 h2 L33 d8 fwd+bwd" in lines[-1]
+    assert "math/fused" in capsys.readouterr().out

@@ -178,9 +178,9 @@ def _register_kernels() -> None:
     aten = torch.library.Library("aten", "IMPL")
     for name, adapter in kernel_table().items():
         aten.impl(name, _kernel(name, adapter), "PrivateUse1")
-    from tunecl.backend.ops import composite
+    from tunecl.backend.ops import composite, sdpa
 
-    for name, adapter in composite.AUTOGRAD_KERNELS.items():
+    for name, adapter in {**composite.AUTOGRAD_KERNELS, **sdpa.AUTOGRAD_KERNELS}.items():
         aten.impl(name, adapter, "AutogradPrivateUse1")
     for base in fallback.CPU_AUTOGRAD_OPS:
         packet = getattr(torch.ops.aten, base)

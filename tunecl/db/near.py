@@ -10,6 +10,8 @@ serves a config tuned for the same problem at another batch. The rule, per kind:
   The backend's fc layers fold the batch into ``M`` (``x @ W.T`` and ``grad @ W``); unlike a conv's
   ``n·p·q``, ``M`` can be small, where the best tile depends on it, so only a near ``M`` is taken.
   The fc weight gradient has the batch in ``K`` (the reduction length) and is not matched.
+- **attention**: every field equal except ``b``; any stored batch. The batch only adds work-groups
+  (one grid row per batch and head); the tiles are chosen for the lengths and head dims.
 
 Candidates rank by closeness, ``|log(stored / wanted)|`` compared exactly as the ratio of the larger
 batch to the smaller; a tie goes to the larger stored batch. A candidate is only a guess: the caller
@@ -26,7 +28,7 @@ import dataclasses
 from collections.abc import Iterable
 from fractions import Fraction
 
-from tunecl.problems import ConvProblem, GemmProblem, Problem
+from tunecl.problems import AttentionProblem, ConvProblem, GemmProblem, Problem
 
 GEMM_MAX_RATIO = 4  # a GEMM's M may differ by at most this factor either way
 
@@ -71,11 +73,13 @@ class BatchPattern:
 
 
 def batch_pattern(problem: Problem) -> BatchPattern:
-    """The :class:`BatchPattern` of ``problem`` (conv: ``n``; gemm: ``m`` within a factor)."""
+    """The :class:`BatchPattern` of ``problem`` (conv: ``n``; gemm: ``m`` within a factor; attention: ``b``)."""
     if isinstance(problem, ConvProblem):
         field, batch, max_ratio = "n", problem.n, None
     elif isinstance(problem, GemmProblem):
         field, batch, max_ratio = "m", problem.m, GEMM_MAX_RATIO
+    elif isinstance(problem, AttentionProblem):
+        field, batch, max_ratio = "b", problem.batch, None
     else:
         raise TypeError(f"no batch rule for {type(problem).__name__}")
     prefix = f"{problem.kind}:{field}="

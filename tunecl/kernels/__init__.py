@@ -34,11 +34,12 @@ _REGISTRY: dict[str, tuple[str, ...]] = {
     "conv": ("tunecl.kernels.conv_depthwise", "tunecl.kernels.conv_1x1", "tunecl.kernels.conv_winograd",
              "tunecl.kernels.conv_implicit_gemm", "tunecl.kernels.conv_im2col", "tunecl.kernels.conv_direct",
              "tunecl.kernels.conv_gemm_mma", "tunecl.kernels.conv_gemm_wgmma", "tunecl.kernels.conv_implicit_gemm_mma"),
+    "attention": ("tunecl.kernels.attention",),
 }
 
 
 def algorithms(kind: str) -> list[Algorithm]:
-    """All algorithms that compute problems of ``kind`` (``"gemm"`` or ``"conv"``)."""
+    """All algorithms that compute problems of ``kind`` (``"gemm"``, ``"conv"`` or ``"attention"``)."""
     found: list[Algorithm] = []
     for module_name in _REGISTRY.get(kind, ()):
         found.extend(importlib.import_module(module_name).ALGORITHMS)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 _MODULES = ("core", "creation", "pointwise", "reduction", "nn", "indexing", "optim", "foreach", "linalg", "conv",
-            "transformer", "attention", "upsample", "group_norm", "scan", "reorder", "loss2d", "dot", "index_nd", "sort")
+            "transformer", "attention", "sdpa", "upsample", "group_norm", "scan", "reorder", "loss2d", "dot", "index_nd", "sort")
 
 
 def kernel_table() -> dict[str, Callable[..., Any]]:

@@ -1,0 +1,202 @@
+"""``scaled_dot_product_attention`` on the fused ``attention_flash`` kernels: forward and gradients against
+CPU torch in float64 over odd head dims, lengths that are not multiples of the tiles, L != S, causal
+masks, boolean and additive masks that broadcast, non-contiguous inputs and empty ones; which calls take
+the fused path and which keep the math decomposition; float16; the overrideable ops' errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import tunecl.backend
+
+FUSED = "aten::_scaled_dot_product_fused_attention_overrideable"
+FUSED_BACKWARD = "aten::_scaled_dot_product_fused_attention_overrideable_backward"
+
+
+def _run(q, k, v, *, mask=None, causal=False, scale=None, view=None, dtype=torch.float32, **kwargs):
+    """Output and q/k/v gradients on the device (``dtype``, through ``view`` if given) and on the CPU in
+    float64, for the same upstream gradient."""
+    view = view or (lambda t: t)
+    leaves64 = [t.double().requires_grad_() for t in (q, k, v)]
+    mask64 = None if mask is None or mask.dtype == torch.bool else mask.double()
+    expected = F.scaled_dot_product_attention(*(view(t) for t in leaves64),
+                                              attn_mask=mask if mask64 is None else mask64, is_causal=causal,
+                                              scale=scale, **kwargs)
+    upstream = torch.randn(expected.shape, dtype=torch.float64)
+    expected.backward(upstream)
+    leaves = [t.to(dtype).to("opencl").requires_grad_() for t in (q, k, v)]
+    dev_mask = None if mask is None else mask.to(torch.bool if mask.dtype == torch.bool else dtype).to("opencl")
+    actual = F.scaled_dot_product_attention(*(view(t) for t in leaves), attn_mask=dev_mask, is_causal=causal,
+                                            scale=scale, **kwargs)
+    actual.backward(upstream.to(dtype).to("opencl"))
+    return (expected.detach(), [t.grad for t in leaves64]), (actual.detach().cpu().double(),
+                                                              [t.grad.cpu().double() for t in leaves])
+
+
+def _check(q, k, v, atol=1e-5, rtol=1e-5, **kwargs):
+    (out64, grads64), (out, grads) = _run(q, k, v, **kwargs)
+    assert out.shape == out64.shape
+    torch.testing.assert_close(out, out64, atol=atol, rtol=rtol)
+    for name, got, want in zip("qkv", grads, grads64):
+        torch.testing.assert_close(got, want, atol=4 * atol, rtol=4 * rtol, msg=lambda m, n=name: f"d{n}: {m}")
+
+
+def _qkv(b, h, length, keys, e, ev=None):
+    return torch.randn(b, h, length, e), torch.randn(b, h, keys, e), torch.randn(b, h, keys, ev or e)
+
+
+# (batch, heads, L, S, head dim): every head dim and length named in the issue, each at least once
+SHAPES = [
+    (1, 1, 1, 1, 1), (2, 3, 7, 65, 1), (1, 6, 65, 7, 24), (3, 2, 130, 130, 24), (1, 1, 7, 130, 64),
+    (2, 3, 65, 65, 80), (1, 1, 130, 7, 128), (6, 1, 1, 65, 128),
+]
+
+
+@pytest.mark.parametrize("b,h,length,keys,e", SHAPES)
+def test_fused_forward_and_gradients(strict, fresh_stats, b, h, length, keys, e):
+    _check(*_qkv(b, h, length, keys, e))
+    ops = fresh_stats()["ops"]
+    assert ops[FUSED] == 1 and ops[FUSED_BACKWARD] == 1
+
+
+@pytest.mark.parametrize("length,keys", [(7, 65), (65, 7), (130, 130), (1, 7), (65, 1)])
+def test_causal_is_top_left_aligned(strict, fresh_stats, length, keys):
+    _check(*_qkv(2, 3, length, keys, 24), causal=True)
+    assert fresh_stats()["ops"][FUSED] == 1
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+@pytest.mark.parametrize("shape", [(65, 130), (2, 1, 65, 130), (1, 3, 1, 130), (2, 3, 65, 130)])
+def test_masks_that_broadcast(strict, fresh_stats, kind, shape):
+    if kind == "bool":
+        mask = torch.rand(shape) > 0.4
+        mask[..., 0] = True
+    else:
+        mask = torch.randn(shape)
+    _check(*_qkv(2, 3, 65, 130, 24), mask=mask)
+    assert fresh_stats()["ops"][FUSED] == 1
+
+
+def test_rows_without_keys_give_zeros(strict):
+    """A row whose keys are all masked out is 0, with zero gradients, as torch's math path gives."""
+    mask = torch.rand(7, 65) > 0.5
+    mask[3] = False
+    float_mask = torch.zeros(7, 65).masked_fill(~mask, float("-inf"))
+    for m in (mask, float_mask):
+        (out64, _), (out, grads) = _run(*_qkv(1, 2, 7, 65, 24), mask=m)
+        assert torch.equal(out[:, :, 3], torch.zeros_like(out[:, :, 3]))
+        assert torch.equal(grads[0][:, :, 3], torch.zeros_like(grads[0][:, :, 3]))
+        torch.testing.assert_close(out, out64, atol=1e-5, rtol=1e-5)
+
+
+def test_scale_value_dim_and_batch_dims(strict, fresh_stats):
+    q, k, v = torch.randn(2, 3, 7, 24), torch.randn(2, 3, 65, 24), torch.randn(2, 3, 65, 80)
+    _check(q, k, v, scale=0.3)
+    _check(q[0], k[0], v[0])                                          # 3-D: (heads, L, E)
+    _check(q[0, 0], k[0, 0], v[0, 0], causal=True)                    # 2-D
+    _check(q.view(2, 3, 1, 7, 24), k.view(2, 3, 1, 65, 24), v.view(2, 3, 1, 65, 80))   # 5-D
+    assert fresh_stats()["ops"][FUSED] == 4
+
+
+def test_non_contiguous_inputs(strict, fresh_stats):
+    """The (B, L, H, E) projections viewed as (B, H, L, E), as multi-head attention passes them, and
+    every other element of the head dim: read in place, through their strides."""
+    x = torch.randn(2, 65, 3, 48)
+    _check(x, x * 0.5, x.flip(0), view=lambda t: t.transpose(1, 2)[..., ::2], causal=True)
+    assert fresh_stats()["ops"][FUSED] == 1
+
+
+@pytest.mark.parametrize("b,length,keys", [(0, 7, 7), (2, 0, 7), (2, 7, 0)])
+def test_empty_inputs(strict, b, length, keys):
+    """An empty batch or query length gives an empty output; no keys give zeros (torch's math path)."""
+    q, k, v = _qkv(b, 3, length, keys, 24)
+    (out64, grads64), (out, grads) = _run(q, k, v)
+    assert out.shape == out64.shape
+    torch.testing.assert_close(out, out64)
+    for got, want in zip(grads, grads64):
+        torch.testing.assert_close(got, want)
+
+
+def test_math_path_keeps_dropout_grouped_heads_and_a_trainable_mask(strict, fresh_stats):
+    q, k, v = _qkv(2, 4, 7, 9, 8)
+    dq, dk, dv = (t.to("opencl") for t in (q, k, v))
+    out = F.scaled_dot_product_attention(dq, dk, dv, dropout_p=0.5)
+    assert out.shape == (2, 4, 7, 8)
+    _check(q, k[:, :2], v[:, :2], enable_gqa=True)
+    bias = torch.randn(7, 9, requires_grad=True)
+    dev_bias = bias.detach().to("opencl").requires_grad_()
+    F.scaled_dot_product_attention(dq, dk, dv, attn_mask=dev_bias).sum().backward()
+    assert dev_bias.grad is not None
+    with sdpa_kernel([SDPBackend.MATH]):
+        _check(q, k, v)
+    assert FUSED not in fresh_stats()["ops"]
+
+
+def test_fused_sdp_choice(strict):
+    q, k, v = (t.to("opencl") for t in _qkv(1, 2, 7, 9, 8))
+    assert torch._fused_sdp_choice(q, k, v) == int(SDPBackend.OVERRIDEABLE)
+    assert torch._fused_sdp_choice(q, k, v, dropout_p=0.1) == int(SDPBackend.MATH)
+
+
+def test_float16_computes_in_float32(strict, fresh_stats):
+    q, k, v = _qkv(2, 3, 65, 33, 24)
+    q, k, v = (t.half().float() for t in (q, k, v))   # inputs exact in float16
+    (out64, grads64), (out, grads) = _run(q, k, v, dtype=torch.float16, causal=True)
+    torch.testing.assert_close(out, out64, atol=2e-3, rtol=2e-3)
+    for got, want in zip(grads, grads64):
+        torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)
+    assert fresh_stats()["ops"][FUSED] == 1
+
+
+def test_overrideable_op_errors_are_clear(strict):
+    fused = torch.ops.aten._scaled_dot_product_fused_attention_overrideable
+    q = torch.randn(1, 2, 7, 8, device="opencl")
+    with pytest.raises(RuntimeError, match="4-D"):
+        fused(q[0], q[0], q[0])
+    with pytest.raises(RuntimeError, match="dropout"):
+        fused(q, q, q, dropout_p=0.5)
+    with pytest.raises(RuntimeError, match="does not broadcast"):
+        fused(q, q, q, torch.zeros(1, 2, 7, 8, 1, device="opencl")[..., 0][:, :, :3])
+    with pytest.raises(RuntimeError, match="head dims"):
+        fused(torch.randn(1, 1, 2, 300, device="opencl"), torch.randn(1, 1, 2, 300, device="opencl"),
+              torch.randn(1, 1, 2, 300, device="opencl"))
+
+
+def test_multihead_attention_training_runs_fused(strict, fresh_stats):
+    """nn.MultiheadAttention in training (need_weights=False) calls scaled_dot_product_attention on its
+    transposed head views: the fused kernels serve it, forward and backward, as on the CPU."""
+    torch.manual_seed(0)
+    cpu = torch.nn.MultiheadAttention(24, 3, batch_first=True)
+    dev = torch.nn.MultiheadAttention(24, 3, batch_first=True)
+    dev.load_state_dict(cpu.state_dict())
+    dev.to("opencl")
+    x = torch.randn(2, 65, 24)
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(65)
+    for module, inp in ((cpu, x), (dev, x.to("opencl"))):
+        out = module(inp, inp, inp, need_weights=False, attn_mask=causal.to(inp.device), is_causal=True)[0]
+        out.sum().backward()
+    torch.testing.assert_close(out.detach().cpu(), cpu(x, x, x, need_weights=False, attn_mask=causal,
+                                                       is_causal=True)[0].detach(), atol=1e-5, rtol=1e-5)
+    for (name, p), q in zip(cpu.named_parameters(), dev.parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, atol=1e-4, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+    assert tunecl.backend.stats()["ops"][FUSED_BACKWARD] == 1
+
+
+def test_compiled_attention_runs_fused_forward_and_backward(strict, fresh_stats):
+    """Under torch.compile(backend="tunecl") the traced graph calls the fused op and its backward (the
+    op's unused outputs are tensors, which the compiled graph saves for the backward)."""
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).square().sum()
+
+    q, k, v = _qkv(2, 3, 7, 9, 8)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    attend(*leaves).backward()
+    dev = [t.to("opencl").requires_grad_() for t in (q, k, v)]
+    torch.compile(attend, backend="tunecl")(*dev).backward()
+    for got, want in zip(dev, leaves):
+        torch.testing.assert_close(got.grad.cpu(), want.grad, atol=1e-5, rtol=1e-5)
+    ops = fresh_stats()["ops"]
+    assert ops[FUSED] == 1 and ops[FUSED_BACKWARD] == 1

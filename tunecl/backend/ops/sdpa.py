@@ -1,0 +1,240 @@
+"""``scaled_dot_product_attention`` on the device: the fused ``attention_flash`` kernels where they apply,
+torch's math decomposition (matmuls and softmax on the device's kernels) otherwise.
+
+torch picks a fused SDPA backend through a C++ dispatch stub that a Python backend cannot fill, so the op
+is taken over on ``AutogradPrivateUse1`` (it is CompositeImplicitAutograd): :func:`scaled_dot_product_attention`
+calls ``_scaled_dot_product_fused_attention_overrideable`` (torch's op for a backend's own fused
+attention, with its autograd formula calling the ``_backward`` op) when :func:`fused_reason` finds
+nothing against it, else torch's own decomposition. The fused path takes float32 or float16 q/k/v with
+equal batch dims and head dims up to 256, any strides, ``is_causal``, a boolean or additive mask that
+broadcasts to (..., L, S) and does not need a gradient, and ``scale``. Dropout (``dropout_p > 0``),
+grouped-query heads (``enable_gqa`` with fewer key heads), nested tensors, a mask that requires grad,
+and ``torch.nn.attention.sdpa_kernel`` without ``SDPBackend.OVERRIDEABLE`` take the math path.
+``_fused_sdp_choice`` answers the same choice for callers that ask it directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.nn.attention import SDPBackend
+
+from tunecl.backend import memory, plans
+from tunecl.backend.operands import operand
+from tunecl.kernels import attention as family
+from tunecl.kernels.attention import AttentionOperands
+from tunecl.kernels.strided import Operand, Unsupported
+from tunecl.problems import AttentionProblem
+
+_sdpa = torch.ops.aten.scaled_dot_product_attention.default
+_fused = torch.ops.aten._scaled_dot_product_fused_attention_overrideable.default
+_DTYPES = {torch.float32: "float32", torch.float16: "float16"}
+
+
+def fused_reason(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
+                 dropout_p: float, is_causal: bool, enable_gqa: bool = False) -> str | None:
+    """Why these arguments take the math path, or None when the fused kernels compute them."""
+    if not torch._C._get_overrideable_sdp_enabled():
+        return "SDPBackend.OVERRIDEABLE is disabled (torch.nn.attention.sdpa_kernel)"
+    if dropout_p > 0.0:
+        return "dropout"
+    tensors = (query, key, value) + (() if attn_mask is None else (attn_mask,))
+    if any(t.is_nested for t in tensors) or any(t.device.type != "opencl" for t in tensors):
+        return "nested or non-opencl tensors"
+    if query.dtype not in _DTYPES or key.dtype != query.dtype or value.dtype != query.dtype:
+        return f"dtypes {query.dtype}/{key.dtype}/{value.dtype}"
+    if query.dim() < 2 or not query.dim() == key.dim() == value.dim():
+        return "ranks"
+    batch = query.shape[:-2]
+    if key.shape[:-2] != batch or value.shape[:-2] != batch:
+        return "batch dims that differ (broadcast or grouped-query heads)"
+    if key.shape[-1] != query.shape[-1] or value.shape[-2] != key.shape[-2]:
+        return "mismatched head dims or key/value lengths"
+    if max(query.shape[-1], value.shape[-1]) > family.MAX_HEAD_DIM:
+        return f"head dims over {family.MAX_HEAD_DIM}"
+    if attn_mask is not None:
+        if is_causal:
+            return "a mask with is_causal"   # (torch's checks raise the error)
+        if attn_mask.dtype != torch.bool and attn_mask.dtype != query.dtype:
+            return f"a {attn_mask.dtype} mask"
+        if attn_mask.requires_grad:
+            return "a mask that requires grad"
+        if attn_mask.dim() > query.dim():
+            return "a mask of more dims than the query"
+        try:
+            torch.broadcast_shapes(attn_mask.shape, (*batch, query.shape[-2], key.shape[-2]))
+        except RuntimeError:
+            return "a mask that does not broadcast"
+    return None
+
+
+def _as_4d(t: torch.Tensor) -> torch.Tensor:
+    """(..., rows, cols) as (B, H, rows, cols): leading dims added or folded into B (a view where
+    the strides allow one, as ``reshape``)."""
+    if t.dim() == 4:
+        return t
+    if t.dim() < 4:
+        return t.view((1,) * (4 - t.dim()) + tuple(t.shape))
+    return t.reshape(-1, *t.shape[-3:])
+
+
+def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                 attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: float | None = None,
+                                 enable_gqa: bool = False) -> torch.Tensor:
+    """torch's op on ``AutogradPrivateUse1``: the fused kernels through the overrideable op (whose
+    autograd formula runs the fused backward), or torch's decomposition."""
+    if fused_reason(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) is not None:
+        return _sdpa.decompose(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+                               enable_gqa=enable_gqa)
+    shape = (*query.shape[:-1], value.shape[-1])
+    mask = None
+    if attn_mask is not None:
+        mask = _as_4d(attn_mask.expand(*query.shape[:-1], key.shape[-2]))
+    out = _fused(_as_4d(query), _as_4d(key), _as_4d(value), mask, 0.0, is_causal, False, scale=scale)[0]
+    return out if query.dim() == 4 else out.reshape(shape)
+
+
+def fused_sdp_choice(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False, *,
+                     scale: float | None = None, enable_gqa: bool = False) -> int:
+    """``_fused_sdp_choice``: OVERRIDEABLE where the fused kernels apply, else MATH."""
+    reason = fused_reason(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+    return int(SDPBackend.MATH if reason is not None else SDPBackend.OVERRIDEABLE)
+
+
+# -- the overrideable ops ----------------------------------------------------------------------------
+def _check_4d(name: str, *tensors: torch.Tensor | None) -> None:
+    for t in tensors:
+        if t is not None and t.dim() != 4:
+            raise RuntimeError(f"{name}: expected 4-D (batch, heads, length, head dim) tensors, got {t.dim()}-D")
+
+
+def _problem(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+             is_causal: bool, direction: str) -> AttentionProblem:
+    batch, heads, length, e = query.shape
+    kind = "none" if mask is None else "bool" if mask.dtype == torch.bool else "float"
+    return AttentionProblem(batch, heads, length, key.shape[2], e, value.shape[3], causal=is_causal, mask=kind,
+                            direction=direction, dtype=_DTYPES[query.dtype])
+
+
+def _strided(t: torch.Tensor, shape: Sequence[int]) -> Operand:
+    """``t`` as the kernels read it: (b, h, row, column) strides, 0 where ``t`` broadcasts to ``shape``."""
+    base = operand(t)
+    strides = tuple(0 if n == 1 and want != 1 else s for n, s, want in zip(t.shape, base.strides, shape))
+    return base._replace(strides=strides)
+
+
+def _like_query(query: torch.Tensor, last: int) -> torch.Tensor:
+    """An output of ``query``'s shape with last dim ``last``, laid out in ``query``'s dim order (as
+    torch's meta kernel of the op allocates it)."""
+    shape = (*query.shape[:-1], last)
+    if tuple(query.shape) == shape:
+        return torch.empty_like(query)
+    order = sorted(range(4), key=lambda i: query.stride()[i], reverse=True)
+    strides = [0] * 4
+    step = 1
+    for i in reversed(order):
+        strides[i] = step
+        step *= shape[i]
+    return memory.empty(shape, strides, query.dtype)
+
+
+def _check_inputs(name: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  mask: torch.Tensor | None, dropout_p: float, is_causal: bool) -> None:
+    _check_4d(name, query, key, value)
+    reason = fused_reason(query, key, value, mask, dropout_p, is_causal)
+    if reason is not None and not reason.startswith("SDPBackend"):
+        raise RuntimeError(f"{name}: the opencl fused attention does not compute {reason}")
+    if mask is not None and (mask.dim() != 4 or any(n not in (1, m) for n, m in zip(
+            mask.shape, (*query.shape[:-1], key.shape[2])))):
+        raise RuntimeError(f"{name}: attn_bias of shape {tuple(mask.shape)} does not broadcast to "
+                           f"{(*query.shape[:-1], key.shape[2])}")
+
+
+def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_bias: torch.Tensor | None = None,
+                    dropout_p: float = 0.0, is_causal: bool = False, return_debug_mask: bool = False, *,
+                    scale: float | None = None) -> tuple:
+    """``_scaled_dot_product_fused_attention_overrideable`` on 4-D float32/float16 tensors: (output, row
+    log-sum-exp (B, H, L) float32, then the op's unused outputs)."""
+    name = "_scaled_dot_product_fused_attention_overrideable"
+    _check_inputs(name, query, key, value, attn_bias, dropout_p, is_causal)
+    batch, heads, length, e = query.shape
+    keys = key.shape[2]
+    out = _like_query(query, value.shape[3])
+    lse = memory.empty_contiguous((batch, heads, length), torch.float32)
+    if out.numel() and keys:
+        problem = _problem(query, key, value, attn_bias, is_causal, "fwd")
+        mask = None if attn_bias is None else _strided(attn_bias, (batch, heads, length, keys))
+        ops = AttentionOperands(q=operand(query), k=operand(key), v=operand(value), out=operand(out),
+                                lse=operand(lse), mask=mask)
+        plans.plan(problem).run(ops, _scale(scale, e))
+    elif out.numel():   # no keys: every row attends to nothing (torch's math path gives 0)
+        out.zero_()
+        lse.fill_(float("-inf"))
+    # (cum_seq_q/k, philox seed/offset and the debug mask are unused: empty tensors, since a compiled
+    # graph saves them for the backward and wants tensors there)
+    unused = [memory.empty_contiguous((0,), torch.int64) for _ in range(5)]
+    return out, lse, unused[0], unused[1], length, keys, unused[2], unused[3], unused[4]
+
+
+def fused_attention_backward(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                             attn_bias: torch.Tensor | None, grad_input_mask: Sequence[bool], out: torch.Tensor,
+                             logsumexp: torch.Tensor, cum_seq_q: Any, cum_seq_k: Any, max_q: int, max_k: int,
+                             dropout_p: float, is_causal: bool, philox_seed: Any, philox_offset: Any, *,
+                             scale: float | None = None) -> tuple:
+    """``_scaled_dot_product_fused_attention_overrideable_backward``: (grad_query, grad_key, grad_value,
+    None); the mask gets no gradient (a mask that needs one takes the math path)."""
+    name = "_scaled_dot_product_fused_attention_overrideable_backward"
+    _check_inputs(name, query, key, value, attn_bias, dropout_p, is_causal)
+    if len(grad_input_mask) > 3 and grad_input_mask[3]:
+        raise RuntimeError(f"{name}: the opencl fused attention computes no attn_bias gradient")
+    batch, heads, length, e = query.shape
+    keys = key.shape[2]
+    grads = [torch.empty_like(t) for t in (query, key, value)]
+    if grad_out.dtype != query.dtype or tuple(grad_out.shape) != tuple(out.shape):
+        raise RuntimeError(f"{name}: grad_out of {grad_out.dtype} {tuple(grad_out.shape)} for an output of "
+                           f"{out.dtype} {tuple(out.shape)}")
+    if not (length and keys and batch * heads):
+        for g in grads:
+            g.zero_()
+        return (*grads, None)
+    if logsumexp.dtype != torch.float32 or tuple(logsumexp.shape) != (batch, heads, length) \
+            or not logsumexp.is_contiguous():
+        raise RuntimeError(f"{name}: logsumexp must be the forward's contiguous float32 (batch, heads, length)")
+    problem = _problem(query, key, value, attn_bias, is_causal, "bwd")
+    delta = memory.empty_contiguous((batch, heads, length), torch.float32)
+    mask = None if attn_bias is None else _strided(attn_bias, (batch, heads, length, keys))
+    ops = AttentionOperands(q=operand(query), k=operand(key), v=operand(value), out=operand(out),
+                            lse=operand(logsumexp), mask=mask, dout=operand(grad_out), delta=operand(delta),
+                            dq=operand(grads[0]), dk=operand(grads[1]), dv=operand(grads[2]))
+    plans.plan(problem).run(ops, _scale(scale, e))
+    return (*grads, None)
+
+
+def _scale(scale: float | None, head_dim: int) -> float:
+    return 1.0 / head_dim ** 0.5 if scale is None else float(scale)
+
+
+def _never_unsupported(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The overrideable ops have no CPU kernel to fall back to: a case the kernels cannot run is an error."""
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Unsupported as why:
+            raise RuntimeError(f"opencl fused attention: {why}") from None
+    run.__name__ = fn.__name__
+    run.__doc__ = fn.__doc__
+    return run
+
+
+KERNELS: dict[str, Callable[..., Any]] = {
+    "_fused_sdp_choice": fused_sdp_choice,
+    "_scaled_dot_product_fused_attention_overrideable": _never_unsupported(fused_attention),
+    "_scaled_dot_product_fused_attention_overrideable_backward": _never_unsupported(fused_attention_backward),
+}
+AUTOGRAD_KERNELS: dict[str, Callable[..., Any]] = {
+    "scaled_dot_product_attention": scaled_dot_product_attention,
+}
