@@ -301,7 +301,7 @@ class CachingAllocator:
         """A live block of at least ``nbytes`` with a DLPack slot for ``ndim`` dims; its caller sets
         :attr:`_Block.watch` once the storage exists."""
         reserved = (_classes.get(nbytes) or size_class(nbytes)) if nbytes else 0
-        rank = ndim if ndim > MAX_DIMS_RECYCLED else MAX_DIMS_RECYCLED  # (slots up to that many dims are that wide)
+        rank = max(MAX_DIMS_RECYCLED, ndim)  # (slots up to that many dims are that wide)
         with self._lock:
             if self._pending_graph_releases:
                 self._drain_graph_releases()

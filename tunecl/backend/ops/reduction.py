@@ -89,14 +89,17 @@ MAX_CALLS = 1024
 _FLOAT32 = torch.float32
 _DL_FLOAT32 = memory.DLPACK[_FLOAT32]
 _COMPOSITE_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse3)
+_MISSING = object()
 
 
 class _Call:
-    """A pre-built reduction call: the output's geometry and the launch."""
+    """A pre-built reduction call: the output's geometry and the launch (None where it cannot be pre-built:
+    then the call launches as the ``.out`` route does, a dry run's stand-in kernels say)."""
 
-    __slots__ = ("nbytes", "prepared", "shape", "strides")
+    __slots__ = ("dims", "keepdim", "nbytes", "op", "prepared", "shape", "strides")
 
     def __init__(self, op: str, self_: torch.Tensor, dims: list[int], keepdim: bool) -> None:
+        self.op, self.dims, self.keepdim = op, dims, keepdim
         self.shape = tuple(out_shape(self_, dims, keepdim))
         self.strides = tuple(memory.contiguous_strides(self.shape))
         self.nbytes = 4 * math.prod(self.shape)
@@ -134,15 +137,15 @@ def _fast_reduction(op: str, overload: torch._ops.OpOverload) -> Callable[..., t
             if call is calls:   # (calls itself: not seen yet)
                 dims = _plain_dims(self, dim)
                 call = None if dims is None else _Call(op, self, dims, keepdim)
-                if call is not None and call.prepared is None:
-                    call = None
                 if len(calls) >= MAX_CALLS:   # a safety valve for ever-changing signatures
                     calls.clear()
                 calls[key] = call
             if call is not None:
-                buffer = _buffers.get(self.untyped_storage().data_ptr())
-                if buffer is not None:
+                buffer = _buffers.get(self.untyped_storage().data_ptr(), _MISSING)
+                if buffer is not _MISSING:
                     out = memory.empty_sized(call.shape, call.strides, _DL_FLOAT32, call.nbytes)
+                    if call.prepared is None:
+                        return reduce(call.op, self, call.dims, call.keepdim, out)
                     call.prepared.enqueue(_buffers[out.untyped_storage().data_ptr()], buffer)
                     return out
         if overload._schema.arguments[1].name == "dim":
