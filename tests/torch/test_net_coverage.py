@@ -63,7 +63,8 @@ def test_every_op_of_the_net_has_a_device_kernel(net):
 BEYOND_CNN_OPS = {
     ("train", "aten::native_layer_norm_backward"): set(BEYOND_CNNS),
     ("eval", "aten::_native_multi_head_attention"): {"vit_b_16"},   # nn.MultiheadAttention's fast path
-    ("train", "aten::_softmax_backward_data.out"): {"vit_b_16", "swin_t", "hf:bert", "hf:gpt2"},
+    ("train", "aten::_softmax_backward_data.out"): {"swin_t"},   # the others' attention: the fused kernels
+    ("train", "aten::_scaled_dot_product_fused_attention_overrideable_backward"): {"vit_b_16", "hf:bert", "hf:gpt2"},
     ("train", "aten::embedding_dense_backward"): {"hf:bert", "hf:gpt2"},
 }
 
@@ -81,7 +82,7 @@ def test_every_op_of_the_transformers_and_convnexts_has_a_device_kernel(net):
     for (phase, op), nets in BEYOND_CNN_OPS.items():
         assert (result.ops[phase].get(op, 0) > 0) == (net in nets), (phase, op)
     assert result.ops["adam_fused"]["aten::_fused_adam_"] == 1
-    assert result.plans and all(key.startswith(("gemm:", "conv")) for key in result.plans)
+    assert result.plans and all(key.startswith(("gemm:", "conv", "attention:")) for key in result.plans)
     if net.startswith("hf:"):
         assert result.input_shape == (2, BEYOND_CNNS[net])   # token ids
         assert "aten::convolution_overrideable" not in result.all_ops
@@ -100,7 +101,12 @@ def test_tune_net_extracts_every_conv_and_gemm_problem_a_training_step_runs(net,
     training = {p.key for p in net_problems(net, batch=2, image_size=size, train=True)}
     inference = {p.key for p in net_problems(net, batch=2, image_size=size)}
     planned = set(walk(net, image_size=size, optimizers=()).plans)
-    assert training == planned
+    # attention the fused kernels compute is planned as attention problems, which the extraction does not
+    # record yet (tune has no attention search): it records the math path's batched products instead
+    attention = {key for key in planned if key.startswith("attention:")}
+    unused = training - planned
+    assert planned - attention <= training
+    assert bool(attention) == bool(unused) and all(",batch=1," not in key for key in unused), unused
     assert inference < training and any(key.startswith("gemm:") for key in inference)
 
 

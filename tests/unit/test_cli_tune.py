@@ -42,7 +42,7 @@ def usage_error(capsys, *argv: str) -> str:
     (["--gemm", "4,4,4", "--conv", "n=1,c=1,h=1,w=1,k=1,r=1"], "not allowed with argument"),
     (["--gemm", "4,4,4", "--try", "gemm_tiled:MWG"], "expected KEY=VALUE after the algorithm name"),
     (["--gemm", "4,4,4", "--try", "gemm_tiled:MWG=wide"], "MWG must be an integer"),
-    (["--gemm", "4,4,4", "--algorithms", "gemm_tiled,gemm_fast"], "unknown algorithm 'gemm_fast'; known: conv_1x1"),
+    (["--gemm", "4,4,4", "--algorithms", "gemm_tiled,gemm_fast"], "unknown algorithm 'gemm_fast'; known: attention_flash, conv_1x1"),
     (["--gemm", "4,4,4", "--algorithms", "gemm_tiled,"], "empty algorithm name in 'gemm_tiled,'"),
     ([], "one of the arguments --gemm --conv --net is required"),
 ])
