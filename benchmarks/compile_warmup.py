@@ -212,13 +212,13 @@ def measure(args: argparse.Namespace, clock: Clock) -> None:
                  "ours: compilers": s["compilers"] - s["rewrites"], "warm-up runs": s["warm-up runs"],
                  "captures": s["captures"], "replays": s["replays"]}
         phase["other"] = wall - sum(phase.values())
-        print(f"{call:>4} {wall:7.2f} " + " ".join(f"{phase[p]:15.3f}" for p in PHASES)
+        print(f"{call:>4} {wall:7.3f} " + " ".join(f"{phase[p]:15.3f}" for p in PHASES)
               + f" {s['kernel builds']:12.2f} ({clock.counts['kernel builds']:3d})"
               + f" {s['plan choices']:12.2f} ({clock.counts['plan choices']:3d})")
         if call <= 3:
             totals.update({"wall": wall, **phase, "kernel builds": s["kernel builds"],
                            "plan choices": s["plan choices"]})
-    print(f"{'1-3':>4} {totals['wall']:7.2f} " + " ".join(f"{totals[p]:15.3f}" for p in PHASES)
+    print(f"{'1-3':>4} {totals['wall']:7.3f} " + " ".join(f"{totals[p]:15.3f}" for p in PHASES)
           + f" {totals['kernel builds']:12.2f}       {totals['plan choices']:12.2f}")
     print("warm-up (the first call to the third, replayed): "
           f"{totals['wall']:.2f} s; {tunecl.backend.compile.stats()}")
