@@ -24,9 +24,12 @@ MAX_WORKERS = 4
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    """With ``TUNECL_TEST_NATIVE_STACKS=1`` (``.ci/run``), a process of the run (a pytest-xdist worker
-    included) that dies on a fatal signal prints its threads' native stacks after faulthandler's Python
-    stacks (see native_stacks.py)."""
+    """The suite compiles its kernels into a cache of its own, never the user's: ``TUNECL_CACHE_DIR``
+    unless set is ``.pytest_cache/tunecl-kernels`` under the rootdir, so repeated runs stay warm (the
+    pytest-xdist workers and the subprocesses tests start inherit it). With ``TUNECL_TEST_NATIVE_STACKS=1``
+    (``.ci/run``), a process of the run (a pytest-xdist worker included) that dies on a fatal signal prints
+    its threads' native stacks after faulthandler's Python stacks (see native_stacks.py)."""
+    os.environ.setdefault("TUNECL_CACHE_DIR", str(config.rootpath / ".pytest_cache" / "tunecl-kernels"))
     if native_stacks.wanted():
         native_stacks.install()
         _watch.append(worker_deaths.HandlerWatch(native_stacks.SIGNALS, os.dup(sys.__stderr__.fileno())))
