@@ -21,6 +21,14 @@ def _pair(value: int | tuple[int, int] | list[int]) -> tuple[int, int]:
     return int(value), int(value)
 
 
+def _check_positive(what: str, problem: object, names: tuple[str, ...]) -> None:
+    """Each of ``problem``'s fields ``names`` is a positive int (not a bool), else ValueError naming it."""
+    for name in names:
+        value = getattr(problem, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{what} {name} must be a positive integer, got {value!r}")
+
+
 def _check_dtype(dtype: str) -> None:
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
@@ -97,10 +105,7 @@ class GemmProblem:
     kind: ClassVar[str] = "gemm"
 
     def __post_init__(self) -> None:
-        for name in ("m", "n", "k", "batch"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"GEMM {name} must be a positive integer, got {value!r}")
+        _check_positive("GEMM", self, ("m", "n", "k", "batch"))
         _check_dtype(self.dtype)
 
     @property
@@ -174,10 +179,7 @@ class ConvProblem:
     def __post_init__(self) -> None:
         for name in ("stride", "padding", "dilation"):
             object.__setattr__(self, name, _pair(getattr(self, name)))
-        for name in ("n", "c", "h", "w", "k", "r", "s", "groups"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"convolution {name} must be a positive integer, got {value!r}")
+        _check_positive("convolution", self, ("n", "c", "h", "w", "k", "r", "s", "groups"))
         if min(self.stride) < 1 or min(self.dilation) < 1:
             raise ValueError(f"stride and dilation must be ≥ 1, got {self.stride} and {self.dilation}")
         if min(self.padding) < 0:
@@ -318,10 +320,7 @@ class AttentionProblem:
     kind: ClassVar[str] = "attention"
 
     def __post_init__(self) -> None:
-        for name in ("batch", "heads", "l", "s", "e", "ev"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"attention {name} must be a positive integer, got {value!r}")
+        _check_positive("attention", self, ("batch", "heads", "l", "s", "e", "ev"))
         if self.mask not in ATTENTION_MASKS:
             raise ValueError(f"mask must be one of {', '.join(ATTENTION_MASKS)}, got {self.mask!r}")
         if self.causal and self.mask != "none":
