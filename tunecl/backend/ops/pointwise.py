@@ -295,24 +295,33 @@ def _overlaps(self: torch.Tensor, other: torch.Tensor) -> bool:
 
 def _fast_inplace(expr: str, op: torch._ops.OpOverload, with_alpha: bool) -> Callable[..., torch.Tensor]:
     """``self.op_(other)`` for a same-shape tensor or a number: launch directly (no broadcast or
-    dtype question arises); anything else takes torch's structured in-place wrapper, which checks."""
+    dtype question arises); anything else takes torch's structured in-place wrapper, which checks. A
+    contiguous self (and other) is keyed as :func:`_fast_binary` keys its calls: the same plan."""
     def kernel(self: torch.Tensor, other: torch.Tensor | Number, *, alpha: Number = 1) -> torch.Tensor:
         params = (alpha,) if with_alpha else ()
-        if self.dtype.is_floating_point and (
-                isinstance(other, (float, int)) and not isinstance(other, bool)
-                or isinstance(other, torch.Tensor) and other.shape == self.shape and not other.is_cpu
-                and other.dtype == self.dtype and not _overlaps(self, other)):
-            return run(expr, self, (self, other), params)
-        if not isinstance(other, torch.Tensor):  # a number into an integer/bool tensor: torch's checks
-            result = _number_result_type(expr, self, other)
-            if not torch.can_cast(result, self.dtype):
+        dtype = self.dtype
+        if isinstance(other, torch.Tensor):
+            if (dtype.is_floating_point and other.shape == self.shape and not other.is_cpu
+                    and other.dtype == dtype and not _overlaps(self, other)):
+                dense = self.is_contiguous() and other.is_contiguous()
+                return run(expr, self, (self, other), params, (_DENSE, expr, self.shape, dtype, True) if dense else None)
+            if with_alpha:
+                return op.redispatch(_STRUCTURED_KEYS, self, other, alpha=alpha)
+            return op.redispatch(_STRUCTURED_KEYS, self, other)
+        number = type(other)
+        # a float or int into a floating tensor, an int into an integer one (a step counter): its own dtype
+        if not (number is float or number is int) or not (
+                dtype.is_floating_point or number is int and dtype in _INTEGERS and expr != "div"):
+            result = _number_result_type(expr, self, other)   # torch's checks
+            if not torch.can_cast(result, dtype):
                 raise RuntimeError(f"result type {_type_name(result)} can't be cast to the desired output type "
-                                   f"{_type_name(self.dtype)}")
-            return run(expr, self, (self, other), params)
-        if with_alpha:
-            return op.redispatch(_STRUCTURED_KEYS, self, other, alpha=alpha)
-        return op.redispatch(_STRUCTURED_KEYS, self, other)
+                                   f"{_type_name(dtype)}")
+        return run(expr, self, (self, other), params,
+                   (_DENSE, expr, self.shape, dtype, number) if self.is_contiguous() else None)
     return kernel
+
+
+_INTEGERS = frozenset((torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64))
 
 
 def _fast_threshold_backward(grad_output: torch.Tensor, self: torch.Tensor, threshold: Number) -> torch.Tensor:
