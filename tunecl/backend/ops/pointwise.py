@@ -144,6 +144,14 @@ def new_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     return memory.empty(t.shape, dense_strides_like(t), t.dtype if dtype is None else dtype)
 
 
+def unary_new(expr: str, self: torch.Tensor, params: Sequence[Number] = ()) -> torch.Tensor:
+    """``expr`` of ``self`` into a new tensor laid out like it; a contiguous self is keyed by its shape and
+    dtype alone, as :func:`_fast_binary` keys its calls."""
+    if self.is_contiguous():
+        return run(expr, memory.empty_dense(self), (self,), params, (_DENSE, expr, self.shape, self.dtype, None))
+    return run(expr, new_like(self), (self,), params)
+
+
 # -- adapter builders: each returns a kernel with the overload's exact signature -------------------
 def unary(expr: str) -> Callable[..., torch.Tensor]:
     return lambda self, *, out: run_out(expr, out, (self,))
@@ -165,7 +173,7 @@ def backward(expr: str) -> Callable[..., torch.Tensor]:
 def functional_and_inplace(expr: str, params: Callable[..., tuple]) -> dict[str, Callable[..., torch.Tensor]]:
     """``op``, ``op_`` and ``op.out`` kernels of a non-structured unary op."""
     return {
-        "": lambda self, *args: run(expr, new_like(self), (self,), params(*args)),
+        "": lambda self, *args: unary_new(expr, self, params(*args)),
         "_": lambda self, *args: run(expr, self, (self,), params(*args)),
         ".out": lambda self, *args, out: run_out(expr, out, (self,), params(*args)),
     }
@@ -263,16 +271,18 @@ def _fast_binary(expr: str, op: torch._ops.OpOverload, with_alpha: bool) -> Call
     def kernel(self: torch.Tensor | Number, other: torch.Tensor | Number, *, alpha: Number = 1) -> torch.Tensor:
         # (a Python number arrives as such: torch unwraps wrapped-number tensors for Python kernels;
         # rsub passes it first)
-        if isinstance(self, torch.Tensor) and self.dtype.is_floating_point and self.is_contiguous() and (
-                isinstance(other, (float, int)) and not isinstance(other, bool)
-                or isinstance(other, torch.Tensor) and (
-                    (not other.is_cpu and other.dtype == self.dtype and other.shape == self.shape
-                     and other.is_contiguous())
-                    or (other.is_cpu and other.dim() == 0 and not other.dtype.is_complex))):
+        if isinstance(self, torch.Tensor) and (dtype := self.dtype).is_floating_point and self.is_contiguous():
             # out is laid out like self, so self's shape and dtype and what other is make the plan's key
-            key = (_DENSE, expr, self.shape, self.dtype,
-                   type(other) if not isinstance(other, torch.Tensor) else other.dtype if other.is_cpu else True)
-            return run(expr, memory.empty_dense(self), (self, other), (alpha,) if with_alpha else (), key)
+            shape = self.shape
+            if not isinstance(other, torch.Tensor):
+                kind = type(other) if isinstance(other, (float, int)) and not isinstance(other, bool) else None
+            elif other.is_cpu:
+                kind = other.dtype if other.dim() == 0 and not other.dtype.is_complex else None
+            else:
+                kind = True if other.dtype == dtype and other.shape == shape and other.is_contiguous() else None
+            if kind is not None:
+                return run(expr, memory.empty_dense(self), (self, other), (alpha,) if with_alpha else (),
+                           (_DENSE, expr, shape, dtype, kind))
         if not isinstance(other, torch.Tensor) or not isinstance(self, torch.Tensor):
             # a number cannot be passed back as the Tensor argument (torch unwrapped it), so this
             # case is done here: torch's promotion rules, an output laid out like self
@@ -413,7 +423,7 @@ KERNELS: dict[str, Callable[..., Any]] = {
     "masked_fill_.Tensor": masked_fill_tensor,
     # activations
     **_with_suffixes("relu", {
-        "": lambda self: run("relu", new_like(self), (self,)),
+        "": lambda self: unary_new("relu", self),
         "_": lambda self: self if _relu_folded(self) else run("relu", self, (self,)),
     }),
     **_with_suffixes("hardtanh", functional_and_inplace("hardtanh", lambda lo=-1, hi=1: (lo, hi))),
