@@ -352,3 +352,28 @@ def test_dense_copies_of_several_tensors_keep_their_layouts():
     for source, t, buffer in zip(sources, made, buffers):
         assert (t.shape, t.stride(), t.dtype) == (source.shape, source.stride(), source.dtype)
         assert memory.buffer_of(t) is buffer and (t.data_ptr() != source.data_ptr() or not t.numel())
+
+
+def test_outputs_allocated_together_give_back_their_blocks_when_torch_refuses_one(monkeypatch):
+    layouts = memory.Layouts([((10,), (1,), torch.float32), ((20,), (1,), torch.float32), ((30,), (1,), torch.float32)])
+    layouts.empty()   # (their blocks come back to the cache)
+    from_dlpack = torch._C._from_dlpack
+    calls = []
+
+    def refuse_the_second(capsule):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("refused")
+        return from_dlpack(capsule)
+
+    before = torch.opencl.memory_stats()
+    monkeypatch.setattr(torch._C, "_from_dlpack", refuse_the_second)
+    with pytest.raises(RuntimeError, match="refused"):
+        layouts.empty()
+    monkeypatch.undo()
+    after = torch.opencl.memory_stats()
+    assert (after["live_blocks"], after["allocated_bytes"]) == (before["live_blocks"], before["allocated_bytes"])
+    idle = [id(b) for blocks in memory.allocator._idle.values() for b in blocks]
+    assert len(idle) == len(set(idle))   # each block cached once
+    made, buffers = layouts.empty()
+    assert len({memory.buffer_of(t) for t in made}) == 3 and buffers == [memory.buffer_of(t) for t in made]

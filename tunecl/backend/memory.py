@@ -526,11 +526,16 @@ def empty_dense(t: torch.Tensor) -> torch.Tensor:
 
 
 def _empty(size: Sequence[int], stride: Sequence[int], dl_dtype: tuple[int, int], nbytes: int) -> torch.Tensor:
-    return _tensor(allocator.allocate(nbytes, len(size)), size, stride, dl_dtype)
+    block = allocator.allocate(nbytes, len(size))
+    try:
+        return _tensor(block, size, stride, dl_dtype)
+    except BaseException:
+        allocator.abandon(block)
+        raise
 
 
 def _tensor(block: _Block, size: Sequence[int], stride: Sequence[int], dl_dtype: tuple[int, int]) -> torch.Tensor:
-    """The tensor of a block just allocated (the block is abandoned if torch refuses it)."""
+    """The tensor of a block just allocated (its caller gives the block back if this raises)."""
     slot = block.slot
     layout = slot.layout
     if layout[0] != size or layout[1] != stride or slot.dtype is not dl_dtype:   # (a list is never equal)
@@ -541,11 +546,7 @@ def _tensor(block: _Block, size: Sequence[int], stride: Sequence[int], dl_dtype:
         slot.layout, slot.dtype = (tuple(size), tuple(stride)), dl_dtype
     else:
         slot.tensor.data = block.address
-    try:
-        result = torch._C._from_dlpack(_capsule_new(slot.address, b"dltensor", None))
-    except BaseException:
-        allocator.abandon(block)
-        raise
+    result = torch._C._from_dlpack(_capsule_new(slot.address, b"dltensor", None))
     block.watch = _watch(result.untyped_storage(), block)  # the storage's death queues the block
     return result
 
@@ -585,8 +586,9 @@ def _tensors(blocks: list[_Block], layouts: Sequence[tuple[Sequence[int], Sequen
             tensors.append(_tensor(block, size, stride, dl_dtype))
             buffers.append(block.buffer)
     except BaseException:
-        for block in blocks[len(tensors) + 1:]:   # (_tensor gave back the block it failed on)
-            allocator.abandon(block)
+        for block in blocks[len(tensors):]:
+            if block.watch is None:   # no tensor made (one that was, its storage's death gives back)
+                allocator.abandon(block)
         raise
     return tensors, buffers
 
