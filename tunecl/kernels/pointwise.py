@@ -258,17 +258,19 @@ class _Bound(launches.Bound):
 
     def scalars(self, args: Sequence, params: Sequence) -> tuple:
         """The flat (position, packed bytes, ...) tuple of a launch's scalar inputs and parameters, kept for
-        the values it was packed for (an add's alpha of 1, say): values that compare equal pack alike, but
-        for the sign of a zero (-0.0 == 0.0), so a zero is packed each time."""
+        the values it was packed for (an add's alpha of 1, a relu backward's threshold of 0): values that
+        compare equal pack alike, but for the sign of a float zero (-0.0 == 0.0 == 0), so values with one
+        are packed each time, never looked up."""
         scalar_args = self.scalar_args
         values = (*map(args.__getitem__, scalar_args), *params) if scalar_args else tuple(params)
-        packed = self.packed.get(values)
+        keep = 0 not in values or not any(isinstance(v, float) and v == 0 for v in values)
+        packed = self.packed.get(values) if keep else None
         if packed is None:
             cast, packers, flat = self.cast, self.packers, []
             for i, value in zip(scalar_args + self.param_args, values):
                 flat += (i, packers[i](cast(value)))
             packed = tuple(flat)
-            if 0 not in values:
+            if keep:
                 if len(self.packed) >= 16:
                     self.packed.clear()
                 self.packed[values] = packed

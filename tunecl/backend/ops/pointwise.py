@@ -339,7 +339,8 @@ def _fast_threshold_backward(grad_output: torch.Tensor, self: torch.Tensor, thre
     one dtype launch directly; anything else takes torch's structured wrapper."""
     if (grad_output.dtype.is_floating_point and self.dtype == grad_output.dtype and self.shape == grad_output.shape
             and not self.is_cpu and not grad_output.is_cpu and grad_output.is_contiguous() and self.is_contiguous()):
-        return run("threshold_backward", memory.empty_dense(grad_output), (grad_output, self), (threshold,))
+        return run("threshold_backward", memory.empty_dense(grad_output), (grad_output, self), (threshold,),
+                   (_DENSE, "threshold_backward", grad_output.shape, grad_output.dtype, True))
     return torch.ops.aten.threshold_backward.default.redispatch(_STRUCTURED_KEYS, grad_output, self, threshold)
 
 
