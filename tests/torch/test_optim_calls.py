@@ -375,3 +375,26 @@ def test_the_remembered_lists_are_bounded(monkeypatch, strict):
     total = sum(range(10))
     _same(_host(a), [torch.full((4,), 1.0 + total), torch.full((6,), 1.0 + total)])
     _same(_host(squares), [torch.full((4,), 81.0), torch.full((6,), 81.0)])
+
+
+def test_another_view_at_the_same_data_ptrs_is_not_taken_for_the_bound_list(strict):
+    """A transposed or reinterpreted view starts at its base's data_ptr with its numel: a call bound to the
+    base (and a list remembered from it) must not read the view as contiguous float32."""
+    g = torch.Generator().manual_seed(3)
+    cpu = [torch.randn(3, 5, generator=g), torch.randn(4, 2, generator=g)]
+    base = [t.to("opencl") for t in cpu]
+    ones = [torch.ones(3, 5, device="opencl"), torch.ones(4, 2, device="opencl")]
+    for _ in range(3):   # bound on the second call, served pre-built on the third
+        out = torch._foreach_add(ones, base)
+    _same(_host(out), [t + 1 for t in cpu])
+    ones_t = [torch.ones(5, 3, device="opencl"), torch.ones(2, 4, device="opencl")]
+    for _ in range(3):   # the same signature (numels), the other operand's views transposed
+        out = torch._foreach_add(ones_t, [t.t() for t in base])
+    _same(_host(out), [t.t() + 1 for t in cpu])
+
+    for _ in range(3):   # in place into the base, then into the same storages seen as int32
+        torch._foreach_mul_(base, 1.0)
+    ints = [t.view(torch.int32) for t in base]
+    with torch.no_grad():
+        torch._foreach_mul_(ints, 1)
+    _same(_host(base), cpu)
