@@ -310,3 +310,70 @@ def test_a_reused_dlpack_slot_describes_each_new_tensor():
         t.copy_(values)
         assert torch.equal(t.cpu(), values)
         del t   # the next allocation of the class reuses the block and its slot
+
+
+def test_outputs_allocated_together_are_tensors_of_their_own():
+    """memory.Layouts (a call's outputs, one hold of the allocator's lock): each tensor has its layout, its own
+    storage and the buffer handed out with it, and the statistics count each block."""
+    layouts = memory.Layouts([((2, 3, 5), (15, 1, 3), torch.float32), ((7,), (1,), torch.float32),
+                              ((0,), (1,), torch.float32), ((4,), (1,), torch.int64)])
+    before = torch.opencl.memory_stats()
+    for _ in range(3):   # the second and third take the blocks of the ones before
+        tensors, buffers = layouts.empty()
+        assert [(tuple(t.shape), t.stride(), t.dtype) for t in tensors] == [
+            ((2, 3, 5), (15, 1, 3), torch.float32), ((7,), (1,), torch.float32), ((0,), (1,), torch.float32),
+            ((4,), (1,), torch.int64)]
+        assert [memory.buffer_of(t) for t in tensors] == buffers and buffers[2] is None
+        assert len({t.untyped_storage().data_ptr() for t in tensors}) == 4
+        for k, t in enumerate(tensors):
+            t.copy_(torch.full(t.shape, k, dtype=t.dtype))
+        for k, t in enumerate(tensors):
+            assert torch.equal(t.cpu(), torch.full(t.shape, k, dtype=t.dtype))
+    after = torch.opencl.memory_stats()
+    assert after["live_blocks"] == before["live_blocks"] + 4
+    assert after["allocated_bytes"] == before["allocated_bytes"] + 512 * 3   # (the empty one reserves nothing)
+    del tensors, t
+    assert torch.opencl.memory_stats()["allocated_bytes"] == before["allocated_bytes"]
+
+
+def test_a_failed_allocation_among_several_gives_back_the_blocks_taken():
+    layouts = memory.Layouts([((100,), (1,), torch.float32), ((1 << 40,), (1,), torch.float32)])
+    before = torch.opencl.memory_stats()
+    with pytest.raises(torch.OutOfMemoryError, match="tried to allocate"):
+        layouts.empty()
+    after = torch.opencl.memory_stats()
+    assert (after["live_blocks"], after["allocated_bytes"]) == (before["live_blocks"], before["allocated_bytes"])
+
+
+def test_dense_copies_of_several_tensors_keep_their_layouts():
+    sources = [torch.empty(2, 3, 4, 5, device="opencl").to(memory_format=torch.channels_last),
+               torch.empty(6, device="opencl"), torch.empty(3, 4, device="opencl").t(), torch.empty(0, device="opencl")]
+    made, buffers = memory.empty_dense_many(sources)
+    for source, t, buffer in zip(sources, made, buffers):
+        assert (t.shape, t.stride(), t.dtype) == (source.shape, source.stride(), source.dtype)
+        assert memory.buffer_of(t) is buffer and (t.data_ptr() != source.data_ptr() or not t.numel())
+
+
+def test_outputs_allocated_together_give_back_their_blocks_when_torch_refuses_one(monkeypatch):
+    layouts = memory.Layouts([((10,), (1,), torch.float32), ((20,), (1,), torch.float32), ((30,), (1,), torch.float32)])
+    layouts.empty()   # (their blocks come back to the cache)
+    from_dlpack = torch._C._from_dlpack
+    calls = []
+
+    def refuse_the_second(capsule):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("refused")
+        return from_dlpack(capsule)
+
+    before = torch.opencl.memory_stats()
+    monkeypatch.setattr(torch._C, "_from_dlpack", refuse_the_second)
+    with pytest.raises(RuntimeError, match="refused"):
+        layouts.empty()
+    monkeypatch.undo()
+    after = torch.opencl.memory_stats()
+    assert (after["live_blocks"], after["allocated_bytes"]) == (before["live_blocks"], before["allocated_bytes"])
+    idle = [id(b) for blocks in memory.allocator._idle.values() for b in blocks]
+    assert len(idle) == len(set(idle))   # each block cached once
+    made, buffers = layouts.empty()
+    assert len({memory.buffer_of(t) for t in made}) == 3 and buffers == [memory.buffer_of(t) for t in made]

@@ -270,7 +270,7 @@ def test_a_new_backend_state_starts_with_no_calls(general, monkeypatch, strict):
     old = state.get().optim
     assert old.calls
     monkeypatch.setattr(state, "_state", state.State(state.get().device))   # a device reset
-    assert not state.get().optim.calls
+    assert not state.get().optim.calls and not state.get().optim.lists
     _grads(params, 3)
     opt.step()
     assert state.get().optim.calls and state.get().optim is not old
@@ -309,3 +309,92 @@ def test_views_at_offsets_into_one_storage_bind_their_offsets(general, strict):
     assert sum(call.chunks.presets is not None for call in state.get().optim.calls.values()) == 2   # (bound)
     general(True)
     _same(fast, run())
+
+
+def test_a_list_several_calls_take_is_checked_once(general, monkeypatch, strict):
+    """Fresh gradients every step (``zero_grad(set_to_none=True)``): foreach Adam reads them in several calls,
+    and its temporaries (a list one call makes, the next ones read) too; each list is checked once per step,
+    and the steps are bit for bit those of the general route."""
+    checked: list[tuple] = []
+    valid = optim_calls._valid
+
+    def counting(tensors, numels, ptrs):
+        checked.append(tuple(ptrs))
+        return valid(tensors, numels, ptrs)
+
+    def run(count: bool):
+        params = _params()
+        opt = torch.optim.Adam(params, lr=1e-2, foreach=True)
+        for step in range(4):
+            _grads(params, step)
+            checked.clear()
+            opt.step()
+            if count and step >= 2:   # (the first steps bind every list)
+                grads = tuple(p.grad.data_ptr() for p in params)
+                assert checked.count(grads) == 1 and len(checked) == 1
+        return _host(params)
+    monkeypatch.setattr(optim_calls, "_valid", counting)
+    fast = run(True)
+    general(True)
+    _same(fast, run(False))
+
+
+def test_a_remembered_list_is_still_checked_against_each_call(strict):
+    """A list found valid in one call, then taken by calls with other outputs: one whose outputs overlap it is
+    refused as the general route refuses it, and a tensor of it resized in place meets each call's sizes."""
+    base = torch.arange(20, dtype=torch.float32, device="opencl")
+    shared = [base[1:6], base[11:16]]
+    others = [torch.zeros(5, device="opencl"), torch.zeros(5, device="opencl")]
+    for _ in range(2):
+        torch._foreach_add_(others, shared)
+    _same(_host(others), [torch.arange(1.0, 6.0) * 2, torch.arange(11.0, 16.0) * 2])
+    with pytest.raises(RuntimeError, match="refer to a single memory location"):
+        torch._foreach_add_([base[0:5], base[10:15]], shared)
+
+    a = [torch.full((5,), 3.0, device="opencl"), torch.full((4,), 3.0, device="opencl")]
+    fives = [torch.ones(5, device="opencl"), torch.ones(4, device="opencl")]
+    for _ in range(2):
+        torch._foreach_mul_(fives, a)
+    a[0].resize_(4)   # the same data_ptr, fewer elements
+    fours = [torch.ones(4, device="opencl"), torch.ones(4, device="opencl")]
+    for _ in range(2):
+        torch._foreach_mul_(fours, a)
+    _same(_host(fours), [torch.full((4,), 9.0)] * 2)
+    with pytest.raises(RuntimeError):
+        torch._foreach_mul_(fives, a)   # 5 elements against 4 now
+
+
+def test_the_remembered_lists_are_bounded(monkeypatch, strict):
+    monkeypatch.setattr(optim_calls, "MAX_LISTS", 3)
+    a = [torch.ones(4, device="opencl"), torch.ones(6, device="opencl")]
+    for step in range(10):
+        fresh = [torch.full((4,), float(step), device="opencl"), torch.full((6,), float(step), device="opencl")]
+        torch._foreach_add_(a, fresh)
+        squares = torch._foreach_mul(fresh, fresh)
+        assert len(state.get().optim.lists) <= 3
+    total = sum(range(10))
+    _same(_host(a), [torch.full((4,), 1.0 + total), torch.full((6,), 1.0 + total)])
+    _same(_host(squares), [torch.full((4,), 81.0), torch.full((6,), 81.0)])
+
+
+def test_another_view_at_the_same_data_ptrs_is_not_taken_for_the_bound_list(strict):
+    """A transposed or reinterpreted view starts at its base's data_ptr with its numel: a call bound to the
+    base (and a list remembered from it) must not read the view as contiguous float32."""
+    g = torch.Generator().manual_seed(3)
+    cpu = [torch.randn(3, 5, generator=g), torch.randn(4, 2, generator=g)]
+    base = [t.to("opencl") for t in cpu]
+    ones = [torch.ones(3, 5, device="opencl"), torch.ones(4, 2, device="opencl")]
+    for _ in range(3):   # bound on the second call, served pre-built on the third
+        out = torch._foreach_add(ones, base)
+    _same(_host(out), [t + 1 for t in cpu])
+    ones_t = [torch.ones(5, 3, device="opencl"), torch.ones(2, 4, device="opencl")]
+    for _ in range(3):   # the same signature (numels), the other operand's views transposed
+        out = torch._foreach_add(ones_t, [t.t() for t in base])
+    _same(_host(out), [t.t() + 1 for t in cpu])
+
+    for _ in range(3):   # in place into the base, then into the same storages seen as int32
+        torch._foreach_mul_(base, 1.0)
+    ints = [t.view(torch.int32) for t in base]
+    with torch.no_grad():
+        torch._foreach_mul_(ints, 1)
+    _same(_host(base), cpu)

@@ -174,6 +174,43 @@ def test_inplace_arithmetic_keeps_torch_rules(strict):
     assert x.cpu().tolist() == [0.0, 1.0, 4.0, 9.0, 16.0, 25.0]
 
 
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8])
+def test_a_number_added_in_place_to_an_integer_tensor_keeps_its_dtype(dtype, strict):
+    """A step counter (``num_batches_tracked.add_(1)``) and its kin, 0-dim, 1-d and strided, as CPU torch does
+    them (uint8 and int8 wrap around); what torch refuses is refused."""
+    for cpu in (torch.tensor(5, dtype=dtype), torch.arange(7, dtype=dtype) * 17,
+                (torch.arange(12, dtype=dtype) * 11).reshape(3, 4).t()):
+        device = cpu.to("opencl")
+        for op in (lambda t: t.add_(1), lambda t: t.add_(100, alpha=3), lambda t: t.sub_(7), lambda t: t.mul_(3)):
+            op(cpu)
+            op(device)
+            assert device.dtype == dtype and torch.equal(device.cpu(), cpu)
+        for refused in (lambda t: t.add_(1.5), lambda t: t.div_(2), lambda t: t.mul_(0.5)):
+            with pytest.raises(RuntimeError, match="can't be cast"):
+                refused(device)
+    flags = torch.tensor([True, False], device="opencl")
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        flags.add_(1)
+
+
+def test_in_place_and_functional_dense_calls_share_their_plan(strict):
+    """``a.add_(b)`` on contiguous operands takes the launch ``a + b`` has (its output is laid out like a), and
+    gives the same bits; a strided self is keyed by its strides."""
+    from tunecl.backend import state
+
+    a, b = torch.randn(5, 7).to("opencl"), torch.randn(5, 7).to("opencl")
+    expected = (a + b).cpu()
+    launches = state.get().pointwise.launches
+    before = len(launches)
+    a.add_(b)
+    assert len(launches) == before and torch.equal(a.cpu(), expected)
+    c = torch.randn(7, 5).to("opencl").t()
+    expected = c.cpu() * 2.0
+    c.mul_(2.0)
+    assert torch.equal(c.cpu(), expected) and c.stride() == (1, 5)
+
+
 MORE = {
     "exp2": lambda x, y: torch.exp2(x), "atan2": torch.atan2, "remainder": lambda x, y: torch.remainder(x, y.abs() + 0.5),
     "remainder_scalar": lambda x, y: x % 0.7, "floor_divide": lambda x, y: torch.floor_divide(x, y.abs() + 0.5),

@@ -117,3 +117,26 @@ def test_a_new_state_has_its_own_launches(strict, monkeypatch):
     assert not _bound_plans()
     _same(a + b, a.cpu() + b.cpu())
     assert _bound_plans()
+
+
+def test_packed_scalars_are_kept_per_value_and_a_zero_keeps_its_sign(strict):
+    """The packed scalars of a pre-built launch are kept by their values: alternating numbers each get their
+    own, an int and the float equal to it pack alike, and 0, 0.0 and -0.0 (equal, different bits) each their
+    own."""
+    x = torch.tensor([1.0, -2.0, 0.0, 3.5], device=DEV)
+    cpu = x.cpu()
+    for value in [2.0, -3.0, 2, 0, 0.0, -0.0, 0, -0.0, 0.0, -0.0, 1e-6, 2.0]:
+        for _ in range(2):
+            _same(x * value, cpu * value)
+            _same(torch.add(x, x, alpha=value), torch.add(cpu, cpu, alpha=value))
+    negative_zeros = torch.full((4,), -0.0)
+    for value in (0, -0.0, 0.0, 0, -0.0):   # (an int zero is kept: a float zero must not find it)
+        assert torch.equal(torch.signbit((x * value).cpu()), torch.signbit(cpu * value))
+        added = torch.add(negative_zeros.to(DEV), x, alpha=value).cpu()   # -0 + alpha * x: alpha's sign shows
+        assert torch.equal(torch.signbit(added), torch.signbit(torch.add(negative_zeros, cpu, alpha=value)))
+    plans = _bound_plans()
+    assert plans and all(len(p.bound[0].packed) <= 16 for p in plans)
+    for _ in range(3):   # more values than are kept
+        for k in range(40):
+            _same(x * float(k + 1), cpu * float(k + 1))
+    assert all(len(p.bound[0].packed) <= 16 for p in _bound_plans())

@@ -191,7 +191,7 @@ class CachingAllocator:
         # buffers of graphs collected since the last locked call (release_from_graph_soon)
         self._pending_graph_releases: list[Sequence[cl.MemoryObjectHolder]] = []
         # the cache: dead blocks by size class, each kept whole (buffer and DLPack slot) for the next
-        # allocation of its class, which revives it with a fresh address (see _revive)
+        # allocation of its class, which revives it with a fresh address (see _take)
         self._idle: dict[int, list[_Block]] = {}
         self._blocks: dict[int, _Block] = {}      # struct address -> live block
         self._free_slots: list[_Slot] = []
@@ -211,7 +211,7 @@ class CachingAllocator:
         self.reserved_total = 0
         self.counts = collections.Counter()
         self.freed = 0            # blocks whose storages died
-        self.revived = 0          # allocations served from the cache (see _revive) ...
+        self.revived = 0          # allocations served from the cache (see _take) ...
         self.revived_empty = 0    # ... of them, zero-byte blocks (no buffer: not a cache hit)
         self.graph_bytes = 0      # bytes of the buffers live graphs hold (some also belong to live tensors)
         # caches of derived tensors (weight_cache): let go of those of dead tensors before statistics and
@@ -301,41 +301,47 @@ class CachingAllocator:
         """A live block of at least ``nbytes`` with a DLPack slot for ``ndim`` dims; its caller sets
         :attr:`_Block.watch` once the storage exists."""
         reserved = (_classes.get(nbytes) or size_class(nbytes)) if nbytes else 0
-        rank = max(MAX_DIMS_RECYCLED, ndim)  # (slots up to that many dims are that wide)
         with self._lock:
             if self._pending_graph_releases:
                 self._drain_graph_releases()
             if _deaths:
                 self._bury()
-            idle = self._idle.get(reserved)
-            if idle:
-                return self._revive(idle.pop(), nbytes, rank)
-            buffer = self._new_buffer(reserved, nbytes) if reserved else None
-            address = self._next_address
-            # classes are multiples of the alignment (512 B granules, >= 64 KiB steps above 1 MiB)
-            self._next_address = address + (reserved or _ADDRESS_ALIGN)
-            slot = self._slot(rank)
-            block = _Block(address, buffer, reserved, nbytes, slot)
-            self._blocks[slot.address] = block
-            self.allocated += reserved
-            self.allocated_total += reserved
-            self.requested += nbytes
-            self.peak_allocated = max(self.peak_allocated, self.allocated)
-            self.peak_reserved = max(self.peak_reserved, self.allocated + self.cached)
-            self.counts["allocs"] += 1
-            _buffers[address] = buffer
-            return block
+            return self._take(reserved, nbytes, ndim)
+
+    def allocate_many(self, requests: Sequence[tuple[int, int, int]]) -> list[_Block]:
+        """:meth:`allocate` for each (class bytes (:func:`size_class`, 0 for 0 bytes), nbytes, ndim) of
+        ``requests``, under one hold of the lock."""
+        blocks: list[_Block] = []
+        with self._lock:
+            if self._pending_graph_releases:
+                self._drain_graph_releases()
+            if _deaths:
+                self._bury()
+            try:
+                for reserved, nbytes, ndim in requests:
+                    blocks.append(self._take(reserved, nbytes, ndim))
+            except BaseException:   # (out of memory) the blocks taken so far go back
+                for block in blocks:
+                    self._blocks.pop(block.slot.address, None)
+                    self._release(block)
+                raise
+        return blocks
 
     # called with the lock held
-    def _revive(self, block: _Block, nbytes: int, rank: int) -> _Block:
-        """Give a cached block to a new storage: a fresh address and a slot of ``rank`` dims (its own where it
-        has that rank)."""
-        reserved = block.reserved
+    def _take(self, reserved: int, nbytes: int, ndim: int) -> _Block:
+        """A block of class ``reserved``: a cached one revived with a fresh address (and a slot of the
+        needed rank), else a new one."""
+        idle = self._idle.get(reserved)
+        if not idle:
+            return self._new_block(reserved, nbytes, max(MAX_DIMS_RECYCLED, ndim))
+        block = idle.pop()
         self.cached -= reserved
         slot = block.slot
-        if slot.rank != rank:   # (rare: more than MAX_DIMS_RECYCLED dims on one side)
-            self._recycle_slot(slot)
-            slot = block.slot = self._slot(rank)
+        if slot.rank != MAX_DIMS_RECYCLED or ndim > MAX_DIMS_RECYCLED:   # (rare: a slot of more dims)
+            rank = max(MAX_DIMS_RECYCLED, ndim)
+            if slot.rank != rank:
+                self._recycle_slot(slot)
+                slot = block.slot = self._slot(rank)
         address = block.address = self._next_address
         self._next_address = address + (reserved or _ADDRESS_ALIGN)
         block.requested = nbytes
@@ -349,6 +355,24 @@ class CachingAllocator:
         elif allocated > self.peak_allocated:
             self.peak_allocated = allocated
         _buffers[address] = block.buffer
+        return block
+
+    # called with the lock held
+    def _new_block(self, reserved: int, nbytes: int, rank: int) -> _Block:
+        buffer = self._new_buffer(reserved, nbytes) if reserved else None
+        address = self._next_address
+        # classes are multiples of the alignment (512 B granules, >= 64 KiB steps above 1 MiB)
+        self._next_address = address + (reserved or _ADDRESS_ALIGN)
+        slot = self._slot(rank)
+        block = _Block(address, buffer, reserved, nbytes, slot)
+        self._blocks[slot.address] = block
+        self.allocated += reserved
+        self.allocated_total += reserved
+        self.requested += nbytes
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        self.peak_reserved = max(self.peak_reserved, self.allocated + self.cached)
+        self.counts["allocs"] += 1
+        _buffers[address] = buffer
         return block
 
     def _slot(self, rank: int) -> _Slot:
@@ -502,24 +526,83 @@ def empty_dense(t: torch.Tensor) -> torch.Tensor:
 
 
 def _empty(size: Sequence[int], stride: Sequence[int], dl_dtype: tuple[int, int], nbytes: int) -> torch.Tensor:
-    ndim = len(size)
-    block = allocator.allocate(nbytes, ndim)
+    block = allocator.allocate(nbytes, len(size))
+    try:
+        return _tensor(block, size, stride, dl_dtype)
+    except BaseException:
+        allocator.abandon(block)
+        raise
+
+
+def _tensor(block: _Block, size: Sequence[int], stride: Sequence[int], dl_dtype: tuple[int, int]) -> torch.Tensor:
+    """The tensor of a block just allocated (its caller gives the block back if this raises)."""
     slot = block.slot
     layout = slot.layout
     if layout[0] != size or layout[1] != stride or slot.dtype is not dl_dtype:   # (a list is never equal)
+        ndim = len(size)
         slot.shape[:ndim] = size
         slot.strides[:ndim] = stride
         _DL_HEADER.pack_into(slot.managed, 0, block.address, _KDL_EXT_DEV, 0, ndim, dl_dtype[0], dl_dtype[1], 1)
         slot.layout, slot.dtype = (tuple(size), tuple(stride)), dl_dtype
     else:
         slot.tensor.data = block.address
-    try:
-        result = torch._C._from_dlpack(_capsule_new(slot.address, b"dltensor", None))
-    except BaseException:
-        allocator.abandon(block)
-        raise
+    result = torch._C._from_dlpack(_capsule_new(slot.address, b"dltensor", None))
     block.watch = _watch(result.untyped_storage(), block)  # the storage's death queues the block
     return result
+
+
+class Layouts:
+    """The layouts of a call's outputs, worked out once: :meth:`empty` allocates a tensor of each (under one
+    hold of the allocator's lock) and hands out their buffers with them, so the caller needs no lookups."""
+
+    __slots__ = ("layouts", "requests")
+
+    def __init__(self, layouts: Sequence[tuple[Sequence[int], Sequence[int], torch.dtype]]) -> None:
+        self.layouts: list[tuple[tuple, tuple, tuple[int, int]]] = []
+        self.requests: list[tuple[int, int, int]] = []
+        for size, stride, dtype in layouts:
+            dl_dtype = DLPACK.get(dtype)
+            if dl_dtype is None:
+                check_storable(dtype)
+            self.layouts.append((tuple(size), tuple(stride), dl_dtype))
+            self.requests.append(_request(storage_nbytes(size, stride, dl_dtype[1] >> 3), len(size)))
+
+    def empty(self) -> tuple[list[torch.Tensor], list[cl.Buffer | None]]:
+        """(tensors, their buffers)."""
+        return _tensors(allocator.allocate_many(self.requests), self.layouts)
+
+
+def _request(nbytes: int, ndim: int) -> tuple[int, int, int]:
+    """:meth:`CachingAllocator.allocate_many`'s request for a storage of ``nbytes`` and ``ndim`` dims."""
+    return (_classes.get(nbytes) or size_class(nbytes)) if nbytes else 0, nbytes, ndim
+
+
+def _tensors(blocks: list[_Block], layouts: Sequence[tuple[Sequence[int], Sequence[int], tuple[int, int]]]
+             ) -> tuple[list[torch.Tensor], list[cl.Buffer | None]]:
+    tensors: list[torch.Tensor] = []
+    buffers: list[cl.Buffer | None] = []
+    try:
+        for block, (size, stride, dl_dtype) in zip(blocks, layouts):
+            tensors.append(_tensor(block, size, stride, dl_dtype))
+            buffers.append(block.buffer)
+    except BaseException:
+        for block in blocks[len(tensors):]:
+            if block.watch is None:   # no tensor made (one that was, its storage's death gives back)
+                allocator.abandon(block)
+        raise
+    return tensors, buffers
+
+
+def empty_dense_many(tensors: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list[cl.Buffer | None]]:
+    """:func:`empty_dense` of each of ``tensors`` (each non-overlapping and dense), and the new tensors'
+    buffers."""
+    layouts = []
+    requests = []
+    for t in tensors:
+        size, dl_dtype = t.shape, DLPACK[t.dtype]
+        layouts.append((size, t.stride(), dl_dtype))
+        requests.append(_request(t.numel() * (dl_dtype[1] >> 3), len(size)))
+    return _tensors(allocator.allocate_many(requests), layouts)
 
 
 # empty() for a caller that worked out once its DLPack dtype (DLPACK[dtype]) and its storage nbytes

@@ -72,6 +72,8 @@ class Optim:
         self.slots = slots_for(device, config.get().optim_slots)          # tensors per launch
         # the backend's pre-built calls (tunecl.backend.ops.optim_calls: its signature key -> its call)
         self.calls: dict[tuple, Any] = {}
+        # tensor lists those calls found valid: their data_ptrs -> (element offsets, storage addresses)
+        self.lists: dict[tuple, Any] = {}
 
     def _kernel(self, name: str, flags: tuple[str, ...], scalars: int, per_slot_buffers: int, meta_len: int
                 ) -> cl.Kernel:

@@ -248,21 +248,33 @@ _PACKERS = {np.dtype(np.float32): struct.Struct("=f").pack, np.dtype(np.int32): 
 class _Bound(launches.Bound):
     """A plan's launch at offsets 0, pre-built: its buffers bound and its scalars packed per launch."""
 
-    __slots__ = ("buffer_args", "cast", "packers", "param_args", "scalar_args", "twin")
+    __slots__ = ("buffer_args", "cast", "packed", "packers", "param_args", "scalar_args", "twin")
 
     def __init__(self, *args: object) -> None:
         super().__init__(*args)
         self.buffer_args = self.positions
         self.twin: launches.Twin | None = None
+        self.packed: dict[tuple, tuple] = {}   # scalar and parameter values -> their scalars()
 
     def scalars(self, args: Sequence, params: Sequence) -> tuple:
-        """The flat (position, packed bytes, ...) tuple of a launch's scalar inputs and parameters."""
-        cast, packers, packed = self.cast, self.packers, []
-        for i in self.scalar_args:
-            packed += (i, packers[i](cast(args[i])))
-        for i, p in zip(self.param_args, params):
-            packed += (i, packers[i](cast(p)))
-        return tuple(packed)
+        """The flat (position, packed bytes, ...) tuple of a launch's scalar inputs and parameters, kept for
+        the values it was packed for (an add's alpha of 1, a relu backward's threshold of 0): values that
+        compare equal pack alike, but for the sign of a float zero (-0.0 == 0.0 == 0), so values with one
+        are packed each time, never looked up."""
+        scalar_args = self.scalar_args
+        values = (*map(args.__getitem__, scalar_args), *params) if scalar_args else tuple(params)
+        keep = 0 not in values or not any(isinstance(v, float) and v == 0 for v in values)
+        packed = self.packed.get(values) if keep else None
+        if packed is None:
+            cast, packers, flat = self.cast, self.packers, []
+            for i, value in zip(scalar_args + self.param_args, values):
+                flat += (i, packers[i](cast(value)))
+            packed = tuple(flat)
+            if keep:
+                if len(self.packed) >= 16:
+                    self.packed.clear()
+                self.packed[values] = packed
+        return packed
 
 
 class Pointwise:

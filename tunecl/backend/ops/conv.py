@@ -374,7 +374,7 @@ def _fast_backward(grad_output: torch.Tensor, input: torch.Tensor, weight: torch
                    padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int],
                    groups: int, output_mask: Sequence[bool]) -> tuple | None:
     """The backward by a pre-built call, or None where the general route serves the call."""
-    mask = tuple(bool(m) for m in output_mask)
+    mask = (bool(output_mask[0]), bool(output_mask[1]), bool(output_mask[2]))
     key = ("bwd", _signature(grad_output), _signature(input), _signature(weight), tuple(stride), tuple(padding),
            tuple(dilation), transposed, tuple(output_padding), groups, mask, plans.accepted_precisions("conv"))
     call = _lookup(key)

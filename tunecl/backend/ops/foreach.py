@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from tunecl.backend import state
-from tunecl.backend.memory import _buffers, empty_dense
+from tunecl.backend.memory import _buffers, empty_dense_many
 from tunecl.backend.ops import optim_calls
 
 _GENERIC = torch._C.DispatchKey.CompositeExplicitAutograd
@@ -121,7 +121,7 @@ def clone_all(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
     pairs = _pairs(tensors)
     if pairs is None or not tensors:
         return None
-    outs = [empty_dense(t) for t in tensors]
+    outs, _ = empty_dense_many(tensors)
     return outs if _launch("copy", outs, [tensors], [], (tensors, pairs)) else None
 
 
@@ -156,7 +156,7 @@ def _foreach_pow_scalar_and_tensor(self: Any, exponent: list[torch.Tensor]) -> l
     """``[self ** e for e in exponent]`` (a number to tensor powers: Adam's bias corrections from step
     counts kept on the device) in one launch per ``Optim.slots`` tensors where the path applies."""
     if _is_number(self) and exponent and (pairs := _pairs(exponent)) is not None:
-        outs = [empty_dense(t) for t in exponent]
+        outs, _ = empty_dense_many(exponent)
         if _launch("pow", outs, [[float(self)] * len(exponent), exponent], [], (exponent, pairs)):
             return outs
     return torch.ops.aten._foreach_pow.ScalarAndTensor._op_dk(_GENERIC, self, exponent)
@@ -187,7 +187,7 @@ def _adapter(name: str, expr: str, arrange: Callable[..., tuple[list, list] | No
                 outs = self
             elif (self_pairs := _pairs(self)) is not None:
                 # contiguous float32 opencl tensors: outputs straight from memory, self's pairs known
-                outs = [empty_dense(t) for t in self]
+                outs, _ = empty_dense_many(self)
                 known = (self, self_pairs)
             else:
                 outs = None

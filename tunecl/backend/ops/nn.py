@@ -135,7 +135,6 @@ def _plain(*tensors: torch.Tensor | None) -> bool:
 # or a dry run has its own) and is bounded (MAX_CALLS); forget_launches() drops it.
 MAX_CALLS = 1024
 _FLOAT32 = torch.float32
-_DL_FLOAT32 = memory.DLPACK[_FLOAT32]
 _NOT_PLAIN = -1   # a parameter's signature when it is not contiguous float32: the general route
 
 
@@ -159,31 +158,17 @@ def _placed(offsets: dict[str, int | None]) -> dict[str, tuple[None, int] | None
     return {k: None if o is None else (None, o) for k, o in offsets.items()}
 
 
-class _Geometry:
-    """A contiguous float32 output's shape, strides and storage size, worked out once."""
-
-    __slots__ = ("nbytes", "shape", "strides")
-
-    def __init__(self, shape: Sequence[int], strides: Sequence[int]) -> None:
-        self.shape, self.strides = tuple(shape), tuple(strides)
-        self.nbytes = 4 * math.prod(self.shape)
-
-    def empty(self) -> torch.Tensor:
-        return memory.empty_sized(self.shape, self.strides, _DL_FLOAT32, self.nbytes)
-
-
-_NO_STATS = _Geometry((0,), (1,))
-
-
 class _BatchNormForward:
-    __slots__ = ("prepared", "stats", "training", "y")
+    __slots__ = ("outputs", "prepared", "training")
 
     def __init__(self, norm: Any, input: torch.Tensor, key: tuple, training: bool, momentum: float,
                  eps: float) -> None:
         shape = _ncl(input)
         self.training = training
-        self.y = _Geometry(input.shape, input.stride())
-        self.stats = _Geometry((shape[1],), (1,))
+        # y and the saved statistics (in evaluation empty ones, as the general route returns)
+        stats = ((shape[1],), (1,), _FLOAT32) if training else ((0,), (1,), _FLOAT32)
+        self.outputs = memory.Layouts([(input.shape, input.stride(), _FLOAT32), stats, stats] if training
+                                      else [(input.shape, input.stride(), _FLOAT32), stats])
         offsets = {"x": key[3], "y": 0, "weight": key[4], "bias": key[5], "running_mean": key[6],
                    "running_var": key[7]}
         if training:
@@ -192,14 +177,16 @@ class _BatchNormForward:
 
 
 class _BatchNormBackward:
-    __slots__ = ("grad_input", "mask", "prepared", "stats", "train")
+    __slots__ = ("mask", "outputs", "prepared", "train")
 
     def __init__(self, norm: Any, input: torch.Tensor, key: tuple, train: bool, eps: float,
                  mask: tuple[bool, bool, bool]) -> None:
         shape = _ncl(input)
         self.train, self.mask = train, mask
-        self.grad_input = _Geometry(input.shape, input.stride())
-        self.stats = _Geometry((shape[1],), (1,))
+        stats = ((shape[1],), (1,), _FLOAT32)
+        # the outputs output_mask asks for: grad_input, grad_weight, grad_bias
+        self.outputs = memory.Layouts([layout for layout, wanted in zip(
+            ((input.shape, input.stride(), _FLOAT32), stats, stats), mask) if wanted])
         offsets = {"dy": key[3], "x": key[6], "weight": key[7], "y": 0 if mask[0] else None,
                    "grad_weight": 0 if mask[1] else None, "grad_bias": 0 if mask[2] else None}
         if train:
@@ -227,19 +214,18 @@ def _fast_batch_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: tor
         call = _keep(calls, key, None if call is None or call.prepared is None else call)
     if call is None:
         return None
+    # the buffers in the norm kernels' order: x, y, weight, bias, the running and the saved statistics
     buffers = [_buffers[input.untyped_storage().data_ptr()], None]
     for t in (weight, bias, running_mean, running_var):
         if t is not None:
             buffers.append(_buffers[t.untyped_storage().data_ptr()])
-    y = call.y.empty()
-    buffers[1] = _buffers[y.untyped_storage().data_ptr()]
+    outputs, out_buffers = call.outputs.empty()
+    buffers[1] = out_buffers[0]
     if call.training:
-        stats = call.stats
-        save_mean, save_invstd = stats.empty(), stats.empty()
-        buffers += (_buffers[save_mean.untyped_storage().data_ptr()],
-                    _buffers[save_invstd.untyped_storage().data_ptr()])
-    else:   # empty saved statistics, as the general route returns
-        save_mean = _NO_STATS.empty()
+        y, save_mean, save_invstd = outputs
+        buffers += out_buffers[1:]
+    else:
+        y, save_mean = outputs
         save_invstd = save_mean.detach()
     call.prepared.enqueue(buffers)
     return y, save_mean, save_invstd
@@ -267,23 +253,21 @@ def _fast_batch_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, weigh
     if call is None:
         return None
     # the buffers in the norm kernels' order: x, y (grad_input), weight, the statistics, dy, the grads
+    outputs, out_buffers = call.outputs.empty()
+    made = iter(outputs)
+    grad_input = next(made) if mask[0] else None
+    grad_weight = next(made) if mask[1] else None
+    grad_bias = next(made) if mask[2] else None
     buffers = [_buffers[input.untyped_storage().data_ptr()]]
-    grad_input = grad_weight = grad_bias = None
     if mask[0]:
-        grad_input = call.grad_input.empty()
-        buffers.append(_buffers[grad_input.untyped_storage().data_ptr()])
+        buffers.append(out_buffers[0])
     if weight is not None:
         buffers.append(_buffers[weight.untyped_storage().data_ptr()])
     for t in (save_mean, save_invstd) if call.train else (running_mean, running_var):
         if t is not None:
             buffers.append(_buffers[t.untyped_storage().data_ptr()])
     buffers.append(_buffers[grad_out.untyped_storage().data_ptr()])
-    if mask[1]:
-        grad_weight = call.stats.empty()
-        buffers.append(_buffers[grad_weight.untyped_storage().data_ptr()])
-    if mask[2]:
-        grad_bias = call.stats.empty()
-        buffers.append(_buffers[grad_bias.untyped_storage().data_ptr()])
+    buffers += out_buffers[1:] if mask[0] else out_buffers   # grad_weight's, grad_bias's
     call.prepared.enqueue(buffers)
     return grad_input, grad_weight, grad_bias
 

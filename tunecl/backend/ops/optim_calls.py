@@ -10,18 +10,20 @@ changed since the last one and binds only that:
   (:mod:`tunecl.backend.memory`), so an unchanged data_ptr is the same storage, buffer and element offset.
   A list with any change (``p.data = other``, a parameter added, new gradients, fresh temporaries, a
   loaded state dict) is validated as the general route validates it (contiguous float32 opencl tensors,
-  each input its output or sharing no storage with it) and its pointers and offsets are bound anew;
+  each input its output or sharing no storage with it) and its pointers and offsets are bound anew. The
+  lists found valid are remembered by their data_ptrs, so a list several calls take (fresh gradients, a
+  temporary list one call made) is checked once and only against each call's outputs after that;
 - the numel of every tensor (a tensor resized in place keeps its data_ptr);
 - the scalars and per-tensor numbers (a learning rate a scheduler changed, bias corrections), and the
   data_ptrs of the one-element tensors a fused step reads (learning rate, ``grad_scale``, ``found_inf``:
   their values are read by the kernel, so changing them in place needs nothing).
 
-A tensor whose data_ptr and numel are unchanged is taken to be still contiguous and float32: only an
-in-place change of its own dtype or strides onto the same storage offset (``.data =`` a reinterpreting
-view, ``as_strided_``) could break that. Calls with an empty tensor (its data_ptr need not be unique) and
+The same data_ptr can also be another view of the same storage at the same offset (``p.t()``,
+``p.view(torch.int32)``), so a list taken on its data_ptrs is still checked to hold contiguous float32
+tensors (about 16 us for 161 tensors on a desktop core). Calls with an empty tensor (its data_ptr need not be unique) and
 calls while a graph capture or a KernelProfile watches pyopencl's launch function take the general route,
-which launches the same kernels through pyopencl (so a capture records them). The table lives on the
-backend State's Optim (a new State starts empty) and is bounded (:data:`MAX_CALLS`).
+which launches the same kernels through pyopencl (so a capture records them). The tables live on the
+backend State's Optim (a new State starts empty) and are bounded (:data:`MAX_CALLS`, :data:`MAX_LISTS`).
 """
 
 from __future__ import annotations
@@ -35,9 +37,10 @@ import torch
 
 from tunecl import profiling
 from tunecl.backend import state
-from tunecl.backend.memory import _buffers, empty_dense
+from tunecl.backend.memory import _buffers, empty_dense_many
 
 MAX_CALLS = 256
+MAX_LISTS = 64
 _FLOAT32 = torch.float32
 _Tensor = torch.Tensor
 _data_ptr = torch.Tensor.data_ptr
@@ -94,7 +97,7 @@ def _keep(calls: dict[tuple, _Call], key: tuple, call: _Call) -> _Call:
 
 
 def _column(tensors: Sequence[torch.Tensor], numels: list[int] | None, outs: _Outs | None,
-            ptrs: list[int]) -> tuple[list, list[int]] | None:
+            ptrs: list[int], lists: dict[tuple, tuple]) -> tuple[list, list[int]] | None:
     """(buffers, element offsets) of ``tensors`` (data_ptrs ``ptrs``) when each is a contiguous float32
     opencl tensor of the signature's numel (``numels`` None: of any but 0) and, given ``outs``, of its
     output's shape and either exactly its output or sharing no storage with it; else None. The general
@@ -102,8 +105,54 @@ def _column(tensors: Sequence[torch.Tensor], numels: list[int] | None, outs: _Ou
 
     A data_ptr that is some storage's address (a key of ``_buffers``) is that of the tensor's own storage
     at offset 0: storages' address ranges never overlap and a tensor with elements points into its own
-    (so the common list, every tensor at the start of its storage, needs no pass over the offsets)."""
-    if (set(map(_dtype, tensors)) != _ONLY_FLOAT32 or not all(map(_is_contiguous, tensors))
+    (so the common list, every tensor at the start of its storage, needs no pass over the offsets).
+
+    ``lists`` keeps the lists found valid by their data_ptrs, so a list that several calls take (the
+    gradients, a temporary list one call made and the next ones read) is checked once: the same data_ptrs
+    are the same storages at the same offsets; the tensors' dtype, contiguity and numels are checked again
+    (the same data_ptr can be another view: see the module docstring)."""
+    key = tuple(ptrs)
+    found = lists.get(key)
+    buffers = None
+    if found is not None:
+        if not _dense_float32(tensors) or (list(map(_numel, tensors)) != numels if numels is not None
+                                           else 0 in map(_numel, tensors)):
+            return None
+        offsets, addresses = found
+        buffers = list(map(_buffers.get, addresses, repeat(_MISSING, len(addresses))))
+        if _MISSING in buffers:   # (a storage just died; its tensor cannot be among these)
+            buffers = None
+    if buffers is None:
+        found = _valid(tensors, numels, ptrs)
+        if found is None:
+            return None
+        buffers, offsets, addresses = found
+        _remember(lists, key, (offsets, addresses))
+    if outs is not None and outs.tensors is not tensors:
+        if list(map(_shape, tensors)) != outs.shapes():
+            return None
+        if not set(addresses).isdisjoint(outs.addresses):   # some storage shared: the exact rule, per tensor
+            for t, out, address, offset, out_address, out_offset in zip(tensors, outs.tensors, addresses, offsets,
+                                                                        outs.addresses, outs.offsets):
+                if out is not t and address == out_address and offset != out_offset:
+                    return None
+    return buffers, offsets
+
+
+def _remember(lists: dict[tuple, tuple], key: tuple, found: tuple) -> None:
+    while len(lists) >= MAX_LISTS:   # lists of fresh tensors come every step: the oldest go
+        del lists[next(iter(lists))]
+    lists[key] = found
+
+
+def _dense_float32(tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether every tensor is float32 and contiguous (what a data_ptr alone cannot say)."""
+    return set(map(_dtype, tensors)) == _ONLY_FLOAT32 and all(map(_is_contiguous, tensors))
+
+
+def _valid(tensors: Sequence[torch.Tensor], numels: list[int] | None, ptrs: list[int]) -> tuple | None:
+    """(buffers, element offsets, storage addresses) of a list :func:`_column` takes, else None."""
+    if (not _dense_float32(tensors)
             or (list(map(_numel, tensors)) != numels if numels is not None else 0 in map(_numel, tensors))):
         return None
     buffers = list(map(_buffers.get, ptrs, repeat(_MISSING, len(ptrs))))
@@ -117,15 +166,7 @@ def _column(tensors: Sequence[torch.Tensor], numels: list[int] | None, outs: _Ou
     else:
         offsets = [0] * len(ptrs)
         addresses = ptrs
-    if outs is not None and outs.tensors is not tensors:
-        if list(map(_shape, tensors)) != outs.shapes():
-            return None
-        if not set(addresses).isdisjoint(outs.addresses):   # some storage shared: the exact rule, per tensor
-            for t, out, address, offset, out_address, out_offset in zip(tensors, outs.tensors, addresses, offsets,
-                                                                        outs.addresses, outs.offsets):
-                if out is not t and address == out_address and offset != out_offset:
-                    return None
-    return buffers, offsets
+    return buffers, offsets, addresses
 
 
 class _Outs:
@@ -157,11 +198,13 @@ def _bind(call: _Call, column: int, tensors: Sequence[Any], outs: _Outs | None, 
     route must serve the call."""
     ptrs = list(map(_data_ptr, tensors))
     if ptrs == call.ptrs[column] and not force:
+        if not _dense_float32(tensors):
+            return _FAILED
         if numels_known:
             return False
         expected = call.own_numels if own_numels else call.numels
         return False if list(map(_numel, tensors)) == expected else _FAILED
-    found = _column(tensors, None if own_numels else call.numels, outs, ptrs)
+    found = _column(tensors, None if own_numels else call.numels, outs, ptrs, state.get().optim.lists)
     if own_numels and found is not None:
         call.own_numels = list(map(_numel, tensors))
     if found is None:
@@ -232,11 +275,14 @@ def foreach_map(name: str, expr: str, in_place: bool, self: list[torch.Tensor], 
     else:
         if kinds[0] and _bind(call, 1, self, None, fresh) is None:   # self is input a: checked before allocating
             return None
-        outs = [empty_dense(t) for t in self]
+        outs, buffers = empty_dense_many(self)
         ptrs = list(map(_data_ptr, outs))
-        call.set_offsets(0, [0] * len(outs))
+        offsets = [0] * len(outs)
+        call.set_offsets(0, offsets)
         call.ptrs[0] = ptrs
-        fresh.append(([0], [_buffers[p] for p in ptrs]))   # fresh storages: their data_ptrs are their addresses
+        fresh.append(([0], buffers))
+        if kinds[0]:   # contiguous float32 tensors of the signature's numels, as self: valid for the calls that read them
+            _remember(optim.lists, tuple(ptrs), (offsets, ptrs))   # (fresh storages: their data_ptrs are their addresses)
         changed = False   # (fresh outputs share no storage with any input)
     out_bound = fresh[-1] if fresh and fresh[-1][0][0] == 0 else None
     outs_found = None

@@ -144,6 +144,14 @@ def new_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     return memory.empty(t.shape, dense_strides_like(t), t.dtype if dtype is None else dtype)
 
 
+def unary_new(expr: str, self: torch.Tensor, params: Sequence[Number] = ()) -> torch.Tensor:
+    """``expr`` of ``self`` into a new tensor laid out like it; a contiguous self is keyed by its shape and
+    dtype alone, as :func:`_fast_binary` keys its calls."""
+    if self.is_contiguous():
+        return run(expr, memory.empty_dense(self), (self,), params, (_DENSE, expr, self.shape, self.dtype, None))
+    return run(expr, new_like(self), (self,), params)
+
+
 # -- adapter builders: each returns a kernel with the overload's exact signature -------------------
 def unary(expr: str) -> Callable[..., torch.Tensor]:
     return lambda self, *, out: run_out(expr, out, (self,))
@@ -165,7 +173,7 @@ def backward(expr: str) -> Callable[..., torch.Tensor]:
 def functional_and_inplace(expr: str, params: Callable[..., tuple]) -> dict[str, Callable[..., torch.Tensor]]:
     """``op``, ``op_`` and ``op.out`` kernels of a non-structured unary op."""
     return {
-        "": lambda self, *args: run(expr, new_like(self), (self,), params(*args)),
+        "": lambda self, *args: unary_new(expr, self, params(*args)),
         "_": lambda self, *args: run(expr, self, (self,), params(*args)),
         ".out": lambda self, *args, out: run_out(expr, out, (self,), params(*args)),
     }
@@ -263,16 +271,18 @@ def _fast_binary(expr: str, op: torch._ops.OpOverload, with_alpha: bool) -> Call
     def kernel(self: torch.Tensor | Number, other: torch.Tensor | Number, *, alpha: Number = 1) -> torch.Tensor:
         # (a Python number arrives as such: torch unwraps wrapped-number tensors for Python kernels;
         # rsub passes it first)
-        if isinstance(self, torch.Tensor) and self.dtype.is_floating_point and self.is_contiguous() and (
-                isinstance(other, (float, int)) and not isinstance(other, bool)
-                or isinstance(other, torch.Tensor) and (
-                    (not other.is_cpu and other.dtype == self.dtype and other.shape == self.shape
-                     and other.is_contiguous())
-                    or (other.is_cpu and other.dim() == 0 and not other.dtype.is_complex))):
+        if isinstance(self, torch.Tensor) and (dtype := self.dtype).is_floating_point and self.is_contiguous():
             # out is laid out like self, so self's shape and dtype and what other is make the plan's key
-            key = (_DENSE, expr, self.shape, self.dtype,
-                   type(other) if not isinstance(other, torch.Tensor) else other.dtype if other.is_cpu else True)
-            return run(expr, memory.empty_dense(self), (self, other), (alpha,) if with_alpha else (), key)
+            shape = self.shape
+            if not isinstance(other, torch.Tensor):
+                kind = type(other) if isinstance(other, (float, int)) and not isinstance(other, bool) else None
+            elif other.is_cpu:
+                kind = other.dtype if other.dim() == 0 and not other.dtype.is_complex else None
+            else:
+                kind = True if other.dtype == dtype and other.shape == shape and other.is_contiguous() else None
+            if kind is not None:
+                return run(expr, memory.empty_dense(self), (self, other), (alpha,) if with_alpha else (),
+                           (_DENSE, expr, shape, dtype, kind))
         if not isinstance(other, torch.Tensor) or not isinstance(self, torch.Tensor):
             # a number cannot be passed back as the Tensor argument (torch unwrapped it), so this
             # case is done here: torch's promotion rules, an output laid out like self
@@ -295,24 +305,33 @@ def _overlaps(self: torch.Tensor, other: torch.Tensor) -> bool:
 
 def _fast_inplace(expr: str, op: torch._ops.OpOverload, with_alpha: bool) -> Callable[..., torch.Tensor]:
     """``self.op_(other)`` for a same-shape tensor or a number: launch directly (no broadcast or
-    dtype question arises); anything else takes torch's structured in-place wrapper, which checks."""
+    dtype question arises); anything else takes torch's structured in-place wrapper, which checks. A
+    contiguous self (and other) is keyed as :func:`_fast_binary` keys its calls: the same plan."""
     def kernel(self: torch.Tensor, other: torch.Tensor | Number, *, alpha: Number = 1) -> torch.Tensor:
         params = (alpha,) if with_alpha else ()
-        if self.dtype.is_floating_point and (
-                isinstance(other, (float, int)) and not isinstance(other, bool)
-                or isinstance(other, torch.Tensor) and other.shape == self.shape and not other.is_cpu
-                and other.dtype == self.dtype and not _overlaps(self, other)):
-            return run(expr, self, (self, other), params)
-        if not isinstance(other, torch.Tensor):  # a number into an integer/bool tensor: torch's checks
-            result = _number_result_type(expr, self, other)
-            if not torch.can_cast(result, self.dtype):
+        dtype = self.dtype
+        if isinstance(other, torch.Tensor):
+            if (dtype.is_floating_point and other.shape == self.shape and not other.is_cpu
+                    and other.dtype == dtype and not _overlaps(self, other)):
+                dense = self.is_contiguous() and other.is_contiguous()
+                return run(expr, self, (self, other), params, (_DENSE, expr, self.shape, dtype, True) if dense else None)
+            if with_alpha:
+                return op.redispatch(_STRUCTURED_KEYS, self, other, alpha=alpha)
+            return op.redispatch(_STRUCTURED_KEYS, self, other)
+        number = type(other)
+        # a float or int into a floating tensor, an int into an integer one (a step counter): its own dtype
+        if not (number is float or number is int) or not (
+                dtype.is_floating_point or number is int and dtype in _INTEGERS and expr != "div"):
+            result = _number_result_type(expr, self, other)   # torch's checks
+            if not torch.can_cast(result, dtype):
                 raise RuntimeError(f"result type {_type_name(result)} can't be cast to the desired output type "
-                                   f"{_type_name(self.dtype)}")
-            return run(expr, self, (self, other), params)
-        if with_alpha:
-            return op.redispatch(_STRUCTURED_KEYS, self, other, alpha=alpha)
-        return op.redispatch(_STRUCTURED_KEYS, self, other)
+                                   f"{_type_name(dtype)}")
+        return run(expr, self, (self, other), params,
+                   (_DENSE, expr, self.shape, dtype, number) if self.is_contiguous() else None)
     return kernel
+
+
+_INTEGERS = frozenset((torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64))
 
 
 def _fast_threshold_backward(grad_output: torch.Tensor, self: torch.Tensor, threshold: Number) -> torch.Tensor:
@@ -320,7 +339,8 @@ def _fast_threshold_backward(grad_output: torch.Tensor, self: torch.Tensor, thre
     one dtype launch directly; anything else takes torch's structured wrapper."""
     if (grad_output.dtype.is_floating_point and self.dtype == grad_output.dtype and self.shape == grad_output.shape
             and not self.is_cpu and not grad_output.is_cpu and grad_output.is_contiguous() and self.is_contiguous()):
-        return run("threshold_backward", memory.empty_dense(grad_output), (grad_output, self), (threshold,))
+        return run("threshold_backward", memory.empty_dense(grad_output), (grad_output, self), (threshold,),
+                   (_DENSE, "threshold_backward", grad_output.shape, grad_output.dtype, True))
     return torch.ops.aten.threshold_backward.default.redispatch(_STRUCTURED_KEYS, grad_output, self, threshold)
 
 
@@ -404,7 +424,7 @@ KERNELS: dict[str, Callable[..., Any]] = {
     "masked_fill_.Tensor": masked_fill_tensor,
     # activations
     **_with_suffixes("relu", {
-        "": lambda self: run("relu", new_like(self), (self,)),
+        "": lambda self: unary_new("relu", self),
         "_": lambda self: self if _relu_folded(self) else run("relu", self, (self,)),
     }),
     **_with_suffixes("hardtanh", functional_and_inplace("hardtanh", lambda lo=-1, hi=1: (lo, hi))),
