@@ -12,7 +12,11 @@ times the other per-op calls, each the median of ``--repeats`` rounds of ``--cal
 - ``wait``: ``finish`` on an idle queue;
 - ``enqueue variants``: the same launch (arguments set) through pyopencl on the profiling queue the
   backend uses and on a queue without profiling, and straight through ``clEnqueueNDRangeKernel`` (ctypes,
-  no event asked for) on both, at 1 and at 2^20 work-items: which part of a launch is the driver's own.
+  no event asked for) on both, at 1 and at 2^20 work-items: which part of a launch is the driver's own;
+- ``launch thread`` (``--overlap``): ops of ``--work`` µs of Python each followed by one launch (arguments
+  set), the launch made inline (pyopencl, or ``clEnqueueNDRangeKernel`` through ctypes) or handed to a
+  thread that makes it through ctypes (which releases the GIL during the driver's call), at several
+  ``sys.setswitchinterval`` values: whether a launch thread hides the driver's time from the op's Python.
 
     python benchmarks/launch_cost.py                   # default device
     TUNECL_DEVICE=nvidia python benchmarks/launch_cost.py
@@ -21,6 +25,7 @@ times the other per-op calls, each the median of ``--repeats`` rounds of ``--cal
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 import ctypes
 import ctypes.util
 import statistics
@@ -103,13 +108,111 @@ def enqueue_variants(device, calls: int, repeats: int) -> None:
             print(f"{items:>10}  {label:>9}  {row[0]:>9.2f}  {raw_text}")
 
 
+def _busy(us: float) -> Callable[[], int]:
+    """A pure-Python function taking about ``us`` µs here (calibrated), standing in for an op's dispatch."""
+    n = 64
+    while True:
+        start = time.perf_counter()
+        for _ in range(200):
+            sum(range(n))
+        took = (time.perf_counter() - start) / 200 * 1e6
+        if took >= us or n > 1 << 22:
+            break
+        n = max(n + 1, int(n * us / max(took, 0.01)))
+    return lambda n=n: sum(range(n))
+
+
+def overlap(device, calls: int, repeats: int, work_us: float) -> None:
+    """Print µs per op (Python work then one launch) with the launch inline or on a launch thread."""
+    import queue as queues
+    import threading
+
+    library = _opencl_library()
+    if library is None:
+        print("launch thread: no OpenCL loader found for ctypes")
+        return
+    plain = cl.CommandQueue(device.context, device.cl_device)
+    kernel = cl.Kernel(device.build(_source(4)), "k4")
+    kernel.set_scalar_arg_dtypes([None, np.int32, None, np.int32])
+    buffer = device.alloc(4096)
+    kernel.set_args(buffer, 1, buffer, 3)
+    size = (ctypes.c_size_t * 1)(1)
+    enqueue = library.clEnqueueNDRangeKernel
+    q_ptr, k_ptr = plain.int_ptr, kernel.int_ptr
+    work = _busy(work_us)
+    alone = _median_us(work, calls, repeats)
+
+    def raw() -> None:
+        if enqueue(q_ptr, k_ptr, 1, None, size, None, 0, None, None):
+            raise RuntimeError("clEnqueueNDRangeKernel failed")
+
+    def inline_pyopencl() -> None:
+        work()
+        cl.enqueue_nd_range_kernel(plain, kernel, (1,), None)
+
+    def inline_raw() -> None:
+        work()
+        raw()
+
+    print(f"launch thread: µs per op of {alone:.2f} µs Python work and one launch (plain queue, 1 work-item; "
+          f"end to end, the queue finished)")
+    rows = [("inline, pyopencl", None, inline_pyopencl), ("inline, ctypes", None, inline_raw)]
+    default_interval = sys.getswitchinterval()
+    for interval in (default_interval, 2e-4, 5e-5, 1e-5):
+        rows.append((f"launch thread, switch {interval * 1e6:.0f} µs", interval, None))
+    for label, interval, function in rows:
+        if function is not None:
+            def run() -> None:
+                for _ in range(calls):
+                    function()
+                plain.finish()
+        else:
+            def run(interval=interval) -> None:
+                handoff: queues.SimpleQueue = queues.SimpleQueue()
+
+                def launcher() -> None:
+                    get = handoff.get
+                    while get() is not None:
+                        raw()
+
+                sys.setswitchinterval(interval)
+                thread = threading.Thread(target=launcher, daemon=True)
+                thread.start()
+                try:
+                    put = handoff.put
+                    for _ in range(calls):
+                        work()
+                        put(1)
+                    put(None)
+                    thread.join()
+                finally:
+                    sys.setswitchinterval(default_interval)
+                plain.finish()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            run()
+            times.append((time.perf_counter() - start) / calls * 1e6)
+        print(f"  {label:<32} {statistics.median(times):8.2f}  (spread {min(times):.2f}-{max(times):.2f})")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", help="device selector (default: TUNECL_DEVICE or 0)")
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--overlap", action="store_true",
+                        help="only the launch-thread comparison (ops of --work µs of Python and one launch)")
+    parser.add_argument("--work", type=float, nargs="+", default=[0.0, 15.0],
+                        help="µs of Python work per op for --overlap (default: 0 and 15)")
     args = parser.parse_args(argv)
     device = runtime.select_device(args.device)
+    if args.overlap:
+        print(f"device: {device.name} [{device.entry.platform}] | {args.calls} ops per round, median of "
+              f"{args.repeats} rounds")
+        for work_us in args.work:
+            overlap(device, args.calls, args.repeats, work_us)
+        return 0
     queue = device.queue
     calls, repeats = args.calls, args.repeats
     buffer = device.alloc(4096)
