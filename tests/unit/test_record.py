@@ -119,3 +119,11 @@ def test_bench_record_appends_the_command_as_typed(tmp_path, capsys, monkeypatch
     (row,) = _plot_results().load(path)
     assert row["command"] == "tunecl " + " ".join(argv) and row["commit"] == record.code_version()
     assert "recorded 1 row in" in capsys.readouterr().err
+
+
+def test_the_code_version_can_be_given(monkeypatch):
+    """A working tree copied without .git records the commit it was copied at, as given."""
+    monkeypatch.setenv("TUNECL_CODE_VERSION", " 1b61f79abcde ")
+    assert record.code_version() == "1b61f79abcde"
+    monkeypatch.setenv("TUNECL_CODE_VERSION", "")
+    assert record.code_version() != ""

@@ -12,6 +12,7 @@ import csv
 import datetime as dt
 import io
 import math
+import os
 import shlex
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -95,7 +96,11 @@ def command_line(program: str, argv: Sequence[str]) -> str:
 def code_version() -> str:
     """The git commit of the checkout this tunecl is imported from (12 hex digits, ``-dirty`` when a
     tracked file of the package or of ``benchmarks/`` is modified, results aside), else ``tunecl VERSION``
-    (an installed package)."""
+    (an installed package). ``TUNECL_CODE_VERSION``, when set, is taken as is: a copy of a checkout
+    without its ``.git`` (a working tree sent to a GPU machine) then records the commit it was copied at."""
+    given = os.environ.get("TUNECL_CODE_VERSION", "").strip()
+    if given:
+        return given
     package = Path(tunecl.__file__).resolve().parent
 
     def git(*args: str) -> str | None:
