@@ -159,10 +159,15 @@ class AttentionPlan:
                                       [f"-DHD={p.e}", f"-DVD={p.ev}", f"-DDT={dtype}", f"-DMASK={mask}",
                                        f"-DCAUSAL={int(p.causal)}"])
 
+    def program(self, idx: str = "int") -> cl.Program:
+        """The config's kernels compiled for the index type ``idx`` (``int`` or ``long``; built once per
+        process, see :meth:`Device.build`)."""
+        return self.device.build(self.source, self._options + [f"-DIDX={idx}"])
+
     def _kernel(self, name: str, idx: str, scalars: list[Any]) -> cl.Kernel:
         kernel = self._kernels.get((name, idx))
         if kernel is None:
-            program = self.device.build(self.source, self._options + [f"-DIDX={idx}"])
+            program = self.program(idx)
             kernel = self.device.kernel(program, name, scalars + [meta_dtype(META_LENGTH, idx)])
             self._kernels[(name, idx)] = kernel
         return kernel
@@ -241,10 +246,12 @@ class AttentionFlash:
         return dict(configs[0])
 
     def build(self, problem: AttentionProblem, device: Device, config: Config) -> AttentionPlan:
-        """Prepare ``config`` for ``problem`` (kernels compile on first run); ValueError (before
-        compiling) if the config is invalid."""
+        """Compile ``config`` for ``problem`` (its 32-bit index variant; the 64-bit one on first need);
+        ValueError (before compiling) if the config is invalid, BuildError if the compiler rejects it."""
         check_config(self.space(problem, device), config, NAME)
-        return AttentionPlan(problem, device, config)
+        plan = AttentionPlan(problem, device, config)
+        plan.program("int")
+        return plan
 
 
 def _pruning_constraints(problem: AttentionProblem) -> list[Constraint]:
