@@ -110,23 +110,6 @@ def test_tune_attention_stores_verified_results_of_both_directions(device, tmp_p
             assert ALGORITHM.space(problem, device).is_valid(hit.params)
 
 
-@pytest.mark.parametrize("spec,words", [
-    ("b=2,h=4,l=128,e=64", "missing s="),
-    ("b=2,h=4,l=128,s=128,e=64,heads=3", "unknown attention field(s): heads"),
-    ("b=0,h=4,l=128,s=128,e=64", "batch must be a positive integer"),
-    ("b=1,h=1,l=8,s=8,e=8,mask=causal", "mask must be one of none, bool, float"),
-    ("b=1,h=1,l=8,s=8,e=8,causal=1,mask=bool", "a causal attention problem takes no mask"),
-    ("b=1,h=1,l=8,s=8,e=8,dir=bwd_data", "direction must be one of fwd, bwd"),
-    ("b=1,h=1,l=8,s=8,e=8,dtype=bfloat16", "dtype 'bfloat16' is not supported"),
-])
-def test_a_bad_attention_spec_is_a_usage_error(spec, words, capsys):
-    with pytest.raises(SystemExit) as exit_:
-        main(["tune", "--attention", spec])
-    assert exit_.value.code == 2
-    err = capsys.readouterr().err
-    assert "bad attention spec" in err and words in err
-
-
 def test_a_head_dim_no_kernel_takes_says_so(capsys):
     assert main(["tune", "--attention", "b=1,h=1,l=8,s=8,e=300", "--trials", "1", "--no-progress"]) == 1
     assert "attention" in capsys.readouterr().err

@@ -478,7 +478,7 @@ def print_net_summary(rows: list[Any], stored_in: str, json_out: bool = False,
                  for r in rows], out=out)
     print(file=out)
     if known:
-        print(f"estimated conv/GEMM time per pass ({len(known)} of {len(rows)} problems with both times): "
+        print(f"estimated time per pass of these problems ({len(known)} of {len(rows)} with both times): "
               f"default {before * 1e3:.4g} ms -> tuned {after * 1e3:.4g} ms ({before / after:.2f}x)", file=out)
     tuned = [r for r in rows if r.seconds is not None]
     if tuned:
