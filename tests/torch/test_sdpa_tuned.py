@@ -1,9 +1,11 @@
 """``tunecl tune --attention`` results serve the backend's fused attention: the plans of both directions
-come from the user tuning DB (the test's private ``TUNECL_DB``), at the tuned batch and at another one."""
+come from the user tuning DB (the test's private ``TUNECL_DB``), at the tuned batch and at another one;
+``tunecl.tools.plancheck`` verifies a net's attention plans with the tuner's harness."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -55,3 +57,14 @@ def test_tuned_attention_plans_serve_both_directions_at_any_batch(strict, fresh_
         plan = plans[other.key]
         assert (plan["source"], plan["config"]) == ("user-near-batch", config)
         assert PROBLEM.with_direction(direction).key in plan["lookup"]
+
+
+def test_plancheck_verifies_the_attention_plans_of_a_net(monkeypatch):
+    """``python -m tunecl.tools.plancheck`` checks each attention plan of a net with the tuner's harness."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "device"))   # tiny_net
+    from tunecl.tools.plancheck import check_net_plans
+
+    checks = check_net_plans("tiny_net:build_transformer", batch=1, image_size=3, train=True)
+    attention = {c.problem.rsplit("dir=", 1)[1] for c in checks if c.problem.startswith("attention:")}
+    assert attention == {"fwd,dtype=float32", "bwd,dtype=float32"}
+    assert [c for c in checks if c.error] == []

@@ -202,7 +202,7 @@ def _gemm_recorder(found: collections.Counter[Problem]) -> Any:
 
 
 def _sdpa_call(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
-               is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> tuple:
+               is_causal: bool = False, *, scale: float | None = None, enable_gqa: bool = False) -> tuple:
     """``scaled_dot_product_attention``'s arguments, bound as it binds them."""
     return query, key, value, attn_mask, dropout_p, is_causal
 
