@@ -92,6 +92,25 @@ def test_the_harness_reads_each_output_through_its_guards(device):
         binding.release()
 
 
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_the_reference_is_the_same_computed_one_head_at_a_time(device, monkeypatch, direction):
+    """The float64 reference and tolerances are computed in chunks of (batch, head) pairs (bounded
+    memory for long sequences); chunks of one pair give the same arrays."""
+    from tunecl.search import harness_attention
+
+    problem = AttentionProblem(2, 3, 9, 11, 4, 6, mask="bool", direction=direction)
+    whole = harness_for(problem, device)._prepare()
+    monkeypatch.setattr(harness_attention, "CHUNK_SCORES", problem.l * problem.s)
+    single = harness_for(problem, device)._prepare()
+    for part in ("expected", "tolerance"):
+        assert whole[part].keys() == single[part].keys()
+        for name in whole[part]:
+            assert whole[part][name].shape == single[part][name].shape
+            torch.testing.assert_close(single[part][name], whole[part][name], rtol=1e-12, atol=0)
+    for name in ("out", "lse") if direction == "bwd" else ():
+        assert whole[name].tobytes() == single[name].tobytes()
+
+
 def test_tune_attention_stores_verified_results_of_both_directions(device, tmp_path, capsys):
     db_path = tmp_path / "tuned.sqlite"
     keys = []

@@ -15,7 +15,9 @@ fixed pattern). The score scale is ``1 / sqrt(E)``, torch's default.
   writes dQ, dK, dV (NaN at the start) and its delta workspace; the gradients are checked against
   torch's float64 autograd of ``scaled_dot_product_attention``.
 
-Inputs are uniform in [-1, 1] from ``numpy.random.default_rng(seed)``; a boolean mask keeps a key with
+The reference and the tolerances are computed in chunks of (batch, head) pairs, about
+:data:`CHUNK_SCORES` (query, key) pairs at a time, so the float64 temporaries stay near 32 MB however long
+the sequences. Inputs are uniform in [-1, 1] from ``numpy.random.default_rng(seed)``; a boolean mask keeps a key with
 probability 0.7 and always key ``i mod S`` of row ``i`` (a row without keys is 0 in the kernels and NaN in
 torch's math, so the harness draws none); a causal problem's row ``i`` keeps keys ``j <= i``.
 
@@ -43,6 +45,7 @@ moves an output by ``P_ij |v_jd|``, about ``1 / S`` of the output's magnitude, a
 
 from __future__ import annotations
 
+import collections
 import math
 from typing import Any, ClassVar
 
@@ -64,6 +67,7 @@ from tunecl.search.harness import (
 )
 
 KEEP = 0.7               # probability that a boolean mask keeps a key
+CHUNK_SCORES = 1 << 22   # (query, key) pairs of the reference computed at once: float64 temporaries of ~32 MB
 MASK_GUARD_BYTE = 0xA5   # the bytes around a boolean mask
 
 
@@ -104,9 +108,6 @@ class AttentionHarness:
         return self._data
 
     def _make(self) -> dict[str, Any]:
-        import torch
-        import torch.nn.functional as F
-
         p, shapes, g = self.problem, self.shapes, self.guard
         rng = np.random.default_rng(self.seed)
         dtype = np.dtype(p.dtype)
@@ -118,6 +119,47 @@ class AttentionHarness:
             mask[:, :, rows, rows % p.s] = True
         elif p.mask == "float":
             mask = rng.uniform(-1.0, 1.0, shapes["mask"]).astype(dtype)
+        pairs = p.batch * p.heads
+        step = max(1, min(pairs, CHUNK_SCORES // (p.l * p.s)))
+        flat = [x.reshape(pairs, *x.shape[2:]) for x in (q, k, v, dout)]
+        parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = collections.defaultdict(list)
+        for first in range(0, pairs, step):
+            chunk = slice(first, min(pairs, first + step))
+            chunk_mask = None if mask is None else mask[np.arange(chunk.start, chunk.stop) // p.heads, 0]
+            for name, value in self._reference(*(x[chunk] for x in flat), chunk_mask).items():
+                parts[name].append(value)
+
+        def joined(name: str, index: int, shape: tuple[int, ...]) -> np.ndarray:
+            return np.concatenate([part[index] for part in parts[name]]).reshape(shape)
+
+        data: dict[str, Any] = {
+            "q": guarded(q, g, dtype), "k": guarded(k, g, dtype), "v": guarded(v, g, dtype), "mask": None,
+            "expected": {}, "tolerance": {}}
+        if mask is not None:
+            data["mask"] = (self._guarded_bytes(mask.astype(np.uint8)) if p.mask == "bool"
+                            else guarded(mask, g, dtype))
+        for name in ("out", "lse") if p.direction == "fwd" else ("dq", "dk", "dv"):
+            data["expected"][name] = joined(name, 0, shapes[name])
+            data["tolerance"][name] = joined(name, 1, shapes[name])
+            data[f"{name}_nan"] = guarded(np.full(shapes[name], np.nan, np.float32 if name == "lse" else dtype), g,
+                                          np.float32 if name == "lse" else dtype)
+        if p.direction == "bwd":
+            data["dout"] = guarded(dout, g, dtype)
+            data["out"] = guarded(joined("stored_out", 0, shapes["out"]), g, dtype)
+            data["lse"] = guarded(joined("stored_lse", 0, shapes["lse"]), g)
+            data["delta_nan"] = guarded(np.full(shapes["delta"], np.nan, np.float32), g)
+        return data
+
+    def _reference(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, dout: np.ndarray,
+                   mask: np.ndarray | None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """For a chunk of (batch, head) pairs (the first dim of every array): each output's float64
+        reference and tolerance (see the module); backward also the forward's output and log-sum-exp as
+        a forward stores them (``stored_out``, ``stored_lse``; their tolerances unused)."""
+        import torch
+        import torch.nn.functional as F
+
+        p = self.problem
+        dtype = np.dtype(p.dtype)
         q64, k64, v64, dout64 = (torch.from_numpy(x.astype(np.float64)) for x in (q, k, v, dout))
         mask64 = None if mask is None else torch.from_numpy(mask if p.mask == "bool" else mask.astype(np.float64))
         leaves = [t.clone().requires_grad_(p.direction == "bwd") for t in (q64, k64, v64)]
@@ -137,23 +179,16 @@ class AttentionHarness:
             scores = scores.masked_fill(torch.ones(p.l, p.s, dtype=torch.bool).tril().logical_not(), float("-inf"))
         lse = scores.logsumexp(-1)
         probs = (scores - lse[..., None]).exp()
+        del scores
         score_error = reduction_tolerance(p.e) * magnitude.amax(-1)                     # e_i
         prob_error = 2.0 * score_error + reduction_tolerance(p.s) + 16.0 * EPS32        # p_i
-        data: dict[str, Any] = {
-            "q": guarded(q, g, dtype), "k": guarded(k, g, dtype), "v": guarded(v, g, dtype), "mask": None}
-        if mask is not None:
-            data["mask"] = (self._guarded_bytes(mask.astype(np.uint8)) if p.mask == "bool"
-                            else guarded(mask, g, dtype))
+        del magnitude
         if p.direction == "fwd":
-            data["expected"] = {"out": out.numpy(), "lse": lse.numpy()}
-            data["tolerance"] = {
-                "out": ((prob_error + reduction_tolerance(p.s))[..., None] * (probs @ v64.abs())).numpy(),
-                "lse": (score_error + reduction_tolerance(p.s) + 8.0 * EPS32 * (lse.abs() + 1.0)).numpy()}
-            data["out_nan"] = guarded(np.full(shapes["out"], np.nan, dtype), g, dtype)
-            data["lse_nan"] = guarded(np.full(shapes["lse"], np.nan, np.float32), g)
-            return data
+            return {"out": (out.numpy(), ((prob_error + reduction_tolerance(p.s))[..., None]
+                                          * (probs @ v64.abs())).numpy()),
+                    "lse": (lse.numpy(), (score_error + reduction_tolerance(p.s)
+                                          + 8.0 * EPS32 * (lse.abs() + 1.0)).numpy())}
         stored_out = out.numpy().astype(dtype)                 # the forward's results as a forward stores them
-        stored_lse = lse.numpy().astype(np.float32)
         out_abs = torch.from_numpy(stored_out.astype(np.float64)).abs()
         prob_error = prob_error + EPS32 * lse.abs()
         rounding = HALF_UNIT_ROUNDOFF if p.dtype == "float16" else EPS32
@@ -165,21 +200,19 @@ class AttentionHarness:
                                                           + dout_out[..., None])
                             + rounding * dout_out[..., None])                              # E_ij
         ds_abs = (probs * (d_probs - delta[..., None])).abs()
+        del d_probs
         k_abs, q_abs = k64.abs(), q64.abs()
-        data["expected"] = {"dq": leaves[0].grad.numpy(), "dk": leaves[1].grad.numpy(), "dv": leaves[2].grad.numpy()}
-        data["tolerance"] = {
-            "dq": (self.scale * (ds_error @ k_abs + reduction_tolerance(p.s) * ds_abs @ k_abs)).numpy(),
-            "dk": (self.scale * (ds_error.transpose(-2, -1) @ q_abs
-                                 + reduction_tolerance(p.l) * ds_abs.transpose(-2, -1) @ q_abs)).numpy(),
-            "dv": ((prob_error + reduction_tolerance(p.l))[..., None] * probs).transpose(-2, -1).matmul(
-                dout64.abs()).numpy()}
-        data["dout"] = guarded(dout, g, dtype)
-        data["out"] = guarded(stored_out, g, dtype)
-        data["lse"] = guarded(stored_lse, g)
-        for name in ("dq", "dk", "dv"):
-            data[f"{name}_nan"] = guarded(np.full(shapes[name], np.nan, dtype), g, dtype)
-        data["delta_nan"] = guarded(np.full(shapes["delta"], np.nan, np.float32), g)
-        return data
+        none = np.empty(0)
+        return {
+            "dq": (leaves[0].grad.numpy(),
+                   (self.scale * (ds_error @ k_abs + reduction_tolerance(p.s) * ds_abs @ k_abs)).numpy()),
+            "dk": (leaves[1].grad.numpy(),
+                   (self.scale * (ds_error.transpose(-2, -1) @ q_abs
+                                  + reduction_tolerance(p.l) * ds_abs.transpose(-2, -1) @ q_abs)).numpy()),
+            "dv": (leaves[2].grad.numpy(),
+                   ((prob_error + reduction_tolerance(p.l))[..., None] * probs).transpose(-2, -1).matmul(
+                       dout64.abs()).numpy()),
+            "stored_out": (stored_out, none), "stored_lse": (lse.numpy().astype(np.float32), none)}
 
     def _guarded_bytes(self, values: np.ndarray) -> np.ndarray:
         out = np.full(values.size + 2 * self.guard, MASK_GUARD_BYTE, np.uint8)
