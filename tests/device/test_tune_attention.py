@@ -8,16 +8,16 @@ import json
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from tunecl.cli import main
+from tunecl.db import TuningDB
+from tunecl.kernels import attention
+from tunecl.problems import AttentionProblem
+from tunecl.search.evaluate import evaluate
+from tunecl.search.harness import harness_for
+from tunecl.search.measure import TimingPolicy
+from tunecl.search.result import Status
 
-from tunecl.cli import main  # noqa: E402
-from tunecl.db import TuningDB  # noqa: E402
-from tunecl.kernels import attention  # noqa: E402
-from tunecl.problems import AttentionProblem  # noqa: E402
-from tunecl.search.evaluate import evaluate  # noqa: E402
-from tunecl.search.harness import harness_for  # noqa: E402
-from tunecl.search.measure import TimingPolicy  # noqa: E402
-from tunecl.search.result import Status  # noqa: E402
+torch = pytest.importorskip("torch")
 
 ALGORITHM = attention.ALGORITHMS[0]
 FAST = TimingPolicy(warmup=1, min_time=0.002, min_repeats=2, max_repeats=5, timeout=20.0)
@@ -39,10 +39,10 @@ def test_the_harness_accepts_the_default_config(device, problem):
 
 
 class _Skewed:
-    """A correct plan run with a wrong score scale or on operands that hide the last key."""
+    """A plan run with its score scale multiplied by ``scale_factor``."""
 
-    def __init__(self, plan, scale_factor: float = 1.0, drop_last_key: bool = False):
-        self.plan, self.scale_factor, self.drop_last_key = plan, scale_factor, drop_last_key
+    def __init__(self, plan, scale_factor: float):
+        self.plan, self.scale_factor = plan, scale_factor
         self.algorithm = plan.algorithm
 
     def run(self, ops, scale):

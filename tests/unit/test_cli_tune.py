@@ -63,8 +63,8 @@ def test_bad_arguments_are_usage_errors_that_name_the_problem(capsys, argv, mess
 
 
 def test_an_attention_spec_parses_into_its_problem():
-    args = build_parser().parse_args(["tune", "--attention", "b=2,h=4,l=128,s=96,e=64,ev=32,mask=bool,dir=bwd,"
-                                      "dtype=float16"])
+    spec = "b=2,h=4,l=128,s=96,e=64,ev=32,mask=bool,dir=bwd,dtype=float16"
+    args = build_parser().parse_args(["tune", "--attention", spec])
     assert args.attention == AttentionProblem(2, 4, 128, 96, 64, 32, mask="bool", direction="bwd", dtype="float16")
     key = "attention:b=1,h=2,l=8,s=8,e=16,ev=16,causal=1,mask=none,dir=fwd,dtype=float32"
     assert build_parser().parse_args(["tune", "--attention", key]).attention.key == key   # a key is a spec too
