@@ -9,7 +9,7 @@ import pytest
 
 from tunecl.cli import main
 from tunecl.db import shipped
-from tunecl.problems import ConvProblem, GemmProblem
+from tunecl.problems import AttentionProblem, ConvProblem, GemmProblem
 from tunecl.search.workload import net_problems
 
 sys.path.insert(0, str(Path(__file__).parent))  # makes tiny_net importable as a user model
@@ -44,6 +44,56 @@ def test_workload_records_transposed_convolutions_as_the_regular_problems_the_ba
                      second: 1}  # the regular fwd is the input gradient; the first input needs none
     assert set(extract(generator, batch=2, image_size=5)) == {first.with_direction("bwd_data"),
                                                                second.with_direction("bwd_data")}
+
+
+def test_workload_records_the_fused_attention_problems_instead_of_their_products():
+    found = net_problems("tiny_net:build_transformer", batch=2, image_size=3, train=True)
+    plain = AttentionProblem(2, 2, 9, 9, 4, 4)
+    causal = AttentionProblem(2, 2, 9, 9, 4, 4, causal=True)
+    assert {p for p in found if isinstance(p, AttentionProblem)} == {
+        plain, plain.with_direction("bwd"), causal, causal.with_direction("bwd")}
+    assert all(found[p] == 1 for p in found if isinstance(p, AttentionProblem))
+    # no batched product of the attention: the GEMMs are the linear layers' (batch 1)
+    assert all(p.batch == 1 for p in found if isinstance(p, GemmProblem))
+    inference = net_problems("tiny_net:build_transformer", batch=2, image_size=3)
+    assert {p for p in inference if isinstance(p, AttentionProblem)} == {plain, causal}
+
+
+def test_workload_records_the_products_of_attention_the_fused_kernels_do_not_compute():
+    """Dropout and grouped-query heads take torch's math path on the device: their products are recorded."""
+    import torch
+    from torch import nn
+
+    from tunecl.search.workload import extract
+
+    class Attention(nn.Module):
+        def __init__(self, **options):
+            super().__init__()
+            self.proj, self.options = nn.Linear(3, 8), options
+
+        def forward(self, x):
+            t = self.proj(x.flatten(2).transpose(1, 2)).view(x.shape[0], -1, 2, 4).transpose(1, 2)
+            key = t[:, :1] if self.options.get("enable_gqa") else t
+            return nn.functional.scaled_dot_product_attention(t, key, key, **self.options).sum()
+
+    for options in ({"dropout_p": 0.5}, {"enable_gqa": True}):
+        found = extract(Attention(**options), batch=2, image_size=3, train=True)
+        assert not any(isinstance(p, AttentionProblem) for p in found), options
+        assert any(isinstance(p, GemmProblem) and p.batch > 1 for p in found), options
+    assert torch.nn.functional.scaled_dot_product_attention.__name__ == "scaled_dot_product_attention"
+
+
+@pytest.mark.slow
+def test_tune_net_tunes_the_attention_problems_of_a_transformer(capsys):
+    args = ["tune", "--net", "tiny_net:build_transformer", "--batch", "1", "--image-size", "3", "--train",
+            "--trials", "1", "--algorithms", "attention_flash", "--no-progress", "--json"]
+    assert main(args) == 0
+    rows = json.loads(capsys.readouterr().out)["problems"]
+    tuned = {r["problem"] for r in rows if r["status"] == "tuned"}
+    assert {r["status"] for r in rows if r["problem"] not in tuned} == {"not applicable"}
+    assert tuned == {f"attention:b=1,h=2,l=9,s=9,e=4,ev=4,causal={c},mask=none,dir={d},dtype=float32"
+                     for c in (0, 1) for d in ("fwd", "bwd")}
+    assert all(r["algorithm"] == "attention_flash" and r["tuned_ms"] > 0 for r in rows if r["status"] == "tuned")
 
 
 def test_unknown_net_is_a_clear_error(capsys):

@@ -273,7 +273,7 @@ def test_a_config_asked_to_try_is_measured_after_the_defaults_and_bad_ones_are_u
         assert main(["tune", "--gemm", "33,17,29", "--try", spec, "--trials", "2", "--no-progress"]) == 2
         assert message in capsys.readouterr().err
     assert main(["tune", "--net", "resnet18", "--try", "gemm_tiled", "--no-progress"]) == 2
-    assert "--try goes with --gemm or --conv" in capsys.readouterr().err
+    assert "--try goes with --gemm, --conv or --attention (one problem)" in capsys.readouterr().err
 
 
 def test_a_search_starts_from_the_winners_of_similar_stored_problems(device, tmp_path, storage, capsys,

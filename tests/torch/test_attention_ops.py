@@ -143,7 +143,8 @@ def test_native_mha_bad_arguments_raise_clear_errors(strict):
 
 def test_multihead_attention_takes_the_fast_path_on_the_device(strict, fresh_stats):
     """In eval mode without grad, nn.MultiheadAttention (self-attention, batch first, an even head count)
-    calls _native_multi_head_attention; vit_b_16 does so in every block."""
+    calls _native_multi_head_attention; vit_b_16 does so in every block (without weights or a mask: the
+    fused attention)."""
     torch.manual_seed(0)
     attention = nn.MultiheadAttention(12, 4, batch_first=True).eval()   # (the fast path wants an even head count)
     x = torch.randn(2, 7, 12)
@@ -158,6 +159,8 @@ def test_multihead_attention_takes_the_fast_path_on_the_device(strict, fresh_sta
             torch.testing.assert_close(actual[0].cpu(), expected[0], atol=2e-6, rtol=1e-5)
             assert (actual[1] is None) == (expected[1] is None)
     assert fresh_stats()["ops"]["aten::_native_multi_head_attention"] == 3
+    # without weights and mask the attention is the fused kernels' (the problem the training path runs)
+    assert fresh_stats()["ops"]["aten::_scaled_dot_product_fused_attention_overrideable"] == 1
 
 
 @pytest.mark.parametrize("norm_first", [False, True])

@@ -90,10 +90,11 @@ def test_every_op_of_the_transformers_and_convnexts_has_a_device_kernel(net):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("net,size", [("resnet18", 32), ("vit_b_16", 32), ("hf:bert", 8), ("hf:gpt2", 8)])
-def test_tune_net_extracts_every_conv_and_gemm_problem_a_training_step_runs(net, size):
+def test_tune_net_extracts_every_conv_gemm_and_attention_problem_a_training_step_runs(net, size):
     """``tunecl tune --net`` tunes what the backend will plan: the problems extracted on the meta device
-    (convs from module hooks, GEMMs from the dispatched matrix products: linear layers, attention) are
-    exactly those a dry run of the net's eval forward and training step plans."""
+    (convs from module hooks, GEMMs from the dispatched matrix products: linear layers; the fused
+    attention's problems, both directions) are exactly those a dry run of the net's eval forward and
+    training step plans."""
     if net.startswith("hf:"):
         pytest.importorskip("transformers")
     from tunecl.search.workload import net_problems
@@ -101,13 +102,10 @@ def test_tune_net_extracts_every_conv_and_gemm_problem_a_training_step_runs(net,
     training = {p.key for p in net_problems(net, batch=2, image_size=size, train=True)}
     inference = {p.key for p in net_problems(net, batch=2, image_size=size)}
     planned = set(walk(net, image_size=size, optimizers=()).plans)
-    # attention the fused kernels compute is planned as attention problems, which the extraction does not
-    # record yet (tune has no attention search): it records the math path's batched products instead
-    attention = {key for key in planned if key.startswith("attention:")}
-    unused = training - planned
-    assert planned - attention <= training
-    assert bool(attention) == bool(unused) and all(",batch=1," not in key for key in unused), unused
+    assert training == planned
     assert inference < training and any(key.startswith("gemm:") for key in inference)
+    attention = {key.rsplit(",dir=", 1)[1] for key in training if key.startswith("attention:")}
+    assert attention == (set() if net == "resnet18" else {"fwd,dtype=float32", "bwd,dtype=float32"})
 
 
 # -- the check sees what falls back, and only what a real run asks ---------------------------------------

@@ -10,7 +10,7 @@ import tunecl.search.tuner as tuner_module
 from tunecl import runtime
 from tunecl.cli import build_parser, main
 from tunecl.cli.tune import print_outcome
-from tunecl.problems import ConvProblem, GemmProblem
+from tunecl.problems import AttentionProblem, ConvProblem, GemmProblem
 from tunecl.search.result import Result, Status
 from tunecl.search.tuner import TuneOutcome
 
@@ -44,12 +44,30 @@ def usage_error(capsys, *argv: str) -> str:
     (["--gemm", "4,4,4", "--try", "gemm_tiled:MWG=wide"], "MWG must be an integer"),
     (["--gemm", "4,4,4", "--algorithms", "gemm_tiled,gemm_fast"], "unknown algorithm 'gemm_fast'; known: attention_flash, conv_1x1"),
     (["--gemm", "4,4,4", "--algorithms", "gemm_tiled,"], "empty algorithm name in 'gemm_tiled,'"),
-    ([], "one of the arguments --gemm --conv --net is required"),
+    (["--attention", "b=2,h=4,l=128,e=64"], "bad attention spec: missing s="),
+    (["--attention", "b=2,h=4,l=128,s=128,e=64,heads=3"], "bad attention spec: unknown attention field(s): heads"),
+    (["--attention", "b=0,h=4,l=128,s=128,e=64"], "bad attention spec: attention batch must be a positive integer"),
+    (["--attention", "b=1,h=1,l=8,s=8,e=x"], "bad attention spec: e must be an integer"),
+    (["--attention", "b=1,h=1,l=8,s=8,e=8,mask=causal"], "bad attention spec: mask must be one of none, bool, float"),
+    (["--attention", "b=1,h=1,l=8,s=8,e=8,causal=1,mask=bool"], "a causal attention problem takes no mask"),
+    (["--attention", "b=1,h=1,l=8,s=8,e=8,causal=2"], "causal must be 0 or 1"),
+    (["--attention", "b=1,h=1,l=8,s=8,e=8,dir=bwd_data"], "direction must be one of fwd, bwd"),
+    (["--attention", "b=1,h=1,l=8,s=8,e=8,dtype=bfloat16"], "dtype 'bfloat16' is not supported"),
+    (["--attention", "b=1,h=1,l=8,s=8,e=8", "--gemm", "4,4,4"], "not allowed with argument"),
+    ([], "one of the arguments --gemm --conv --attention --net is required"),
 ])
 def test_bad_arguments_are_usage_errors_that_name_the_problem(capsys, argv, message):
     err = usage_error(capsys, *argv)
     assert message in err, err
     assert "usage: tunecl tune" in err
+
+
+def test_an_attention_spec_parses_into_its_problem():
+    spec = "b=2,h=4,l=128,s=96,e=64,ev=32,mask=bool,dir=bwd,dtype=float16"
+    args = build_parser().parse_args(["tune", "--attention", spec])
+    assert args.attention == AttentionProblem(2, 4, 128, 96, 64, 32, mask="bool", direction="bwd", dtype="float16")
+    key = "attention:b=1,h=2,l=8,s=8,e=16,ev=16,causal=1,mask=none,dir=fwd,dtype=float32"
+    assert build_parser().parse_args(["tune", "--attention", key]).attention.key == key   # a key is a spec too
 
 
 def test_good_arguments_parse_into_problems():

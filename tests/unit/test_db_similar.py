@@ -11,7 +11,7 @@ from tunecl.db import TuningDB, shipped
 from tunecl.db.exchange import export_document
 from tunecl.db.similar import distance, nearest_configs, similar_configs
 from tunecl.kernels.base import Constraint, Space
-from tunecl.problems import ConvProblem, GemmProblem
+from tunecl.problems import AttentionProblem, ConvProblem, GemmProblem
 from tunecl.search.space import SearchSpace
 from tunecl.search.tuner import Tuner
 
@@ -36,6 +36,15 @@ def test_distance_sums_log_ratios_of_the_sizes_of_comparable_problems():
     conv(groups=64), conv(groups=2), GemmProblem(16, 64, 64)])
 def test_problems_that_differ_in_kernel_shape_are_not_comparable(other):
     assert distance(CONV, other) is None
+
+
+def test_attention_compares_over_batch_heads_and_lengths_within_one_head_shape_direction_and_mask():
+    base = AttentionProblem(2, 4, 128, 128, 64, 64)
+    assert distance(base, AttentionProblem(8, 2, 128, 512, 64, 64)) == pytest.approx(5 * math.log(2))
+    for other in (AttentionProblem(2, 4, 128, 128, 32, 32), AttentionProblem(2, 4, 128, 128, 64, 32),
+                  AttentionProblem(2, 4, 128, 128, 64, 64, causal=True), AttentionProblem(2, 4, 128, 128, 64, 64, mask="bool"),
+                  base.with_direction("bwd"), AttentionProblem(2, 4, 128, 128, 64, 64, dtype="float16")):
+        assert distance(base, other) is None, other
 
 
 def test_depthwise_convs_compare_with_depthwise_ones_of_other_widths():

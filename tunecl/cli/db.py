@@ -65,7 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     command.add_argument("--yes", action="store_true", help="really remove (default: only report)")
     from tunecl.cli import db_coverage
 
-    command = add("coverage", db_coverage.run, "count which conv/GEMM problems of nets the DB and the shipped "
+    command = add("coverage", db_coverage.run, "count which conv, GEMM and attention problems of nets the DB and the shipped "
                   "results serve on a device, per net, batch, mode and precision (nothing runs on a device)",
                   [as_json])
     db_coverage.add_arguments(command)

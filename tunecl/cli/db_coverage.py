@@ -1,4 +1,4 @@
-"""``tunecl db coverage``: which conv/GEMM problems of nets the tuning DB and the shipped results serve
+"""``tunecl db coverage``: which conv, GEMM and attention problems of nets the tuning DB and the shipped results serve
 on a device, per net × batch × mode × precision (the work is :mod:`tunecl.tools.plan_sources`).
 
 The nets' problems are extracted on the meta device and looked up for a device fingerprint, so nothing

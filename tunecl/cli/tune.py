@@ -1,4 +1,4 @@
-"""``tunecl tune``: tune one GEMM or convolution on a device and store the winner in the tuning DB.
+"""``tunecl tune``: tune one GEMM, convolution or attention on a device and store the winner in the tuning DB.
 
 The work is :func:`tunecl.tune.tune_problem`; this module parses arguments, draws a progress line on
 stderr and prints the outcome (a summary, or one JSON object with ``--json``).
@@ -16,7 +16,7 @@ from tunecl import config
 from tunecl.cli.eta import Eta
 from tunecl.cli.output import print_json, print_table
 from tunecl.precision import PRECISIONS
-from tunecl.problems import ConvProblem, GemmProblem
+from tunecl.problems import AttentionProblem, ConvProblem, GemmProblem
 
 SAMPLERS = ("tpe", "random", "grid")  # the search layer's names (kept here so --help imports nothing)
 
@@ -44,6 +44,16 @@ def conv_spec(text: str) -> ConvProblem:
         return ConvProblem.parse(body)
     except ValueError as error:
         raise argparse.ArgumentTypeError(f"bad convolution spec: {error}") from None
+
+
+def attention_spec(text: str) -> AttentionProblem:
+    """argparse type of ``--attention b=..,h=..,l=..,s=..,e=..[,ev=..,causal=0|1,mask=none|bool|float,
+    dir=fwd|bwd,dtype=float16]``."""
+    body = text.removeprefix("attention:")
+    try:
+        return AttentionProblem.parse(body)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"bad attention spec: {error}") from None
 
 
 def positive_int(text: str) -> int:
@@ -108,7 +118,7 @@ def algorithm_names(text: str) -> list[str]:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "tune", help="tune a GEMM or convolution on a device and store the winner",
+        "tune", help="tune a GEMM, convolution or attention on a device and store the winner",
         description="Search the algorithms and parameters of one problem on one device with Optuna, "
                     "verify every candidate against a CPU reference, re-measure the best few and store "
                     "each algorithm's best in the tuning DB. Interrupted runs resume from the Optuna "
@@ -120,8 +130,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     what.add_argument("--conv", metavar="SPEC", type=conv_spec,
                       help="n=16,c=64,h=56,w=56,k=64,r=3[,stride=1,pad=1,dil=1,groups=1,dir=fwd]"
                            "[,dtype=float16] (float16: half x, w, dy and outputs; default float32)")
+    what.add_argument("--attention", metavar="SPEC", type=attention_spec,
+                      help="fused scaled-dot-product attention of b batches x h heads, queries l x e, keys "
+                           "s x e, values s x ev: b=2,h=4,l=128,s=128,e=64[,ev=64,causal=0,mask=none,dir=fwd]"
+                           "[,dtype=float16] (mask: none, bool or float, broadcast over the heads; causal=1 "
+                           "takes no mask; dir=bwd: the gradients of q, k and v; float16: half tensors)")
     what.add_argument("--net", metavar="NAME",
-                      help="every conv and GEMM problem (linear layers and attention products too) of a "
+                      help="every conv, GEMM and attention problem (linear layers, and the fused attention "
+                           "of scaled_dot_product_attention, else its products) of a "
                            "torchvision model (resnet50, vit_b_16, swin_t), of hf:bert / hf:gpt2 (small "
                            "configs; --image-size is then the sequence length) or of package.module:factory; "
                            "a line on stderr as each problem starts (with the time "
@@ -171,7 +187,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "after the defaults (default 0: none; they take trials from the search)")
     parser.add_argument("--try", dest="tries", metavar="ALG[:K=V,...]", type=try_spec, action="append",
                         default=[],
-                        help="with --gemm or --conv: also evaluate ALG's default with these parameters "
+                        help="with --gemm, --conv or --attention: also evaluate ALG's default with these parameters "
                              "changed, right after the defaults, e.g. a config found elsewhere: --try "
                              "gemm_tiled:MWG=128,NWG=256 (repeatable; like the defaults, measured before a "
                              "time limit or --patience stops the search, but counted among --trials)")
@@ -264,10 +280,10 @@ def run(args: argparse.Namespace) -> int:
         options["policy"] = TimingPolicy(min_time=args.min_time)
     if args.net is not None:
         if args.tries:
-            return usage_error("--try goes with --gemm or --conv (one problem), not --net")
+            return usage_error("--try goes with --gemm, --conv or --attention (one problem), not --net")
         return run_net(args, device, options)
     options["seeds"] = args.tries
-    problem = args.gemm if args.gemm is not None else args.conv
+    problem = next(p for p in (args.gemm, args.conv, args.attention) if p is not None)
     progress = progress_line(args, sys.stderr, problem.flops)
     with TuningDB(args.db) as db:
         try:
@@ -462,7 +478,7 @@ def print_net_summary(rows: list[Any], stored_in: str, json_out: bool = False,
                  for r in rows], out=out)
     print(file=out)
     if known:
-        print(f"estimated conv/GEMM time per pass ({len(known)} of {len(rows)} problems with both times): "
+        print(f"estimated time per pass of these problems ({len(known)} of {len(rows)} with both times): "
               f"default {before * 1e3:.4g} ms -> tuned {after * 1e3:.4g} ms ({before / after:.2f}x)", file=out)
     tuned = [r for r in rows if r.seconds is not None]
     if tuned:

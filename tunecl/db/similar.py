@@ -10,10 +10,11 @@ Two problems are comparable when they share what decides which kernels apply and
 
 - **conv**: direction, dtype, kernel size, stride, padding, dilation, and whether it is depthwise
   (``groups == c == k``), grouped or dense;
-- **gemm**: the transposes and the dtype.
+- **gemm**: the transposes and the dtype;
+- **attention**: direction, dtype, head dims, mask kind and causality.
 
 Among comparable problems the distance is the sum of ``|log(a / b)|`` over the sizes (conv: n, c, k and
-the input's h·w; gemm: m, n, k and batch), so doubling any one size is one step of ``log 2``. Only the
+the input's h·w; gemm: m, n, k and batch; attention: batch, heads and the two lengths), so doubling any one size is one step of ``log 2``. Only the
 stored records' configs are used, never their times: the candidate is measured and verified on the new
 problem like any other.
 """
@@ -27,7 +28,7 @@ from typing import Any
 from tunecl.db import shipped
 from tunecl.db.records import Record
 from tunecl.fingerprint import Fingerprint
-from tunecl.problems import ConvProblem, GemmProblem, Problem, problem_from_key
+from tunecl.problems import AttentionProblem, ConvProblem, GemmProblem, Problem, problem_from_key
 
 Config = dict[str, Any]
 
@@ -41,6 +42,8 @@ def _shape_class(problem: Problem) -> tuple[Any, ...]:
                 problem.dilation, grouping)
     if isinstance(problem, GemmProblem):
         return ("gemm", problem.trans_a, problem.trans_b, problem.dtype)
+    if isinstance(problem, AttentionProblem):
+        return ("attention", problem.direction, problem.dtype, problem.e, problem.ev, problem.mask, problem.causal)
     return (problem.kind,)
 
 
@@ -49,6 +52,8 @@ def _sizes(problem: Problem) -> tuple[int, ...]:
         return (problem.n, problem.c, problem.k, problem.h * problem.w)
     if isinstance(problem, GemmProblem):
         return (problem.m, problem.n, problem.k, problem.batch)
+    if isinstance(problem, AttentionProblem):
+        return (problem.batch, problem.heads, problem.l, problem.s)
     return ()
 
 

@@ -122,6 +122,40 @@ typedef struct { IDX v[50]; } attn_meta_t;
     (dst)[r_ * (ld) + c_] = g_ < (valid) ? LD(src, (base) + g_ * (srow) + c_ * (scol)) * (mul) : 0.0f; \
   }
 
+// the thread's tile of dot products over d < depth: acc[i][j] += A[tm + TM*i][d] * B[tn + TN*j][d] for its
+// ra rows of A and rb rows of B (local tiles of row strides lda, ldb)
+#define TILE_DOT(acc, ra, rb, A, lda, B, ldb, depth)                                                \
+  for (int d_ = 0; d_ < (depth); ++d_) {                                                          \
+    float a_[ra], b_[rb];                                                                         \
+    for (int i_ = 0; i_ < (ra); ++i_) a_[i_] = (A)[(tm + TM * i_) * (lda) + d_];                  \
+    for (int j_ = 0; j_ < (rb); ++j_) b_[j_] = (B)[(tn + TN * j_) * (ldb) + d_];                  \
+    for (int i_ = 0; i_ < (ra); ++i_)                                                             \
+      for (int j_ = 0; j_ < (rb); ++j_) (acc)[i_][j_] = fma(a_[i_], b_[j_], (acc)[i_][j_]);       \
+  }
+
+// the thread's tile of outer products over c < depth: acc[i][j] += W[tm + TM*i][c] * X[c][tn + TN*j] for its
+// rows rows of W and its output columns tn + TN*j < cols (chunks of them; local tiles of row strides ldw, ldx)
+#define TILE_OUTER(acc, rows, W, ldw, X, ldx, depth, cols, chunks)                                  \
+  for (int c_ = 0; c_ < (depth); ++c_) {                                                          \
+    float w_[rows];                                                                               \
+    for (int i_ = 0; i_ < (rows); ++i_) w_[i_] = (W)[(tm + TM * i_) * (ldw) + c_];                \
+    for (int j_ = 0; j_ < (chunks); ++j_) {                                                       \
+      const int d_ = tn + TN * j_;                                                                \
+      if ((cols) % TN == 0 || d_ < (cols)) {                                                      \
+        const float x_ = (X)[c_ * (ldx) + d_];                                                    \
+        for (int i_ = 0; i_ < (rows); ++i_) (acc)[i_][j_] = fma(w_[i_], x_, (acc)[i_][j_]);       \
+      }                                                                                           \
+    }                                                                                             \
+  }
+
+// the forward's row log-sum-exp (base 2) and delta of query rows [qb, qb + BM) into lrow and drow; 0 past L
+#define LOAD_ROW_STATS(qb)                                                                          \
+  for (int r_ = lid; r_ < BM; r_ += WG) {                                                         \
+    const IDX qr_ = (qb) + r_;                                                                    \
+    lrow[r_] = qr_ < L ? lse[LSE_OFF + bh * L + qr_] * M_LOG2E_F : 0.0f;                          \
+    drow[r_] = qr_ < L ? delta[DELTA_OFF + bh * L + qr_] : 0.0f;                                  \
+  }
+
 // the score s (base 2) of query row qr and key kc with the masks applied: -INFINITY where excluded
 inline float masked_score(const float s, const IDX qr, const IDX kc, __global const MT *mask, const IDX mbase,
                           const IDX msr, const IDX msc, const IDX L, const IDX S)
@@ -184,13 +218,7 @@ void attn_fwd(__global const T *q, __global const T *k, __global const T *v, __g
     float s[RM][RN];
     for (int i = 0; i < RM; ++i)
       for (int j = 0; j < RN; ++j) s[i][j] = 0.0f;
-    for (int d = 0; d < HD; ++d) {
-      float a[RM], c[RN];
-      for (int i = 0; i < RM; ++i) a[i] = Qs[(tm + TM * i) * LDQ + d];
-      for (int j = 0; j < RN; ++j) c[j] = Ks[(tn + TN * j) * LDK + d];
-      for (int i = 0; i < RM; ++i)
-        for (int j = 0; j < RN; ++j) s[i][j] = fma(a[i], c[j], s[i][j]);
-    }
+    TILE_DOT(s, RM, RN, Qs, LDQ, Ks, LDK, HD)
     for (int i = 0; i < RM; ++i) {
       float mx = -INFINITY;
       for (int j = 0; j < RN; ++j) {
@@ -220,17 +248,7 @@ void attn_fwd(__global const T *q, __global const T *k, __global const T *v, __g
       for (int j = 0; j < VCH; ++j) acc[i][j] *= alpha;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int c = 0; c < BN; ++c) {
-      float p[RM];
-      for (int i = 0; i < RM; ++i) p[i] = Ps[(tm + TM * i) * LDP + c];
-      for (int j = 0; j < VCH; ++j) {
-        const int d = tn + TN * j;
-        if (VD % TN == 0 || d < VD) {
-          const float x = Vs[c * LDV + d];
-          for (int i = 0; i < RM; ++i) acc[i][j] = fma(p[i], x, acc[i][j]);
-        }
-      }
-    }
+    TILE_OUTER(acc, RM, Ps, LDP, Vs, LDV, BN, VD, VCH)
     barrier(CLK_LOCAL_MEM_FENCE);
   }
   for (int i = 0; i < RM; ++i) red[(tm + TM * i) * TN + tn] = lpart[i];
@@ -292,11 +310,7 @@ void attn_bwd_dq(__global const T *q, __global const T *k, __global const T *v, 
   const IDX mbase = BASE(MB, b, h), msr = SR(MB), msc = SC(MB);
   LOAD_ROWS(Qs, LDQ, HD, q, BASE(QB, b, h), SR(QB), SC(QB), qb, L, BM, scale * M_LOG2E_F)
   LOAD_ROWS(dOs, LDV, VD, dout, BASE(DOB, b, h), SR(DOB), SC(DOB), qb, L, BM, 1.0f)
-  for (int r = lid; r < BM; r += WG) {
-    const IDX qr = qb + r;
-    lrow[r] = qr < L ? lse[LSE_OFF + bh * L + qr] * M_LOG2E_F : 0.0f;
-    drow[r] = qr < L ? delta[DELTA_OFF + bh * L + qr] : 0.0f;
-  }
+  LOAD_ROW_STATS(qb)
   float acc[RM][HCH];
   for (int i = 0; i < RM; ++i)
     for (int j = 0; j < HCH; ++j) acc[i][j] = 0.0f;
@@ -312,20 +326,8 @@ void attn_bwd_dq(__global const T *q, __global const T *k, __global const T *v, 
     float s[RM][RN], dp[RM][RN];
     for (int i = 0; i < RM; ++i)
       for (int j = 0; j < RN; ++j) s[i][j] = dp[i][j] = 0.0f;
-    for (int d = 0; d < HD; ++d) {
-      float a[RM], c[RN];
-      for (int i = 0; i < RM; ++i) a[i] = Qs[(tm + TM * i) * LDQ + d];
-      for (int j = 0; j < RN; ++j) c[j] = Ks[(tn + TN * j) * LDK + d];
-      for (int i = 0; i < RM; ++i)
-        for (int j = 0; j < RN; ++j) s[i][j] = fma(a[i], c[j], s[i][j]);
-    }
-    for (int d = 0; d < VD; ++d) {
-      float a[RM], c[RN];
-      for (int i = 0; i < RM; ++i) a[i] = dOs[(tm + TM * i) * LDV + d];
-      for (int j = 0; j < RN; ++j) c[j] = Vs[(tn + TN * j) * LDV + d];
-      for (int i = 0; i < RM; ++i)
-        for (int j = 0; j < RN; ++j) dp[i][j] = fma(a[i], c[j], dp[i][j]);
-    }
+    TILE_DOT(s, RM, RN, Qs, LDQ, Ks, LDK, HD)
+    TILE_DOT(dp, RM, RN, dOs, LDV, Vs, LDV, VD)
     for (int i = 0; i < RM; ++i) {
       const int r = tm + TM * i;
       for (int j = 0; j < RN; ++j) {
@@ -335,17 +337,7 @@ void attn_bwd_dq(__global const T *q, __global const T *k, __global const T *v, 
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int c = 0; c < BN; ++c) {
-      float ds[RM];
-      for (int i = 0; i < RM; ++i) ds[i] = Ds[(tm + TM * i) * LDP + c];
-      for (int j = 0; j < HCH; ++j) {
-        const int d = tn + TN * j;
-        if (HD % TN == 0 || d < HD) {
-          const float x = Ks[c * LDK + d];
-          for (int i = 0; i < RM; ++i) acc[i][j] = fma(ds[i], x, acc[i][j]);
-        }
-      }
-    }
+    TILE_OUTER(acc, RM, Ds, LDP, Ks, LDK, BN, HD, HCH)
     barrier(CLK_LOCAL_MEM_FENCE);
   }
   const IDX dbase = BASE(DQB, b, h);
@@ -399,29 +391,13 @@ void attn_bwd_dkdv(__global const T *q, __global const T *k, __global const T *v
   for (IDX qb = qstart; qb < L; qb += BM) {
     LOAD_ROWS(Qs, LDQ, HD, q, BASE(QB, b, h), SR(QB), SC(QB), qb, L, BM, 1.0f)
     LOAD_ROWS(dOs, LDV, VD, dout, BASE(DOB, b, h), SR(DOB), SC(DOB), qb, L, BM, 1.0f)
-    for (int r = lid; r < BM; r += WG) {
-      const IDX qr = qb + r;
-      lrow[r] = qr < L ? lse[LSE_OFF + bh * L + qr] * M_LOG2E_F : 0.0f;
-      drow[r] = qr < L ? delta[DELTA_OFF + bh * L + qr] : 0.0f;
-    }
+    LOAD_ROW_STATS(qb)
     barrier(CLK_LOCAL_MEM_FENCE);
     float s[RK][RQ], dp[RK][RQ];
     for (int i = 0; i < RK; ++i)
       for (int j = 0; j < RQ; ++j) s[i][j] = dp[i][j] = 0.0f;
-    for (int d = 0; d < HD; ++d) {
-      float a[RK], c[RQ];
-      for (int i = 0; i < RK; ++i) a[i] = Ks[(tm + TM * i) * LDK + d];
-      for (int j = 0; j < RQ; ++j) c[j] = Qs[(tn + TN * j) * LDQ + d];
-      for (int i = 0; i < RK; ++i)
-        for (int j = 0; j < RQ; ++j) s[i][j] = fma(a[i], c[j], s[i][j]);
-    }
-    for (int d = 0; d < VD; ++d) {
-      float a[RK], c[RQ];
-      for (int i = 0; i < RK; ++i) a[i] = Vs[(tm + TM * i) * LDV + d];
-      for (int j = 0; j < RQ; ++j) c[j] = dOs[(tn + TN * j) * LDV + d];
-      for (int i = 0; i < RK; ++i)
-        for (int j = 0; j < RQ; ++j) dp[i][j] = fma(a[i], c[j], dp[i][j]);
-    }
+    TILE_DOT(s, RK, RQ, Ks, LDK, Qs, LDQ, HD)
+    TILE_DOT(dp, RK, RQ, Vs, LDV, dOs, LDV, VD)
     for (int i = 0; i < RK; ++i) {
       const int c = tm + TM * i;
       for (int j = 0; j < RQ; ++j) {
@@ -433,27 +409,8 @@ void attn_bwd_dkdv(__global const T *q, __global const T *k, __global const T *v
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int r = 0; r < BM; ++r) {
-      float p[RK], ds[RK];
-      for (int i = 0; i < RK; ++i) {
-        p[i] = Pt[(tm + TM * i) * LDT + r];
-        ds[i] = Dt[(tm + TM * i) * LDT + r];
-      }
-      for (int j = 0; j < VCH; ++j) {
-        const int d = tn + TN * j;
-        if (VD % TN == 0 || d < VD) {
-          const float x = dOs[r * LDV + d];
-          for (int i = 0; i < RK; ++i) av[i][j] = fma(p[i], x, av[i][j]);
-        }
-      }
-      for (int j = 0; j < HCH; ++j) {
-        const int d = tn + TN * j;
-        if (HD % TN == 0 || d < HD) {
-          const float x = Qs[r * LDQ + d];
-          for (int i = 0; i < RK; ++i) ak[i][j] = fma(ds[i], x, ak[i][j]);
-        }
-      }
-    }
+    TILE_OUTER(av, RK, Pt, LDT, dOs, LDV, BM, VD, VCH)
+    TILE_OUTER(ak, RK, Dt, LDT, Qs, LDQ, BM, HD, HCH)
     barrier(CLK_LOCAL_MEM_FENCE);
   }
   const IDX kbase = BASE(DKB, b, h), vbase = BASE(DVB, b, h);

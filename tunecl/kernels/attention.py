@@ -24,6 +24,7 @@ batch and heads only size the launch.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -39,6 +40,7 @@ from tunecl.runtime import Device
 NAME = "attention_flash"
 VERSION = 1
 MAX_HEAD_DIM = 256
+DTYPES = ("float32", "float16")   # of query, key and value (float16: loaded and stored as half)
 MAX_REGISTERS = 256   # accumulators and score tiles per thread (floats)
 DELTA_GROUP = 64      # work-items per work-group of attn_bwd_delta
 
@@ -136,6 +138,61 @@ class AttentionOperands:
     dv: Operand | None = None
 
 
+def _broadcasts(shape: Sequence[int], to: Sequence[int]) -> bool:
+    """Whether ``shape`` broadcasts to ``to`` (numpy's rule, right-aligned)."""
+    return len(shape) <= len(to) and all(n in (1, m) for n, m in zip(reversed(shape), reversed(to)))
+
+
+def unsupported(query: Sequence[int], key: Sequence[int], value: Sequence[int], dtypes: Sequence[str],
+                mask: Sequence[int] | None = None, mask_dtype: str | None = None, mask_requires_grad: bool = False,
+                dropout_p: float = 0.0, is_causal: bool = False) -> str | None:
+    """Why the fused kernels do not compute ``scaled_dot_product_attention`` of these operands, or None
+    when they do: the shapes of query, key, value and the mask (rows x head dim last, batch dims before),
+    the dtype names of query, key and value (``float32`` ...) and the mask's. The backend
+    (``tunecl/backend/ops/sdpa.py``) and ``tunecl tune --net``'s workload extraction both ask this."""
+    if dropout_p > 0.0:
+        return "dropout"
+    if dtypes[0] not in DTYPES or dtypes[1] != dtypes[0] or dtypes[2] != dtypes[0]:
+        return f"dtypes {'/'.join(dtypes)}"
+    if len(query) < 2 or not len(query) == len(key) == len(value):
+        return "ranks"
+    batch = tuple(query[:-2])
+    if tuple(key[:-2]) != batch or tuple(value[:-2]) != batch:
+        return "batch dims that differ (broadcast or grouped-query heads)"
+    if key[-1] != query[-1] or value[-2] != key[-2]:
+        return "mismatched head dims or key/value lengths"
+    if max(query[-1], value[-1]) > MAX_HEAD_DIM:
+        return f"head dims over {MAX_HEAD_DIM}"
+    if mask is not None:
+        if is_causal:
+            return "a mask with is_causal"
+        if mask_dtype != "bool" and mask_dtype != dtypes[0]:
+            return f"a {mask_dtype} mask"
+        if mask_requires_grad:
+            return "a mask that requires grad"
+        if len(mask) > len(query):
+            return "a mask of more dims than the query"
+        if not _broadcasts(mask, (*batch, query[-2], key[-2])):
+            return "a mask that does not broadcast"
+    return None
+
+
+def batch_and_heads(shape: Sequence[int]) -> tuple[int, int]:
+    """The (batch, heads) the fused kernels run ``shape`` (batch dims, rows, head dim) as: missing leading
+    dims are 1, dims before the last batch dim fold into the batch."""
+    lead = (1, 1, *shape[:-2])
+    return math.prod(lead[:-1]), lead[-1]
+
+
+def problem_of(query: Sequence[int], key: Sequence[int], value: Sequence[int], dtype: str,
+               mask_dtype: str | None, is_causal: bool, direction: str) -> AttentionProblem:
+    """The problem the fused kernels run for operands that :func:`unsupported` accepts."""
+    batch, heads = batch_and_heads(query)
+    mask = "none" if mask_dtype is None else "bool" if mask_dtype == "bool" else "float"
+    return AttentionProblem(batch, heads, query[-2], key[-2], query[-1], value[-1], causal=is_causal, mask=mask,
+                            direction=direction, dtype=dtype)
+
+
 def _reach(o: Operand | None, sizes: Sequence[int]) -> int:
     if o is None:
         return 0
@@ -159,10 +216,15 @@ class AttentionPlan:
                                       [f"-DHD={p.e}", f"-DVD={p.ev}", f"-DDT={dtype}", f"-DMASK={mask}",
                                        f"-DCAUSAL={int(p.causal)}"])
 
+    def program(self, idx: str = "int") -> cl.Program:
+        """The config's kernels compiled for the index type ``idx`` (``int`` or ``long``; built once per
+        process, see :meth:`Device.build`)."""
+        return self.device.build(self.source, self._options + [f"-DIDX={idx}"])
+
     def _kernel(self, name: str, idx: str, scalars: list[Any]) -> cl.Kernel:
         kernel = self._kernels.get((name, idx))
         if kernel is None:
-            program = self.device.build(self.source, self._options + [f"-DIDX={idx}"])
+            program = self.program(idx)
             kernel = self.device.kernel(program, name, scalars + [meta_dtype(META_LENGTH, idx)])
             self._kernels[(name, idx)] = kernel
         return kernel
@@ -241,10 +303,12 @@ class AttentionFlash:
         return dict(configs[0])
 
     def build(self, problem: AttentionProblem, device: Device, config: Config) -> AttentionPlan:
-        """Prepare ``config`` for ``problem`` (kernels compile on first run); ValueError (before
-        compiling) if the config is invalid."""
+        """Compile ``config`` for ``problem`` (its 32-bit index variant; the 64-bit one on first need);
+        ValueError (before compiling) if the config is invalid, BuildError if the compiler rejects it."""
         check_config(self.space(problem, device), config, NAME)
-        return AttentionPlan(problem, device, config)
+        plan = AttentionPlan(problem, device, config)
+        plan.program("int")
+        return plan
 
 
 def _pruning_constraints(problem: AttentionProblem) -> list[Constraint]:

@@ -3,8 +3,9 @@
 One :class:`Harness` per problem kind. It knows how to make seeded random inputs, compute the reference
 on the CPU (numpy float64 for GEMM), and :meth:`~Harness.bind` a plan to *fresh* device buffers. The
 returned :class:`Binding` launches the plan the way it is timed and checks it the way it is verified.
-Evaluation (``evaluate.py``) only talks to these two protocols, so a new problem kind (convolution:
-torch CPU reference, its own ``run`` signature) plugs in by adding one class to :data:`HARNESSES`.
+Evaluation (``evaluate.py``) only talks to these two protocols, so a new problem kind (convolution,
+attention: torch CPU references, their own ``run`` signatures) plugs in by adding one class to
+:data:`HARNESSES`.
 
 Guard regions: every buffer holds its matrices at an element offset, between two guard regions filled
 with a NaN bit pattern. After a run the output's guards must be bit-for-bit unchanged (an out-of-bounds
@@ -335,8 +336,15 @@ def _conv_harness(problem: Problem, device: Device, seed: int = 0) -> Harness:
     return ConvHarness(problem, device, seed)
 
 
+def _attention_harness(problem: Problem, device: Device, seed: int = 0) -> Harness:
+    from tunecl.search.harness_attention import AttentionHarness  # its reference is torch's
+
+    return AttentionHarness(problem, device, seed)
+
+
 # problem kind -> harness factory (problem, device, seed)
-HARNESSES: dict[str, Callable[..., Harness]] = {"gemm": GemmHarness, "conv": _conv_harness}
+HARNESSES: dict[str, Callable[..., Harness]] = {"gemm": GemmHarness, "conv": _conv_harness,
+                                                "attention": _attention_harness}
 
 
 def harness_for(problem: Problem, device: Device, seed: int = 0) -> Harness:

@@ -48,7 +48,7 @@ SAMPLERS = ("tpe", "random", "grid")
 DEFAULT_TRIALS = 100  # when neither a trial count nor a time limit is given
 DEFAULT_PATIENCE = 40  # evaluations without a 1% gain before a sampled search stops
 EXHAUSTIVE_LIMIT = 200  # valid spaces up to this size are searched exhaustively
-KIND_NAMES = {"gemm": "GEMM", "conv": "convolution"}
+KIND_NAMES = {"gemm": "GEMM", "conv": "convolution", "attention": "attention"}
 
 
 class NoAlgorithmError(TuneclError, LookupError):

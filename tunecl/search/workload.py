@@ -1,5 +1,5 @@
-"""Workload extraction: the unique conv and GEMM problems a model asks for (torchvision's nets, the
-``hf:`` language models, ``package.module:factory``).
+"""Workload extraction: the unique conv, GEMM and attention problems a model asks for (torchvision's
+nets, the ``hf:`` language models, ``package.module:factory``).
 
 The model runs once on the ``meta`` device (no memory, no arithmetic); with ``train=True`` also its
 backward from a dense output gradient (what a loss gives). Forward hooks on every ``nn.Conv2d`` and ``nn.ConvTranspose2d``
@@ -13,19 +13,28 @@ and backward, attention's products) becomes the :class:`GemmProblem` the backend
 operand layouts (``trans_a``/``trans_b``) and batch it reads them in. ``nn.Linear(x) = x @ W.T + b`` is
 the GEMM M=rows, N=out_features, K=in_features with B transposed; its backward adds dX = dY @ W (M=rows,
 N=in, K=out) and dW = dY.T @ X (M=out, N=in, K=rows, A transposed).
+
+A ``scaled_dot_product_attention`` call that the backend's fused kernels compute
+(:func:`tunecl.kernels.attention.unsupported` says which) becomes their :class:`AttentionProblem`, and with
+``train=True`` (where the query, key or value needs a gradient) also its backward; its products are then not
+recorded (the call runs as a shape-only stand-in on the meta device). Any other call (dropout,
+grouped-query heads, a mask that needs a gradient) records the matrix products of torch's math path, which
+the backend runs for it.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import difflib
 import functools
 import importlib
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from tunecl.problems import ConvProblem, GemmProblem, Problem
+from tunecl.kernels import attention
+from tunecl.problems import AttentionProblem, ConvProblem, GemmProblem, Problem
 
 
 def model_builder(name: str, image_size: int | None = None) -> Callable[[], Any]:
@@ -85,7 +94,7 @@ def build_on_meta(build: Callable[[], Any]) -> Any:
 
 
 def extract(model: Any, batch: int, image_size: int, train: bool = False) -> collections.Counter[Problem]:
-    """Count the conv and GEMM problems one forward (and, with ``train``, backward) pass
+    """Count the conv, GEMM and attention problems one forward (and, with ``train``, backward) pass
     asks for; ``image_size`` is a language model's sequence length (a model with ``example_batch``)."""
     import torch
 
@@ -137,7 +146,7 @@ def extract(model: Any, batch: int, image_size: int, train: bool = False) -> col
             x = torch.empty(batch, 3, image_size, image_size, device="meta")
         else:   # token ids (the values do not matter on the meta device)
             x = example(batch, image_size, torch.Generator().manual_seed(0))[0].to("meta")
-        with _gemm_recorder(found), torch.set_grad_enabled(train):
+        with _attention_recorder(found), _gemm_recorder(found), torch.set_grad_enabled(train):
             out = model(x)
             if train:   # a dense gradient of the output's shape and layout, as a loss's backward gives
                 out.backward(torch.empty_like(out))
@@ -190,6 +199,80 @@ def _gemm_recorder(found: collections.Counter[Problem]) -> Any:
             return func(*args, **(kwargs or {}))
 
     return GemmRecorder()
+
+
+def _sdpa_call(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
+               is_causal: bool = False, *, scale: float | None = None, enable_gqa: bool = False) -> tuple:
+    """``scaled_dot_product_attention``'s arguments, bound as it binds them."""
+    return query, key, value, attn_mask, dropout_p, is_causal
+
+
+def attention_of(args: tuple, kwargs: dict[str, Any] | None = None) -> AttentionProblem | None:
+    """The forward :class:`AttentionProblem` the backend's fused kernels run for
+    ``scaled_dot_product_attention(*args, **kwargs)``, or None where the call takes torch's math path."""
+    query, key, value, mask, dropout, causal = _sdpa_call(*args, **(kwargs or {}))
+    if any(t.is_nested for t in (query, key, value)):
+        return None
+    names = [str(t.dtype).removeprefix("torch.") for t in (query, key, value)]
+    mask_dtype = None if mask is None else str(mask.dtype).removeprefix("torch.")
+    if attention.unsupported(query.shape, key.shape, value.shape, names, None if mask is None else mask.shape,
+                             mask_dtype, mask is not None and mask.requires_grad, dropout, causal) is not None:
+        return None
+    return attention.problem_of(query.shape, key.shape, value.shape, names[0], mask_dtype, causal, "fwd")
+
+
+@contextlib.contextmanager
+def _attention_recorder(found: collections.Counter[Problem]) -> Iterator[None]:
+    """While active, ``torch.nn.functional.scaled_dot_product_attention`` (what ``nn.MultiheadAttention``,
+    Hugging Face's models and most code call) counts every call the fused kernels compute into ``found``
+    (forward, and backward where the query, key or value needs a gradient) and runs it as
+    :func:`_stand_in`, whose forward and backward run no matrix products; other calls run as they are."""
+    import torch
+    import torch.nn.functional as F
+
+    original = F.scaled_dot_product_attention
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        problem = attention_of(args, kwargs)
+        if problem is None:
+            return original(*args, **kwargs)
+        query, key, value = _sdpa_call(*args, **kwargs)[:3]
+        found[problem] += 1
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+            found[problem.with_direction("bwd")] += 1
+        return _stand_in().apply(query, key, value)
+
+    F.scaled_dot_product_attention = recording
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
+
+
+@functools.cache
+def _stand_in() -> Any:
+    """An autograd function with the fused attention's output (in the query's dim order, as the backend
+    allocates it) and gradients (in the inputs' layouts), computing nothing: the extraction runs on the
+    meta device, where only shapes and strides matter."""
+    import torch
+
+    class FusedStandIn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, query: Any, key: Any, value: Any) -> Any:
+            shape = (*query.shape[:-1], value.shape[-1])
+            order = sorted(range(query.dim()), key=lambda i: query.stride()[i], reverse=True)
+            strides, step = [0] * query.dim(), 1
+            for i in reversed(order):
+                strides[i] = step
+                step *= shape[i]
+            ctx.save_for_backward(query, key, value)
+            return query.new_empty_strided(shape, strides)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            return tuple(torch.empty_like(t) for t in ctx.saved_tensors)
+
+    return FusedStandIn
 
 
 def net_problems(name: str, batch: int = 16, image_size: int = 224,

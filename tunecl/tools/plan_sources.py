@@ -1,4 +1,4 @@
-"""Where the conv/GEMM plans of a net would come from on a device: the user tuning DB, the shipped
+"""Where the conv, GEMM and attention plans of a net would come from on a device: the user tuning DB, the shipped
 results, a result tuned at another batch, or the heuristic default (``tunecl db coverage``).
 
 A net's problems are extracted on the meta device (:func:`tunecl.search.workload.net_problems`): they

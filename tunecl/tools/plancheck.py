@@ -1,8 +1,8 @@
 """Check, one problem at a time, every plan a net would run: ``python -m tunecl.tools.plancheck``.
 
-``tunecl validate`` compares whole nets, so when a gradient is off it cannot say which convolution
-or matmul is to blame. This walks the net's workload (:func:`tunecl.search.workload.net_problems`:
-the conv and GEMM problems the backend will ask for, backward directions with ``--train``), asks the
+``tunecl validate`` compares whole nets, so when a gradient is off it cannot say which convolution,
+matmul or attention is to blame. This walks the net's workload (:func:`tunecl.search.workload.net_problems`:
+the conv, GEMM and attention problems the backend will ask for, backward directions with ``--train``), asks the
 backend's plan cache for the plan it would run — under torch's current precision flags, through
 the same lookup chain (user, shipped, near-batch, default) — and verifies each plan with the tuner's
 own harness: fresh guarded buffers, a float64 reference, the tolerance of the plan's precision.
@@ -34,7 +34,7 @@ class PlanCheck:
 
 def check_net_plans(net: str, *, device: str | None = None, batch: int = 2, image_size: int = 64,
                     train: bool = False) -> list[PlanCheck]:
-    """Every conv/GEMM problem of ``net`` with the plan the backend serves for it, verified."""
+    """Every conv, GEMM and attention problem of ``net`` with the plan the backend serves for it, verified."""
     use_device(device)
     from tunecl.backend import plans, state
     from tunecl.search.harness import harness_for

@@ -1,9 +1,10 @@
 """The inference fast paths of ``nn.MultiheadAttention`` (``_native_multi_head_attention``) and
 ``nn.TransformerEncoderLayer`` (``_transformer_encoder_layer_fwd``), composed of the device's own ops
-(linear, batched matmul, softmax, masked fill, layer norm), as CPU torch computes them.
-
-``scaled_dot_product_attention`` needs no kernel here: torch picks a fused SDPA backend only for devices
-that register one, so on opencl it runs its math decomposition (matmuls, softmax) on the device.
+(linear, layer norm, and the attention itself), as CPU torch computes them. Without a mask and without
+the attention weights (``need_weights=False``, what both modules' fast paths ask) the attention is
+``scaled_dot_product_attention`` (:func:`tunecl.backend.ops.sdpa.scaled_dot_product_attention`, called
+directly: below the autograd key torch's own op would take its math path; the fused kernels, the same
+problem the module's training path runs); otherwise batched matmuls, masked fill and softmax.
 
 The fast paths run without autograd (the modules take them only in inference), and so do these
 kernels: the ops they call are dispatched below the autograd key.
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from tunecl.backend.ops import sdpa
 from tunecl.kernels.strided import Unsupported
 
 # what ``mask_type`` says the mask's shape is (torch's ``_masked_softmax``): 0 an L x S attention mask
@@ -91,6 +93,9 @@ def native_multi_head_attention(query: torch.Tensor, key: torch.Tensor, value: t
         projected = [F.linear(x, w, b) for x, w, b in zip((query, key, value), qkv_weight.chunk(3),
                                                           qkv_bias.chunk(3))]
     q, k, v = (p.view(batch, length, num_head, head_dim).transpose(1, 2) for p in projected)
+    if mask is None and not need_weights:
+        context = sdpa.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(batch, length, embed_dim)
+        return F.linear(context, proj_weight, proj_bias), None
     q = q * (1.0 / math.sqrt(head_dim))   # scaled before the product, as torch does
     # k made row-major per head (the copy the product would make anyway), so the score GEMM reads it
     # transposed, as in the module's training path: one tuned GEMM serves both

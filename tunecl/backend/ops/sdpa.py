@@ -30,44 +30,25 @@ from tunecl.problems import AttentionProblem
 
 _sdpa = torch.ops.aten.scaled_dot_product_attention.default
 _fused = torch.ops.aten._scaled_dot_product_fused_attention_overrideable.default
-_DTYPES = {torch.float32: "float32", torch.float16: "float16"}
 
 
 def fused_reason(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
                  dropout_p: float, is_causal: bool, enable_gqa: bool = False) -> str | None:
-    """Why these arguments take the math path, or None when the fused kernels compute them."""
+    """Why these arguments take the math path, or None when the fused kernels compute them (the shapes and
+    dtypes are :func:`tunecl.kernels.attention.unsupported`'s to judge)."""
     if not torch._C._get_overrideable_sdp_enabled():
         return "SDPBackend.OVERRIDEABLE is disabled (torch.nn.attention.sdpa_kernel)"
-    if dropout_p > 0.0:
-        return "dropout"
     tensors = (query, key, value) + (() if attn_mask is None else (attn_mask,))
     if any(t.is_nested for t in tensors) or any(t.device.type != "opencl" for t in tensors):
         return "nested or non-opencl tensors"
-    if query.dtype not in _DTYPES or key.dtype != query.dtype or value.dtype != query.dtype:
-        return f"dtypes {query.dtype}/{key.dtype}/{value.dtype}"
-    if query.dim() < 2 or not query.dim() == key.dim() == value.dim():
-        return "ranks"
-    batch = query.shape[:-2]
-    if key.shape[:-2] != batch or value.shape[:-2] != batch:
-        return "batch dims that differ (broadcast or grouped-query heads)"
-    if key.shape[-1] != query.shape[-1] or value.shape[-2] != key.shape[-2]:
-        return "mismatched head dims or key/value lengths"
-    if max(query.shape[-1], value.shape[-1]) > family.MAX_HEAD_DIM:
-        return f"head dims over {family.MAX_HEAD_DIM}"
-    if attn_mask is not None:
-        if is_causal:
-            return "a mask with is_causal"   # (torch's checks raise the error)
-        if attn_mask.dtype != torch.bool and attn_mask.dtype != query.dtype:
-            return f"a {attn_mask.dtype} mask"
-        if attn_mask.requires_grad:
-            return "a mask that requires grad"
-        if attn_mask.dim() > query.dim():
-            return "a mask of more dims than the query"
-        try:
-            torch.broadcast_shapes(attn_mask.shape, (*batch, query.shape[-2], key.shape[-2]))
-        except RuntimeError:
-            return "a mask that does not broadcast"
-    return None
+    return family.unsupported(query.shape, key.shape, value.shape, [_name(t.dtype) for t in (query, key, value)],
+                              None if attn_mask is None else attn_mask.shape,
+                              None if attn_mask is None else _name(attn_mask.dtype),
+                              attn_mask is not None and attn_mask.requires_grad, dropout_p, is_causal)
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _as_4d(t: torch.Tensor) -> torch.Tensor:
@@ -114,10 +95,8 @@ def _check_4d(name: str, *tensors: torch.Tensor | None) -> None:
 
 def _problem(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
              is_causal: bool, direction: str) -> AttentionProblem:
-    batch, heads, length, e = query.shape
-    kind = "none" if mask is None else "bool" if mask.dtype == torch.bool else "float"
-    return AttentionProblem(batch, heads, length, key.shape[2], e, value.shape[3], causal=is_causal, mask=kind,
-                            direction=direction, dtype=_DTYPES[query.dtype])
+    return family.problem_of(query.shape, key.shape, value.shape, _name(query.dtype),
+                             None if mask is None else _name(mask.dtype), is_causal, direction)
 
 
 def _strided(t: torch.Tensor, shape: Sequence[int]) -> Operand:
