@@ -14,10 +14,14 @@ Options:
 - the ``thread CPU`` line under each round: the calling thread's CPU time per phase (``time.thread_time``),
   steadier than wall time on a shared or CPU-OpenCL machine; backward's counts only with ``--autograd caller``;
 - ``--profile N``: Python's cProfile over three more steps, the N functions with the most self time and the
-  N with the most cumulative time (cProfile sees the calling thread: use it with ``--autograd caller``).
+  N with the most cumulative time (cProfile sees the calling thread: use it with ``--autograd caller``);
+- ``--record FILE.csv``: append the first two rounds to a host-time results CSV (``benchmarks/results/host.csv``'s
+  columns, ``tunecl.tools.record.HOST_COLUMNS``): per phase and the whole step, the wall and thread CPU time in
+  µs, with their spread over the steps and the load average (the third round, a check, is printed only).
 
     TUNECL_DEVICE=nvidia python benchmarks/eager_phases.py --net resnet18 --batch 16
     TUNECL_DEVICE=nvidia python benchmarks/eager_phases.py --net resnet50 --batch 16 --stub-launches --profile 60
+    python benchmarks/eager_phases.py --batch 2 --image-size 32 --record benchmarks/results/host.csv
 """
 
 from __future__ import annotations
@@ -34,6 +38,25 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
+from tunecl.tools import record
+
+PHASES = ("forward + loss", "backward", "optimizer", "step")
+RECORDED_ROUNDS = ("no sync", "sync per phase")
+
+
+def host_rows(rounds: dict[str, tuple[list, list]], config: str, *, device: str, load: float | None, command: str,
+              commit: str) -> list[dict[str, str]]:
+    """The host-time rows of the rounds in :data:`RECORDED_ROUNDS`: ``rounds`` maps a round's label to its
+    steps' (wall, thread CPU) seconds, each a tuple per step in the order of :data:`PHASES`."""
+    rows = []
+    for label in RECORDED_ROUNDS:
+        for kind, steps in zip(("wall", "thread CPU"), rounds[label]):
+            for phase, seconds in zip(PHASES, zip(*steps)):
+                rows.append(record.host_row(device=device, benchmark="eager_phases", case=f"{config}: {phase}",
+                                            measure=f"{label}: {kind}", samples_us=[t * 1e6 for t in seconds],
+                                            load=load, command=command, commit=commit))
+    return rows
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -45,7 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--autograd", choices=("caller", "torch"))
     parser.add_argument("--copy-inputs", action="store_true")
     parser.add_argument("--profile", type=int, default=0, metavar="N")
+    parser.add_argument("--record", metavar="FILE.csv",
+                        help="append the figures to a host-time results CSV (benchmarks/results/host.csv)")
     args = parser.parse_args(argv)
+    if args.record:
+        record.check_file(args.record, record.HOST_COLUMNS)
     if args.stub_launches:   # before tunecl binds the launch functions
         from tunecl.tools.launch_stub import stub_launches
 
@@ -93,11 +120,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{', inputs copied' if args.copy_inputs else ''}")
     print(f"{args.net} batch {args.batch} image {args.image_size} train on {torch.opencl.get_device_name()}: {mode}; "
           f"ms, median of {args.repeats}")
+    load = record.load_average()
+    rounds = {}
     for label, each in (("no sync", False), ("sync per phase", True), ("no sync again", False)):
         times: list = []
         cpu: list = []
         for _ in range(args.repeats):
             step(times, each, cpu)
+        rounds[label] = (times, cpu)
         f, b, o, w = (statistics.median(c) * 1e3 for c in zip(*times))
         print(f"  {label:15s} forward {f:7.2f}  backward {b:7.2f}  optimizer {o:7.2f}  step wall {w:7.2f}")
         f, b, o, w = (statistics.median(c) * 1e3 for c in zip(*cpu))
@@ -111,6 +141,14 @@ def main(argv: list[str] | None = None) -> int:
         stats = pstats.Stats(profile)
         stats.sort_stats("tottime").print_stats(args.profile)
         stats.sort_stats("cumulative").print_stats(args.profile)
+    if args.record:
+        rows = host_rows(rounds, f"{args.net} batch {args.batch} image {args.image_size} train, {mode}",
+                         device=torch.opencl.get_device_name(), load=load,
+                         command=record.command_line("python benchmarks/eager_phases.py",
+                                                     sys.argv[1:] if argv is None else argv),
+                         commit=record.code_version())
+        record.append(args.record, rows, record.HOST_COLUMNS)
+        print(f"recorded {len(rows)} rows in {args.record}", file=sys.stderr)
     return 0
 
 

@@ -11,10 +11,13 @@ cost), and the wall time per step including the final synchronize.
   multi-tensor path, or ``foreach=False``);
 - ``--stub-launches``: kernel launches are not sent to the driver (the backend's Python path stays the same,
   results are garbage): the host cost of the backend and torch's optimizer code, without the driver's enqueue;
-- ``--profile N``: cProfile over more steps, the N functions with the most self time.
+- ``--profile N``: cProfile over more steps, the N functions with the most self time;
+- ``--record FILE.csv``: append the three figures to a host-time results CSV (``benchmarks/results/host.csv``'s
+  columns, ``tunecl.tools.record.HOST_COLUMNS``), each with the rounds' spread and the load average.
 
     python benchmarks/optimizer_step.py --net resnet50 --impl fused --stub-launches
     python benchmarks/optimizer_step.py --net resnet50 --impl foreach --stub-launches --profile 30
+    python benchmarks/optimizer_step.py --net resnet18 --steps 5 --repeats 5 --record benchmarks/results/host.csv
 """
 
 from __future__ import annotations
@@ -31,6 +34,16 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
+from tunecl.tools import record
+
+
+def host_rows(per_step: dict[str, list[float]], case: str, *, device: str, load: float | None, command: str,
+              commit: str) -> list[dict[str, str]]:
+    """The host-time rows of one run: ``per_step`` maps each measure to its rounds' seconds per step."""
+    return [record.host_row(device=device, benchmark="optimizer_step", case=case, measure=measure,
+                            samples_us=[t * 1e6 for t in seconds], load=load, command=command, commit=commit)
+            for measure, seconds in per_step.items()]
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -41,7 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=7, help="rounds (default 7)")
     parser.add_argument("--stub-launches", action="store_true")
     parser.add_argument("--profile", type=int, default=0, metavar="N")
+    parser.add_argument("--record", metavar="FILE.csv",
+                        help="append the figures to a host-time results CSV (benchmarks/results/host.csv)")
     args = parser.parse_args(argv)
+    if args.record:
+        record.check_file(args.record, record.HOST_COLUMNS)
     if args.stub_launches:   # before tunecl binds the launch functions
         from tunecl.tools.launch_stub import stub_launches
 
@@ -67,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(3):
         optimizer.step()
     sync()
+    load = record.load_average()
     host, thread, wall = [], [], []
     for _ in range(args.repeats):
         times = []
@@ -96,6 +114,16 @@ def main(argv: list[str] | None = None) -> int:
         profile.disable()
         sync()
         pstats.Stats(profile).sort_stats("tottime").print_stats(args.profile)
+    if args.record:
+        case = (f"{args.net} ({len(params)} tensors) {args.optimizer} {args.impl}, launches "
+                f"{'stubbed' if args.stub_launches else 'real'}")
+        rows = host_rows({"host": host, "thread CPU": thread, "wall (synchronized per round)": wall}, case,
+                         device=torch.opencl.get_device_name(), load=load,
+                         command=record.command_line("python benchmarks/optimizer_step.py",
+                                                     sys.argv[1:] if argv is None else argv),
+                         commit=record.code_version())
+        record.append(args.record, rows, record.HOST_COLUMNS)
+        print(f"recorded {len(rows)} rows in {args.record}", file=sys.stderr)
     return 0
 
 

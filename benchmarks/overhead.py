@@ -33,6 +33,13 @@ batch the ``unbatched`` column times each case with batching off in rounds inter
 Where torch has CUDA, the ``cuda host µs`` column is torch CUDA's own host cost for the same calls (the
 time to enqueue them, synchronize excluded, as ``host``), measured in a child process that never imports
 ``tunecl.backend``, with the same ops, rounds and medians; elsewhere it shows ``-``.
+
+``--record FILE.csv`` appends the figures to a host-time results CSV (``benchmarks/results/host.csv``'s
+columns, ``tunecl.tools.record.HOST_COLUMNS``): per case, the time to completion next to CPU torch, the host
+time (next to torch CUDA's where measured), the thread CPU time and, with a batch, the unbatched time; and
+the ``a.add_(b)`` breakdown. Each row holds the median, the spread over the rounds and the load average.
+
+    python benchmarks/overhead.py --ops 2000 --record benchmarks/results/host.csv
 """
 
 from __future__ import annotations
@@ -52,6 +59,8 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
 import torch
+
+from tunecl.tools import record
 
 
 def _time(fn: Callable[[], object], n: int, sync: Callable[[], None]) -> tuple[float, float]:
@@ -166,8 +175,9 @@ def _cuda_peer(argv: list[str]) -> dict[str, float] | None:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _breakdown(args: argparse.Namespace, dev: torch.device) -> None:
-    """Split ``a.add_(b)`` into the backend's Python work and the OpenCL enqueue itself."""
+def _breakdown(args: argparse.Namespace, dev: torch.device) -> dict[str, list[float]]:
+    """Split ``a.add_(b)`` into the backend's Python work and the OpenCL enqueue itself (µs per call of each
+    round, by part)."""
     from tunecl.backend import state
 
     pointwise = state.get().pointwise
@@ -193,6 +203,7 @@ def _breakdown(args: argparse.Namespace, dev: torch.device) -> None:
     print(f"a.add_(b) breakdown: backend Python (dispatch to launch, enqueue stubbed) "
           f"{statistics.median(python_times):.2f} µs; pyopencl call of the same kernel, back to back "
           f"{statistics.median(enqueue_times):.2f} µs")
+    return {"backend Python (enqueue stubbed)": python_times, "pyopencl call, back to back": enqueue_times}
 
 
 def _launch_args(a: torch.Tensor, b: torch.Tensor) -> list:
@@ -201,6 +212,29 @@ def _launch_args(a: torch.Tensor, b: torch.Tensor) -> list:
 
     n = a.numel()
     return [buffer_of(a), buffer_of(a), buffer_of(b), 1e-6, pack_meta([n, n, 1, 1, 1, 0, 0, 0], "int")]
+
+
+def host_rows(measured: dict[str, dict[str, list[float]]], breakdown: dict[str, list[float]],
+              cuda: dict[str, float] | None, *, size: int, batch: int, device: str, load: float | None,
+              command: str, commit: str) -> list[dict[str, str]]:
+    """The host-time rows of one run: ``measured`` holds each case's µs per op of every round, by column
+    (``cpu``, ``opencl``, ``host``, ``thread``, and ``unbatched`` when the run had a launch batch)."""
+    def row(case: str, measure: str, samples: list[float], peer: float | None = None, peer_name: str = ""):
+        return record.host_row(device=device, benchmark="overhead", case=f"{case}, launch batch {batch}",
+                               measure=measure, samples_us=samples, peer_us=peer, peer_name=peer_name, load=load,
+                               command=command, commit=commit)
+
+    rows = []
+    for name, times in measured.items():
+        case = name if name in _layer_cases() else f"{name}, {size} floats"
+        cpu = statistics.median(times["cpu"])
+        rows.append(row(case, "to completion", times["opencl"], cpu, "torch CPU"))
+        rows.append(row(case, "host (enqueue)", times["host"], *((cuda[name], "torch CUDA host") if cuda else ())))
+        rows.append(row(case, "thread CPU", times["thread"]))
+        if times.get("unbatched"):
+            rows.append(row(case, "to completion, unbatched", times["unbatched"], cpu, "torch CPU"))
+    rows += [row(f"a.add_(b) breakdown, {size} floats", part, samples) for part, samples in breakdown.items()]
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -212,6 +246,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", action="store_true",
                         help="also time convolution and batch norm, forward and backward (2x64x8x8)")
     parser.add_argument("--layer-ops", type=int, default=500, help="calls per round of a layer case (default 500)")
+    parser.add_argument("--record", metavar="FILE.csv",
+                        help="append the figures to a host-time results CSV (benchmarks/results/host.csv)")
     parser.add_argument("--peer-device", help=argparse.SUPPRESS)   # the child that times a torch device
     args = parser.parse_args(argv)
     if args.peer_device:
@@ -219,6 +255,8 @@ def main(argv: list[str] | None = None) -> None:
             raise RuntimeError("the peer's host times must be measured without tunecl.backend imported")
         print(json.dumps(peer_host_times(args, args.peer_device)))
         return
+    if args.record:
+        record.check_file(args.record, record.HOST_COLUMNS)
     cuda = _cuda_peer(sys.argv[1:] if argv is None else argv)
 
     import tunecl.backend
@@ -237,6 +275,7 @@ def main(argv: list[str] | None = None) -> None:
           + (f" {'unbatched µs':>13s}" if paired else "") + f" {'thread µs':>10s} {'spread':>13s} {'cuda host µs':>13s}")
     torch.set_grad_enabled(True)
     tunecl.backend.reset_stats()   # (the fallback line below counts this run's ops only)
+    measured: dict[str, dict[str, list[float]]] = {}
     for name, make, ops in _selected(args):
         cpu_fn, dev_fn = make(torch.device("cpu")), make(dev)
         for fn, sync in ((cpu_fn, lambda: None), (dev_fn, torch.opencl.synchronize)):
@@ -254,14 +293,23 @@ def main(argv: list[str] | None = None) -> None:
                     unbatched.append(_time(dev_fn, ops, torch.opencl.synchronize)[1])
                 finally:
                     device.launch_batch = batch
+        measured[name] = {"cpu": cpu, "opencl": total, "host": host, "thread": thread, "unbatched": unbatched}
         c, h, t = statistics.median(cpu), statistics.median(host), statistics.median(total)
         print(f"{name:24s} {c:8.2f} {t:10.2f} {h:8.2f} {t / c:7.1f}x"
               + (f" {statistics.median(unbatched):13.2f}" if paired else "")
               + f" {statistics.median(thread):10.2f} {min(thread):6.1f}-{max(thread):<6.1f}"
               + (f" {cuda[name]:13.2f}" if cuda else f" {'-':>13s}"))
-    _breakdown(args, dev)
+    breakdown = _breakdown(args, dev)
     fallbacks = tunecl.backend.stats()["fallback_ops"]
     print(f"ops served by the CPU fallback: {fallbacks or 'none'}")
+    if args.record:
+        rows = host_rows(measured, breakdown, cuda, size=args.size, batch=batch,
+                         device=torch.opencl.get_device_name(), load=load,
+                         command=record.command_line("python benchmarks/overhead.py",
+                                                     sys.argv[1:] if argv is None else argv),
+                         commit=record.code_version())
+        record.append(args.record, rows, record.HOST_COLUMNS)
+        print(f"recorded {len(rows)} rows in {args.record}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,9 @@ for throughput units (GFLOP/s) that is peer ÷ ours. The script recomputes it fr
     python benchmarks/plot_results.py --device H200 -o h200.png
     python benchmarks/plot_results.py --markdown > docs/results.md
 
+``--markdown`` also shows the nets ``tunecl validate`` checked (``validate.csv``) and the host-time
+benchmarks' rows (``host.csv``: a table per device, the latest row of each case and measure).
+
 The PNG needs matplotlib (``pip install -e '.[plots]'``); ``--markdown`` needs nothing beyond Python.
 """
 
@@ -22,9 +25,12 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results" / "results.csv"
 VALIDATED = RESULTS.with_name("validate.csv")
+HOST = RESULTS.with_name("host.csv")
 THROUGHPUT_UNITS = {"GFLOP/s", "TFLOP/s", "GB/s"}
 COLUMNS = ("date", "device", "benchmark", "workload", "precision", "unit", "ours", "peer", "peer_name",
            "ratio", "command", "commit")   # tunecl.tools.record.COLUMNS
+HOST_COLUMNS = ("date", "device", "benchmark", "case", "measure", "ours_us", "ours_min_us", "ours_max_us",
+                "peer_us", "peer_name", "load", "command", "commit")   # tunecl.tools.record.HOST_COLUMNS
 
 
 def time_ratio(row: dict[str, str]) -> float:
@@ -98,6 +104,39 @@ def validated_markdown(path: Path) -> str:
     return "\n".join(out + [""])
 
 
+def host_markdown(path: Path) -> str:
+    """The host-time benchmarks' figures from ``host.csv``: a table per device, the latest row of each
+    (benchmark, case, measure), in the order the cases were first recorded."""
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        if tuple(reader.fieldnames or ()) != HOST_COLUMNS:
+            raise SystemExit(f"{path}: its header is not the host-time columns ({','.join(HOST_COLUMNS)})")
+        rows = list(reader)
+    latest: dict[str, dict[tuple[str, str, str], dict[str, str]]] = {}
+    for number, row in enumerate(rows, start=2):
+        if None in row:
+            raise SystemExit(f"{path}:{number}: more fields than columns (quote a value that has a comma)")
+        latest.setdefault(row["device"], {})[row["benchmark"], row["case"], row["measure"]] = row
+    out = ["## Host time", "",
+           "`benchmarks/overhead.py`, `eager_phases.py` and `optimizer_step.py` with `--record` (see",
+           "[benchmarks](benchmarks.md#host-time-results)): µs, the median over the rounds (or steps) with",
+           "their spread, next to the peer timed in the same run where the script times one; **load**: the",
+           "host's load average when it ran. The latest row of each case and measure.", ""]
+    for device, cases in latest.items():
+        out += [f"### {device}", "",
+                "| benchmark | case | measure | ours µs | spread µs | peer µs | ratio | load | measured | command |",
+                "|---|---|---|---:|---:|---:|---:|---:|---|---|"]
+        for (benchmark, case, measure), row in cases.items():
+            peer = f"{row['peer_us']} ({row['peer_name']})" if row["peer_us"] else "-"
+            ratio = f"{float(row['ours_us']) / float(row['peer_us']):.2f}" if row["peer_us"] else "-"
+            measured = row["date"] + (f" at {row['commit']}" if row["commit"] else "")
+            out.append(f"| {benchmark} | {case} | {measure} | {row['ours_us']} | {row['ours_min_us']}-"
+                       f"{row['ours_max_us']} | {peer} | {ratio} | {row['load'] or '-'} | {measured} | "
+                       f"`{row['command']}` |")
+        out.append("")
+    return "\n".join(out)
+
+
 def plot(rows: list[dict[str, str]], output: Path) -> None:
     """Horizontal bars of ours ÷ peer (log scale), one per row, coloured by benchmark."""
     import matplotlib
@@ -148,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown(rows))
         if VALIDATED.exists() and args.results == RESULTS:
             print(validated_markdown(VALIDATED))
+        if HOST.exists() and args.results == RESULTS:
+            print(host_markdown(HOST))
         return 0
     plot(rows, args.output)
     print(f"wrote {args.output}: {len(rows)} results")

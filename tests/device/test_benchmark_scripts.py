@@ -161,9 +161,11 @@ def test_batch_norm_benchmark_times_each_shape_next_to_torch(tmp_path, capsys):
     assert "sum" in capsys.readouterr().out
 
 
-def test_overhead_layer_cases_time_each_op_next_to_cpu_torch(capsys):
+def test_overhead_layer_cases_time_each_op_next_to_cpu_torch(tmp_path, capsys):
     script = load_script("overhead")
-    script.main(["--ops", "20", "--repeats", "1", "--layers", "--layer-ops", "3", "--only", "2"])
+    record = tmp_path / "host.csv"
+    script.main(["--ops", "20", "--repeats", "1", "--layers", "--layer-ops", "3", "--only", "2", "--record",
+                 str(record)])
     printed = capsys.readouterr().out
     rows = {line[:24].strip(): line[24:].split() for line in printed.splitlines()
             if line.startswith(("conv2d", "batch_norm"))}
@@ -172,6 +174,12 @@ def test_overhead_layer_cases_time_each_op_next_to_cpu_torch(capsys):
         cpu, opencl, host, ratio = values[:4]
         assert float(cpu) > 0 and float(host) > 0 and float(opencl) >= float(host) and ratio.endswith("x")
     assert "ops served by the CPU fallback: none" in printed
+    recorded = _recorded(record)
+    for name, values in rows.items():   # the recorded figures are the printed ones
+        case = next(r for r in recorded if r["case"].startswith(name + ",") and r["measure"] == "to completion")
+        assert float(case["ours_us"]) == pytest.approx(float(values[1]), rel=1e-3, abs=0.01)
+        assert float(case["peer_us"]) == pytest.approx(float(values[0]), rel=1e-3, abs=0.01)
+    assert "a.add_(b) breakdown" in recorded[-1]["case"]
 
 
 def test_overhead_peer_child_times_plain_torch_without_the_backend():
@@ -187,9 +195,20 @@ def test_overhead_peer_child_times_plain_torch_without_the_backend():
     assert all(v > 0 for v in json.loads(done.stdout.splitlines()[-1]).values())
 
 
-def test_eager_phases_prints_each_phase_in_three_rounds(capsys):
+def _recorded(path: Path) -> list[dict[str, str]]:
+    """The rows of a host-time results CSV, checked by plot_results.py's reader."""
+    import csv
+
+    assert "## Host time" in load_script("plot_results").host_markdown(path)
+    with path.open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_eager_phases_prints_each_phase_in_three_rounds(tmp_path, capsys):
     script = load_script("eager_phases")
-    script.main(["--net", "resnet18", "--batch", "2", "--image-size", "32", "--repeats", "1"])
+    record = tmp_path / "host.csv"
+    script.main(["--net", "resnet18", "--batch", "2", "--image-size", "32", "--repeats", "1", "--record",
+                 str(record)])
     printed = capsys.readouterr().out
     rounds = [line.split() for line in printed.splitlines() if "step wall" in line]
     assert len(rounds) == 3
@@ -198,6 +217,9 @@ def test_eager_phases_prints_each_phase_in_three_rounds(capsys):
         wall = float(words[words.index("wall") + 1])
         assert all(t > 0 for t in times) and wall >= max(times)
     assert "launches real, autograd on the worker thread" in printed
+    recorded = {(r["case"].rsplit(": ", 1)[1], r["measure"]): float(r["ours_us"]) for r in _recorded(record)}
+    assert len(recorded) == 16
+    assert recorded["step", "no sync: wall"] / 1e3 == pytest.approx(float(rounds[0][-1]), abs=0.01)
 
 
 def test_compile_warmup_prints_each_call_by_phase(capsys, monkeypatch):

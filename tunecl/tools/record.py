@@ -1,9 +1,12 @@
-"""Append measured results to a results CSV (``benchmarks/results/results.csv``'s columns), with the
-command line that measured them and the commit of the code that ran.
+"""Append measured results to a results CSV, with the command line that measured them and the commit of
+the code that ran.
 
+Two kinds of file: ``benchmarks/results/results.csv`` (:data:`COLUMNS`, rows from :func:`row`: tunecl's
+figure next to a peer's) and ``benchmarks/results/host.csv`` (:data:`HOST_COLUMNS`, rows from
+:func:`host_row`: host time in µs per case of the host-time benchmarks, with its spread and the load).
 The file is checked before a benchmark starts (:func:`check_file`), so a long run never ends on a file
 it cannot write; a row is appended in one write, never rewriting what is there. A file whose header
-differs from :data:`COLUMNS` is refused.
+differs from its kind's columns is refused.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import io
 import math
 import os
 import shlex
+import statistics
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,11 +28,15 @@ from tunecl.errors import TuneclError
 COLUMNS = ("date", "device", "benchmark", "workload", "precision", "unit", "ours", "peer", "peer_name",
            "ratio", "command", "commit")
 THROUGHPUT_UNITS = {"GFLOP/s", "TFLOP/s", "GB/s"}  # higher is better: the ratio is peer ÷ ours
+HOST_COLUMNS = ("date", "device", "benchmark", "case", "measure", "ours_us", "ours_min_us", "ours_max_us",
+                "peer_us", "peer_name", "load", "command", "commit")
+_KINDS = {COLUMNS: "tunecl's results columns", HOST_COLUMNS: "tunecl's host-time columns"}
 
 
-def check_file(path: str | Path) -> Path:
+def check_file(path: str | Path, columns: Sequence[str] = COLUMNS) -> Path:
     """``path`` as a file :func:`append` can extend: a new file in an existing folder, or a CSV whose
-    header is :data:`COLUMNS`. Raises TuneclError (one line) otherwise."""
+    header is ``columns`` (:data:`COLUMNS` or :data:`HOST_COLUMNS`). Raises TuneclError (one line)
+    otherwise."""
     path = Path(path)
     if path.is_dir():
         raise TuneclError(f"--record {path}: a folder, not a CSV file")
@@ -41,9 +49,9 @@ def check_file(path: str | Path) -> Path:
             header = next(csv.reader(fh), [])
     except (OSError, UnicodeDecodeError, csv.Error) as error:
         raise TuneclError(f"--record {path}: cannot read it ({error})") from None
-    if tuple(header) != COLUMNS:
-        raise TuneclError(f"--record {path}: its header is not tunecl's results columns "
-                          f"({','.join(COLUMNS)}); give a new file or a results CSV")
+    if tuple(header) != tuple(columns):
+        raise TuneclError(f"--record {path}: its header is not {_KINDS[tuple(columns)]} "
+                          f"({','.join(columns)}); give a new file or a CSV with that header")
     return path
 
 
@@ -70,11 +78,38 @@ def row(*, device: str, benchmark: str, workload: str, precision: str, unit: str
             "command": command, "commit": commit}
 
 
-def append(path: str | Path, rows: Sequence[Mapping[str, str]]) -> None:
-    """Append ``rows`` to the CSV at ``path`` (written with its header when new or empty), in one write."""
-    path = check_file(path)
+def host_row(*, device: str, benchmark: str, case: str, measure: str, samples_us: Sequence[float],
+             command: str, commit: str, load: float | None, peer_us: float | None = None, peer_name: str = "",
+             date: dt.date | None = None) -> dict[str, str]:
+    """One host-time row: ``ours_us`` is the median of ``samples_us`` (one figure per round or per step,
+    as the benchmark prints its median), ``ours_min_us``-``ours_max_us`` their spread; ``peer_us`` the
+    peer's figure timed in the same run, when the benchmark times one; ``load`` the host's load average."""
+    if not samples_us or min(samples_us) < 0 or not all(math.isfinite(v) for v in samples_us):
+        raise TuneclError(f"cannot record {case} ({measure}): no usable samples {list(samples_us)}")
+    if peer_us is not None and (peer_us <= 0 or not peer_name):
+        raise TuneclError(f"cannot record {case} ({measure}): a peer needs a positive time and a name")
+    return {"date": (date or dt.date.today()).isoformat(), "device": device, "benchmark": benchmark, "case": case,
+            "measure": measure, "ours_us": figure(statistics.median(samples_us)),
+            "ours_min_us": figure(min(samples_us)), "ours_max_us": figure(max(samples_us)),
+            "peer_us": "" if peer_us is None else figure(peer_us), "peer_name": peer_name if peer_us else "",
+            "load": "" if load is None or not math.isfinite(load) else f"{load:.2f}", "command": command,
+            "commit": commit}
+
+
+def load_average() -> float | None:
+    """The host's load average over the last minute (None where the system does not report one)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def append(path: str | Path, rows: Sequence[Mapping[str, str]], columns: Sequence[str] = COLUMNS) -> None:
+    """Append ``rows`` to the CSV at ``path`` (written with its header ``columns`` when new or empty), in
+    one write."""
+    path = check_file(path, columns)
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
+    writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
     if not path.exists() or path.stat().st_size == 0:
         writer.writeheader()
     else:
@@ -83,7 +118,7 @@ def append(path: str | Path, rows: Sequence[Mapping[str, str]]) -> None:
             if fh.read(1) != b"\n":
                 out.write("\n")   # the last row lacks its line end
     for values in rows:
-        writer.writerow({column: values[column] for column in COLUMNS})
+        writer.writerow({column: values[column] for column in columns})
     with path.open("a", newline="") as fh:
         fh.write(out.getvalue())
 
