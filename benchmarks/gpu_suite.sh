@@ -6,7 +6,7 @@
 # Steps: mma bench validate conv tests (the default, in this order); when named: gemm_mma or conv_mma
 # (one half of mma), fp16 (~4 min), pretrans (~3 min), space (~3 min), graph (~5 min: benches with and without
 # --graph, GRAPH_BENCH net:batch:precision:infer|train list), host (~3 min: launch_cost.py,
-# overhead.py, batch_norm.py and host_profile.py), ship (tunes resnet18/50 batch 16 with --train for tunecl/tuning_db/;
+# overhead.py with its rows in OUTDIR/host.csv, batch_norm.py and host_profile.py), ship (tunes resnet18/50 batch 16 with --train for tunecl/tuning_db/;
 # SHIP_TIME_LIMIT seconds per problem, default 8) and convergence (~16 min). Each step gets what is left of the budget (a step that cannot start with at least MIN_STEP_S seconds left is skipped and
 # logged); every command writes its own file under OUTDIR, and OUTDIR.tar.gz is rewritten after
 # every command, so a run cut off from outside still leaves everything finished so far in one file.
@@ -121,7 +121,7 @@ for step in $steps; do
       done ;;
     host)      # where the host time goes: the parts of a launch, an allocation, then resnet50's ops
       run launch_cost 60 "$PY" benchmarks/launch_cost.py --device "$TUNECL_DEVICE"
-      run overhead 60 "$PY" benchmarks/overhead.py
+      run overhead 60 "$PY" benchmarks/overhead.py --record "$out/host.csv"
       run batch_norm 120 "$PY" benchmarks/batch_norm.py --device "$TUNECL_DEVICE" --batch 64 \
         --json "$out/batch_norm.json"
       run host-resnet50-b16-train 120 "$PY" benchmarks/host_profile.py --net resnet50 --batch 16 --train \
