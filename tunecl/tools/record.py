@@ -50,7 +50,7 @@ def check_file(path: str | Path, columns: Sequence[str] = COLUMNS) -> Path:
     except (OSError, UnicodeDecodeError, csv.Error) as error:
         raise TuneclError(f"--record {path}: cannot read it ({error})") from None
     if tuple(header) != tuple(columns):
-        raise TuneclError(f"--record {path}: its header is not {_KINDS[tuple(columns)]} "
+        raise TuneclError(f"--record {path}: its header is not {_KINDS.get(tuple(columns), 'the expected columns')} "
                           f"({','.join(columns)}); give a new file or a CSV with that header")
     return path
 
