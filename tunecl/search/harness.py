@@ -186,6 +186,18 @@ def compare_guarded(out: np.ndarray, guard: int, expected: np.ndarray, tolerance
             f"got {got[worst]:.6g}, expected {expected[worst]:.6g}, tolerance {tolerance[worst]:.2g}")
 
 
+def modified_input(device: Device, inputs: Any) -> str | None:
+    """The message for the first of ``inputs`` ((name, buffer, contents before the run) triples; a None
+    buffer is skipped) whose buffer, guards included, no longer holds its contents bit for bit; else None."""
+    for name, buffer, before in inputs:
+        if buffer is None:
+            continue
+        after = device.download(buffer, before.shape, before.dtype)
+        if not np.array_equal(after.view(np.uint8), before.view(np.uint8)):
+            return f"the plan modified its input {name} (or the guards around it)"
+    return None
+
+
 def guarded(values: np.ndarray, guard: int, dtype: Any = np.float32) -> np.ndarray:
     """``values`` flattened between two guard regions of ``guard`` NaN elements (float32 or float16)."""
     out = np.empty(values.size + 2 * guard, dtype=dtype)
@@ -317,13 +329,7 @@ class GemmBinding:
                                 precision)
             if message:
                 return message
-        for name, buffer in (("A", self.a), ("B", self.b)):
-            before = data[name.lower()]
-            after = device.download(buffer, before.shape, before.dtype)
-            unsigned = _BITS[before.dtype][0]
-            if not np.array_equal(after.view(unsigned), before.view(unsigned)):
-                return f"the plan modified its input {name} (or the guards around it)"
-        return None
+        return modified_input(device, (("A", self.a, data["a"]), ("B", self.b, data["b"])))
 
     def release(self) -> None:
         for buffer in (self.a, self.b, self.c):

@@ -63,6 +63,7 @@ from tunecl.search.harness import (
     compare_guarded,
     guarded,
     half_output_tolerance,
+    modified_input,
     reduction_tolerance,
 )
 
@@ -293,15 +294,7 @@ class AttentionBinding:
             if message:
                 return message
         inputs = ("q", "k", "v", "mask") + (("dout", "out", "lse") if h.problem.direction == "bwd" else ())
-        for name in inputs:
-            buffer = self.buffers.get(name)
-            if buffer is None:
-                continue
-            before = data[name]
-            after = device.download(buffer, before.shape, before.dtype)
-            if not np.array_equal(after.view(np.uint8), before.view(np.uint8)):   # bit for bit
-                return f"the plan modified its input {name} (or the guards around it)"
-        return None
+        return modified_input(device, ((name, self.buffers.get(name), data.get(name)) for name in inputs))
 
     def _guards_intact(self, name: str, initial: np.ndarray) -> str | None:
         g = self.harness.guard

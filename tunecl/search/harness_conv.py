@@ -42,6 +42,7 @@ from tunecl.search.harness import (
     compare_guarded,
     guarded,
     half_output_tolerance,
+    modified_input,
     reduction_tolerance,
     tf32_tolerance,
 )
@@ -288,14 +289,8 @@ class ConvBinding:
                                 getattr(self.plan, "precision", FP32))
             if message:
                 return message
-        for name, key, buffer in (("a", "a", self.a), ("b", "b", self.b), ("bias", "bias", self.bias)):
-            if buffer is None:
-                continue
-            before = data[key]
-            after = device.download(buffer, before.shape, before.dtype)
-            if not np.array_equal(after.view(np.uint8), before.view(np.uint8)):   # bit for bit
-                return f"the plan modified its input {name} (or the guards around it)"
-        return None
+        return modified_input(device, ((name, buffer, data.get(name)) for name, buffer in
+                                       (("a", self.a), ("b", self.b), ("bias", self.bias))))
 
     def release(self) -> None:
         for buffer in (self.a, self.b, self.out, self.bias):
