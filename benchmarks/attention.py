@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                                                "causal": args.causal, "backward": args.backward, "rows": rows},
                                               indent=1))
     if args.record:
-        command = record.command_line("python benchmarks/attention.py", sys.argv[1:] if argv is None else argv)
+        command = record.script_command(__file__, argv)
         commit = record.code_version()
         device = torch.opencl.get_device_name()
         recorded = []

@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
 def record_sums(args: argparse.Namespace, argv: list[str] | None, device: str, rows: list[dict[str, Any]],
                 summary: dict[str, dict[str, Any]]) -> None:
     """Append each direction whose every layer has a peer time to ``--record``'s CSV, in ms per net."""
-    command = record.command_line("python benchmarks/conv.py", sys.argv[1:] if argv is None else argv)
+    command = record.script_command(__file__, argv)
     commit = record.code_version()
     image = f" image {args.image_size}" if args.image_size != 224 else ""
     recorded = []

@@ -144,8 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.record:
         rows = host_rows(rounds, f"{args.net} batch {args.batch} image {args.image_size} train, {mode}",
                          device=torch.opencl.get_device_name(), load=load,
-                         command=record.command_line("python benchmarks/eager_phases.py",
-                                                     sys.argv[1:] if argv is None else argv),
+                         command=record.script_command(__file__, argv),
                          commit=record.code_version())
         record.append(args.record, rows, record.HOST_COLUMNS)
         print(f"recorded {len(rows)} rows in {args.record}", file=sys.stderr)

@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
                                                "rows": rows, "geomean_tuned_vs_peer": vs_peer,
                                                "geomean_tuned_vs_default": vs_default}, indent=2))
     if args.record:
-        command = record.command_line("python benchmarks/gemm.py", sys.argv[1:] if argv is None else argv)
+        command = record.script_command(__file__, argv)
         commit = record.code_version()
         recorded = [record.row(device=device.fingerprint.name, benchmark="gemm", workload=r["shape"],
                                precision=args.precision, unit="GFLOP/s", ours=r["tuned_gflops"],

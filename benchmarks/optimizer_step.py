@@ -119,8 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{'stubbed' if args.stub_launches else 'real'}")
         rows = host_rows({"host": host, "thread CPU": thread, "wall (synchronized per round)": wall}, case,
                          device=torch.opencl.get_device_name(), load=load,
-                         command=record.command_line("python benchmarks/optimizer_step.py",
-                                                     sys.argv[1:] if argv is None else argv),
+                         command=record.script_command(__file__, argv),
                          commit=record.code_version())
         record.append(args.record, rows, record.HOST_COLUMNS)
         print(f"recorded {len(rows)} rows in {args.record}", file=sys.stderr)

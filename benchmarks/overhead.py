@@ -305,8 +305,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.record:
         rows = host_rows(measured, breakdown, cuda, size=args.size, batch=batch,
                          device=torch.opencl.get_device_name(), load=load,
-                         command=record.command_line("python benchmarks/overhead.py",
-                                                     sys.argv[1:] if argv is None else argv),
+                         command=record.script_command(__file__, argv),
                          commit=record.code_version())
         record.append(args.record, rows, record.HOST_COLUMNS)
         print(f"recorded {len(rows)} rows in {args.record}", file=sys.stderr)

@@ -127,3 +127,10 @@ def test_the_code_version_can_be_given(monkeypatch):
     assert record.code_version() == "1b61f79abcde"
     monkeypatch.setenv("TUNECL_CODE_VERSION", "")
     assert record.code_version() != ""
+
+
+def test_a_script_command_names_the_script_and_its_arguments(monkeypatch):
+    assert (record.script_command("/x/benchmarks/overhead.py", ["--ops", "10", "--only", "a + b"])
+            == "python benchmarks/overhead.py --ops 10 --only 'a + b'")
+    monkeypatch.setattr("sys.argv", ["overhead.py", "--layers"])
+    assert record.script_command("/x/benchmarks/overhead.py", None) == "python benchmarks/overhead.py --layers"

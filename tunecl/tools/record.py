@@ -19,6 +19,7 @@ import os
 import shlex
 import statistics
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -126,6 +127,13 @@ def append(path: str | Path, rows: Sequence[Mapping[str, str]], columns: Sequenc
 def command_line(program: str, argv: Sequence[str]) -> str:
     """The command as a shell would take it back: ``program`` and the arguments, quoted where needed."""
     return " ".join([program, shlex.join(argv)]) if argv else program
+
+
+def script_command(script: str | Path, argv: Sequence[str] | None) -> str:
+    """The command line of a benchmark script as run: ``python FOLDER/NAME.py`` (``script`` is its
+    ``__file__``) and ``argv``, or this process's arguments when ``argv`` is None (run from the shell)."""
+    script = Path(script)
+    return command_line(f"python {script.parent.name}/{script.name}", sys.argv[1:] if argv is None else argv)
 
 
 def code_version() -> str:
