@@ -87,6 +87,19 @@ def test_optimizer_step_rows_one_per_printed_figure():
     assert [(r["measure"], r["ours_us"], r["ours_min_us"], r["ours_max_us"]) for r in rows] == [
         ("host", "450.0", "400.0", "500.0"), ("thread CPU", "600.0", "600.0", "700.0"),
         ("wall (synchronized per round)", "200000", "200000", "200000")]
+    assert {(r["peer_us"], r["peer_name"]) for r in rows} == {("", "")}
+
+
+def test_optimizer_step_rows_carry_the_cuda_peer_timed_in_the_same_run():
+    script = _script("optimizer_step")
+    ours = {"host": [4e-4, 5e-4, 4.5e-4], "thread CPU": [6e-4], "wall (synchronized per round)": [0.2]}
+    peer = {"host": [1e-4, 3e-4, 2e-4], "thread CPU": [1.5e-4], "wall (synchronized per round)": [0.1]}
+    rows = script.host_rows(ours, "resnet18 (62 tensors) adam fused, launches real", peer=peer, **COMMON)
+    assert [(r["measure"], r["peer_us"], r["peer_name"]) for r in rows] == [
+        ("host", "200.0", "torch CUDA"), ("thread CPU", "150.0", "torch CUDA"),
+        ("wall (synchronized per round)", "100000", "torch CUDA")]
+    line = script._line("host µs per step", ours["host"], peer["host"])
+    assert "torch CUDA    200.0" in line and "ratio 2.25x" in line
 
 
 def test_host_rows_are_appended_under_one_header_and_shown_latest_per_case(tmp_path, monkeypatch):
