@@ -48,3 +48,15 @@ def test_search_space_count_twice_enumerates_once():
     assert search.count(10) == 11 and search.count(10) == 11
     assert len(calls) == 21  # 11 even configs: up to the 21st generated, once
     assert search.count(100) == 25 and len(calls) == 50
+
+
+def test_is_valid_answers_what_violations_finds():
+    space = Space(params={"A": (1, 2, 4), "B": (8, 16), "C": (0, 1)},
+                  constraints=[Constraint("A_divides_B", lambda c: c["B"] % (4 * c["A"]) == 0),
+                               Constraint("C_only_with_small_A", lambda c: c["C"] == 0 or c["A"] < 4)],
+                  implied={"C": 0})
+    cases = [dict(zip("ABC", values)) for values in itertools.product((1, 2, 3, 4), (8, 16, 32), (0, 1))]
+    cases += [{"A": 1, "B": 8}, {"A": 1}, {"A": 1, "B": 8, "D": 0}, {"A": 1, "B": 8, "C": 0, "D": 0}, {}]
+    for config in cases:
+        assert space.is_valid(config) == (not space.violations(config)), config
+    assert space.is_valid({"A": 2, "B": 16}) and not space.is_valid({"A": 4, "B": 16, "C": 1})

@@ -105,7 +105,20 @@ class Space:
         return [c.name for c in self.constraints if not c.check(config)]
 
     def is_valid(self, config: Mapping[str, int]) -> bool:
-        return not self.violations(config)
+        """Whether :meth:`violations` finds nothing (stopping at the first: plan defaults ask this of
+        hundreds of candidates)."""
+        config = self.complete(config)
+        params = self.params
+        if len(config) != len(params):
+            return False
+        for name, value in config.items():
+            values = params.get(name)
+            if values is None or value not in values:
+                return False
+        for constraint in self.constraints:
+            if not constraint.check(config):
+                return False
+        return True
 
     def configs(self) -> list[Config]:
         """All valid configs (computed on first use, then kept)."""

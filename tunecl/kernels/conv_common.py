@@ -274,9 +274,15 @@ def fit_default(space: Space, preferred: Config) -> Config:
     if space.is_valid(preferred):
         return dict(preferred)
 
-    def distance(config: Config) -> float:
-        return sum(abs(np.log2(max(config[k], 0) + 1) - np.log2(max(preferred.get(k, 0), 0) + 1))
-                   for k in config)
+    terms: dict[tuple[str, int], float] = {}   # (parameter, value) -> its part of the distance
+
+    def term(key: tuple[str, int]) -> float:
+        k, value = key
+        found = terms[key] = abs(np.log2(max(value, 0) + 1) - np.log2(max(preferred.get(k, 0), 0) + 1))
+        return found
+
+    def distance(config: Config) -> float:   # (the parts summed in the config's order, as always)
+        return sum(terms[key] if key in terms else term(key) for key in config.items())
 
     configs = space.configs()
     if not configs:

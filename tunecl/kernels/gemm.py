@@ -418,6 +418,9 @@ class GemmPlan:
 _TILES = (16, 32, 64, 128, 256)
 _THREADS = (8, 16, 32)
 _LOADERS = (8, 16, 32, 64, 128, 256)
+_LOADER_PARAMS = frozenset({"MDIMA", "NDIMB", "VWA", "VWB"})   # what GemmTiled._complete sets
+# a preset's refinements given up one by one when it breaks a rule for the problem (GemmTiled.default)
+_RELAXED = ({}, {"GM": 1}, {"GM": 1, "KWG": 8, "KWI": 2}, {"GM": 1, "STRM": 0, "STRN": 0})
 
 
 def capabilities(device: Any) -> frozenset[str]:
@@ -737,13 +740,25 @@ class GemmTiled:
                 "VWM": vwm, "VWN": vwn, "STRM": int(gpu), "STRN": int(gpu), "KWI": 2 if gpu else 8, "SA": 1,
                 "SB": 1, "DB": 1 if gpu else 0, "PAD": 0, "GM": 8 if gpu else 1, "RWGS": 0, "MAXRREG": 0,
                 "ASYNC": 0, "STREAMK": 0}
+        # The rules that read no loader setting give one answer per refinement whatever the loaders:
+        # asked once each (hundreds of loader settings are tried when the widest ones break a rule).
+        independent = [check for _, needs, check in rules if _LOADER_PARAMS.isdisjoint(needs)]
+        dependent = [check for _, needs, check in rules if not _LOADER_PARAMS.isdisjoint(needs)]
+        passes: dict[int, bool] = {}
+        params = space.params
         for config in self._complete(base, problem):
             # If the preset breaks a rule for this problem, give up its refinements one by one.
-            for relax in ({}, {"GM": 1}, {"GM": 1, "KWG": 8, "KWI": 2}, {"GM": 1, "STRM": 0, "STRN": 0}):
+            for index, relax in enumerate(_RELAXED):
                 candidate = {**config, **relax}
                 candidate["STRM"] &= int(candidate["MWG"] // candidate["MDIMC"] > candidate["VWM"])
                 candidate["STRN"] &= int(candidate["NWG"] // candidate["NDIMC"] > candidate["VWN"])
-                if space.is_valid(candidate) and all(check(candidate) for _, _, check in rules):
+                ok = passes.get(index)
+                if ok is None:
+                    ok = passes[index] = all(check(candidate) for check in independent)
+                # (the space's own constraints are among the rules: what is_valid adds is the value ranges)
+                if (ok and len(candidate) == len(params)
+                        and all(value in params.get(name, ()) for name, value in candidate.items())
+                        and all(check(candidate) for check in dependent)):
                     return candidate
         return None
 
