@@ -86,6 +86,25 @@ def test_isin(shape, test_shape, invert):
     check_op(lambda e, t: torch.isin(e, t, invert=invert), elements.float() / 2, test.float() / 2)
 
 
+def test_isin_the_kernels_do_not_search_runs_on_the_cpu_with_its_result_and_errors():
+    """bfloat16 elements (no search kernel): the CPU fallback's answer, not an error; an ``out`` of another
+    dtype than bool: CPU torch's error."""
+    import warnings
+
+    from tunecl import config
+
+    elements, test = torch.tensor([1.0, 2.0, 3.0]).bfloat16(), torch.tensor([2.0, 5.0]).bfloat16()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # (the fallback's warning)
+        got = torch.isin(elements.to("opencl"), test.to("opencl"), invert=True)
+    assert got.device.type == "opencl" and got.cpu().tolist() == torch.isin(elements, test, invert=True).tolist()
+    with config.override(fallback="error"), pytest.raises(RuntimeError, match="isin of torch.bfloat16"):
+        torch.isin(elements.to("opencl"), test.to("opencl"))
+    with pytest.raises(RuntimeError, match="Expected out tensor to have dtype bool"):
+        torch.isin(torch.ones(2, device="opencl"), torch.ones(1, device="opencl"),
+                   out=torch.empty(2, device="opencl"))
+
+
 def test_isin_of_mixed_dtypes_nan_scalars_and_strided_views(strict):
     e = torch.tensor([1.0, float("nan"), 2.5, -0.0, 3.0])
     t = torch.tensor([float("nan"), 0.0, 3.0])

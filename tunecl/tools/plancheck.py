@@ -16,7 +16,6 @@ import argparse
 import json
 import sys
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from tunecl.tools import use_device
 
@@ -42,7 +41,7 @@ def check_net_plans(net: str, *, device: str | None = None, batch: int = 2, imag
 
     dev = state.get().device
     checks = []
-    for problem, count in sorted(net_problems(net, batch, image_size, train).items(),
+    for problem, count in sorted(net_problems(net, batch, image_size, train, dev.fingerprint.device_type).items(),
                                  key=lambda item: item[0].key):
         plans.plan(problem)
         entry = plans.cached(problem)

@@ -13,7 +13,7 @@ from tunecl.backend import copies, memory, state
 from tunecl.backend.operands import operand
 from tunecl.backend.ops.scan import split_lines
 from tunecl.kernels.sort import padded
-from tunecl.kernels.strided import Operand
+from tunecl.kernels.strided import Operand, Unsupported
 
 
 def _sorted_into(self: torch.Tensor, dim: int, descending: bool, keep: int, values: torch.Tensor,
