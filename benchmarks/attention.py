@@ -2,8 +2,9 @@
 softmax, matmul on the device's kernels), and torch's own SDPA as the peer, timed in the same run.
 
 For each sequence length (L = S, ``--seq``; head dim ``--head-dim``, ``--heads`` heads, ``--batch``), the
-opencl rows are ``fused`` (the backend's route) and ``math`` (the same call under
-``torch.nn.attention.sdpa_kernel([SDPBackend.MATH])``), each timed ``--iterations`` times per round over
+opencl rows are ``fused`` (the fused kernels: the call under
+``torch.nn.attention.sdpa_kernel([SDPBackend.OVERRIDEABLE])``, which the backend takes for inference and,
+on GPUs, for training) and ``math`` (under ``sdpa_kernel([SDPBackend.MATH])``: what a CPU device trains on), each timed ``--iterations`` times per round over
 ``--rounds`` interleaved rounds: device time (the sum of the call's kernel events,
 :class:`tunecl.profiling.KernelProfile`) and wall time to completion. The peer is torch's SDPA on CUDA
 (timed by CUDA events; flash or memory-efficient kernels, as torch picks) where torch sees CUDA, else on

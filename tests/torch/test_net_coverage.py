@@ -69,9 +69,18 @@ BEYOND_CNN_OPS = {
 }
 
 
+@pytest.fixture
+def fused_training(monkeypatch):
+    """Attention that needs gradients trains on the fused kernels, as on a GPU, whatever this device is
+    (a CPU device takes the math path: ``tunecl.kernels.attention.math_for_training``)."""
+    from tunecl.kernels import attention
+
+    monkeypatch.setattr(attention, "math_for_training", lambda *args: False)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("net", list(BEYOND_CNNS))
-def test_every_op_of_the_transformers_and_convnexts_has_a_device_kernel(net):
+def test_every_op_of_the_transformers_and_convnexts_has_a_device_kernel(net, fused_training):
     if net.startswith("hf:"):
         pytest.importorskip("transformers")
     result = walk(net, image_size=BEYOND_CNNS[net])
@@ -89,23 +98,39 @@ def test_every_op_of_the_transformers_and_convnexts_has_a_device_kernel(net):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("route", ["device", "fused"])
 @pytest.mark.parametrize("net,size", [("resnet18", 32), ("vit_b_16", 32), ("hf:bert", 8), ("hf:gpt2", 8)])
-def test_tune_net_extracts_every_conv_gemm_and_attention_problem_a_training_step_runs(net, size):
+def test_tune_net_extracts_every_conv_gemm_and_attention_problem_a_training_step_runs(net, size, route,
+                                                                                    monkeypatch):
     """``tunecl tune --net`` tunes what the backend will plan: the problems extracted on the meta device
     (convs from module hooks, GEMMs from the dispatched matrix products: linear layers; the fused
-    attention's problems, both directions) are exactly those a dry run of the net's eval forward and
-    training step plans."""
+    attention's problems, both directions, where training takes the fused kernels) are exactly those a
+    dry run of the net's eval forward and training step plans. ``route``: this device's own choice for
+    attention that needs gradients (the math path on a CPU device), or the fused kernels as on a GPU."""
     if net.startswith("hf:"):
         pytest.importorskip("transformers")
+    from tunecl.kernels import attention
     from tunecl.search.workload import net_problems
 
-    training = {p.key for p in net_problems(net, batch=2, image_size=size, train=True)}
-    inference = {p.key for p in net_problems(net, batch=2, image_size=size)}
+    if route == "fused":
+        monkeypatch.setattr(attention, "math_for_training", lambda *args: False)
+    device_type = state.get().device.fingerprint.device_type
+    training = {p.key for p in net_problems(net, batch=2, image_size=size, train=True, device_type=device_type)}
+    inference = {p.key for p in net_problems(net, batch=2, image_size=size, device_type=device_type)}
     planned = set(walk(net, image_size=size, optimizers=()).plans)
-    assert training == planned
-    assert inference < training and any(key.startswith("gemm:") for key in inference)
-    attention = {key.rsplit(",dir=", 1)[1] for key in training if key.startswith("attention:")}
-    assert attention == (set() if net == "resnet18" else {"fwd,dtype=float32", "bwd,dtype=float32"})
+    assert training | inference == planned
+    assert any(key.startswith("gemm:") for key in inference)
+    directions = {phase: {key.rsplit(",dir=", 1)[1] for key in keys if key.startswith("attention:")}
+                  for phase, keys in (("training", training), ("inference", inference))}
+    math_training = route == "device" and device_type == "cpu"
+    if net == "resnet18":
+        assert directions == {"training": set(), "inference": set()} and inference < training
+    elif math_training:   # the math path's products instead
+        assert directions == {"training": set(), "inference": {"fwd,dtype=float32"}}
+        assert any(key.startswith("gemm:") and ",batch=" in key and "batch=1," not in key for key in training)
+    else:
+        assert directions == {"training": {"fwd,dtype=float32", "bwd,dtype=float32"},
+                              "inference": {"fwd,dtype=float32"}} and inference < training
 
 
 # -- the check sees what falls back, and only what a real run asks ---------------------------------------

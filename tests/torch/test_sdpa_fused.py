@@ -16,6 +16,15 @@ FUSED = "aten::_scaled_dot_product_fused_attention_overrideable"
 FUSED_BACKWARD = "aten::_scaled_dot_product_fused_attention_overrideable_backward"
 
 
+@pytest.fixture(autouse=True)
+def fused_training(monkeypatch):
+    """Calls that need gradients take the fused kernels here on any device (a CPU device trains on the math
+    path otherwise: ``tunecl.kernels.attention.math_for_training``), so the fused backward is what is tested."""
+    from tunecl.kernels import attention
+
+    monkeypatch.setattr(attention, "math_for_training", lambda *args: False)
+
+
 def _run(q, k, v, *, mask=None, causal=False, scale=None, view=None, dtype=torch.float32, **kwargs):
     """Output and q/k/v gradients on the device (``dtype``, through ``view`` if given) and on the CPU in
     float64, for the same upstream gradient."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -14,6 +15,15 @@ from tunecl.cli import main
 from tunecl.problems import AttentionProblem
 
 PROBLEM = AttentionProblem(2, 3, 21, 13, 8, 8, mask="float")
+
+
+@pytest.fixture(autouse=True)
+def fused_training(monkeypatch):
+    """Calls that need gradients take the fused kernels here on any device (a CPU device trains on the math
+    path otherwise: ``tunecl.kernels.attention.math_for_training``), so the fused backward is what is tested."""
+    from tunecl.kernels import attention
+
+    monkeypatch.setattr(attention, "math_for_training", lambda *args: False)
 
 
 def _tune(problem: AttentionProblem, capsys) -> dict:

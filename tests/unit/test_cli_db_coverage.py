@@ -166,15 +166,16 @@ def test_a_user_db_that_does_not_exist_is_empty_and_stays_absent(capsys, tiny_ne
 def test_all_names_the_seed_nets(capsys, stored, monkeypatch):
     from tunecl.search import workload
 
-    extracted = []
+    extracted, device_types = [], set()
     monkeypatch.setattr(workload, "net_problems",
-                        lambda net, batch, size, train: extracted.append((net, batch, size, train))
-                        or collections.Counter({FC: 1}))
+                        lambda net, batch, size, train, device_type: extracted.append((net, batch, size, train))
+                        or device_types.add(device_type) or collections.Counter({FC: 1}))
     code, out, _ = _run(capsys, "db", "coverage", "--net", "all,resnet18", "--batch", "16,64", "--mode", "training",
                         "--db", str(stored), "--device", "gpu 9000", "--json")
     assert code == 0
     assert extracted == [(net, batch, 224, True) for net in coverage.NETS for batch in (16, 64)]
     assert len(coverage.NETS) == 18 and len(json.loads(out)["rows"]) == 36
+    assert device_types == {"gpu"}   # the stored device's type: which route its attention trains on
 
 
 @pytest.mark.parametrize("argv,message", [

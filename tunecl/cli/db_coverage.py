@@ -176,7 +176,8 @@ def _coverage(db: Any, fingerprint: Any, nets: list[str], args: argparse.Namespa
                 if sys.stderr.isatty():
                     print(f"extracting {net} batch {batch} {mode}", file=sys.stderr, flush=True)
                 try:
-                    workload = net_problems(net, batch, args.image_size, train=plan_sources.MODES[mode])
+                    workload = net_problems(net, batch, args.image_size, train=plan_sources.MODES[mode],
+                                            device_type=fingerprint.device_type)
                 except (ValueError, RuntimeError, ImportError, AttributeError) as error:
                     raise TuneclError(f"cannot extract the workload of {net!r} at batch {batch}, image "
                                       f"{args.image_size}: {str(error).splitlines()[0]}") from None

@@ -388,7 +388,8 @@ def run_net(args: argparse.Namespace, device: Any, options: dict[str, Any]) -> i
     from tunecl.tune import tune_workload
 
     try:
-        workload = net_problems(args.net, args.batch, args.image_size, train=args.train)
+        workload = net_problems(args.net, args.batch, args.image_size, train=args.train,
+                                device_type=device.fingerprint.device_type)
     except ValueError as error:
         if str(error).startswith("unknown model"):   # it names the known models itself
             raise TuneclError(str(error)) from None

@@ -143,6 +143,28 @@ def _broadcasts(shape: Sequence[int], to: Sequence[int]) -> bool:
     return len(shape) <= len(to) and all(n in (1, m) for n, m in zip(reversed(shape), reversed(to)))
 
 
+# Scores of at most this many bytes (batch x heads x L x S float32) may be stored by the math path.
+MATH_SCORES_BYTES = 256 << 20
+
+
+def math_for_training(device_type: str, query: Sequence[int], key: Sequence[int]) -> bool:
+    """Whether a call that needs gradients takes the math decomposition (matrix products and softmax,
+    its scores stored for the backward) instead of the fused kernels, on a device of ``device_type``
+    (``Fingerprint.device_type``) for these query and key shapes (batch dims, rows, head dim).
+
+    On CPU devices the fused backward measured slower than the math backward (PoCL, batch 1, 4 heads,
+    head dim 64, forward + backward ms, fused vs math: sequence 128 4.34 vs 3.33, 512 64.5 vs 24.9, and
+    56.0 vs 24 with a tuned backward), so training takes the math path there while its scores fit
+    :data:`MATH_SCORES_BYTES`; the fused kernels keep longer sequences in bounded memory. GPUs train on
+    the fused kernels. The backend and ``tunecl tune --net``'s workload extraction both ask this."""
+    if device_type != "cpu":
+        return False
+    batch = 1
+    for n in query[:-2]:
+        batch *= n
+    return 4 * batch * query[-2] * key[-2] <= MATH_SCORES_BYTES
+
+
 def unsupported(query: Sequence[int], key: Sequence[int], value: Sequence[int], dtypes: Sequence[str],
                 mask: Sequence[int] | None = None, mask_dtype: str | None = None, mask_requires_grad: bool = False,
                 dropout_p: float = 0.0, is_causal: bool = False) -> str | None:

@@ -93,9 +93,12 @@ def build_on_meta(build: Callable[[], Any]) -> Any:
         return build().to("meta")
 
 
-def extract(model: Any, batch: int, image_size: int, train: bool = False) -> collections.Counter[Problem]:
+def extract(model: Any, batch: int, image_size: int, train: bool = False,
+            device_type: str = "gpu") -> collections.Counter[Problem]:
     """Count the conv, GEMM and attention problems one forward (and, with ``train``, backward) pass
-    asks for; ``image_size`` is a language model's sequence length (a model with ``example_batch``)."""
+    asks for on a device of ``device_type`` (``Fingerprint.device_type``: which attention calls train on
+    the fused kernels depends on it); ``image_size`` is a language model's sequence length (a model with
+    ``example_batch``)."""
     import torch
 
     found: collections.Counter[Problem] = collections.Counter()
@@ -146,7 +149,7 @@ def extract(model: Any, batch: int, image_size: int, train: bool = False) -> col
             x = torch.empty(batch, 3, image_size, image_size, device="meta")
         else:   # token ids (the values do not matter on the meta device)
             x = example(batch, image_size, torch.Generator().manual_seed(0))[0].to("meta")
-        with _attention_recorder(found), _gemm_recorder(found), torch.set_grad_enabled(train):
+        with _attention_recorder(found, device_type), _gemm_recorder(found), torch.set_grad_enabled(train):
             out = model(x)
             if train:   # a dense gradient of the output's shape and layout, as a loss's backward gives
                 out.backward(torch.empty_like(out))
@@ -222,7 +225,7 @@ def attention_of(args: tuple, kwargs: dict[str, Any] | None = None) -> Attention
 
 
 @contextlib.contextmanager
-def _attention_recorder(found: collections.Counter[Problem]) -> Iterator[None]:
+def _attention_recorder(found: collections.Counter[Problem], device_type: str = "gpu") -> Iterator[None]:
     """While active, ``torch.nn.functional.scaled_dot_product_attention`` (what ``nn.MultiheadAttention``,
     Hugging Face's models and most code call) counts every call the fused kernels compute into ``found``
     (forward, and backward where the query, key or value needs a gradient) and runs it as
@@ -237,8 +240,11 @@ def _attention_recorder(found: collections.Counter[Problem]) -> Iterator[None]:
         if problem is None:
             return original(*args, **kwargs)
         query, key, value = _sdpa_call(*args, **kwargs)[:3]
+        backward = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+        if backward and attention.math_for_training(device_type, query.shape, key.shape):
+            return original(*args, **kwargs)   # the math path, as the backend trains there
         found[problem] += 1
-        if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+        if backward:
             found[problem.with_direction("bwd")] += 1
         return _stand_in().apply(query, key, value)
 
@@ -275,8 +281,8 @@ def _stand_in() -> Any:
     return FusedStandIn
 
 
-def net_problems(name: str, batch: int = 16, image_size: int = 224,
-                 train: bool = False) -> collections.Counter[Problem]:
+def net_problems(name: str, batch: int = 16, image_size: int = 224, train: bool = False,
+                 device_type: str = "gpu") -> collections.Counter[Problem]:
     """:func:`extract` for a model given by name (see :func:`build_model`; ``image_size`` is a language
     model's sequence length), built on the meta device (:func:`build_on_meta`)."""
-    return extract(build_on_meta(model_builder(name, image_size)), batch, image_size, train)
+    return extract(build_on_meta(model_builder(name, image_size)), batch, image_size, train, device_type)

@@ -9,7 +9,10 @@ nothing against it, else torch's own decomposition. The fused path takes float32
 equal batch dims and head dims up to 256, any strides, ``is_causal``, a boolean or additive mask that
 broadcasts to (..., L, S) and does not need a gradient, and ``scale``. Dropout (``dropout_p > 0``),
 grouped-query heads (``enable_gqa`` with fewer key heads), nested tensors, a mask that requires grad,
-and ``torch.nn.attention.sdpa_kernel`` without ``SDPBackend.OVERRIDEABLE`` take the math path.
+and ``torch.nn.attention.sdpa_kernel`` without ``SDPBackend.OVERRIDEABLE`` take the math path; so does a
+call that needs gradients on a device where the fused backward is the slower one
+(:func:`tunecl.kernels.attention.math_for_training`: CPU devices, scores of up to 256 MiB) unless
+``sdpa_kernel`` leaves out ``SDPBackend.MATH``.
 ``_fused_sdp_choice`` answers the same choice for callers that ask it directly.
 """
 
@@ -21,7 +24,7 @@ from typing import Any
 import torch
 from torch.nn.attention import SDPBackend
 
-from tunecl.backend import memory, plans
+from tunecl.backend import memory, plans, state
 from tunecl.backend.operands import operand
 from tunecl.kernels import attention as family
 from tunecl.kernels.attention import AttentionOperands
@@ -67,7 +70,10 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
                                  enable_gqa: bool = False) -> torch.Tensor:
     """torch's op on ``AutogradPrivateUse1``: the fused kernels through the overrideable op (whose
     autograd formula runs the fused backward), or torch's decomposition."""
-    if fused_reason(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) is not None:
+    if fused_reason(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) is not None or (
+            torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+            and torch._C._get_math_sdp_enabled()
+            and family.math_for_training(state.get().device.fingerprint.device_type, query.shape, key.shape)):
         return _sdpa.decompose(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
                                enable_gqa=enable_gqa)
     shape = (*query.shape[:-1], value.shape[-1])
