@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import types
+
 import pytest
 
 import tunecl.search.tuner as tuner_module
@@ -87,6 +89,7 @@ def test_good_arguments_parse_into_problems():
 
 class _FakeDevice:
     name = "Fake device"
+    fingerprint = types.SimpleNamespace(device_type="gpu", label="Fake device")
 
 
 def test_no_algorithms_is_a_clean_error(monkeypatch, capsys):
