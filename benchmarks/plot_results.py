@@ -10,8 +10,11 @@ for throughput units (GFLOP/s) that is peer ÷ ours. The script recomputes it fr
     python benchmarks/plot_results.py --device H200 -o h200.png
     python benchmarks/plot_results.py --markdown > docs/results.md
 
-``--markdown`` also shows the nets ``tunecl validate`` checked (``validate.csv``) and the host-time
-benchmarks' rows (``host.csv``: a table per device, the latest row of each case and measure).
+``--markdown`` also shows the nets ``tunecl validate`` checked (``validate.csv``), the host-time
+benchmarks' rows (``host.csv``: a table per device, the latest row of each case and measure) and the
+nets' eager ratios next to the dlprimitives backend's on the same device (``dlprimitives.csv``: its time
+÷ torch CUDA per device and workload, with where the figure comes from); the PNG marks those ratios on
+the matching bars.
 
 The PNG needs matplotlib (``pip install -e '.[plots]'``); ``--markdown`` needs nothing beyond Python.
 """
@@ -26,6 +29,7 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results" / "results.csv"
 VALIDATED = RESULTS.with_name("validate.csv")
 HOST = RESULTS.with_name("host.csv")
+DLPRIMITIVES = RESULTS.with_name("dlprimitives.csv")   # the predecessor backend's ratios to torch CUDA
 THROUGHPUT_UNITS = {"GFLOP/s", "TFLOP/s", "GB/s"}
 COLUMNS = ("date", "device", "benchmark", "workload", "precision", "unit", "ours", "peer", "peer_name",
            "ratio", "command", "commit")   # tunecl.tools.record.COLUMNS
@@ -137,8 +141,64 @@ def host_markdown(path: Path) -> str:
     return "\n".join(out)
 
 
-def plot(rows: list[dict[str, str]], output: Path) -> None:
-    """Horizontal bars of ours ÷ peer (log scale), one per row, coloured by benchmark."""
+def load_dlprimitives(path: Path) -> dict[tuple[str, str], dict[str, str]]:
+    """The dlprimitives backend's ratios to torch CUDA by (device, workload); a ``source`` of ``same``
+    repeats the row above's."""
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        if tuple(reader.fieldnames or ()) != ("device", "workload", "ratio", "source"):
+            raise SystemExit(f"{path}: expected the columns device,workload,ratio,source")
+        found, source = {}, ""
+        for number, row in enumerate(reader, start=2):
+            source = source if row["source"] == "same" else row["source"]
+            try:
+                ratio = float(row["ratio"])
+            except ValueError:
+                ratio = -1.0
+            if not source or ratio <= 0:
+                raise SystemExit(f"{path}:{number}: needs a positive ratio and a source")
+            found[row["device"], row["workload"]] = {**row, "source": source}
+    return found
+
+
+def _predecessor(row: dict[str, str], dlprimitives: dict[tuple[str, str], dict[str, str]]) -> dict | None:
+    """The dlprimitives row for a torch CUDA eager comparison of the same workload on the same device."""
+    if row["benchmark"] != "net" or "CUDA" not in row["peer_name"] or row["precision"] != "fp32":
+        return None
+    return dlprimitives.get((row["device"], row["workload"]))
+
+
+def dlprimitives_markdown(rows: list[dict[str, str]], dlprimitives: dict[tuple[str, str], dict[str, str]]) -> str:
+    """The latest eager net rows (by date, then file order) next to the dlprimitives backend's ratio on the
+    same device, each figure's source as a numbered note."""
+    latest: dict[tuple[str, str], dict[str, str]] = {}
+    for row in rows:
+        key = (row["device"], row["workload"])
+        if _predecessor(row, dlprimitives) is not None and row["date"] >= latest.get(key, {}).get("date", ""):
+            latest[key] = row
+    sources: list[str] = []
+    out = ["## Next to the dlprimitives backend", "",
+           "tunecl's eager time ÷ torch CUDA's (the latest row of each net above) next to the same ratio of",
+           "the dlprimitives PyTorch backend that tunecl succeeds, on the same device (`dlprimitives.csv`).", "",
+           "| device | workload | tunecl ÷ CUDA | dlprimitives ÷ CUDA | measured |",
+           "|---|---|---:|---:|---|"]
+    for key, row in latest.items():
+        theirs = dlprimitives[key]
+        if theirs["source"] not in sources:
+            sources.append(theirs["source"])
+        measured = row["date"] + (f" at {row['commit']}" if row.get("commit") else "")
+        out.append(f"| {row['device']} | {row['workload']} | {time_ratio(row):.2f} | "
+                   f"{float(theirs['ratio']):.2f} [{sources.index(theirs['source']) + 1}] | {measured} |")
+    out.append("")
+    out += [f"[{number}] {source}" + ("  " if number < len(sources) else "")
+            for number, source in enumerate(sources, start=1)]
+    return "\n".join(out + [""])
+
+
+def plot(rows: list[dict[str, str]], output: Path,
+         dlprimitives: dict[tuple[str, str], dict[str, str]] | None = None) -> None:
+    """Horizontal bars of ours ÷ peer (log scale), one per row, coloured by benchmark; a black diamond
+    marks the dlprimitives backend's ratio where ``dlprimitives`` has one for the row's workload."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -161,14 +221,37 @@ def plot(rows: list[dict[str, str]], output: Path) -> None:
     ax.axvline(1.0, color="black", linewidth=0.8)
     for yi, ratio in zip(y, ratios):
         ax.text(ratio, yi, f" {ratio:.2f}", va="center", fontsize=7)
+    marked = [(yi, float(theirs["ratio"])) for yi, row in zip(y, rows)
+              if (theirs := _predecessor(row, dlprimitives or {})) is not None]
+    if marked:
+        ax.scatter([r for _, r in marked], [yi for yi, _ in marked], marker="D", color="black", s=14, zorder=3)
     ax.set_xlabel("tunecl time ÷ peer time (log scale; below 1: tunecl faster)")
     devices = ", ".join(dict.fromkeys(row["device"] for row in rows))
     ax.set_title(f"tunecl against its peer, measured in the same run ({devices})", fontsize=9)
     handles = [plt.Rectangle((0, 0), 1, 1, color=palette(i % 10)) for i in range(len(kinds))]
-    ax.legend(handles, kinds, fontsize=7, loc="lower right")
+    names = list(kinds)
+    if marked:
+        handles.append(plt.Line2D([], [], marker="D", color="black", linestyle="none", markersize=4))
+        names.append("dlprimitives backend ÷ torch CUDA")
+    ax.legend(handles, names, fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(output, dpi=120)
     plt.close(fig)
+
+
+def page(rows: list[dict[str, str]], with_others: bool = True) -> str:
+    """``docs/results.md``: the results' tables, then (``with_others``: for the repository's own results file)
+    the validated nets, the host-time figures and the comparison with the dlprimitives backend where their
+    files exist; each part ends with a newline."""
+    parts = [markdown(rows)]
+    if with_others:
+        if VALIDATED.exists():
+            parts.append(validated_markdown(VALIDATED))
+        if HOST.exists():
+            parts.append(host_markdown(HOST))
+        if DLPRIMITIVES.exists():
+            parts.append(dlprimitives_markdown(rows, load_dlprimitives(DLPRIMITIVES)))
+    return "".join(part + "\n" for part in parts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,13 +267,9 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     if args.markdown:
-        print(markdown(rows))
-        if VALIDATED.exists() and args.results == RESULTS:
-            print(validated_markdown(VALIDATED))
-        if HOST.exists() and args.results == RESULTS:
-            print(host_markdown(HOST))
+        print(page(rows, with_others=args.results == RESULTS), end="")
         return 0
-    plot(rows, args.output)
+    plot(rows, args.output, load_dlprimitives(DLPRIMITIVES) if DLPRIMITIVES.exists() else None)
     print(f"wrote {args.output}: {len(rows)} results")
     return 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import importlib.util
 import re
 from pathlib import Path
@@ -134,3 +135,27 @@ def test_a_script_command_names_the_script_and_its_arguments(monkeypatch):
             == "python benchmarks/overhead.py --ops 10 --only 'a + b'")
     monkeypatch.setattr("sys.argv", ["overhead.py", "--layers"])
     assert record.script_command("/x/benchmarks/overhead.py", None) == "python benchmarks/overhead.py --layers"
+
+
+def test_eager_net_rows_are_shown_next_to_the_dlprimitives_ratio_of_the_same_device_and_workload(tmp_path):
+    plot = _plot_results()
+    results, theirs = tmp_path / "results.csv", tmp_path / "dlprimitives.csv"
+    record.append(results, [
+        _row(workload="tiny batch 2 train", ours=3.0, peer=2.0, peer_name="torch CUDA eager", date=dt.date(2026, 1, 1)),
+        _row(workload="tiny batch 2 train", ours=2.4, peer=2.0, peer_name="torch CUDA eager", date=dt.date(2026, 1, 2)),
+        _row(workload="tiny batch 2 train graph", ours=2.0, peer=2.0, peer_name="torch CUDA graph"),
+        _row(workload="tiny batch 2 inference", ours=1.0, peer=2.0, peer_name="torch CPU")])
+    theirs.write_text("device,workload,ratio,source\n"
+                      "Acme GPU,tiny batch 2 train,1.5,the predecessor on the same GPU\n"
+                      "Acme GPU,tiny batch 2 inference,1.25,same\n"
+                      "Other GPU,tiny batch 2 train,9,elsewhere\n")
+    found = plot.load_dlprimitives(theirs)
+    assert found["Acme GPU", "tiny batch 2 inference"]["source"] == "the predecessor on the same GPU"
+    page = plot.dlprimitives_markdown(plot.load(results), found)
+    rows = [line for line in page.splitlines() if line.startswith("| Acme GPU")]
+    # the latest eager row against CUDA; the CPU peer's and the graph's rows have no counterpart
+    assert rows == ["| Acme GPU | tiny batch 2 train | 1.20 | 1.50 [1] | 2026-01-02 at 0123456789ab |"]
+    assert "[1] the predecessor on the same GPU" in page
+    theirs.write_text("device,workload,ratio,source\nAcme GPU,tiny batch 2 train,-1,x\n")
+    with pytest.raises(SystemExit, match="dlprimitives.csv:2: needs a positive ratio and a source"):
+        plot.load_dlprimitives(theirs)
