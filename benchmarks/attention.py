@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     from tunecl.tools import record
 
     if args.record:
-        record.check_file(args.record)
+        record.check_argument(parser.prog, args.record)
     # the peer first, before the opencl backend is imported (a CUDA backward must not share the process
     # with a registered PrivateUse1 backend)
     peers = {seq: peer_seconds(seq, args) for seq in args.seq}

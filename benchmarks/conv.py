@@ -36,7 +36,6 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
 
 from tunecl import runtime
 from tunecl.db import TuningDB
-from tunecl.errors import TuneclError
 from tunecl.kernels import algorithms
 from tunecl.precision import algorithm_precision, at_least
 from tunecl.problems import ConvProblem
@@ -171,10 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                              "and the commit")
     args = parser.parse_args(argv)
     if args.record:
-        try:
-            record.check_file(args.record)
-        except TuneclError as error:
-            raise SystemExit(f"{parser.prog}: error: {error}") from None
+        record.check_argument(parser.prog, args.record)
 
     device = runtime.select_device(args.device)
     counts = net_problems(args.net, args.batch, args.image_size, train=args.train)

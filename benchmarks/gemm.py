@@ -49,7 +49,6 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
 from tunecl import runtime
 from tunecl.cli.tune import progress_line
 from tunecl.db import TuningDB
-from tunecl.errors import TuneclError
 from tunecl.kernels import algorithms
 from tunecl.precision import algorithm_precision, at_least
 from tunecl.problems import GemmProblem
@@ -290,10 +289,7 @@ def main(argv: list[str] | None = None) -> int:
                              "(benchmarks/results/results.csv's columns) with this command and the commit")
     args = parser.parse_args(argv)
     if args.record:
-        try:
-            record.check_file(args.record)
-        except TuneclError as error:
-            raise SystemExit(f"{parser.prog}: error: {error}") from None
+        record.check_argument(parser.prog, args.record)
     if args.trials is None and args.time_limit is None:
         args.trials = 20 if args.quick else 100
     specs = args.shapes or (QUICK if args.quick else SHAPES)

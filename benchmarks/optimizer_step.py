@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="append the figures to a host-time results CSV (benchmarks/results/host.csv)")
     args = parser.parse_args(argv)
     if args.record:
-        record.check_file(args.record, record.HOST_COLUMNS)
+        record.check_argument(parser.prog, args.record, record.HOST_COLUMNS)
     if args.stub_launches:   # before tunecl binds the launch functions
         from tunecl.tools.launch_stub import stub_launches
 

@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(peer_host_times(args, args.peer_device)))
         return
     if args.record:
-        record.check_file(args.record, record.HOST_COLUMNS)
+        record.check_argument(parser.prog, args.record, record.HOST_COLUMNS)
     cuda = _cuda_peer(sys.argv[1:] if argv is None else argv)
 
     import tunecl.backend

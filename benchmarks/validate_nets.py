@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import collections
-import csv
 import datetime as dt
-import io
 import json
 import os
 import subprocess
@@ -28,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from tunecl.tools import record
 from tunecl.tools.coverage import BEYOND_CNNS
 
 # the smallest image each net takes at batch 2 (32 where that is enough)
@@ -39,10 +38,7 @@ NETS = {"alexnet": 63, "resnet18": 32, "resnet50": 32, "vgg16": 32, "squeezenet1
 NETS.update(BEYOND_CNNS)
 CNNS = list(NETS)[:18]
 CRITERIA = ("fp32", "fp64", "zero", "own", "perturbed", "FAIL")
-# the columns of benchmarks/results/validate.csv
-COLUMNS = ("date", "device", "net", "batch", "image_size", "seed", "compiled", "eval_passed", "eval_output_rel",
-           "train_passed", "train_checks", "train_worst_rel_vs_cpu_fp32", "passed_by_fp32", "passed_by_fp64",
-           "passed_by_zero", "passed_by_own", "passed_by_perturbed", "failed", "fallback_ops", "command")
+COLUMNS = record.VALIDATE_COLUMNS   # benchmarks/results/validate.csv's
 
 
 def run(net: str, args: argparse.Namespace, image: int, train: bool) -> tuple[dict | None, float, str]:
@@ -121,26 +117,6 @@ def csv_row(net: str, image: int, args: argparse.Namespace, eval_: dict | None, 
     return row
 
 
-def check_record(path: Path) -> None:
-    """Refuse a ``--record`` file whose header is not :data:`COLUMNS` (before anything runs)."""
-    if path.exists() and path.stat().st_size:
-        with path.open(newline="") as fh:
-            header = next(csv.reader(fh), [])
-        if tuple(header) != COLUMNS:
-            raise SystemExit(f"--record {path}: its header is not validate.csv's columns ({','.join(COLUMNS)})")
-
-
-def record(path: Path, row: dict[str, str]) -> None:
-    """Append ``row`` to ``path`` (with the header when the file is new or empty)."""
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
-    if not path.exists() or not path.stat().st_size:
-        writer.writeheader()
-    writer.writerow(row)
-    with path.open("a", newline="") as fh:
-        fh.write(out.getvalue())
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", metavar="SEL")
@@ -157,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.nets = list(dict.fromkeys(n for name in args.nets for n in (CNNS if name == "CNNS" else [name])))
     if args.record:
-        check_record(args.record)
+        record.check_argument(parser.prog, args.record, COLUMNS)
     print("| net | image | forward (eval) | train step | worst rel vs CPU fp32 | checks: "
           f"{' / '.join(CRITERIA)} | fallback ops | wall s train / eval | train runs s: cpu / fp64 / "
           "device / perturbed |")
@@ -173,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         failed += not (train and train["passed"] and (args.train_only or (eval_ and eval_["passed"])))
         print(row(net, image, eval_, train, times) + (f" {error}" if train is None else ""), flush=True)
         if args.record:
-            record(args.record, csv_row(net, image, args, eval_, train))
+            record.append(args.record, [csv_row(net, image, args, eval_, train)], COLUMNS)
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / f"{net.replace(':', '_')}.json").write_text(json.dumps(

@@ -156,3 +156,11 @@ def test_a_host_row_needs_samples_and_a_named_positive_peer():
     with pytest.raises(TuneclError, match="a peer needs"):
         record.host_row(samples_us=[1.0], peer_us=1.0, **values)
     assert record.host_row(samples_us=[3.0, 1.0, 2.0], **values)["ours_us"] == f"{statistics.median([3, 1, 2]):.3f}"
+
+
+@pytest.mark.parametrize("script", ["overhead", "eager_phases", "optimizer_step"])
+def test_a_record_file_of_other_columns_is_a_usage_error_before_anything_runs(script, tmp_path):
+    other = tmp_path / "results.csv"
+    other.write_text(",".join(record.COLUMNS) + "\n")
+    with pytest.raises(SystemExit, match=rf"error: --record {other}: its header is not tunecl's host-time columns"):
+        _script(script).main(["--record", str(other)])

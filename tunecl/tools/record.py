@@ -31,7 +31,13 @@ COLUMNS = ("date", "device", "benchmark", "workload", "precision", "unit", "ours
 THROUGHPUT_UNITS = {"GFLOP/s", "TFLOP/s", "GB/s"}  # higher is better: the ratio is peer ÷ ours
 HOST_COLUMNS = ("date", "device", "benchmark", "case", "measure", "ours_us", "ours_min_us", "ours_max_us",
                 "peer_us", "peer_name", "load", "command", "commit")
-_KINDS = {COLUMNS: "tunecl's results columns", HOST_COLUMNS: "tunecl's host-time columns"}
+# benchmarks/results/validate.csv: one row per net benchmarks/validate_nets.py checked
+VALIDATE_COLUMNS = ("date", "device", "net", "batch", "image_size", "seed", "compiled", "eval_passed",
+                    "eval_output_rel", "train_passed", "train_checks", "train_worst_rel_vs_cpu_fp32", "passed_by_fp32",
+                    "passed_by_fp64", "passed_by_zero", "passed_by_own", "passed_by_perturbed", "failed",
+                    "fallback_ops", "command")
+_KINDS = {COLUMNS: "tunecl's results columns", HOST_COLUMNS: "tunecl's host-time columns",
+          VALIDATE_COLUMNS: "validate.csv's columns"}
 
 
 def check_file(path: str | Path, columns: Sequence[str] = COLUMNS) -> Path:
@@ -54,6 +60,15 @@ def check_file(path: str | Path, columns: Sequence[str] = COLUMNS) -> Path:
         raise TuneclError(f"--record {path}: its header is not {_KINDS.get(tuple(columns), 'the expected columns')} "
                           f"({','.join(columns)}); give a new file or a CSV with that header")
     return path
+
+
+def check_argument(prog: str, path: str | Path, columns: Sequence[str] = COLUMNS) -> Path:
+    """:func:`check_file` for a script's ``--record`` argument: a usage error (``prog: error: ...``, exit
+    status 1) instead of a traceback."""
+    try:
+        return check_file(path, columns)
+    except TuneclError as error:
+        raise SystemExit(f"{prog}: error: {error}") from None
 
 
 def figure(value: float) -> str:
