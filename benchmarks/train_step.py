@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import tunecl.backend
     from tunecl.backend.ops import conv
-    from tunecl.kernels.strided import Unsupported
+    from tunecl.errors import Unsupported
 
     rows = {}
     rows["opencl, conv on the device"] = time_steps("opencl", args.net, args.batch, args.image_size, args.steps)

@@ -1,4 +1,5 @@
-"""Exceptions tunecl raises on purpose. Each message is meant to be shown to a user as is."""
+"""Exceptions tunecl raises on purpose. Each :class:`TuneclError`'s message is meant to be shown to a user
+as is; :class:`Unsupported` is a signal between layers instead, importable by every one of them."""
 
 
 class TuneclError(Exception):
@@ -28,3 +29,8 @@ class SchemaVersionError(DatabaseError):
 
 class ImportFormatError(TuneclError, ValueError):
     """An exported tuning document is malformed, truncated, of another format or of a newer version."""
+
+
+class Unsupported(Exception):
+    """A kernel family or a backend adapter cannot compute this case (dtype, rank, ...); the caller picks
+    another path (the backend falls back to the CPU)."""

@@ -33,7 +33,7 @@ from tunecl.backend import graphs, memory, state
 from tunecl.backend.dtypes import DLPACK, KERNEL_NAMES
 from tunecl.backend.memory import buffer_of, contiguous_strides, storage_nbytes
 from tunecl.backend.operands import broadcast_operand, dense_strides_like, is_dense, operand, same_storage
-from tunecl.kernels.strided import Unsupported
+from tunecl.errors import Unsupported
 
 STAGING_LIMIT = 16 << 20
 # larger uploads through the page-locked buffer: None = on GPUs and accelerators (a CPU device reads host

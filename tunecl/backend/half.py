@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 
 from tunecl.backend import copies, memory
-from tunecl.kernels.strided import Unsupported
+from tunecl.errors import Unsupported
 
 COMPUTE = (torch.float32, torch.float16)
 

@@ -8,7 +8,8 @@ import torch
 
 from tunecl.backend.dtypes import KERNEL_NAMES
 from tunecl.backend.memory import _buffers
-from tunecl.kernels.strided import Operand, Unsupported
+from tunecl.errors import Unsupported
+from tunecl.kernels.strided import Operand
 
 
 def is_device(x: object) -> bool:

@@ -47,8 +47,7 @@ import torch
 
 from tunecl import config, kernels, precision
 from tunecl.backend import counters, state
-from tunecl.errors import TuneclError
-from tunecl.kernels.strided import Unsupported
+from tunecl.errors import TuneclError, Unsupported
 from tunecl.problems import ConvProblem, GemmProblem, Problem
 from tunecl.runtime import Device
 

@@ -16,7 +16,7 @@ import torch
 
 from tunecl.backend import (accelerator, amp, autocast, autograd_engine, copies, counters, fallback, memory, modules,
                             state, streams, weight_cache)
-from tunecl.kernels.strided import Unsupported
+from tunecl.errors import Unsupported
 
 BACKEND = "opencl"
 _libraries: list[torch.library.Library] = []  # must stay referenced or the kernels vanish

@@ -17,12 +17,12 @@ from typing import NamedTuple
 
 import pyopencl as cl
 
+from tunecl.errors import Unsupported
 from tunecl.kernels.pointwise import EXPRESSIONS
 from tunecl.kernels.strided import (
     INT32_MAX,
     KernelCache,
     Operand,
-    Unsupported,
     merge_dims,
     meta_dtype,
     pack_meta,

@@ -9,12 +9,12 @@ from collections.abc import Sequence
 import numpy as np
 import pyopencl as cl
 
+from tunecl.errors import Unsupported
 from tunecl.kernels.strided import (
     CTYPES,
     INT32_MAX,
     KernelCache,
     Operand,
-    Unsupported,
     merge_dims,
     meta_dtype,
     pack_meta,

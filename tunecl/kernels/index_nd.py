@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from tunecl.errors import Unsupported
 from tunecl.kernels.strided import (
     BIT_TYPES,
     INT32_MAX,
     KernelCache,
     Operand,
-    Unsupported,
     merge_dims,
     meta_dtype,
     pack_meta,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pyopencl as cl
 
+from tunecl.errors import Unsupported
 from tunecl.kernels.strided import (
     INT32_MAX,
     KernelCache,
     Operand,
-    Unsupported,
     meta_dtype,
     pack_meta,
     work_group,

@@ -16,7 +16,8 @@ import pyopencl as cl
 
 from tunecl import config
 from tunecl.kernels.multi_tensor import Chunks
-from tunecl.kernels.strided import KernelCache, Operand, Unsupported, meta_dtype, work_group
+from tunecl.errors import Unsupported
+from tunecl.kernels.strided import KernelCache, Operand, meta_dtype, work_group
 from tunecl.runtime import Device
 
 SLOTS = 8            # tensors per launch where the device's parameter bytes are not known to allow more

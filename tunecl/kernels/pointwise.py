@@ -18,13 +18,13 @@ import pyopencl as cl
 from tunecl import profiling
 from tunecl.kernels import launches
 
+from tunecl.errors import Unsupported
 from tunecl.kernels.strided import (
     CTYPES,
     FLOATING,
     INT32_MAX,
     KernelCache,
     Operand,
-    Unsupported,
     merge_dims,
     meta_dtype,
     pack_meta,

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 import pyopencl as cl
 
+from tunecl.errors import Unsupported
 from tunecl.kernels.strided import (
     INT32_MAX,
     KernelCache,
     Operand,
-    Unsupported,
     meta_dtype,
     pack_meta,
     work_group,

@@ -15,6 +15,7 @@ import numpy as np
 import pyopencl as cl
 
 from tunecl import profiling
+from tunecl.errors import Unsupported
 from tunecl.kernels import launches
 from tunecl.kernels.strided import (
     CTYPES,
@@ -22,7 +23,6 @@ from tunecl.kernels.strided import (
     INT32_MAX,
     KernelCache,
     Operand,
-    Unsupported,
     merge_dims,
     meta_dtype,
     pack_meta,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tunecl.kernels.strided import CTYPES, INT32_MAX, KernelCache, Operand, Unsupported, meta_dtype, pack_meta, \
-    work_group
+from tunecl.errors import Unsupported
+from tunecl.kernels.strided import CTYPES, INT32_MAX, KernelCache, Operand, meta_dtype, pack_meta, work_group
 from tunecl.runtime import Device
 
 # kernel dtype -> accumulate type: float32 in float, integers in long (torch's CPU and CUDA kernels both)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pyopencl as cl
 
-from tunecl.kernels.strided import INT32_MAX, KernelCache, Operand, Unsupported, work_group
+from tunecl.errors import Unsupported
+from tunecl.kernels.strided import INT32_MAX, KernelCache, Operand, work_group
 from tunecl.runtime import Device
 
 MODES = {"softmax": 0, "log_softmax": 1, "softmax_backward": 2, "log_softmax_backward": 3}

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyopencl as cl
 
+from tunecl.errors import Unsupported
 from tunecl.kernels.base import read_source
 from tunecl.runtime import Device
 
@@ -36,10 +37,6 @@ INT32_MAX = 2**31 - 1
 # ranks compiled for: a merged rank is padded up to the next bucket, which bounds compiles per op
 RANK_BUCKETS = (1, 2, 4, 8)
 MAX_RANK = RANK_BUCKETS[-1]
-
-
-class Unsupported(Exception):
-    """A kernel family cannot compute this case (dtype, rank, ...); the caller picks another path."""
 
 
 class Operand(NamedTuple):

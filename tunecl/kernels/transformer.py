@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import math
 
+from tunecl.errors import Unsupported
 from tunecl.kernels.strided import (
     BIT_TYPES,
     CTYPES,
     INT32_MAX,
     KernelCache,
     Operand,
-    Unsupported,
     meta_dtype,
     pack_meta,
     round_up,

@@ -233,7 +233,7 @@ class DryRun:
     def plan(self, problem: Any) -> _DryPlan:
         """Replaces ``plans.plan``: the algorithm of the default plan on a DB miss, without building it."""
         from tunecl import kernels
-        from tunecl.kernels.strided import Unsupported
+        from tunecl.errors import Unsupported
 
         if problem not in self._choices:
             # (not the default config: working it out enumerates a GEMM space, ~50 ms a shape, and

@@ -2,7 +2,7 @@
 
 Each module exports ``KERNELS: dict[str, callable]`` mapping an overload name (``"add.out"``) to a
 thin adapter with that overload's signature; kernel logic lives in :mod:`tunecl.kernels`.
-An adapter raises :class:`tunecl.kernels.strided.Unsupported` for a case it cannot run on the
+An adapter raises :class:`tunecl.errors.Unsupported` for a case it cannot run on the
 device (before touching any output); registration then routes that call to the CPU fallback.
 """
 

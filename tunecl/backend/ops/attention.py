@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from tunecl.backend.ops import sdpa
-from tunecl.kernels.strided import Unsupported
+from tunecl.errors import Unsupported
 
 # what ``mask_type`` says the mask's shape is (torch's ``_masked_softmax``): 0 an L x S attention mask
 # shared by every sequence and head, 1 a B x S key padding mask, 2 one broadcastable to B x heads x L x S

@@ -45,7 +45,7 @@ from tunecl.backend.memory import buffer_of
 from tunecl.kernels import launches
 from tunecl.backend.operands import operand
 from tunecl.backend.ops.reduction import reduce
-from tunecl.kernels.strided import Unsupported
+from tunecl.errors import Unsupported
 from tunecl.problems import ConvProblem
 
 aten = torch.ops.aten

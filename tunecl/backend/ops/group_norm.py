@@ -12,7 +12,7 @@ import torch
 
 from tunecl.backend import half, memory, state
 from tunecl.backend.operands import operand
-from tunecl.kernels.strided import Unsupported
+from tunecl.errors import Unsupported
 
 
 def native_group_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,

@@ -18,7 +18,8 @@ import torch
 
 from tunecl.backend import copies, memory, state
 from tunecl.backend.operands import operand, same_storage
-from tunecl.kernels.strided import Operand, Unsupported
+from tunecl.errors import Unsupported
+from tunecl.kernels.strided import Operand
 
 _INDEX_DTYPES = (torch.int64, torch.int32)
 _MASK_DTYPES = (torch.bool, torch.uint8)

@@ -10,7 +10,7 @@ import torch
 from tunecl.backend import memory, state
 from tunecl.backend.operands import operand
 from tunecl.backend.ops.pointwise import run
-from tunecl.kernels.strided import Unsupported
+from tunecl.errors import Unsupported
 
 
 def _with_dim_zeroed(strides: tuple[int, ...], dim: int) -> tuple[int, ...]:

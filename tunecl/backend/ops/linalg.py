@@ -20,7 +20,7 @@ from tunecl.backend import copies, half, memory, plans, state
 from tunecl.backend.memory import buffer_of
 from tunecl.backend.operands import kernel_dtype, operand
 from tunecl.backend.ops.pointwise import run
-from tunecl.kernels.strided import Unsupported
+from tunecl.errors import Unsupported
 from tunecl.problems import DTYPES, GemmProblem
 
 

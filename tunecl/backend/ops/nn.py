@@ -13,8 +13,9 @@ from tunecl.backend.copies import contiguous_on_device
 from tunecl.backend.memory import _buffers
 from tunecl.backend.operands import kernel_dtype, operand
 from tunecl.backend.ops.pointwise import new_like, run
+from tunecl.errors import Unsupported
 from tunecl.kernels.pool import Window
-from tunecl.kernels.strided import Operand, Unsupported
+from tunecl.kernels.strided import Operand
 
 _REDUCTIONS = ("none", "mean", "sum")
 

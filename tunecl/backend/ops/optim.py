@@ -20,7 +20,8 @@ from tunecl.backend.operands import operand
 from tunecl.backend.ops import optim_calls
 from tunecl.backend.ops.pointwise import run
 from tunecl.backend.ops.reduction import reduce
-from tunecl.kernels.strided import Operand, Unsupported
+from tunecl.errors import Unsupported
+from tunecl.kernels.strided import Operand
 
 
 def _dense(tensors: Sequence[torch.Tensor]) -> None:

@@ -17,7 +17,8 @@ import torch
 from tunecl.backend import memory, state
 from tunecl.backend.memory import _buffers
 from tunecl.backend.operands import dense_strides_like, operand, scalar_or_operand
-from tunecl.kernels.strided import Operand, Unsupported, relu_tag
+from tunecl.errors import Unsupported
+from tunecl.kernels.strided import Operand, relu_tag
 
 Number = bool | int | float
 

@@ -11,7 +11,8 @@ import torch
 from tunecl.backend import half, memory, state
 from tunecl.backend.memory import _buffers
 from tunecl.backend.operands import kernel_dtype, operand
-from tunecl.kernels.strided import Operand, Unsupported
+from tunecl.errors import Unsupported
+from tunecl.kernels.strided import Operand
 
 DimArg = int | Sequence[int] | None
 

@@ -12,7 +12,8 @@ import torch
 
 from tunecl.backend import memory, state
 from tunecl.backend.operands import dense_strides_like, operand
-from tunecl.kernels.strided import INT32_MAX, Operand, Unsupported
+from tunecl.errors import Unsupported
+from tunecl.kernels.strided import INT32_MAX, Operand
 
 
 def _like(self: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,8 @@ import torch
 
 from tunecl.backend import copies, memory, state
 from tunecl.backend.operands import operand
-from tunecl.kernels.strided import Operand, Unsupported, merge_dims
+from tunecl.errors import Unsupported
+from tunecl.kernels.strided import Operand, merge_dims
 
 _INTEGERS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 

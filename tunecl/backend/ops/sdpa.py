@@ -26,9 +26,10 @@ from torch.nn.attention import SDPBackend
 
 from tunecl.backend import memory, plans, state
 from tunecl.backend.operands import operand
+from tunecl.errors import Unsupported
 from tunecl.kernels import attention as family
 from tunecl.kernels.attention import AttentionOperands
-from tunecl.kernels.strided import Operand, Unsupported
+from tunecl.kernels.strided import Operand
 from tunecl.problems import AttentionProblem
 
 _sdpa = torch.ops.aten.scaled_dot_product_attention.default

@@ -12,8 +12,9 @@ import torch
 from tunecl.backend import copies, memory, state
 from tunecl.backend.operands import operand
 from tunecl.backend.ops.scan import split_lines
+from tunecl.errors import Unsupported
 from tunecl.kernels.sort import padded
-from tunecl.kernels.strided import Operand, Unsupported
+from tunecl.kernels.strided import Operand
 
 
 def _sorted_into(self: torch.Tensor, dim: int, descending: bool, keep: int, values: torch.Tensor,

@@ -14,7 +14,8 @@ import torch
 
 from tunecl.backend import copies, half, memory, state
 from tunecl.backend.operands import operand
-from tunecl.kernels.strided import Operand, Unsupported, merge_dims
+from tunecl.errors import Unsupported
+from tunecl.kernels.strided import Operand, merge_dims
 
 
 def _tri(lower: bool, self: torch.Tensor, diagonal: int, out: torch.Tensor) -> torch.Tensor:
