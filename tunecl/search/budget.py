@@ -1,14 +1,21 @@
 """What a search is given and what it returns: :class:`Budget`, :class:`Progress`, :class:`SearchLog`.
 
-Plain values shared by the strategies (``strategies.py``) and the study driver (``driver.py``).
+Plain values shared by the strategies (``strategies.py``) and the study driver (``driver.py``), and
+:class:`StudyStrategy`, what the driver reads from the strategy that runs it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Protocol
 
 from tunecl.search.result import Config, Result
+
+if TYPE_CHECKING:  # (annotations only: these values need neither at run time)
+    import optuna
+
+    from tunecl.search.space import SearchSpace
 
 Evaluator = Callable[[str, Config], Result]
 Key = tuple[str, tuple[tuple[str, int], ...]]
@@ -70,6 +77,23 @@ class Progress:
 
 
 ProgressCallback = Callable[[Progress], None]
+
+
+class StudyStrategy(Protocol):
+    """The settings and hooks of a strategy that the study driver uses (``strategies.OptunaStrategy``
+    has them; see its arguments)."""
+
+    storage: str | optuna.storages.BaseStorage | None
+    study_name: str | None
+    seed: int
+    progress: ProgressCallback | None
+    clock: Callable[[], float]
+    jobs: int
+    worker: str | None
+
+    def make_sampler(self, seed: int) -> optuna.samplers.BaseSampler: ...
+
+    def order(self, space: SearchSpace) -> Iterable[tuple[str, Config]] | None: ...
 
 
 @dataclasses.dataclass

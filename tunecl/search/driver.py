@@ -13,21 +13,18 @@ import os
 import socket
 import zlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from tunecl.search.budget import Budget, Evaluator, Key, Progress, SearchLog
+from tunecl.search.budget import Budget, Evaluator, Key, Progress, SearchLog, StudyStrategy
 from tunecl.search.result import Config, Result, Status, config_key, from_summary, summarize
 from tunecl.search.space import SearchSpace
 
 # Starts the work of evaluating a config (e.g. compiling it in another process) and returns what
 # completes the evaluation; see :mod:`tunecl.search.prebuild`.
 Preparer = Callable[[str, Config], Callable[[], Result]]
-
-if TYPE_CHECKING:
-    from tunecl.search.strategies import OptunaStrategy
 
 ATTR = "tunecl"  # user attribute of a trial: {"phase": ..., "result": Result.to_dict()}
 WORKER_ATTR = "tunecl_worker"  # "host:pid" of the process that asked the trial
@@ -52,9 +49,10 @@ def process_gone(worker: str) -> bool:
 
 
 class StudyDriver:
-    """One call of :meth:`OptunaStrategy.search`: its study, history and counters."""
+    """One call of a strategy's ``search`` (:meth:`tunecl.search.strategies.OptunaStrategy.search`): its
+    study, history and counters."""
 
-    def __init__(self, strategy: OptunaStrategy, space: SearchSpace, evaluate: Evaluator, budget: Budget,
+    def __init__(self, strategy: StudyStrategy, space: SearchSpace, evaluate: Evaluator, budget: Budget,
                  prepare: Preparer | None = None):
         self.strategy, self.space, self.evaluate, self.budget = strategy, space, evaluate, budget
         self.prepare = prepare
