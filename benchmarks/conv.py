@@ -40,7 +40,7 @@ from tunecl.kernels import algorithms
 from tunecl.precision import algorithm_precision, at_least
 from tunecl.problems import ConvProblem
 from tunecl.search.evaluate import evaluate
-from tunecl.search.harness import harness_for
+from tunecl.search.harness_registry import harness_for
 from tunecl.search.measure import TimingPolicy
 from tunecl.search.workload import net_problems
 from tunecl.tools import record

@@ -53,7 +53,7 @@ from tunecl.kernels import algorithms
 from tunecl.precision import algorithm_precision, at_least
 from tunecl.problems import GemmProblem
 from tunecl.search.evaluate import evaluate
-from tunecl.search.harness import harness_for
+from tunecl.search.harness_registry import harness_for
 from tunecl.search.measure import TimingPolicy
 from tunecl.search.result import Result
 from tunecl.search.space import parse_named

@@ -155,7 +155,7 @@ def check_job(device: Any, job: dict[str, Any]) -> dict[str, Any]:
 def time_job(device: Any, job: dict[str, Any]) -> dict[str, Any]:
     """Verify and time one config with the tuner's evaluation (harness inputs, TF32 tolerance)."""
     from tunecl.search.evaluate import evaluate
-    from tunecl.search.harness import harness_for
+    from tunecl.search.harness_registry import harness_for
     from tunecl.search.measure import TimingPolicy
 
     p = _problem(job["problem"])

@@ -27,7 +27,7 @@ from tunecl.db import TuningDB
 from tunecl.kernels import algorithm as find_algorithm
 from tunecl.problems import GemmProblem
 from tunecl.search.evaluate import evaluate
-from tunecl.search.harness import harness_for
+from tunecl.search.harness_registry import harness_for
 from tunecl.search.measure import TimingPolicy
 
 VARY = "MWG,NWG,MDIMC,NDIMC,DB,MAXRREG"

@@ -41,7 +41,7 @@ import pyopencl as cl
 from tunecl import runtime
 from tunecl.kernels import gemm_mma, gemm_wgmma
 from tunecl.problems import GemmProblem
-from tunecl.search.harness import harness_for
+from tunecl.search.harness_registry import harness_for
 from tunecl.search.measure import MeasureTimeout, TimingPolicy, measure
 
 CHECK_SHAPES = [(1, 1, 1), (7, 33, 127), (257, 129, 65), (300, 200, 1), (128, 256, 96)]

@@ -13,7 +13,7 @@ from tunecl.db import TuningDB
 from tunecl.kernels import attention
 from tunecl.problems import AttentionProblem
 from tunecl.search.evaluate import evaluate
-from tunecl.search.harness import harness_for
+from tunecl.search.harness_registry import harness_for
 from tunecl.search.measure import TimingPolicy
 from tunecl.search.result import Status
 

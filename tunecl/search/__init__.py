@@ -5,11 +5,13 @@ is where search and the tuning DB meet).
 
 - :mod:`~tunecl.search.result` — ``Status`` and the frozen ``Result`` every evaluation returns;
 - :mod:`~tunecl.search.harness` — per problem kind: inputs, reference, guarded buffers, compare
-  (``harness_conv`` for convolutions, torch reference);
+  (``harness_conv`` for convolutions, ``harness_attention`` for attention, torch references);
+  :mod:`~tunecl.search.harness_registry` — which harness checks which kind (``harness_for``);
 - :mod:`~tunecl.search.measure` — device-event timing with warm-up, repeats and a timeout;
 - :mod:`~tunecl.search.evaluate` — ``evaluate(...)``: check, build, verify, time; never raises;
 - :mod:`~tunecl.search.space` — the joint space of the applicable algorithms;
-- :mod:`~tunecl.search.budget` — ``Budget``, ``Progress`` and ``SearchLog``;
+- :mod:`~tunecl.search.budget` — ``Budget``, ``Progress``, ``SearchLog`` and what the driver reads of
+  a strategy;
 - :mod:`~tunecl.search.strategies` — exhaustive, grid, random and TPE strategies on Optuna studies;
 - :mod:`~tunecl.search.driver` — the ask/check/evaluate/tell loop with resume and re-measurement;
 - :mod:`~tunecl.search.tuner` — ``Tuner.tune(problem)``: a resumable study per problem and device.

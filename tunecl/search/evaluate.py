@@ -25,7 +25,8 @@ from tunecl.errors import BuildError
 from tunecl.kernels.base import Algorithm, Space
 from tunecl.problems import Problem
 from tunecl.runtime import Device
-from tunecl.search.harness import Binding, Harness, harness_for
+from tunecl.search.harness import Binding, Harness
+from tunecl.search.harness_registry import harness_for
 from tunecl.search.measure import MeasureTimeout, TimingPolicy, measure
 from tunecl.search.result import Result, Status
 

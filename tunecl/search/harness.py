@@ -5,7 +5,8 @@ on the CPU (numpy float64 for GEMM), and :meth:`~Harness.bind` a plan to *fresh*
 returned :class:`Binding` launches the plan the way it is timed and checks it the way it is verified.
 Evaluation (``evaluate.py``) only talks to these two protocols, so a new problem kind (convolution,
 attention: torch CPU references, their own ``run`` signatures) plugs in by adding one class to
-:data:`HARNESSES`.
+:data:`~tunecl.search.harness_registry.HARNESSES`. This module holds the protocols, the GEMM harness and
+the guard and tolerance helpers that every harness uses.
 
 Guard regions: every buffer holds its matrices at an element offset, between two guard regions filled
 with a NaN bit pattern. After a run the output's guards must be bit-for-bit unchanged (an out-of-bounds
@@ -16,14 +17,13 @@ matrices and lets the value reach the result turns it into NaN, which fails the 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
 from tunecl.kernels.base import Plan
 from tunecl.precision import FP32, TF32, UNIT_ROUNDOFF
-from tunecl.problems import GemmProblem, Problem
+from tunecl.problems import GemmProblem
 from tunecl.runtime import Device
 
 # A quiet NaN with a recognizable payload: any write over it shows up in a bitwise compare.
@@ -334,33 +334,3 @@ class GemmBinding:
     def release(self) -> None:
         for buffer in (self.a, self.b, self.c):
             buffer.release()
-
-
-def _conv_harness(problem: Problem, device: Device, seed: int = 0) -> Harness:
-    from tunecl.search.harness_conv import ConvHarness  # imports torch: only when convs are tuned
-
-    return ConvHarness(problem, device, seed)
-
-
-def _attention_harness(problem: Problem, device: Device, seed: int = 0) -> Harness:
-    from tunecl.search.harness_attention import AttentionHarness  # its reference is torch's
-
-    return AttentionHarness(problem, device, seed)
-
-
-# problem kind -> harness factory (problem, device, seed)
-HARNESSES: dict[str, Callable[..., Harness]] = {"gemm": GemmHarness, "conv": _conv_harness,
-                                                "attention": _attention_harness}
-
-
-def harness_for(problem: Problem, device: Device, seed: int = 0) -> Harness:
-    """The verification harness for ``problem``'s kind.
-
-    Raises:
-        LookupError: no harness exists for that kind yet.
-    """
-    try:
-        factory = HARNESSES[problem.kind]
-    except KeyError:
-        raise LookupError(f"no verification harness for {problem.kind} problems yet") from None
-    return factory(problem, device, seed)

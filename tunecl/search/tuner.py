@@ -37,7 +37,8 @@ from tunecl.precision import FP32, algorithm_precision, at_least
 from tunecl.problems import Problem
 from tunecl.runtime import Device
 from tunecl.search.evaluate import evaluate
-from tunecl.search.harness import Harness, harness_for
+from tunecl.search.harness import Harness
+from tunecl.search.harness_registry import harness_for
 from tunecl.search.measure import TimingPolicy
 from tunecl.search.prebuild import Prebuilder
 from tunecl.search.result import Config, Result, Status, config_key

@@ -36,7 +36,7 @@ def check_net_plans(net: str, *, device: str | None = None, batch: int = 2, imag
     """Every conv, GEMM and attention problem of ``net`` with the plan the backend serves for it, verified."""
     use_device(device)
     from tunecl.backend import plans, state
-    from tunecl.search.harness import harness_for
+    from tunecl.search.harness_registry import harness_for
     from tunecl.search.workload import net_problems
 
     dev = state.get().device
