@@ -78,12 +78,13 @@ import pyopencl as cl
 
 from tunecl.errors import WorkGroupTooLargeError
 from tunecl.kernels.base import Config, Constraint, Space, build_options, read_source
+from tunecl.kernels.gemm_operands import INT32_MAX, check_operand, operand_layouts
+from tunecl.kernels.gemm_pretrans import PretransposedPlan, with_layout, workspace_fits
 from tunecl.problems import DTYPES, GemmProblem
 from tunecl.runtime import CP_ASYNC, Device
 
 NAME = "gemm_tiled"
 VERSION = 1  # SPLITK was added without a bump: a stored config without it is SPLITK = 1, the same kernel
-_INT32_MAX = 2**31 - 1
 WORKSPACE_CAP = 256 * 2**20  # bytes the split-K partial sums of one plan may use
 SPLITS = (1, 2, 4, 8, 16, 32)
 STREAMK_VALUES = (0, 1, 2)  # work-groups per compute unit of the stream-K tail (0: off)
@@ -242,40 +243,6 @@ def max_alloc_bytes(device: Any) -> int:
     return min(WORKSPACE_CAP, int(getattr(device, "max_alloc_size", WORKSPACE_CAP)))
 
 
-def _operand(name: str, buffer: cl.Buffer, offset: int, ld: int | None, stride: int | None,
-             rows: int, cols: int, batch: int, itemsize: int = 4) -> tuple[int, int]:
-    """Check one operand's layout against its buffer (``itemsize`` bytes per element); return
-    (ld, stride) with defaults filled in."""
-    if ld is None:
-        ld = cols
-    elif ld < cols:
-        raise ValueError(f"ld{name}={ld} is smaller than the row length {cols} of {name}")
-    if stride is None:
-        stride = rows * ld
-    elif stride < 0:
-        raise ValueError(f"stride_{name}={stride} is negative")
-    if offset < 0:
-        raise ValueError(f"{name}_offset={offset} is negative")
-    extent = (rows - 1) * ld + cols
-    if extent > _INT32_MAX:
-        raise ValueError(f"{name} spans {extent} elements; the kernels index matrices with 32 bits")
-    needed = offset + (batch - 1) * stride + extent
-    if needed * itemsize > buffer.size:
-        raise ValueError(f"buffer {name} holds {buffer.size // itemsize} elements, the layout needs {needed}")
-    return ld, stride
-
-
-def operand_layouts(problem: GemmProblem, a: cl.Buffer, a_offset: int, lda: int | None, stride_a: int | None,
-                    b: cl.Buffer, b_offset: int, ldb: int | None, stride_b: int | None) -> tuple[int, int, int, int]:
-    """(lda, stride_a, ldb, stride_b) of op(A) and op(B) checked against their buffers (see ``_operand``)."""
-    p, size = problem, DTYPES[problem.dtype]
-    lda, stride_a = _operand("a", a, a_offset, lda, stride_a, p.k if p.trans_a else p.m,
-                             p.m if p.trans_a else p.k, p.batch, size)
-    ldb, stride_b = _operand("b", b, b_offset, ldb, stride_b, p.n if p.trans_b else p.k,
-                             p.k if p.trans_b else p.n, p.batch, size)
-    return lda, stride_a, ldb, stride_b
-
-
 class GemmPlan:
     """A GEMM problem compiled with one config of one family, ready to enqueue.
 
@@ -381,7 +348,7 @@ class GemmPlan:
         """
         p = self.problem
         lda, stride_a, ldb, stride_b = operand_layouts(p, a, a_offset, lda, stride_a, b, b_offset, ldb, stride_b)
-        ldc, stride_c = _operand("c", c, c_offset, ldc, stride_c, p.m, p.n, p.batch, DTYPES[p.dtype])
+        ldc, stride_c = check_operand("c", c, c_offset, ldc, stride_c, p.m, p.n, p.batch, DTYPES[p.dtype])
         if p.batch > 1 and stride_c < (p.m - 1) * ldc + p.n:
             raise ValueError(f"stride_c={stride_c} makes the {p.batch} C matrices overlap")
         variant = self._variant(a_offset, lda, stride_a, b_offset, ldb, stride_b, c_offset, ldc, stride_c)
@@ -451,8 +418,6 @@ def kernel_layout(problem: GemmProblem, config: Mapping[str, int]) -> tuple[bool
 
 
 def _transposes_fit(problem: GemmProblem, config: Mapping[str, int], device: Any) -> bool:
-    from tunecl.kernels.gemm_pretrans import with_layout, workspace_fits  # it builds on this module
-
     return workspace_fits(problem, with_layout(problem, *kernel_layout(problem, config)), max_alloc_bytes(device))
 
 
@@ -531,7 +496,7 @@ def _constraints(problem: GemmProblem, device: Any) -> list[Rule]:
         ("STREAMK_without_SPLITK", ("SPLITK", "STREAMK"), lambda c: c["STREAMK"] == 0 or c["SPLITK"] == 1),
         ("STREAMK_steps_within_int32", ("MWG", "NWG", "KWG", "STREAMK"),
          lambda c: c["STREAMK"] == 0 or tile_count(problem, c["MWG"], c["NWG"]) * -(-problem.k // c["KWG"])
-         < _INT32_MAX),
+         < INT32_MAX),
         ("STREAMK_workspace_within_device", ("MWG", "NWG", "STREAMK"),
          lambda c: streamk_workspace_bytes(problem, c, device) <= max_alloc_bytes(device)),
     ]
@@ -832,11 +797,6 @@ class GemmTiled:
         config = space.complete(config)  # results stored before SPLITK / ASYNC existed: 1 / 0
         trans_a, trans_b = kernel_layout(problem, config)
         if (trans_a, trans_b) != (problem.trans_a, problem.trans_b):
-            from tunecl.kernels.gemm_pretrans import (  # it builds on this module
-                PretransposedPlan,
-                with_layout,
-            )
-
             inner = self.build(with_layout(problem, trans_a, trans_b), device, config, emulate=emulate)
             return PretransposedPlan(problem, inner, config, device)
         source = read_source(__package__, "gemm.cl")

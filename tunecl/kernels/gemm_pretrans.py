@@ -15,7 +15,7 @@ from typing import Any
 import pyopencl as cl
 
 from tunecl.kernels.base import Config
-from tunecl.kernels.gemm import operand_layouts
+from tunecl.kernels.gemm_operands import operand_layouts
 from tunecl.kernels.transpose import Transpose
 from tunecl.problems import GemmProblem
 from tunecl.runtime import Device
