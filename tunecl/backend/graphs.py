@@ -292,18 +292,18 @@ def bernoulli_(t: Any, p: float) -> bool:
     return True
 
 
-def draw_on_host(t: torch.Tensor, draw: Callable[[], torch.Tensor]) -> bool:
+def draw_on_host(t: torch.Tensor, draw: Callable[[], torch.Tensor],
+                 write_bytes: Callable[[cl.Buffer, int, np.ndarray], None]) -> bool:
     """In the capture of a graph that draws its random numbers on the host (``Graph(random_on_host=True)``):
     write ``draw()`` (a CPU tensor of contiguous ``t``'s shape and dtype, drawn from torch's CPU generator
     as the eager op draws it) into ``t`` now, and record a command that draws and writes again at this
     point of every replay; False (nothing done) otherwise. A replay then reads what an eager run would
-    have drawn."""
+    have drawn. ``write_bytes(buffer, byte_offset, data)`` uploads host bytes (the caller passes
+    :func:`tunecl.backend.copies.write_bytes`, which refuses to run while a graph captures)."""
     global _active
     graph = _active
     if graph is None or not graph.random_on_host or not t.is_contiguous():
         return False
-    from tunecl.backend.copies import write_bytes  # (copies imports this module)
-
     buffer, offset = memory.buffer_of(t), t.storage_offset() * t.element_size()
 
     def write() -> None:   # (holds the buffer, not the tensor: the tensor may die before the graph)

@@ -86,7 +86,8 @@ def bernoulli_float_(self: torch.Tensor, p: float = 0.5, generator: torch.Genera
     host or from the graph's device generator (see :mod:`tunecl.backend.graphs`); else drawn on the host."""
     generator = kwargs.pop("generator", generator)
     shape, dtype = self.shape, self.dtype
-    if generator is None and (graphs.draw_on_host(self, lambda: torch.empty(shape, dtype=dtype).bernoulli_(p))
+    if generator is None and (graphs.draw_on_host(self, lambda: torch.empty(shape, dtype=dtype).bernoulli_(p),
+                                                  copies.write_bytes)
                               or graphs.bernoulli_(self, float(p))):
         return self
     return _host_bernoulli(self, p, generator=generator)

@@ -490,7 +490,7 @@ def native_dropout(input: torch.Tensor, p: float, train: bool | None) -> tuple[t
     mask = None
     if graphs.capturing():   # each replay draws anew: on the host, or from the graph's device generator
         mask = memory.empty_contiguous(shape, torch.bool)
-        if not graphs.draw_on_host(mask, host_mask):
+        if not graphs.draw_on_host(mask, host_mask, copies.write_bytes):
             drawn = memory.empty_contiguous(shape, torch.float32)
             mask = run("copy", mask, (drawn,)) if graphs.bernoulli_(drawn, keep) else None
     if mask is None:
