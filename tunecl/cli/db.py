@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from tunecl import config
+from tunecl.cli import db_coverage
+from tunecl.cli.db_targets import db_url, select_devices
 from tunecl.cli.output import print_json, print_table
-from tunecl.errors import DeviceNotFoundError, TuneclError
+from tunecl.errors import TuneclError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -63,8 +65,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          help="results created before this: 30d, 12h, 90m, 2w or a date (2025-01-31)")
     command.add_argument("--failed", action="store_true", help="failed results")
     command.add_argument("--yes", action="store_true", help="really remove (default: only report)")
-    from tunecl.cli import db_coverage
-
     command = add("coverage", db_coverage.run, "count which conv, GEMM and attention problems of nets the DB and the shipped "
                   "results serve on a device, per net, batch, mode and precision (nothing runs on a device)",
                   [as_json])
@@ -96,17 +96,6 @@ def parse_cutoff(text: str, now: dt.datetime | None = None) -> dt.datetime:
     return cutoff if cutoff.tzinfo else cutoff.replace(tzinfo=dt.UTC)
 
 
-def _url(args: argparse.Namespace) -> Any:
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    raw = config.normalize_db_url(args.db) if args.db else config.get().db_url
-    try:
-        return make_url(raw)
-    except ArgumentError:
-        raise TuneclError(f"not a database URL or file path: {raw!r}") from None
-
-
 def _open(args: argparse.Namespace, must_exist: bool = True, **kwargs: Any) -> Any:
     """The DB of ``--db``. With ``must_exist`` (the commands that read or remove results) a SQLite file
     that is not there is an error, not a new empty DB: a mistyped path must not answer "0 results"
@@ -114,7 +103,7 @@ def _open(args: argparse.Namespace, must_exist: bool = True, **kwargs: Any) -> A
     from tunecl.db import TuningDB
     from tunecl.db.store import sqlite_path
 
-    path = sqlite_path(_url(args))
+    path = sqlite_path(db_url(args))
     if must_exist and path is not None and not path.is_file():
         raise TuneclError(f"no tuning DB at {path} (`tunecl tune` and `tunecl db import` create one; "
                           "`tunecl db path` shows the default)")
@@ -122,41 +111,11 @@ def _open(args: argparse.Namespace, must_exist: bool = True, **kwargs: Any) -> A
 
 
 def _model_keys(selector: str | None, db: Any) -> list[str] | None:
-    """The device models ``--device`` selects in ``db`` (None: every device); see :func:`select_devices`."""
+    """The device models ``--device`` selects in ``db`` (None: every device); see
+    :func:`~tunecl.cli.db_targets.select_devices`."""
     if selector is None:
         return None
     return [fp.model_key for fp in select_devices(selector, db.devices(), str(db.display_url))]
-
-
-def select_devices(selector: str, stored: list[Any], where: str) -> list[Any]:
-    """The devices (fingerprints) ``selector`` names: a device of this machine, or those of ``stored``.
-
-    An index or ``platform:device`` of a device of this machine selects that device; any other selector,
-    and a number this machine has no device for (``4090``), is matched against the ``stored`` devices
-    (:mod:`tunecl.db.selection`), so another machine's results can be selected too.
-
-    Raises:
-        DeviceNotFoundError: nothing matches (the message lists the stored devices, ``where`` names
-            where they are stored).
-    """
-    from tunecl.db.selection import describe, is_local_form, stored_matches
-
-    local_miss = None
-    if is_local_form(selector):
-        # the runtime loads pyopencl; only the forms that name this machine's devices pay for it
-        from tunecl import runtime
-
-        try:
-            return [runtime.select_device(selector).fingerprint]
-        except DeviceNotFoundError:
-            if ":" in selector:  # platform:device means nothing among stored devices
-                raise
-            local_miss = f"no OpenCL device number {selector.strip()} on this machine, and "
-    matches = stored_matches(selector, stored)
-    if not matches:
-        raise DeviceNotFoundError(f"{local_miss or ''}no device stored in {where} matches "
-                                  f"{selector!r}; {describe(stored)}")
-    return matches
 
 
 def cmd_path(args: argparse.Namespace) -> int:
@@ -165,7 +124,7 @@ def cmd_path(args: argparse.Namespace) -> int:
     from tunecl.db.schema import head_revision
     from tunecl.db.store import sqlite_path
 
-    url = _url(args)
+    url = db_url(args)
     path = sqlite_path(url)
     print(f"db        {path if path is not None else url.render_as_string(hide_password=True)}")
     print(f"revision  {_stored_revision(url, path)} (this tunecl: {head_revision()})")

@@ -12,6 +12,7 @@ import argparse
 import sys
 from typing import Any
 
+from tunecl.cli.db_targets import db_url, select_devices
 from tunecl.cli.output import print_json, print_table
 from tunecl.precision import PRECISIONS, TF32
 
@@ -115,10 +116,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _db_path(args: argparse.Namespace) -> Any:
     """The user DB's file or URL, as `tunecl db path` prints it."""
-    from tunecl.cli.db import _url
     from tunecl.db.store import sqlite_path
 
-    url = _url(args)
+    url = db_url(args)
     path = sqlite_path(url)
     return path if path is not None else url.render_as_string(hide_password=True)
 
@@ -140,7 +140,6 @@ def _unknown_net(nets: list[str], image_size: int) -> str | None:
 def _device(selector: str | None, db: Any, shipped_index: Any) -> Any:
     """The fingerprint ``--device`` names among the devices of the DB and the shipped results (one
     model; of several drivers of it, the first by label), or this machine's default device."""
-    from tunecl.cli.db import select_devices
     from tunecl.errors import DeviceNotFoundError
 
     if selector is None:
