@@ -21,7 +21,7 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from tunecl import __version__
 from tunecl.db.records import ImportReport, Record, make_record
@@ -29,16 +29,22 @@ from tunecl.errors import ImportFormatError, TuneclError
 from tunecl.fingerprint import Fingerprint
 from tunecl.problems import problem_from_key
 
-if TYPE_CHECKING:
-    from tunecl.db.store import TuningDB
-
 FORMAT = "tunecl-db"
 VERSION = 1
 _REQUIRED = ("device", "problem", "algorithm", "algorithm_version", "params", "precision", "status",
              "time_s")
 
 
-def export_document(db: TuningDB, fingerprint: Fingerprint | None = None, *,
+class ResultStore(Protocol):
+    """What export and import use of a tuning DB (:class:`tunecl.db.store.TuningDB` has it)."""
+
+    def results(self, fingerprint: Fingerprint | None = None, *, same_model: bool = False,
+                ok_only: bool = False, model_keys: Iterable[str] | None = None) -> list[Record]: ...
+
+    def merge(self, records: Iterable[Record], dry_run: bool = False) -> ImportReport: ...
+
+
+def export_document(db: ResultStore, fingerprint: Fingerprint | None = None, *,
                     model_keys: Iterable[str] | None = None) -> dict[str, Any]:
     """All ok results of ``db`` as an export document, in a deterministic order.
 
@@ -182,7 +188,7 @@ def read_document(path: str | os.PathLike[str]) -> list[Record]:
     return parse_document(data, str(path))
 
 
-def import_document(db: TuningDB, source: str | os.PathLike[str] | list[Record], *,
+def import_document(db: ResultStore, source: str | os.PathLike[str] | list[Record], *,
                     dry_run: bool = False) -> ImportReport:
     """Validate a whole export document, then merge it into ``db`` in one transaction.
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from tunecl import config
+from tunecl.db.exchange import read_document
 from tunecl.db.near import BatchPattern
 from tunecl.db.records import Hit, Record, keep_new, servable, to_hit
 from tunecl.errors import TuneclError
@@ -103,8 +104,6 @@ def folder() -> Path | None:
 
 def load(path: Path) -> ShippedIndex:
     """Read every ``*.json`` export document in ``path`` (a missing folder is an empty index)."""
-    from tunecl.db.exchange import read_document
-
     files, records = [], []
     for file in sorted(path.glob("*.json")) if path.is_dir() else []:
         try:

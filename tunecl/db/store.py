@@ -34,7 +34,7 @@ from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, joinedload
 
 from tunecl import __version__, config
-from tunecl.db import near, schema, shipped
+from tunecl.db import exchange, near, schema, shipped
 from tunecl.db.models import DeviceModel, ProblemModel, ResultModel, utc_now
 from tunecl.db.records import (
     OK,
@@ -391,14 +391,10 @@ class TuningDB:
                model_keys: Iterable[str] | None = None) -> dict[str, Any]:
         """The export document of all ok results (of ``fingerprint``'s device model, and of the device
         models ``model_keys``, when given)."""
-        from tunecl.db import exchange
-
         return exchange.export_document(self, fingerprint, model_keys=model_keys)
 
     def import_(self, source: str | os.PathLike[str], dry_run: bool = False) -> ImportReport:
         """Validate the export document at ``source`` completely, then merge it in one transaction."""
-        from tunecl.db import exchange
-
         return exchange.import_document(self, source, dry_run=dry_run)
 
 
