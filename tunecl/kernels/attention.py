@@ -159,10 +159,7 @@ def math_for_training(device_type: str, query: Sequence[int], key: Sequence[int]
     the fused kernels. The backend and ``tunecl tune --net``'s workload extraction both ask this."""
     if device_type != "cpu":
         return False
-    batch = 1
-    for n in query[:-2]:
-        batch *= n
-    return 4 * batch * query[-2] * key[-2] <= MATH_SCORES_BYTES
+    return 4 * math.prod(query[:-2]) * query[-2] * key[-2] <= MATH_SCORES_BYTES
 
 
 def unsupported(query: Sequence[int], key: Sequence[int], value: Sequence[int], dtypes: Sequence[str],

@@ -108,17 +108,17 @@ class Space:
         """Whether :meth:`violations` finds nothing (stopping at the first: plan defaults ask this of
         hundreds of candidates)."""
         config = self.complete(config)
+        return self._in_ranges(config) and all(constraint.check(config) for constraint in self.constraints)
+
+    def in_ranges(self, config: Mapping[str, int]) -> bool:
+        """Whether ``config`` (with the ``implied`` parameters it leaves out) sets exactly this space's
+        parameters, each to one of its values: :meth:`is_valid` without the constraints."""
+        return self._in_ranges(self.complete(config))
+
+    def _in_ranges(self, config: Mapping[str, int]) -> bool:
         params = self.params
-        if len(config) != len(params):
-            return False
-        for name, value in config.items():
-            values = params.get(name)
-            if values is None or value not in values:
-                return False
-        for constraint in self.constraints:
-            if not constraint.check(config):
-                return False
-        return True
+        return len(config) == len(params) and all(
+            (values := params.get(name)) is not None and value in values for name, value in config.items())
 
     def configs(self) -> list[Config]:
         """All valid configs (computed on first use, then kept)."""

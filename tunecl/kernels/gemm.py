@@ -710,7 +710,6 @@ class GemmTiled:
         independent = [check for _, needs, check in rules if _LOADER_PARAMS.isdisjoint(needs)]
         dependent = [check for _, needs, check in rules if not _LOADER_PARAMS.isdisjoint(needs)]
         passes: dict[int, bool] = {}
-        params = space.params
         for config in self._complete(base, problem):
             # If the preset breaks a rule for this problem, give up its refinements one by one.
             for index, relax in enumerate(_RELAXED):
@@ -721,9 +720,7 @@ class GemmTiled:
                 if ok is None:
                     ok = passes[index] = all(check(candidate) for check in independent)
                 # (the space's own constraints are among the rules: what is_valid adds is the value ranges)
-                if (ok and len(candidate) == len(params)
-                        and all(value in params.get(name, ()) for name, value in candidate.items())
-                        and all(check(candidate) for check in dependent)):
+                if ok and space.in_ranges(candidate) and all(check(candidate) for check in dependent):
                     return candidate
         return None
 
