@@ -46,6 +46,7 @@ from tunecl.kernels.gemm import GemmTiled
 from tunecl.kernels.gemm_mma import GemmMmaTF32
 from tunecl.precision import FP32, TF32, at_least
 from tunecl.problems import GemmProblem
+from tunecl.runtime import probes
 from tunecl.search.harness import gemm_spread, tf32_tolerance
 from tunecl.search.measure import TimingPolicy
 from tunecl.search.tuner import NoAlgorithmError, Tuner
@@ -175,8 +176,8 @@ def test_without_the_capability_nothing_applies(device, monkeypatch):
     names = [a.name for a in kernels.algorithms("gemm") if a.applies(GemmProblem(64, 64, 64), device)]
     assert names[:2] == ["gemm_tiled", "gemm_direct"]  # the untuned default stays the fp32 tiled GEMM
     assert names and not any(n.startswith(("gemm_mma", "gemm_wgmma")) for n in names)  # no tensor cores
-    if not runtime._may_compile_ptx(device.fingerprint):  # skipped by vendor: no compile, no file
-        monkeypatch.setattr(runtime, "_PROBES", {runtime.MMA_TF32: _refuse_to_probe})
+    if not probes._may_compile_ptx(device.fingerprint):  # skipped by vendor: no compile, no file
+        monkeypatch.setattr(probes, "_PROBES", {runtime.MMA_TF32: _refuse_to_probe})
         assert runtime.capability_probes(device)[runtime.MMA_TF32].startswith("not an NVIDIA")
 
 
@@ -201,8 +202,8 @@ def test_probe_verdicts_are_cached_per_fingerprint(device, tmp_path, monkeypatch
         calls.append(dev)
         return ""
 
-    monkeypatch.setattr(runtime, "_may_compile_ptx", lambda fingerprint: True)
-    monkeypatch.setattr(runtime, "_PROBES", {runtime.MMA_TF32: fake_probe})
+    monkeypatch.setattr(probes, "_may_compile_ptx", lambda fingerprint: True)
+    monkeypatch.setattr(probes, "_PROBES", {runtime.MMA_TF32: fake_probe})
     with config.override(cache_dir=str(tmp_path)):
         assert runtime.capability_probes(device) == {runtime.MMA_TF32: ""}
         assert runtime.capability_probes(device) == {runtime.MMA_TF32: ""}
@@ -216,7 +217,7 @@ def test_probe_verdicts_are_cached_per_fingerprint(device, tmp_path, monkeypatch
 
 def test_the_cp_async_probe_expects_zero_fill():
     src = np.arange(1, 129, dtype=np.float32)
-    expected = runtime._cp_async_expected(src)
+    expected = probes._cp_async_expected(src)
     # zero-filled: 2 words of 16-byte lanes 1, 4, 7, 10, 13; 1 of 8-byte lanes 16, 19, 22; 4-byte 25, 28, 31
     assert (expected == 0).sum() == 2 * 5 + 3 + 3
     copied = expected[:88]  # words 88.. are nobody's: they keep the -1 the kernel writes first
@@ -226,7 +227,7 @@ def test_the_cp_async_probe_expects_zero_fill():
 def test_the_probe_data_tells_rounding_from_truncation():
     from tunecl.precision import tf32_round
 
-    a, b, c = runtime._mma_probe_data()
+    a, b, c = probes._mma_probe_data()
     rounded = tf32_round(a).astype(np.float64) @ tf32_round(b).astype(np.float64) + c
     truncated = (a.view(np.uint32) & 0xFFFFE000).view(np.float32).astype(np.float64) @ (
         b.view(np.uint32) & 0xFFFFE000

@@ -44,6 +44,7 @@ from tunecl.kernels import gemm_mma
 from tunecl.kernels.gemm_mma import GemmMmaF16, GemmMmaTF32
 from tunecl.precision import FP32, TF32
 from tunecl.problems import GemmProblem
+from tunecl.runtime import probes
 from tunecl.search.harness import GemmHarness, half_output_tolerance
 from tunecl.search.measure import TimingPolicy
 from tunecl.search.tuner import NoAlgorithmError, Tuner
@@ -185,7 +186,7 @@ def test_the_f16_probe_fails_quietly_where_ptx_does_not_compile(device):
 
 
 def test_the_f16_probe_data_tells_wrong_fragments_apart():
-    a, b, c = runtime._mma_f16_probe_data()
+    a, b, c = probes._mma_f16_probe_data()
     assert a.dtype == b.dtype == np.float16 and a.shape == (16, 16) and b.shape == (16, 8)
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     right = a64 @ b64 + c

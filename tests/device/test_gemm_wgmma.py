@@ -44,6 +44,7 @@ from tunecl.kernels import gemm_wgmma
 from tunecl.kernels.gemm_wgmma import GemmWgmmaF16, GemmWgmmaTF32
 from tunecl.precision import FP32, TF32
 from tunecl.problems import GemmProblem
+from tunecl.runtime import probes
 from tunecl.search.harness import gemm_spread, half_output_tolerance, tf32_tolerance
 
 TF32_ALG = GemmWgmmaTF32()
@@ -210,7 +211,7 @@ def test_the_probe_covers_every_layout_the_family_builds():
         a_mn, b_mn = gemm_wgmma.mn_major(problem((64, 64, 64), transposes, "float16"))
         assert (a_mn, b_mn) == (transposes[0], not transposes[1])
     for case, (f16, *_rest) in enumerate(runtime.WGMMA_PROBE_CASES):
-        a, b = runtime._wgmma_probe_data(bool(f16), case)
+        a, b = probes._wgmma_probe_data(bool(f16), case)
         assert a.shape == b.shape == (64, 128 // a.itemsize)
         exact = a.astype(np.float64) @ b.astype(np.float64).T
         assert np.abs(exact).max() < 2**24  # exact in fp32

@@ -9,6 +9,7 @@ import pytest
 from tunecl import runtime
 from tunecl.cli import main
 from tunecl.errors import BuildError
+from tunecl.runtime import device as runtime_device
 
 SOURCE = """
 __kernel void axpy(__global float *y, __global const float *x, const float alpha, const int n) {
@@ -152,13 +153,13 @@ def test_programs_divide_and_take_sqrt_correctly_rounded(device, monkeypatch):
     if not device.cl_device.single_fp_config & cl.device_fp_config.CORRECTLY_ROUNDED_DIVIDE_SQRT:
         pytest.skip("the device cannot round float division and sqrt correctly")
     seen = []
-    original = runtime.build_program
+    original = runtime_device.build_program
 
     def recording(context, cl_device, source, options, cache_dir=None):
         seen.append(tuple(options))
         return original(context, cl_device, source, options, cache_dir)
 
-    monkeypatch.setattr(runtime, "build_program", recording)
+    monkeypatch.setattr(runtime_device, "build_program", recording)  # where Device.build looks it up
     program = device.build(ROUNDING_SOURCE, ["-DUNUSED=3"])
     assert seen == [("-DUNUSED=3", runtime.CORRECTLY_ROUNDED_DIVIDE_SQRT)]
     assert device.build(ROUNDING_SOURCE, ["-DUNUSED=3", runtime.CORRECTLY_ROUNDED_DIVIDE_SQRT]) is not None

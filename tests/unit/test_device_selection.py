@@ -4,6 +4,7 @@ import pytest
 
 from tunecl import config, runtime
 from tunecl.errors import DeviceNotFoundError
+from tunecl.runtime import devices
 
 
 def _entry(index, plat, dev, platform, name, kind, error=""):
@@ -18,7 +19,7 @@ def fake_devices(monkeypatch):
         _entry(1, 0, 0, "Portable Computing Language", "pthread-AMD EPYC", "cpu"),
         _entry(2, 2, 0, "Portable Computing Language", "pthread-old", "cpu", "unknown target CPU"),
     ]
-    monkeypatch.setattr(runtime, "_entries", entries)
+    monkeypatch.setattr(devices, "_entries", entries)  # what list_devices reads
     return entries
 
 
@@ -49,6 +50,6 @@ def test_unknown_selector_lists_available_devices(fake_devices, selector):
 
 
 def test_no_devices_at_all(monkeypatch):
-    monkeypatch.setattr(runtime, "_entries", [])
+    monkeypatch.setattr(devices, "_entries", [])
     with pytest.raises(DeviceNotFoundError, match="no OpenCL device is available"):
         runtime.resolve()

@@ -106,7 +106,7 @@ def kernel_options(problem: GemmProblem, config: dict[str, int], variant=(True, 
 
 
 def test_the_probes_assemble(tmp_path):
-    source = Path(str(resources.files("tunecl").joinpath("capabilities.cl")))
+    source = Path(str(resources.files("tunecl.runtime").joinpath("capabilities.cl")))
     ptx, _ = assemble(source, ["-DPROBE_MMA_TF32"], tmp_path)
     assert ptx.count("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32") == 1
     assert ptx.count("cvt.rna.tf32.f32") >= 6 and "cp.async" not in ptx

@@ -89,7 +89,7 @@ def instruction(problem: GemmProblem, nwg: int) -> str:
 
 
 def test_the_probe_assembles(tmp_path):
-    source = Path(str(resources.files("tunecl").joinpath("capabilities.cl")))
+    source = Path(str(resources.files("tunecl.runtime").joinpath("capabilities.cl")))
     ptx, report = assemble(source, ["-DPROBE_WGMMA", runtime.ARCH_PTX_OPTION], tmp_path)
     # 4 wgmma (128 bytes of k) per layout, the loop unrolled so that the accumulators stay in registers
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32") == 4

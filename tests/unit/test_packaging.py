@@ -1,5 +1,6 @@
-"""What an installed package needs: the shipped tuning results inside it (checked on a real wheel,
-installed outside the checkout), and the studies' default storage beside the tuning DB it belongs to."""
+"""What an installed package needs: the shipped tuning results and the OpenCL sources inside it (checked
+on a real wheel, installed outside the checkout), and the studies' default storage beside the tuning DB it
+belongs to."""
 
 from __future__ import annotations
 
@@ -115,3 +116,13 @@ def test_the_installed_wheel_serves_its_shipped_results(installed_wheel, tmp_pat
     assert found["hit"] is not None, f"no plan served for {found['problem']}"
     source, problem, time_s = found["hit"]
     assert source == "shipped" and problem == found["problem"] and time_s <= found["time_s"]
+
+
+def test_the_installed_wheel_holds_every_opencl_source(installed_wheel):
+    """Every ``.cl`` file of the checkout is in the wheel, where the package reads it as a resource: the
+    kernel families' and the capability probes' (``runtime/capabilities.cl``)."""
+    package = ROOT / "tunecl"
+    sources = sorted(p.relative_to(package) for p in package.rglob("*.cl"))
+    assert Path("runtime", "capabilities.cl") in sources
+    missing = [str(p) for p in sources if not (installed_wheel / "tunecl" / p).is_file()]
+    assert not missing, f"not in the wheel: {missing}"

@@ -321,7 +321,7 @@ class GemmWgmmaTF32:
         layout = [f"-DTRANS_A={int(problem.trans_a)}", f"-DTRANS_B={int(problem.trans_b)}"]
         if self.variant.f16:
             layout.append("-DWGMMA_F16=1")
-        # the real kernel's wgmma exists only on sm_90a: built by way of retargeted PTX (runtime.py)
+        # the real kernel's wgmma exists only on sm_90a: built by way of retargeted PTX (runtime/build.py)
         layout.append("-DWGMMA_STUB=1" if emulate else ARCH_PTX_OPTION)
         width = config["VW"]
 

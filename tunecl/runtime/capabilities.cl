@@ -1,4 +1,4 @@
-// capabilities.cl — probes of optional device features; runtime.py runs each once per device model and
+// capabilities.cl — probes of optional device features; probes.py runs each once per device model and
 // driver, built alone (-DPROBE_MMA_TF32, -DPROBE_MMA_F16, -DPROBE_CP_ASYNC or -DPROBE_WGMMA) in a
 // context of its own (a probe that faults cannot harm the device's working context), and grants the
 // feature only when the probe compiles, runs and computes the expected result.
@@ -160,9 +160,9 @@ ulong ProbeDescriptor(const uint tile, const int s, const int mn, const int sw, 
          | ((ulong)((sbo >> 4) & 0x3FFF) << 32) | (mode << 62);
 }
 
-// ARCH_ASM goes before each sm_90a-only instruction: runtime.py builds this probe with TUNECL_ARCH_PTX=1,
-// which hides them from NVIDIA's OpenCL compiler (it assembles for sm_90) as PTX comments; it restores
-// them and assembles the PTX for sm_90a (runtime.ARCH_PTX_OPTION).
+// ARCH_ASM goes before each sm_90a-only instruction: probes.py builds this probe with TUNECL_ARCH_PTX=1
+// (runtime.ARCH_PTX_OPTION), which hides them from NVIDIA's OpenCL compiler (it assembles for sm_90) as
+// PTX comments; build.py's build_program restores them and assembles the PTX for sm_90a.
 #if TUNECL_ARCH_PTX
   #define ARCH_ASM "//@arch "
 #else
