@@ -19,14 +19,11 @@ from typing import Any, Self, TypeVar
 from sqlalchemy import (
     ColumnElement,
     Engine,
-    Select,
-    and_,
     case,
     create_engine,
     delete,
     event,
     func,
-    or_,
     select,
 )
 from sqlalchemy.engine import URL, make_url
@@ -34,7 +31,7 @@ from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, joinedload
 
 from tunecl import __version__, config
-from tunecl.db import exchange, near, schema, shipped
+from tunecl.db import exchange, lookup, schema
 from tunecl.db.models import DeviceModel, ProblemModel, ResultModel, utc_now
 from tunecl.db.records import (
     OK,
@@ -45,7 +42,6 @@ from tunecl.db.records import (
     keep_new,
     make_record,
     precision_set,
-    to_hit,
 )
 from tunecl.errors import DatabaseError
 from tunecl.fingerprint import Fingerprint
@@ -273,60 +269,31 @@ class TuningDB:
                 precisions are never served, so a strict fp32 request never gets a tf32 result.
         """
         with self.session_scope() as session:
-            row = _fastest(session, DeviceModel.key == fingerprint.key, problem_key(problem), versions,
-                           precision_set(precision))
-            return None if row is None else to_hit(_to_record(row), "user")
+            return lookup.best(session, fingerprint, problem_key(problem), versions, precision_set(precision))
 
     def best_or_shipped(self, fingerprint: Fingerprint, problem: Problem | str,
                         versions: Mapping[str, int] | None = None, precision: Precisions = "fp32") -> Hit | None:
         """:meth:`best`, else the shipped results' fastest for exactly this device (model and driver):
         what counts as "already tuned on this device" (other drivers' results do not)."""
-        return self.best(fingerprint, problem, versions, precision) or shipped.best(
-            fingerprint, problem_key(problem), versions, precision_set(precision))
+        with self.session_scope() as session:
+            return lookup.best_or_shipped(session, fingerprint, problem_key(problem), versions,
+                                          precision_set(precision))
 
     def lookup(self, fingerprint: Fingerprint, problem: Problem | str,
                versions: Mapping[str, int] | None = None, precision: Precisions = "fp32") -> Hit | None:
-        """The result to run, following the lookup chain; None means "use the heuristic default".
-
-        The chain: this DB for this exact device → this DB for the same device model on another
-        driver → the shipped read-only results (exact device first, then same model) → None.
-        ``versions`` and ``precision`` filter every step as in :meth:`best`.
-        """
-        key, precisions = problem_key(problem), precision_set(precision)
+        """The result to run, following the lookup chain (:mod:`tunecl.db.lookup`); None means "use the
+        heuristic default". ``versions`` and ``precision`` filter every step as in :meth:`best`."""
         with self.session_scope() as session:
-            for condition, source in _user_steps(fingerprint):
-                row = _fastest(session, condition, key, versions, precisions)
-                if row is not None:
-                    return to_hit(_to_record(row), source)  # type: ignore[arg-type]
-        return shipped.lookup(fingerprint, key, versions, precisions)
+            return lookup.lookup(session, fingerprint, problem_key(problem), versions, precision_set(precision))
 
     def lookup_near_batch(self, fingerprint: Fingerprint, problem: Problem | str,
                           versions: Mapping[str, int] | None = None,
                           precision: Precisions = "fp32") -> list[Hit]:
-        """Results of the same problem at another batch, to try in order when :meth:`lookup` misses.
-
-        The batch rule (conv: any ``n``; gemm: ``m`` within a factor) is :mod:`tunecl.db.near`'s. The
-        steps of :meth:`lookup` in its order, each one's stored problems closest batch first, with one
-        hit per stored problem (its fastest servable result); sources are the steps' names with
-        ``-near-batch`` appended and ``Hit.problem`` is the stored key. ``versions`` and ``precision``
-        filter as in :meth:`best`. Empty: nothing near. The problem itself is never among them.
-        """
+        """Results of the same problem at another batch, to try in order when :meth:`lookup` misses
+        (:func:`tunecl.db.lookup.lookup_near_batch`). Empty: nothing near."""
         wanted = problem_from_key(problem) if isinstance(problem, str) else problem
-        pattern, precisions = near.batch_pattern(wanted), precision_set(precision)
-        hits: list[Hit] = []
         with self.session_scope() as session:
-            # One pass over the problem keys (LIKE, escaped: keys hold '_'; batch_of then checks the
-            # exact text and drops far batches), then the results of the few matches by problem id:
-            # ~1 ms on 5,000 problems, where joining every result of the device first took ~4 ms.
-            like = and_(ProblemModel.key.startswith(pattern.prefix, autoescape=True),
-                        ProblemModel.key.endswith(pattern.suffix, autoescape=True))
-            ids = [id_ for id_, key in session.execute(select(ProblemModel.id, ProblemModel.key).where(like))
-                   if pattern.batch_of(key) is not None]
-            for condition, source in _user_steps(fingerprint) if ids else ():
-                rows = _nearest(session, condition, ids, pattern, versions, precisions)
-                hits.extend(to_hit(_to_record(row), f"{source}-near-batch")  # type: ignore[arg-type]
-                            for row in rows)
-        return hits + shipped.lookup_near_batch(fingerprint, pattern, versions, precisions)
+            return lookup.lookup_near_batch(session, fingerprint, wanted, versions, precision_set(precision))
 
     def results(self, fingerprint: Fingerprint | None = None, problem: Problem | str | None = None, *,
                 same_model: bool = False, problem_contains: str | None = None,
@@ -357,7 +324,7 @@ class TuningDB:
         stmt = stmt.order_by(DeviceModel.label, DeviceModel.key, ProblemModel.key, ResultModel.algorithm,
                              ResultModel.algorithm_version, ResultModel.precision)
         with self.session_scope() as session:
-            return [_to_record(row) for row in session.scalars(stmt)]
+            return [lookup.to_record(row) for row in session.scalars(stmt)]
 
     def devices(self) -> list[Fingerprint]:
         """The devices stored in the DB (each with results: prune removes those left without), by label and key."""
@@ -413,7 +380,7 @@ class _Upserter:
             ResultModel.device_id == device_id, ResultModel.problem_id == problem_id,
             ResultModel.algorithm == new.algorithm, ResultModel.algorithm_version == new.algorithm_version,
             ResultModel.precision == new.precision))
-        old = None if row is None else _to_record(row, new.device, new.problem)
+        old = None if row is None else lookup.to_record(row, new.device, new.problem)
         if not keep_new(old, new):
             return "skipped"
         if row is None:
@@ -449,57 +416,6 @@ class _Upserter:
                 found = problem.id
             self.problems[key] = found
         return self.problems[key]
-
-
-def _user_steps(fingerprint: Fingerprint) -> tuple[tuple[ColumnElement[bool], str], ...]:
-    """The user DB's steps of the lookup chain: (device condition, source name)."""
-    return ((DeviceModel.key == fingerprint.key, "user"),
-            (and_(DeviceModel.model_key == fingerprint.model_key, DeviceModel.key != fingerprint.key),
-             "user-other-driver"))
-
-
-def _servable(device_condition: ColumnElement[bool], problem_condition: ColumnElement[bool],
-              versions: Mapping[str, int] | None, precisions: frozenset[str]) -> Select[tuple[ResultModel]]:
-    """Servable results (ok, accepted precision, current version), fastest first."""
-    stmt = (select(ResultModel).join(ResultModel.device).join(ResultModel.problem)
-            .options(joinedload(ResultModel.device), joinedload(ResultModel.problem))
-            .where(device_condition, problem_condition, ResultModel.status == OK,
-                   ResultModel.time_s.is_not(None), ResultModel.precision.in_(sorted(precisions))))
-    if versions is not None:
-        stmt = stmt.where(or_(*(and_(ResultModel.algorithm == name, ResultModel.algorithm_version == version)
-                                for name, version in versions.items())))
-    return stmt.order_by(ResultModel.time_s, ResultModel.algorithm, ResultModel.algorithm_version,
-                         ResultModel.precision, DeviceModel.key)
-
-
-def _fastest(session: Session, device_condition: ColumnElement[bool], key: str,
-             versions: Mapping[str, int] | None, precisions: frozenset[str]) -> ResultModel | None:
-    if versions is not None and not versions:
-        return None
-    return session.scalars(_servable(device_condition, ProblemModel.key == key, versions, precisions)
-                           .limit(1)).first()
-
-
-def _nearest(session: Session, device_condition: ColumnElement[bool], problem_ids: list[int],
-             pattern: near.BatchPattern, versions: Mapping[str, int] | None,
-             precisions: frozenset[str]) -> list[ResultModel]:
-    """The fastest servable result of each of ``problem_ids`` (``pattern``'s), closest batch first."""
-    if versions is not None and not versions:
-        return []
-    fastest: dict[str, ResultModel] = {}
-    for row in session.scalars(_servable(device_condition, ResultModel.problem_id.in_(problem_ids), versions,
-                                         precisions)):
-        fastest.setdefault(row.problem.key, row)
-    return [fastest[key] for key in pattern.rank(fastest)]
-
-
-def _to_record(row: ResultModel, device: Fingerprint | None = None, problem: str | None = None) -> Record:
-    return Record(
-        device=device or Fingerprint.from_dict(row.device.fingerprint),
-        problem=problem or row.problem.key, algorithm=row.algorithm,
-        algorithm_version=row.algorithm_version, params=dict(row.params), time_s=row.time_s,
-        default_time_s=row.default_time_s, trials=row.trials, status=row.status, precision=row.precision,
-        tunecl_version=row.tunecl_version, created_at=row.created_at, origin=row.origin)
 
 
 def sqlite_path(url: URL) -> Path | None:
