@@ -11,6 +11,12 @@ Options:
 - ``--autograd torch|caller``: backward on torch's worker thread for the device (torch's default), or on the
   calling thread (``torch.autograd.set_multithreading_enabled(False)``);
 - ``--copy-inputs``: the batch is copied from the CPU in every step, as ``tunecl bench`` does;
+- ``--plans-of DEVICE`` (with ``--stub-launches``): the step runs with the plans the shipped tuning results
+  hold for another device (a selector as ``tunecl db list --device`` takes: ``h200``), and with that kind of
+  device's launch settings (a GPU's: no launch batching), so this machine shows the host cost of that
+  device's plan mix without the device: the backend looks the plans up under that device's fingerprint and
+  builds their kernels here (a config this device cannot build falls back to the default plan, with a
+  warning); capability probes are skipped (no tensor-core kernels: fp32 plans only);
 - the ``thread CPU`` line under each round: the calling thread's CPU time per phase (``time.thread_time``),
   steadier than wall time on a shared or CPU-OpenCL machine; backward's counts only with ``--autograd caller``;
 - ``--profile N``: Python's cProfile over three more steps, the N functions with the most self time and the
@@ -21,6 +27,7 @@ Options:
 
     TUNECL_DEVICE=nvidia python benchmarks/eager_phases.py --net resnet18 --batch 16
     TUNECL_DEVICE=nvidia python benchmarks/eager_phases.py --net resnet50 --batch 16 --stub-launches --profile 60
+    python benchmarks/eager_phases.py --net resnet50 --batch 16 --stub-launches --plans-of h200 --autograd caller
     python benchmarks/eager_phases.py --batch 2 --image-size 32 --record benchmarks/results/host.csv
 """
 
@@ -58,6 +65,29 @@ def host_rows(rounds: dict[str, tuple[list, list]], config: str, *, device: str,
     return rows
 
 
+def use_plans_of(selector: str) -> str:
+    """Make the opencl device look its plans up as the shipped results' device ``selector`` names, with that
+    device type's launch settings and no capability probes; the device's label. Call before the first op."""
+    from tunecl.backend import state
+    from tunecl.db import selection, shipped
+    from tunecl.runtime import AUTO_FLUSH_EVERY, AUTO_LAUNCH_BATCH
+
+    stored = shipped.index().devices()
+    if not stored:
+        raise SystemExit("--plans-of: no shipped results are read (TUNECL_SHIPPED_DB is empty or its folder "
+                         "holds none)")
+    matches = selection.stored_matches(selector, stored)
+    if len(matches) != 1:
+        raise SystemExit(f"--plans-of {selector!r} names {len(matches)} of the shipped results' devices; "
+                         f"{selection.describe(stored)}")
+    device = state.get().device
+    device.fingerprint = fingerprint = matches[0]
+    cpu = fingerprint.device_type == "cpu"
+    device.launch_batch, device.flush_every = (AUTO_LAUNCH_BATCH, 0) if cpu else (0, AUTO_FLUSH_EVERY)
+    device._capabilities = frozenset()   # the probes would try that device's PTX here
+    return fingerprint.label
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--net", default="resnet18")
@@ -67,12 +97,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stub-launches", action="store_true")
     parser.add_argument("--autograd", choices=("caller", "torch"))
     parser.add_argument("--copy-inputs", action="store_true")
+    parser.add_argument("--plans-of", metavar="DEVICE",
+                        help="with --stub-launches: run the plans the shipped results hold for DEVICE (e.g. h200)")
     parser.add_argument("--profile", type=int, default=0, metavar="N")
     parser.add_argument("--record", metavar="FILE.csv",
                         help="append the figures to a host-time results CSV (benchmarks/results/host.csv)")
     args = parser.parse_args(argv)
     if args.record:
         record.check_argument(parser.prog, args.record, record.HOST_COLUMNS)
+    if args.plans_of and not args.stub_launches:
+        parser.error("--plans-of needs --stub-launches: that device's kernels do not run here")
     if args.stub_launches:   # before tunecl binds the launch functions
         from tunecl.tools.launch_stub import stub_launches
 
@@ -81,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import tunecl.backend  # noqa: F401
     from tunecl.tools import model_and_inputs
+    plans_of = use_plans_of(args.plans_of) if args.plans_of else None
     if args.autograd == "caller":
         torch.autograd.set_multithreading_enabled(False)
     dev = torch.device("opencl")
@@ -117,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         step(None)
     mode = (f"launches {'stubbed' if args.stub_launches else 'real'}, autograd on the "
             f"{'caller' if not torch._C._is_multithreading_enabled() else 'worker'} thread"
-            f"{', inputs copied' if args.copy_inputs else ''}")
+            f"{', inputs copied' if args.copy_inputs else ''}"
+            f"{f', plans of {plans_of}' if plans_of else ''}")
     print(f"{args.net} batch {args.batch} image {args.image_size} train on {torch.opencl.get_device_name()}: {mode}; "
           f"ms, median of {args.repeats}")
     load = record.load_average()

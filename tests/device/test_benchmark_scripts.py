@@ -250,3 +250,30 @@ def test_attention_benchmark_times_fused_math_and_peer(tmp_path, capsys):
     lines = csv.read_text().splitlines()
     assert len(lines) == 1 + 4 and "sdpa b1 h2 L33 d8 fwd+bwd" in lines[-1]
     assert "math/fused" in capsys.readouterr().out
+
+
+def test_eager_phases_runs_another_devices_shipped_plans_with_launches_stubbed(tmp_path):
+    """``--plans-of h200``: the step looks its plans up as the shipped results' H200 (so its host path is
+    that device's plan mix); it needs --stub-launches, and a selector naming no shipped device is refused
+    with the devices listed."""
+    import os
+    import subprocess
+    import sys
+
+    import tunecl
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1] / "torch"),
+                                                       os.environ.get("PYTHONPATH", "")]),
+               TUNECL_SHIPPED_DB=str(Path(tunecl.__file__).parent / "tuning_db"))
+    base = [sys.executable, str(BENCHMARKS / "eager_phases.py"), "--net", "tiny_nets:tiny_cnn", "--batch", "2",
+            "--image-size", "16", "--repeats", "1"]
+    done = subprocess.run(base + ["--stub-launches", "--plans-of", "h200"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "launches stubbed, autograd on the worker thread, plans of NVIDIA H200 (driver" in done.stdout
+    assert len([line for line in done.stdout.splitlines() if "step wall" in line]) == 3
+    refused = subprocess.run(base + ["--plans-of", "h200"], capture_output=True, text=True, env=env)
+    assert refused.returncode == 2 and "--plans-of needs --stub-launches" in refused.stderr
+    unknown = subprocess.run(base + ["--stub-launches", "--plans-of", "no such device"], capture_output=True,
+                             text=True, env=env)
+    assert unknown.returncode == 1 and "names 0 of the shipped results' devices" in unknown.stderr
+    assert "NVIDIA H200" in unknown.stderr
