@@ -8,7 +8,8 @@ on GPUs, for training) and ``math`` (under ``sdpa_kernel([SDPBackend.MATH])``: w
 ``--rounds`` interleaved rounds: device time (the sum of the call's kernel events,
 :class:`tunecl.profiling.KernelProfile`) and wall time to completion. The peer is torch's SDPA on CUDA
 (timed by CUDA events; flash or memory-efficient kernels, as torch picks) where torch sees CUDA, else on
-the CPU (wall time). It is measured first, before ``tunecl.backend`` is imported. ``--backward`` times
+the CPU (wall time). It is measured in a child process that never imports ``tunecl.backend``: a CUDA
+backward fails inside torch in a process where a PrivateUse1 device is registered (pytorch/pytorch#161129). ``--backward`` times
 the forward and backward of ``out.backward(grad)`` instead of the forward alone. Each figure is the median
 over rounds of the round medians; ``spread`` is (slowest - fastest round median) / median. The fused and
 math results are checked against CPU float64 before timing.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -76,6 +78,12 @@ def peer_seconds(seq: int, args: argparse.Namespace) -> tuple[str, list[float]]:
                 times.append(time.perf_counter() - begin)
         rounds.append(statistics.median(times))
     return f"torch {device}", rounds
+
+
+def _peers_in_child(argv: list[str]) -> dict[int, tuple[str, list[float]]]:
+    """:func:`peer_seconds` of every ``--seq``, measured by this script in a child process."""
+    done = subprocess.run([sys.executable, __file__, "--peer-only", *argv], check=True, capture_output=True, text=True)
+    return {int(seq): (name, rounds) for seq, (name, rounds) in json.loads(done.stdout.splitlines()[-1]).items()}
 
 
 def _check(seq: int, args: argparse.Namespace) -> None:
@@ -136,14 +144,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", metavar="FILE", help="also write the rows to FILE")
     parser.add_argument("--record", metavar="FILE.csv", help="append fused-vs-peer and fused-vs-math rows")
+    parser.add_argument("--peer-only", action="store_true", help=argparse.SUPPRESS)   # the peer's child process
     args = parser.parse_args(argv)
+    if args.peer_only:
+        if "tunecl.backend" in sys.modules:
+            raise RuntimeError("the peer must be timed without tunecl.backend imported")
+        print(json.dumps({seq: peer_seconds(seq, args) for seq in args.seq}))
+        return 0
     from tunecl.tools import record
 
     if args.record:
         record.check_argument(parser.prog, args.record)
-    # the peer first, before the opencl backend is imported (a CUDA backward must not share the process
-    # with a registered PrivateUse1 backend)
-    peers = {seq: peer_seconds(seq, args) for seq in args.seq}
+    peers = _peers_in_child(sys.argv[1:] if argv is None else list(argv))
     if args.device is not None:
         import os
         os.environ["TUNECL_DEVICE"] = args.device

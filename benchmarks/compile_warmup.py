@@ -9,7 +9,7 @@ of the first ``--steps`` calls, its wall time (until the device finished) and th
 
 - ``dynamo``: Dynamo's tracing and guards (its compile time without the backend's);
 - ``aot``: AOTAutograd, the backend's compile without our graph compilers (forward and the lazily
-  compiled backward);
+  compiled backward; before torch 2.12 only the forward's, the backward's own part then counts in ``other``);
 - ``ours: rewrites``: our graph rewrites (:func:`tunecl.backend.compile._rewrite`);
 - ``ours: compilers``: the rest of our graph compilers (setting a graph up);
 - ``warm-up runs``: the graphs' first, eager runs (their ops' plans and kernels are made there);
@@ -107,10 +107,14 @@ def instrument(clock: Clock) -> None:
     # the backend's compile: from Dynamo's compile of a frame (AOTAutograd, our forward compiler inside it),
     # and the backward's, compiled lazily by AOTAutograd at its first call
     clock.wrap(output_graph.OutputGraph, "call_user_compiler", "backend")
-    clock.wrap(runtime_wrappers._AutogradBackwardCompiler, "get_or_compile",
-               lambda compiler, **_: None if compiler.compiled_bw is not None else "backward compile")
     for name in ("_forward_compiler", "_backward_compiler"):
         clock.wrap(tunecl_compile, name, "compilers")
+    lazy = getattr(runtime_wrappers, "_AutogradBackwardCompiler", None)   # torch >= 2.12
+    if lazy is not None:
+        clock.wrap(lazy, "get_or_compile",
+                   lambda compiler, **_: None if compiler.compiled_bw is not None else "backward compile")
+    else:   # older torch compiles the backward inside its autograd function: only our compiler is seen there
+        clock.wrap(tunecl_compile, "_backward_compiler", "backward compile")
     clock.wrap(tunecl_compile, "_rewrite", "rewrites")
 
     def phase_of_call(replayed: Any, args: Any) -> str:

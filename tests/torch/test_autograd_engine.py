@@ -48,3 +48,25 @@ def test_a_backward_error_of_another_kind_is_raised_as_it_is():
     with pytest.raises(RuntimeError, match="does not require grad|element 0 of tensors"):
         torch.ones(2, device="opencl").sum().backward()
     assert x.grad is None
+
+
+def test_a_cuda_backward_that_torch_refuses_beside_the_device_says_what_to_do():
+    """torch's own assert for a CUDA backward in a process with a registered PrivateUse1 device
+    (pytorch/pytorch#161129) reaches the user as an error naming the cause and the way out; other errors
+    pass through unchanged."""
+    import pytest
+
+    from tunecl.backend import autograd_engine
+
+    def refused(*args, **kwargs):
+        raise RuntimeError('opt_ready_stream && opt_parent_stream INTERNAL ASSERT FAILED at "engine.cpp":1084')
+
+    with pytest.raises(RuntimeError, match="does not import tunecl.backend") as raised:
+        autograd_engine.wrap(refused)()
+    assert "opt_ready_stream" in str(raised.value.__cause__)
+
+    def other(*args, **kwargs):
+        raise RuntimeError("element 0 of tensors does not require grad")
+
+    with pytest.raises(RuntimeError, match="^element 0 of tensors does not require grad$"):
+        autograd_engine.wrap(other)()

@@ -20,6 +20,10 @@ import torch.autograd
 from torch.autograd import graph
 
 _ENGINE_ASSERT = "device_ready_queues_"
+_CUDA_STREAM_ASSERT = "opt_ready_stream && opt_parent_stream"
+CUDA_BACKWARD_HINT = ("a backward over CUDA tensors fails inside torch in a process where tunecl registered the "
+                      "opencl device (torch takes opencl for its accelerator: pytorch/pytorch#161129); run CUDA "
+                      "training in a process that does not import tunecl.backend")
 _on_calling_thread = False   # an engine without a queue for the device was met: run every backward so
 
 
@@ -33,20 +37,34 @@ def patch() -> None:
     original = graph._engine_run_backward
     if getattr(original, "_tunecl", False):
         return
-
-    @functools.wraps(original)
-    def engine_run_backward(*args: Any, **kwargs: Any) -> Any:
-        global _on_calling_thread
-        if not _on_calling_thread:
-            try:
-                return original(*args, **kwargs)
-            except RuntimeError as error:
-                if _ENGINE_ASSERT not in str(error):
-                    raise
-                _on_calling_thread = True
-        with torch.autograd.set_multithreading_enabled(False):
-            return original(*args, **kwargs)
-
-    engine_run_backward._tunecl = True
+    engine_run_backward = wrap(original)
     graph._engine_run_backward = engine_run_backward
     torch.autograd._engine_run_backward = engine_run_backward   # (torch.autograd.backward/grad call it by name)
+
+
+def wrap(original: Any) -> Any:
+    """torch's engine entry ``original`` made to run as this module describes."""
+    @functools.wraps(original)
+    def engine_run_backward(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return _run(original, *args, **kwargs)
+        except RuntimeError as error:
+            if _CUDA_STREAM_ASSERT in str(error):
+                raise RuntimeError(CUDA_BACKWARD_HINT) from error
+            raise
+
+    engine_run_backward._tunecl = True  # type: ignore[attr-defined]
+    return engine_run_backward
+
+
+def _run(original: Any, *args: Any, **kwargs: Any) -> Any:
+    global _on_calling_thread
+    if not _on_calling_thread:
+        try:
+            return original(*args, **kwargs)
+        except RuntimeError as error:
+            if _ENGINE_ASSERT not in str(error):
+                raise
+            _on_calling_thread = True
+    with torch.autograd.set_multithreading_enabled(False):
+        return original(*args, **kwargs)
