@@ -117,6 +117,37 @@ def test_a_config_measured_by_another_worker_is_told_its_result_and_one_being_me
     assert log.duplicates >= 1
 
 
+def test_a_worker_left_nothing_to_measure_waits_for_the_others_results(monkeypatch):
+    """Another worker's running trials fill the whole budget: this worker measures nothing, waits for them
+    and ends with their winner instead of failing with no candidate."""
+    import threading
+
+    from tunecl.search import driver
+
+    monkeypatch.setattr(driver, "AWAIT_POLL_S", 0.01)
+    space = make_space()
+    storage = optuna.storages.InMemoryStorage()
+    measuring, release = threading.Event(), threading.Event()
+
+    class Slow(Replay):
+        def __call__(self, algorithm, config):
+            measuring.set()
+            release.wait(10)
+            return super().__call__(algorithm, config)
+
+    a_calls, a_logs = Slow(space), []
+    a = threading.Thread(target=lambda: a_logs.append(
+        RandomSearch(storage, "s", seed=1, worker="a").search(space, a_calls, Budget(trials=1, top_k=0))))
+    a.start()
+    assert measuring.wait(10)
+    threading.Timer(0.3, release.set).start()
+    b_calls = Replay(space)
+    log = RandomSearch(storage, "s", seed=1, worker="b").search(space, b_calls, Budget(trials=1, top_k=0))
+    a.join(10)
+    assert b_calls.calls == [] and log.evaluated == 0
+    assert log.winner is not None and log.winner == a_logs[0].winner
+
+
 # -- claims on problems (tune --net) ----------------------------------------------------------------
 
 def test_claims_hold_off_other_workers_until_done_or_stale():

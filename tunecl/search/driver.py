@@ -11,6 +11,7 @@ import contextlib
 import math
 import os
 import socket
+import time
 import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -32,6 +33,8 @@ WORKER_ATTR = "tunecl_worker"  # "host:pid" of the process that asked the trial
 ROUND_ATTR = "tunecl_final_round"
 GRID_ENUMERATION_LIMIT = 100_000  # larger valid spaces are sampled by the grid strategy, not listed
 EXHAUSTION_COUNT_LIMIT = 200      # a time-limited search knows the size of spaces up to this many configs
+AWAIT_OTHERS_S = 600.0            # longest wait for other workers' running trials when none of ours ran
+AWAIT_POLL_S = 0.2
 
 
 def process_gone(worker: str) -> bool:
@@ -558,6 +561,7 @@ class StudyDriver:
         result is stored summarized (:func:`summarize`: its ranking time and the samples' count, min,
         median and max), which ranks a resumed round exactly as the measured one.
         """
+        self._await_other_workers()
         candidates = self._final_candidates()
         round_id = len(self.results)
         stored = self.study.user_attrs.get(ROUND_ATTR) or {}
@@ -581,6 +585,17 @@ class StudyDriver:
             self._report("remeasure", index + 1, len(candidates),
                          min(ok, key=lambda r: r.time) if ok else None, again)
         return final
+
+    def _await_other_workers(self) -> None:
+        """With no ok result yet while other workers measure this study's trials (they took the whole
+        trial budget, or every config left), wait for those trials and take their results instead of
+        ending without a winner; at most ``AWAIT_OTHERS_S`` (a trial of a dead worker of this host is
+        failed by :meth:`_sync`; one of another host may stay RUNNING)."""
+        deadline = time.monotonic() + AWAIT_OTHERS_S
+        while (self.running_elsewhere and not any(r.ok for r in self.results)
+               and time.monotonic() < deadline):
+            time.sleep(AWAIT_POLL_S)
+            self._sync()
 
     def _log(self, final: list[Result], stop: str) -> SearchLog:
         remeasured = {r.key: r for r in final}
