@@ -162,8 +162,9 @@ def load_dlprimitives(path: Path) -> dict[tuple[str, str], dict[str, str]]:
 
 
 def _predecessor(row: dict[str, str], dlprimitives: dict[tuple[str, str], dict[str, str]]) -> dict | None:
-    """The dlprimitives row for a torch CUDA eager comparison of the same workload on the same device."""
-    if row["benchmark"] != "net" or "CUDA" not in row["peer_name"] or row["precision"] != "fp32":
+    """The dlprimitives row for a torch CUDA eager comparison of the same workload on the same device (the
+    plain eager peer, as the predecessor's ratio was taken; not the cudnn.benchmark one)."""
+    if row["benchmark"] != "net" or row["peer_name"] != "torch CUDA eager" or row["precision"] != "fp32":
         return None
     return dlprimitives.get((row["device"], row["workload"]))
 

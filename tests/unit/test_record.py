@@ -143,6 +143,8 @@ def test_eager_net_rows_are_shown_next_to_the_dlprimitives_ratio_of_the_same_dev
     record.append(results, [
         _row(workload="tiny batch 2 train", ours=3.0, peer=2.0, peer_name="torch CUDA eager", date=dt.date(2026, 1, 1)),
         _row(workload="tiny batch 2 train", ours=2.4, peer=2.0, peer_name="torch CUDA eager", date=dt.date(2026, 1, 2)),
+        _row(workload="tiny batch 2 train", ours=2.4, peer=1.6, peer_name="torch CUDA eager (cudnn.benchmark)",
+             date=dt.date(2026, 1, 2)),
         _row(workload="tiny batch 2 train graph", ours=2.0, peer=2.0, peer_name="torch CUDA graph"),
         _row(workload="tiny batch 2 inference", ours=1.0, peer=2.0, peer_name="torch CPU")])
     theirs.write_text("device,workload,ratio,source\n"
@@ -153,7 +155,8 @@ def test_eager_net_rows_are_shown_next_to_the_dlprimitives_ratio_of_the_same_dev
     assert found["Acme GPU", "tiny batch 2 inference"]["source"] == "the predecessor on the same GPU"
     page = plot.dlprimitives_markdown(plot.load(results), found)
     rows = [line for line in page.splitlines() if line.startswith("| Acme GPU")]
-    # the latest eager row against CUDA; the CPU peer's and the graph's rows have no counterpart
+    # the latest eager row against plain CUDA eager (as the predecessor was measured, not cudnn.benchmark);
+    # the CPU peer's and the graph's rows have no counterpart
     assert rows == ["| Acme GPU | tiny batch 2 train | 1.20 | 1.50 [1] | 2026-01-02 at 0123456789ab |"]
     assert "[1] the predecessor on the same GPU" in page
     theirs.write_text("device,workload,ratio,source\nAcme GPU,tiny batch 2 train,-1,x\n")
