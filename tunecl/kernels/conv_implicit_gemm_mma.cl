@@ -100,17 +100,7 @@
 #define KCHUNK ((((GK + SPLIT - 1) / SPLIT + KWG - 1) / KWG) * KWG)   // GK per split, whole steps
 
 // ---- derived: warps and mma tiles ----
-#define WGS (32 * WARPS_M * WARPS_N)   // threads per work-group
-#define WTM (MWG / WARPS_M)            // warp tile rows
-#define WTN (NWG / WARPS_N)            // warp tile columns
-#define MT (WTM / 16)                  // mma tiles per warp along GM
-#define NT (WTN / 8)                   // mma tiles per warp along GN
-#if MMA_F16
-  #define KPW 2                        // k values per fragment register (.f16x2)
-#else
-  #define KPW 1                        // (.tf32)
-#endif
-#define MMA_K (8 * KPW)                // depth of one mma
+#include "mma_warp_tiles.cl"  // WGS, WTM, WTN, MT, NT, KPW, MMA_K, PADDING(kcontig), K_LO(t), K_HI(t)
 
 // ---- derived: tile gathers (as conv_implicit_gemm.cl with THREADS = WGS) ----
 #define A_TK ((WGS < KWG) ? WGS : KWG)          // threads along GK
@@ -134,14 +124,6 @@
 #else
   #define B_KCONTIG 0
 #endif
-// Padding in elements (words; halves with MMA_F16), gemm_mma.cl's rules for the same orientations.
-#if PAD && MMA_F16
-  #define PADDING(kcontig) ((kcontig) ? (KPAIR ? ((KWG / 16) % 2 ? 0 : 16) : 8) : 8)
-#elif PAD
-  #define PADDING(kcontig) ((kcontig) ? (KPAIR ? ((KWG / 8) % 2 ? 0 : 8) : 4) : (KPAIR ? 4 : 8))
-#else
-  #define PADDING(kcontig) 0
-#endif
 #define ALD (KWG + PADDING(1))              // local row length of the A tile (MWG rows of GK)
 #if B_KCONTIG
   #define BLD (KWG + PADDING(1))            // NWG rows of GK
@@ -155,14 +137,6 @@
 #define A_TILE (MWG * ALD)
 #define ALM(m, k) ((m) * ALD + (k))
 
-// The register (k / KPW) of a lane's low and high registers inside an MMA_K-deep step.
-#if KPAIR
-  #define K_LO(t) (2 * (t))
-  #define K_HI(t) (2 * (t) + 1)
-#else
-  #define K_LO(t) (t)
-  #define K_HI(t) ((t) + 4)
-#endif
 
 // Element types: GTYPE of the gathered tensors (and of the registers the gathers fill), LTYPE of the
 // local tiles, CTYPE of the output. MMA_F16 moves the bits of halves as ushort (no conversion before
@@ -295,6 +269,8 @@ void PrivateToLocalB(GTYPE b_apm[B_LANES][B_COLS], __local LTYPE *blm, const int
 
 // ---- local memory -> fragments -> mma (as gemm_mma.cl with ASYNC 0) ----------------------------------
 
+// A local word is its fragment register as it is (the local tiles hold TF32 already, or halves).
+#define FRAG(word) word
 // The fragment register of A row m holding k .. k + KPW - 1 (B column n: FRAG_B), k a multiple of KPW.
 // MMA_F16: one 32-bit read where GK is contiguous, else two halves of neighbouring rows packed (the even
 // k in the lower 16 bits).
@@ -311,68 +287,7 @@ void PrivateToLocalB(GTYPE b_apm[B_LANES][B_COLS], __local LTYPE *blm, const int
   #define FRAG_B(blm, k, n) ((blm)[BLM(k, n)])
 #endif
 
-// This lane's A fragments of the warp's MT mma tiles (rows wm0 + i * 16 ...) at k step kk.
-void LocalToPrivateA(const __local LTYPE* alm, uint apm[MT][4], const int wm0, const int kk, const int g,
-                     const int t) {
-  #pragma unroll
-  for (int i = 0; i < MT; ++i) {
-    const int m = wm0 + i * 16 + g;
-    #if KPAIR
-      const uint2 lo = *((const __local uint2*)(alm + ALM(m, kk + KPW * 2 * t)));
-      const uint2 hi = *((const __local uint2*)(alm + ALM(m + 8, kk + KPW * 2 * t)));
-      apm[i][0] = lo.x;
-      apm[i][2] = lo.y;
-      apm[i][1] = hi.x;
-      apm[i][3] = hi.y;
-    #else
-      apm[i][0] = FRAG_A(alm, m, kk + KPW * K_LO(t));
-      apm[i][1] = FRAG_A(alm, m + 8, kk + KPW * K_LO(t));
-      apm[i][2] = FRAG_A(alm, m, kk + KPW * K_HI(t));
-      apm[i][3] = FRAG_A(alm, m + 8, kk + KPW * K_HI(t));
-    #endif
-  }
-}
-
-// This lane's B fragments of the warp's NT mma tiles (columns wn0 + j * 8 ...) at k step kk.
-void LocalToPrivateB(const __local LTYPE* blm, uint bpm[NT][2], const int wn0, const int kk, const int g,
-                     const int t) {
-  #pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    const int n = wn0 + j * 8 + g;
-    #if B_KCONTIG && KPAIR
-      const uint2 v = *((const __local uint2*)(blm + BLM(kk + KPW * 2 * t, n)));
-      bpm[j][0] = v.x;
-      bpm[j][1] = v.y;
-    #else
-      bpm[j][0] = FRAG_B(blm, kk + KPW * K_LO(t), n);
-      bpm[j][1] = FRAG_B(blm, kk + KPW * K_HI(t), n);
-    #endif
-  }
-}
-
-// One KWG-deep tile: the warp tile's accumulators += its A rows x its B columns, MMA_K k at a time.
-void MultiplyTile(float cpm[MT][NT][4], const __local LTYPE* alm, const __local LTYPE* blm, const int wm0,
-                  const int wn0, const int g, const int t MMA_PARAMS) {
-  // (The emulated mma keeps its loops rolled: unrolled, its barriers make PoCL's compile take minutes.)
-  #if MMA_STUB == 0
-  #pragma unroll
-  #endif
-  for (int kk = 0; kk < KWG; kk += MMA_K) {
-    uint apm[MT][4];
-    uint bpm[NT][2];
-    LocalToPrivateA(alm, apm, wm0, kk, g, t);
-    LocalToPrivateB(blm, bpm, wn0, kk, g, t);
-    #if MMA_STUB == 0
-    #pragma unroll
-    #endif
-    for (int i = 0; i < MT; ++i) {
-      #if MMA_STUB == 0
-      #pragma unroll
-      #endif
-      for (int j = 0; j < NT; ++j) { Mma(cpm[i][j], apm[i], bpm[j] MMA_ARGS); }
-    }
-  }
-}
+#include "mma_fragments.cl"  // LocalToPrivateA, LocalToPrivateB, MultiplyTile
 
 // ---- the kernel -------------------------------------------------------------------------------------
 

@@ -53,12 +53,7 @@
 // offset, leading dimension or batch stride is not a multiple of the vector width.
 
 // ---- problem layout (from the problem, not tuned) -----------------------------------------------
-#ifndef TRANS_A
-  #define TRANS_A 0   // 1 = A is stored K x M (op(A) = A^T)
-#endif
-#ifndef TRANS_B
-  #define TRANS_B 0   // 1 = B is stored N x K (op(B) = B^T)
-#endif
+#include "gemm_arguments.cl"  // TRANS_A, TRANS_B, GEMM_ARGUMENTS, GEMM_BATCH_OFFSETS
 
 // ---- tunables ------------------------------------------------------------------------------------
 #ifndef MWG
@@ -686,13 +681,7 @@ void ZeroC(float cpm[MWI][NWI]) {
 #else
   #define WORK_GROUP_SIZE
 #endif
-__kernel WORK_GROUP_SIZE void gemm_tiled(const int M, const int N, const int K, const float alpha, const float beta,
-                         const __global float* restrict agm, const long a_offset, const int lda,
-                         const long stride_a,
-                         const __global float* restrict bgm, const long b_offset, const int ldb,
-                         const long stride_b,
-                         __global float* restrict cgm, const long c_offset, const int ldc,
-                         const long stride_c) {
+__kernel WORK_GROUP_SIZE void gemm_tiled(GEMM_ARGUMENTS(float, float)) {
   #if SPLITK == 1
     const long batch = get_group_id(2);
     const int k_begin = 0;
@@ -776,15 +765,8 @@ void StreamKSegment(const int t, const int kb, const int ke, const int slot, con
   }
 }
 
-__kernel WORK_GROUP_SIZE void gemm_streamk(const int M, const int N, const int K, const float alpha,
-                         const float beta,
-                         const __global float* restrict agm, const long a_offset, const int lda,
-                         const long stride_a,
-                         const __global float* restrict bgm, const long b_offset, const int ldb,
-                         const long stride_b,
-                         __global float* restrict cgm, const long c_offset, const int ldc,
-                         const long stride_c, __global float* restrict wgm, const int batches,
-                         const int dp_tiles) {
+__kernel WORK_GROUP_SIZE void gemm_streamk(GEMM_ARGUMENTS(float, float), __global float* restrict wgm,
+                                           const int batches, const int dp_tiles) {
   const int steps = (K + KWG - 1) / KWG;
   const int group = get_group_id(0);
   int begin, end;  // this group's k steps, counted over all tiles

@@ -41,12 +41,7 @@
 // offset, leading dimension or batch stride is not a multiple of the vector width.
 
 // ---- problem layout (from the problem, not tuned) -----------------------------------------------
-#ifndef TRANS_A
-  #define TRANS_A 0   // 1 = A is stored K x M (op(A) = A^T)
-#endif
-#ifndef TRANS_B
-  #define TRANS_B 0   // 1 = B is stored N x K (op(B) = B^T)
-#endif
+#include "gemm_arguments.cl"  // TRANS_A, TRANS_B, GEMM_ARGUMENTS, GEMM_BATCH_OFFSETS
 
 // ---- tunables ------------------------------------------------------------------------------------
 #ifndef MWG
@@ -337,23 +332,11 @@ void PrivateToGlobalC(float cpm[TM][TN], __global float* restrict cgm, const int
   #define WORK_GROUP_SIZE
 #endif
 __kernel WORK_GROUP_SIZE
-void gemm_simt(const int M, const int N, const int K, const float alpha, const float beta,
-               const __global float* restrict agm, const long a_offset, const int lda,
-               const long stride_a,
-               const __global float* restrict bgm, const long b_offset, const int ldb,
-               const long stride_b,
-               __global float* restrict cgm, const long c_offset, const int ldc,
-               const long stride_c) {
-  const long batch = get_group_id(2);
-  agm += a_offset + batch * stride_a;
-  bgm += b_offset + batch * stride_b;
-  cgm += c_offset + batch * stride_c;
+void gemm_simt(GEMM_ARGUMENTS(float, float)) {
+  GEMM_BATCH_OFFSETS
 
   const int2 tile = gemm_tile_of_group();  // gemm_common.cl: plain or GM-banded order
-  const int gm = tile.x;
-  const int gn = tile.y;
-  const int m0 = gm * MWG;
-  const int n0 = gn * NWG;
+  GEMM_TILE_ORIGIN(tile)
 
   // Warp and lane coordinates; a thread's fragments start at abase (M) and bbase (N) of the tile.
   const int tid = get_local_id(0);
