@@ -49,9 +49,6 @@
 
 // ---- derived ----
 #define MULT (CONV_K / CONV_C)                // channel multiplier
-#define RS (CONV_R * CONV_S)
-#define HW (CONV_H * CONV_W)
-#define PQ (CONV_P * CONV_Q)
 #define WG_SIZE (WGP * WGQ)
 #define TAPS_IN_REGISTERS 64                  // filters with more taps are read from global memory
 #if RS <= TAPS_IN_REGISTERS

@@ -61,11 +61,6 @@
 #endif
 
 // ---- derived ----
-#define CG (CONV_C / GROUPS)
-#define KG (CONV_K / GROUPS)
-#define RS (CONV_R * CONV_S)
-#define HW (CONV_H * CONV_W)
-#define PQ (CONV_P * CONV_Q)
 #define KWG (WGK * KPT)                       // output channels of a work-group
 #define WG_SIZE (WGP * WGQ * WGK)
 #if UNROLL

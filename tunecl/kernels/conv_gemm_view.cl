@@ -5,11 +5,6 @@
 // (GN = C/groups*R*S, GK = N*P*Q). OUT_SIZE is the output tensor's element count.
 #ifndef CONV_GEMM_VIEW_CL
 #define CONV_GEMM_VIEW_CL
-#define CG (CONV_C / GROUPS)
-#define KG (CONV_K / GROUPS)
-#define RS (CONV_R * CONV_S)
-#define HW (CONV_H * CONV_W)
-#define PQ (CONV_P * CONV_Q)
 #if DIRECTION == 0
   #define GM KG
   #define GN (CONV_N * PQ)

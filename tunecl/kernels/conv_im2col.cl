@@ -30,9 +30,6 @@
   #define IPT 1         // elements per work-item along the pixel dimension
 #endif
 
-#define RS (CONV_R * CONV_S)
-#define HW (CONV_H * CONV_W)
-#define PQ (CONV_P * CONV_Q)
 #define SPAN (IWG * IPT)                      // pixels a work-group covers
 #define COL_IMAGE (CONV_C * RS * COL_LD)      // elements between the images' column matrices
 

@@ -174,35 +174,10 @@ typedef union { floatN v; float s[VWN]; } vecN;
 
 // ---- global memory -> registers -> local memory (staged tiles) ---------------------------------
 
-// VWA consecutive floats of row `row` from column `col`; zeros outside rows x cols. The aligned
-// vector load is taken whenever the whole vector lies inside the matrix.
-floatA GlobalToPrivateVecA(const __global float* restrict agm, const int row, const int col,
-                           const int ld, const int rows, const int cols) {
-  vecA r;
-  if (row < rows && col + VWA <= cols) {
-    r.v = *((const __global floatA*)(agm + row * ld + col));
-  } else {
-    #pragma unroll
-    for (int e = 0; e < VWA; ++e) {
-      r.s[e] = (row < rows && col + e < cols) ? AT(agm, row, col + e, ld) : 0.0f;
-    }
-  }
-  return r.v;
-}
-
-floatB GlobalToPrivateVecB(const __global float* restrict bgm, const int row, const int col,
-                           const int ld, const int rows, const int cols) {
-  vecB r;
-  if (row < rows && col + VWB <= cols) {
-    r.v = *((const __global floatB*)(bgm + row * ld + col));
-  } else {
-    #pragma unroll
-    for (int e = 0; e < VWB; ++e) {
-      r.s[e] = (row < rows && col + e < cols) ? AT(bgm, row, col + e, ld) : 0.0f;
-    }
-  }
-  return r.v;
-}
+// GlobalToPrivateVecA (B): VWA (VWB) elements of a row of A (B); zeros outside the matrix.
+#include "gemm_vector_loads.cl"  // GLOBAL_TO_PRIVATE_VEC
+GLOBAL_TO_PRIVATE_VEC(GlobalToPrivateVecA, floatA, vecA, VWA, float, agm, AT, 0.0f)
+GLOBAL_TO_PRIVATE_VEC(GlobalToPrivateVecB, floatB, vecB, VWB, float, bgm, AT, 0.0f)
 
 #if SA
 // The A tile at (m0, k0) into this thread's registers (its A_LOADS vectors of the tile).

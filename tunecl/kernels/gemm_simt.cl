@@ -145,35 +145,12 @@ typedef union { floatB v; float s[VWB]; } vecB;
 
 // ---- global memory -> registers -> local memory ------------------------------------------------------
 
-// VWA floats of row `row` from column `col` of a rows x cols matrix; zeros outside. The vector load
-// is taken whenever the whole vector lies inside the matrix.
-floatA GlobalToPrivateVecA(const __global float* restrict agm, const int row, const int col,
-                           const int ld, const int rows, const int cols) {
-  vecA r;
-  if (row < rows && col + VWA <= cols) {
-    r.v = *((const __global floatA*)(agm + row * ld + col));
-  } else {
-    #pragma unroll
-    for (int e = 0; e < VWA; ++e) {
-      r.s[e] = (row < rows && col + e < cols) ? agm[row * ld + col + e] : 0.0f;
-    }
-  }
-  return r.v;
-}
-
-floatB GlobalToPrivateVecB(const __global float* restrict bgm, const int row, const int col,
-                           const int ld, const int rows, const int cols) {
-  vecB r;
-  if (row < rows && col + VWB <= cols) {
-    r.v = *((const __global floatB*)(bgm + row * ld + col));
-  } else {
-    #pragma unroll
-    for (int e = 0; e < VWB; ++e) {
-      r.s[e] = (row < rows && col + e < cols) ? bgm[row * ld + col + e] : 0.0f;
-    }
-  }
-  return r.v;
-}
+// GlobalToPrivateVecA (B): VWA (VWB) elements of a row of A (B); zeros outside the matrix.
+// An element (row, col) of a row-major matrix, read as p[row * ld + col].
+#define AT_FLAT(p, row, col, ld) p[row * ld + col]
+#include "gemm_vector_loads.cl"  // GLOBAL_TO_PRIVATE_VEC
+GLOBAL_TO_PRIVATE_VEC(GlobalToPrivateVecA, floatA, vecA, VWA, float, agm, AT_FLAT, 0.0f)
+GLOBAL_TO_PRIVATE_VEC(GlobalToPrivateVecB, floatB, vecB, VWB, float, bgm, AT_FLAT, 0.0f)
 
 // The A tile at (m0, k0): this thread's A_LOADS vectors into registers.
 void GlobalToPrivateA(const __global float* restrict agm, floatA areg[A_LOADS], const int tid,
