@@ -169,9 +169,6 @@ typedef union { floatB v; float s[VWB]; } vecB;
 typedef union { floatM v; float s[VWM]; } vecM;
 typedef union { floatN v; float s[VWN]; } vecN;
 
-// Element (row, col) of a row-major matrix; the caller checks the bounds.
-#define AT(p, row, col, ld) (p)[(row) * (ld) + (col)]
-
 // ---- global memory -> registers -> local memory (staged tiles) ---------------------------------
 
 // GlobalToPrivateVecA (B): VWA (VWB) elements of a row of A (B); zeros outside the matrix.

@@ -206,9 +206,6 @@ typedef union { floatB v; GTYPE s[VWB]; } vecB;
 typedef union { uintA v; LTYPE s[VWA]; } uvecA;
 typedef union { uintB v; LTYPE s[VWB]; } uvecB;
 
-// Element (row, col) of a row-major matrix; the caller checks the bounds.
-#define AT(p, row, col, ld) (p)[(row) * (ld) + (col)]
-
 // ---- the tensor-core instructions ------------------------------------------------------------------
 #include "mma_core.cl"  // Mma, ToTF32, MMA_PARAMS / MMA_ARGS (and their plain-C stand-ins with MMA_STUB)
 

@@ -5,9 +5,11 @@
 // returns WIDTH consecutive elements of row `row` from column `col` of a rows x cols matrix (rows ld
 // elements apart), ZERO outside it, through UNION (a union of VEC v and TYPE s[WIDTH]). The aligned
 // vector load is taken whenever the whole vector lies inside the matrix; READ(PTR, row, col, ld) reads
-// one element.
+// one element, such as AT(p, row, col, ld), the element (row, col) of a row-major matrix.
 #ifndef GEMM_VECTOR_LOADS_CL
 #define GEMM_VECTOR_LOADS_CL
+
+#define AT(p, row, col, ld) (p)[(row) * (ld) + (col)]
 
 #define GLOBAL_TO_PRIVATE_VEC(NAME, VEC, UNION, WIDTH, TYPE, PTR, READ, ZERO)                    \
   VEC NAME(const __global TYPE* restrict PTR, const int row, const int col,                      \
