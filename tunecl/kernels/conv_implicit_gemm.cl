@@ -205,10 +205,7 @@ void conv_implicit_gemm(__global const float *a_agm, const int a_offset,
 
   const int tid = get_local_id(0);
   const int tm = tid % MDIMC, tn = tid / MDIMC;
-  const int n0 = get_group_id(0) * NWG, m0 = get_group_id(1) * MWG;
-  const int g = get_group_id(2) % GROUPS, split = get_group_id(2) / GROUPS;
-  const int k_begin = split * KCHUNK;
-  const int k_end = min(GK, k_begin + KCHUNK);
+  CONV_GEMM_TILE
 
   // ---- what stays fixed for this work-item's loads during the whole GK loop ----
   const int a_lane0 = tid % A_TK, a_row0 = tid / A_TK;
@@ -302,13 +299,7 @@ void conv_implicit_gemm(__global const float *a_agm, const int a_offset,
     for (int j = 0; j < NWI; j++) {
       const int col = n0 + ((j / VWN) * NDIMC + tn) * VWN + j % VWN;
       if (col >= GN) { continue; }
-#if DIRECTION == 0
-      const int index = ((col / PQ) * CONV_K + g * KG + m) * PQ + col % PQ;
-#elif DIRECTION == 1
-      const int index = ((col / HW) * CONV_C + g * CG + m) * HW + col % HW;
-#else
-      const int index = (g * KG + m) * GN + col;
-#endif
+      OUT_INDEX(index, g, m, col)
 #if SPLIT > 1
       ws_agm[split * OUT_SIZE + index] = acc_apm[i][j];
 #else

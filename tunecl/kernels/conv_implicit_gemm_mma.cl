@@ -318,10 +318,7 @@ void conv_implicit_gemm_mma_tf32(
   __local uint* wsm = mma_words + warp * MMA_WORDS;
 #endif
 
-  const int n0 = get_group_id(0) * NWG, m0 = get_group_id(1) * MWG;
-  const int g = get_group_id(2) % GROUPS, split = get_group_id(2) / GROUPS;
-  const int k_begin = split * KCHUNK;
-  const int k_end = min(GK, k_begin + KCHUNK);
+  CONV_GEMM_TILE
 
   // ---- what stays fixed for this thread's gathers during the whole GK loop ----
   const int a_lane0 = tid % A_TK, a_row0 = tid / A_TK;
@@ -355,15 +352,7 @@ void conv_implicit_gemm_mma_tf32(
 #endif
   }
 
-  float cpm[MT][NT][4];
-  #pragma unroll
-  for (int i = 0; i < MT; ++i) {
-    #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      #pragma unroll
-      for (int r = 0; r < 4; ++r) { cpm[i][j][r] = 0.0f; }
-    }
-  }
+  ZERO_ACCUMULATORS(cpm)
 
   GTYPE a_reg[A_LANES][A_ROWS], b_reg[B_LANES][B_COLS];
 #if STAGES == 2
@@ -418,13 +407,7 @@ void conv_implicit_gemm_mma_tf32(
         for (int e = 0; e < 2; ++e) {
           const int col = n0 + wn0 + j * 8 + 2 * t + e;
           if (col >= GN) { continue; }
-#if DIRECTION == 0
-          const int index = ((col / PQ) * CONV_K + g * KG + m) * PQ + col % PQ;
-#elif DIRECTION == 1
-          const int index = ((col / HW) * CONV_C + g * CG + m) * HW + col % HW;
-#else
-          const int index = (g * KG + m) * GN + col;
-#endif
+          OUT_INDEX(index, g, m, col)
           const float acc = cpm[i][j][2 * h + e];
 #if SPLIT > 1
           ws_agm[split * OUT_SIZE + index] = acc;

@@ -446,15 +446,7 @@ __kernel void gemm_mma_tf32(
     floatB breg[B_LOADS];
   #endif
 
-  float cpm[MT][NT][4];
-  #pragma unroll
-  for (int i = 0; i < MT; ++i) {
-    #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      #pragma unroll
-      for (int r = 0; r < 4; ++r) { cpm[i][j][r] = 0.0f; }
-    }
-  }
+  ZERO_ACCUMULATORS(cpm)
 
   const int tiles = (K + KWG - 1) / KWG;
   #if ASYNC

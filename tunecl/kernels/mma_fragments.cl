@@ -1,9 +1,22 @@
-// mma_fragments.cl — local memory -> fragment registers -> mma, shared by gemm_mma.cl and
-// conv_implicit_gemm_mma.cl; included with #include "mma_fragments.cl" after mma_core.cl and the local
-// tile layout: ALM, BLM, A_KCONTIG, B_KCONTIG, and FRAG(word) / FRAG_A(alm, m, k) / FRAG_B(blm, k, n),
-// the fragment register of a local word / of op(A) row m (op(B) column n) holding k .. k + KPW - 1.
+// mma_fragments.cl — the warp tile's accumulators, and local memory -> fragment registers -> mma, shared
+// by gemm_mma.cl and conv_implicit_gemm_mma.cl; included with #include "mma_fragments.cl" after
+// mma_core.cl and the local tile layout: ALM, BLM, A_KCONTIG, B_KCONTIG, and FRAG(word) /
+// FRAG_A(alm, m, k) / FRAG_B(blm, k, n), the fragment register of a local word / of op(A) row m (op(B)
+// column n) holding k .. k + KPW - 1.
 #ifndef MMA_FRAGMENTS_CL
 #define MMA_FRAGMENTS_CL
+
+// cpm: the warp tile's accumulators (4 floats per lane of each of its MT x NT mma tiles), zeroed
+#define ZERO_ACCUMULATORS(cpm)                                                                      \
+  float cpm[MT][NT][4];                                                                           \
+  _Pragma("unroll")                                                                               \
+  for (int i = 0; i < MT; ++i) {                                                                  \
+    _Pragma("unroll")                                                                             \
+    for (int j = 0; j < NT; ++j) {                                                                \
+      _Pragma("unroll")                                                                           \
+      for (int r = 0; r < 4; ++r) { cpm[i][j][r] = 0.0f; }                                        \
+    }                                                                                             \
+  }
 
 // This lane's A fragments of the warp's MT mma tiles (rows wm0 + i * 16 ...) at k step kk.
 void LocalToPrivateA(const __local LTYPE* alm, uint apm[MT][4], const int wm0, const int kk, const int g,
