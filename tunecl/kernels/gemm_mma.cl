@@ -216,79 +216,65 @@ typedef union { uintB v; LTYPE s[VWB]; } uvecB;
 GLOBAL_TO_PRIVATE_VEC(GlobalToPrivateVecA, floatA, vecA, VWA, GTYPE, agm, AT, (GTYPE)0)
 GLOBAL_TO_PRIVATE_VEC(GlobalToPrivateVecB, floatB, vecB, VWB, GTYPE, bgm, AT, (GTYPE)0)
 
+// The position of element (r, c) of this work-group's A (B) tile as it is stored, as GlobalToPrivateVec and
+// AsyncCopy take it: global row, column, leading dimension, rows, columns (from the loaders' m0 / n0,
+// k0, M / N, K and lda / ldb).
+#if TRANS_A
+  #define A_STORED(r, c) k0 + r, m0 + c, lda, K, M
+#else
+  #define A_STORED(r, c) m0 + r, k0 + c, lda, M, K
+#endif
+#if TRANS_B
+  #define B_STORED(r, c) n0 + r, k0 + c, ldb, N, K
+#else
+  #define B_STORED(r, c) k0 + r, n0 + c, ldb, K, N
+#endif
+
+// This thread's vector i of the X tile (A or B): vector v = tid + i * WGS of the tile, at row r and column
+// c of the tile as stored (neighbouring threads take neighbouring vectors of a row).
+#define TILE_VECTOR(X)                                                                              \
+  const int v = tid + i * WGS;                                                                    \
+  const int r = v / X##_VECS_PER_ROW;                                                             \
+  const int c = (v % X##_VECS_PER_ROW) * VW##X;
+
 #if ASYNC == 0
-// The A tile at (m0, k0) into this thread's registers: vector v = tid + i * WGS of the tile, row
-// v / A_VECS_PER_ROW (neighbouring threads read neighbouring vectors of a row).
-void GlobalToPrivateA(const __global GTYPE* restrict agm, floatA areg[A_LOADS], const int tid,
-                      const int m0, const int k0, const int M, const int K, const int lda) {
-  #pragma unroll
-  for (int i = 0; i < A_LOADS; ++i) {
-    const int v = tid + i * WGS;
-    const int r = v / A_VECS_PER_ROW;
-    const int c = (v % A_VECS_PER_ROW) * VWA;
-    #if TRANS_A
-      areg[i] = GlobalToPrivateVecA(agm, k0 + r, m0 + c, lda, K, M);
-    #else
-      areg[i] = GlobalToPrivateVecA(agm, m0 + r, k0 + c, lda, M, K);
-    #endif
+// GlobalToPrivateA (B): the A tile at (m0, k0) (the B tile at (k0, n0)) into this thread's registers.
+#define GLOBAL_TO_PRIVATE(X, x, mn, MN)                                                             \
+  void GlobalToPrivate##X(const __global GTYPE* restrict x##gm, float##X x##reg[X##_LOADS], const int tid, \
+                          const int mn##0, const int k0, const int MN, const int K, const int ld##x) { \
+    _Pragma("unroll")                                                                             \
+    for (int i = 0; i < X##_LOADS; ++i) {                                                         \
+      TILE_VECTOR(X)                                                                              \
+      x##reg[i] = GlobalToPrivateVec##X(x##gm, X##_STORED(r, c));                                 \
+    }                                                                                             \
   }
-}
 
-// This thread's vectors of the A tile, rounded to TF32 (MMA_F16: as they are), into local memory (same
-// rows and columns).
-void PrivateToLocalA(const floatA areg[A_LOADS], __local LTYPE* alm, const int tid) {
-  #pragma unroll
-  for (int i = 0; i < A_LOADS; ++i) {
-    const int v = tid + i * WGS;
-    const int r = v / A_VECS_PER_ROW;
-    const int c = (v % A_VECS_PER_ROW) * VWA;
-    #if MMA_F16
-      *((__local uintA*)(alm + r * ALD + c)) = areg[i];
-    #else
-      vecA u;
-      uvecA w;
-      u.v = areg[i];
-      #pragma unroll
-      for (int e = 0; e < VWA; ++e) { w.s[e] = ToTF32(u.s[e]); }
-      *((__local uintA*)(alm + r * ALD + c)) = w.v;
-    #endif
+// PrivateToLocalA (B): this thread's vectors of the A (B) tile, rounded to TF32 (MMA_F16: as they are),
+// into local memory (same rows and columns).
+#if MMA_F16
+  #define STORE_TO_LOCAL(X, x) *((__local uint##X*)(x##lm + r * X##LD + c)) = x##reg[i];
+#else
+  #define STORE_TO_LOCAL(X, x)                                                                      \
+    vec##X u;                                                                                     \
+    uvec##X w;                                                                                    \
+    u.v = x##reg[i];                                                                              \
+    _Pragma("unroll")                                                                             \
+    for (int e = 0; e < VW##X; ++e) { w.s[e] = ToTF32(u.s[e]); }                                  \
+    *((__local uint##X*)(x##lm + r * X##LD + c)) = w.v;
+#endif
+#define PRIVATE_TO_LOCAL(X, x)                                                                      \
+  void PrivateToLocal##X(const float##X x##reg[X##_LOADS], __local LTYPE* x##lm, const int tid) {  \
+    _Pragma("unroll")                                                                             \
+    for (int i = 0; i < X##_LOADS; ++i) {                                                         \
+      TILE_VECTOR(X)                                                                              \
+      STORE_TO_LOCAL(X, x)                                                                        \
+    }                                                                                             \
   }
-}
 
-// The B tile at (k0, n0) into this thread's registers.
-void GlobalToPrivateB(const __global GTYPE* restrict bgm, floatB breg[B_LOADS], const int tid,
-                      const int n0, const int k0, const int N, const int K, const int ldb) {
-  #pragma unroll
-  for (int i = 0; i < B_LOADS; ++i) {
-    const int v = tid + i * WGS;
-    const int r = v / B_VECS_PER_ROW;
-    const int c = (v % B_VECS_PER_ROW) * VWB;
-    #if TRANS_B
-      breg[i] = GlobalToPrivateVecB(bgm, n0 + r, k0 + c, ldb, N, K);
-    #else
-      breg[i] = GlobalToPrivateVecB(bgm, k0 + r, n0 + c, ldb, K, N);
-    #endif
-  }
-}
-
-void PrivateToLocalB(const floatB breg[B_LOADS], __local LTYPE* blm, const int tid) {
-  #pragma unroll
-  for (int i = 0; i < B_LOADS; ++i) {
-    const int v = tid + i * WGS;
-    const int r = v / B_VECS_PER_ROW;
-    const int c = (v % B_VECS_PER_ROW) * VWB;
-    #if MMA_F16
-      *((__local uintB*)(blm + r * BLD + c)) = breg[i];
-    #else
-      vecB u;
-      uvecB w;
-      u.v = breg[i];
-      #pragma unroll
-      for (int e = 0; e < VWB; ++e) { w.s[e] = ToTF32(u.s[e]); }
-      *((__local uintB*)(blm + r * BLD + c)) = w.v;
-    #endif
-  }
-}
+GLOBAL_TO_PRIVATE(A, a, m, M)
+PRIVATE_TO_LOCAL(A, a)
+GLOBAL_TO_PRIVATE(B, b, n, N)
+PRIVATE_TO_LOCAL(B, b)
 #endif  // ASYNC == 0
 
 // ---- global memory -> local memory with cp.async (ASYNC) --------------------------------------------
@@ -323,36 +309,19 @@ void AsyncCopy(__local LTYPE* dst, const __global GTYPE* restrict src, const int
   #endif
 }
 
-// Start copying the A tile at (m0, k0) into `alm` (this thread's vectors, as GlobalToPrivateA).
-void GlobalToLocalAsyncA(const __global GTYPE* restrict agm, __local LTYPE* alm, const int tid,
-                         const int m0, const int k0, const int M, const int K, const int lda) {
-  #pragma unroll
-  for (int i = 0; i < A_LOADS; ++i) {
-    const int v = tid + i * WGS;
-    const int r = v / A_VECS_PER_ROW;
-    const int c = (v % A_VECS_PER_ROW) * VWA;
-    #if TRANS_A
-      AsyncCopy(alm + r * ALD + c, agm, k0 + r, m0 + c, lda, K, M, VWA);
-    #else
-      AsyncCopy(alm + r * ALD + c, agm, m0 + r, k0 + c, lda, M, K, VWA);
-    #endif
+// GlobalToLocalAsyncA (B): start copying the A tile at (m0, k0) (the B tile at (k0, n0)) into `alm`
+// (`blm`): this thread's vectors, as GlobalToPrivateA (B) loads them.
+#define GLOBAL_TO_LOCAL_ASYNC(X, x, mn, MN)                                                         \
+  void GlobalToLocalAsync##X(const __global GTYPE* restrict x##gm, __local LTYPE* x##lm, const int tid, \
+                             const int mn##0, const int k0, const int MN, const int K, const int ld##x) { \
+    _Pragma("unroll")                                                                             \
+    for (int i = 0; i < X##_LOADS; ++i) {                                                         \
+      TILE_VECTOR(X)                                                                              \
+      AsyncCopy(x##lm + r * X##LD + c, x##gm, X##_STORED(r, c), VW##X);                           \
+    }                                                                                             \
   }
-}
-
-void GlobalToLocalAsyncB(const __global GTYPE* restrict bgm, __local LTYPE* blm, const int tid,
-                         const int n0, const int k0, const int N, const int K, const int ldb) {
-  #pragma unroll
-  for (int i = 0; i < B_LOADS; ++i) {
-    const int v = tid + i * WGS;
-    const int r = v / B_VECS_PER_ROW;
-    const int c = (v % B_VECS_PER_ROW) * VWB;
-    #if TRANS_B
-      AsyncCopy(blm + r * BLD + c, bgm, n0 + r, k0 + c, ldb, N, K, VWB);
-    #else
-      AsyncCopy(blm + r * BLD + c, bgm, k0 + r, n0 + c, ldb, K, N, VWB);
-    #endif
-  }
-}
+GLOBAL_TO_LOCAL_ASYNC(A, a, m, M)
+GLOBAL_TO_LOCAL_ASYNC(B, b, n, N)
 
 #endif  // ASYNC
 
