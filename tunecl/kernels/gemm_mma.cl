@@ -216,20 +216,6 @@ typedef union { uintB v; LTYPE s[VWB]; } uvecB;
 GLOBAL_TO_PRIVATE_VEC(GlobalToPrivateVecA, floatA, vecA, VWA, GTYPE, agm, AT, (GTYPE)0)
 GLOBAL_TO_PRIVATE_VEC(GlobalToPrivateVecB, floatB, vecB, VWB, GTYPE, bgm, AT, (GTYPE)0)
 
-// The position of element (r, c) of this work-group's A (B) tile as it is stored, as GlobalToPrivateVec and
-// AsyncCopy take it: global row, column, leading dimension, rows, columns (from the loaders' m0 / n0,
-// k0, M / N, K and lda / ldb).
-#if TRANS_A
-  #define A_STORED(r, c) k0 + r, m0 + c, lda, K, M
-#else
-  #define A_STORED(r, c) m0 + r, k0 + c, lda, M, K
-#endif
-#if TRANS_B
-  #define B_STORED(r, c) n0 + r, k0 + c, ldb, N, K
-#else
-  #define B_STORED(r, c) k0 + r, n0 + c, ldb, K, N
-#endif
-
 // This thread's vector i of the X tile (A or B): vector v = tid + i * WGS of the tile, at row r and column
 // c of the tile as stored (neighbouring threads take neighbouring vectors of a row).
 #define TILE_VECTOR(X)                                                                              \

@@ -152,73 +152,56 @@ typedef union { floatB v; float s[VWB]; } vecB;
 GLOBAL_TO_PRIVATE_VEC(GlobalToPrivateVecA, floatA, vecA, VWA, float, agm, AT_FLAT, 0.0f)
 GLOBAL_TO_PRIVATE_VEC(GlobalToPrivateVecB, floatB, vecB, VWB, float, bgm, AT_FLAT, 0.0f)
 
-// The A tile at (m0, k0): this thread's A_LOADS vectors into registers.
-void GlobalToPrivateA(const __global float* restrict agm, floatA areg[A_LOADS], const int tid,
-                      const int m0, const int k0, const int M, const int K, const int lda) {
-  #pragma unroll
-  for (int l = 0; l < A_LOADS; ++l) {
-    const int v = tid + l * THREADS;
-    const int row = v / A_ROW_VECTORS;
-    const int col = (v % A_ROW_VECTORS) * VWA;
-    #if TRANS_A
-      areg[l] = GlobalToPrivateVecA(agm, k0 + row, m0 + col, lda, K, M);
-    #else
-      areg[l] = GlobalToPrivateVecA(agm, m0 + row, k0 + col, lda, M, K);
-    #endif
-  }
-}
+// This thread's vector l of the X tile (A or B): vector v = tid + l * THREADS of the tile, at row `row`
+// and column `col` of the tile as stored.
+#define TILE_VECTOR(X)                                                                              \
+  const int v = tid + l * THREADS;                                                                \
+  const int row = v / X##_ROW_VECTORS;                                                            \
+  const int col = (v % X##_ROW_VECTORS) * VW##X;
 
-// This thread's A vectors into local memory, K-major: alm[k * ALD + m].
-void PrivateToLocalA(const floatA areg[A_LOADS], __local float* alm, const int tid) {
-  #pragma unroll
-  for (int l = 0; l < A_LOADS; ++l) {
-    const int v = tid + l * THREADS;
-    const int row = v / A_ROW_VECTORS;
-    const int col = (v % A_ROW_VECTORS) * VWA;
-    #if TRANS_A
-      *((__local floatA*)(alm + row * ALD + col)) = areg[l];   // a row of the tile is a k row
-    #else
-      vecA u;
-      u.v = areg[l];
-      #pragma unroll
-      for (int e = 0; e < VWA; ++e) { alm[(col + e) * ALD + row] = u.s[e]; }   // transposed
-    #endif
+// GlobalToPrivateA (B): the A tile at (m0, k0) (the B tile at (k0, n0)), this thread's A_LOADS (B_LOADS)
+// vectors into registers.
+#define GLOBAL_TO_PRIVATE(X, x, mn, MN)                                                             \
+  void GlobalToPrivate##X(const __global float* restrict x##gm, float##X x##reg[X##_LOADS], const int tid, \
+                          const int mn##0, const int k0, const int MN, const int K, const int ld##x) { \
+    _Pragma("unroll")                                                                             \
+    for (int l = 0; l < X##_LOADS; ++l) {                                                         \
+      TILE_VECTOR(X)                                                                              \
+      x##reg[l] = GlobalToPrivateVec##X(x##gm, X##_STORED(row, col));                             \
+    }                                                                                             \
   }
-}
 
-// The B tile at (k0, n0): this thread's B_LOADS vectors into registers.
-void GlobalToPrivateB(const __global float* restrict bgm, floatB breg[B_LOADS], const int tid,
-                      const int n0, const int k0, const int N, const int K, const int ldb) {
-  #pragma unroll
-  for (int l = 0; l < B_LOADS; ++l) {
-    const int v = tid + l * THREADS;
-    const int row = v / B_ROW_VECTORS;
-    const int col = (v % B_ROW_VECTORS) * VWB;
-    #if TRANS_B
-      breg[l] = GlobalToPrivateVecB(bgm, n0 + row, k0 + col, ldb, N, K);
-    #else
-      breg[l] = GlobalToPrivateVecB(bgm, k0 + row, n0 + col, ldb, K, N);
-    #endif
+// PrivateToLocalA (B): this thread's A (B) vectors into local memory, K-major: alm[k * ALD + m]
+// (blm[k * BLD + n]); a stored row along M (N) is a k row, one along K is stored transposed.
+#define STORE_ROW(X, x) *((__local float##X*)(x##lm + row * X##LD + col)) = x##reg[l];
+#define STORE_TRANSPOSED(X, x)                                                                      \
+  vec##X u;                                                                                       \
+  u.v = x##reg[l];                                                                                \
+  _Pragma("unroll")                                                                               \
+  for (int e = 0; e < VW##X; ++e) { x##lm[(col + e) * X##LD + row] = u.s[e]; }
+#if TRANS_A
+  #define A_TO_LOCAL STORE_ROW
+#else
+  #define A_TO_LOCAL STORE_TRANSPOSED
+#endif
+#if TRANS_B
+  #define B_TO_LOCAL STORE_TRANSPOSED
+#else
+  #define B_TO_LOCAL STORE_ROW
+#endif
+#define PRIVATE_TO_LOCAL(X, x)                                                                      \
+  void PrivateToLocal##X(const float##X x##reg[X##_LOADS], __local float* x##lm, const int tid) {  \
+    _Pragma("unroll")                                                                             \
+    for (int l = 0; l < X##_LOADS; ++l) {                                                         \
+      TILE_VECTOR(X)                                                                              \
+      X##_TO_LOCAL(X, x)                                                                          \
+    }                                                                                             \
   }
-}
 
-// This thread's B vectors into local memory, K-major: blm[k * BLD + n].
-void PrivateToLocalB(const floatB breg[B_LOADS], __local float* blm, const int tid) {
-  #pragma unroll
-  for (int l = 0; l < B_LOADS; ++l) {
-    const int v = tid + l * THREADS;
-    const int row = v / B_ROW_VECTORS;
-    const int col = (v % B_ROW_VECTORS) * VWB;
-    #if TRANS_B
-      vecB u;
-      u.v = breg[l];
-      #pragma unroll
-      for (int e = 0; e < VWB; ++e) { blm[(col + e) * BLD + row] = u.s[e]; }   // transposed
-    #else
-      *((__local floatB*)(blm + row * BLD + col)) = breg[l];
-    #endif
-  }
-}
+GLOBAL_TO_PRIVATE(A, a, m, M)
+PRIVATE_TO_LOCAL(A, a)
+GLOBAL_TO_PRIVATE(B, b, n, N)
+PRIVATE_TO_LOCAL(B, b)
 
 // ---- local memory -> fragments -------------------------------------------------------------------
 

@@ -6,10 +6,24 @@
 // elements apart), ZERO outside it, through UNION (a union of VEC v and TYPE s[WIDTH]). The aligned
 // vector load is taken whenever the whole vector lies inside the matrix; READ(PTR, row, col, ld) reads
 // one element, such as AT(p, row, col, ld), the element (row, col) of a row-major matrix.
+// A_STORED(r, c) (B_STORED): the position of element (r, c) of this work-group's A (B) tile as it is
+// stored, as GlobalToPrivateVec and the tile copies take it: global row, column, leading dimension,
+// rows, columns (from the loaders' m0 / n0, k0, M / N, K and lda / ldb).
 #ifndef GEMM_VECTOR_LOADS_CL
 #define GEMM_VECTOR_LOADS_CL
 
 #define AT(p, row, col, ld) (p)[(row) * (ld) + (col)]
+
+#if TRANS_A
+  #define A_STORED(r, c) k0 + r, m0 + c, lda, K, M
+#else
+  #define A_STORED(r, c) m0 + r, k0 + c, lda, M, K
+#endif
+#if TRANS_B
+  #define B_STORED(r, c) n0 + r, k0 + c, ldb, N, K
+#else
+  #define B_STORED(r, c) k0 + r, n0 + c, ldb, K, N
+#endif
 
 #define GLOBAL_TO_PRIVATE_VEC(NAME, VEC, UNION, WIDTH, TYPE, PTR, READ, ZERO)                    \
   VEC NAME(const __global TYPE* restrict PTR, const int row, const int col,                      \
