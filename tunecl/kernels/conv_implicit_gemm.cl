@@ -208,43 +208,12 @@ void conv_implicit_gemm(__global const float *a_agm, const int a_offset,
   CONV_GEMM_TILE
 
   // ---- what stays fixed for this work-item's loads during the whole GK loop ----
-  const int a_lane0 = tid % A_TK, a_row0 = tid / A_TK;
-#if DIRECTION == 2
-  const int b_lane0 = tid % B_TK, b_col0 = tid / B_TK;
-#else
-  const int b_col0 = tid % B_TN, b_lane0 = tid / B_TN;
-#endif
-#if DIRECTION == 0
-  // B column = output pixel (n,p,q): its input window's top-left corner and base offset
+  GATHER_LANES
   int col_base_apm[B_COLS], col_h_apm[B_COLS], col_w_apm[B_COLS];
   for (int j = 0; j < B_COLS; j++) {
     const int col = n0 + b_col0 + j * B_TN;
-    const int n = col / PQ, p = (col % PQ) / CONV_Q, q = col % CONV_Q;
-    col_h_apm[j] = (col < GN) ? p * STRIDE_H - PAD_H : FAR_OUTSIDE;
-    col_w_apm[j] = q * STRIDE_W - PAD_W;
-    col_base_apm[j] = (n * CONV_C + g * CG) * HW + (p * STRIDE_H - PAD_H) * CONV_W + q * STRIDE_W - PAD_W;
+    B_COLUMN
   }
-#elif DIRECTION == 1
-  // B column = input pixel (n,h,w)
-  int col_base_apm[B_COLS], col_h_apm[B_COLS], col_w_apm[B_COLS];
-  for (int j = 0; j < B_COLS; j++) {
-    const int col = n0 + b_col0 + j * B_TN;
-    const int n = col / HW, h = (col % HW) / CONV_W, w = col % CONV_W;
-    col_h_apm[j] = (col < GN) ? h + PAD_H : FAR_OUTSIDE;
-    col_w_apm[j] = w + PAD_W;
-    col_base_apm[j] = (n * CONV_K + g * KG) * PQ;
-  }
-#else
-  // B column = filter tap (c,r,s) of the weight gradient
-  int col_base_apm[B_COLS], col_h_apm[B_COLS], col_w_apm[B_COLS];
-  for (int j = 0; j < B_COLS; j++) {
-    const int col = n0 + b_col0 + j * B_TN;
-    const int c = col / RS, r = (col % RS) / CONV_S, s = col % CONV_S;
-    col_h_apm[j] = (col < GN) ? r * DIL_H : FAR_OUTSIDE;
-    col_w_apm[j] = s * DIL_W;
-    col_base_apm[j] = (g * CG + c) * HW + r * DIL_H * CONV_W + s * DIL_W;
-  }
-#endif
 
   float acc_apm[MWI][NWI];
   for (int i = 0; i < MWI; i++)

@@ -3,15 +3,8 @@
 // dilation and groups, all three directions: fp32 tensors with TF32 inputs (conv_implicit_gemm_mma_tf32),
 // or half tensors (conv_implicit_gemm_mma_f16, MMA_F16 = 1; the bias stays fp32). Per group g
 // (dimension 2 of the launch), C[GM x GN] = A[GM x GK] * B[GK x GN], exactly as conv_implicit_gemm.cl
-// (same geometry macros, same gathers, same kernel arguments, same epilogue):
-//
-//   DIRECTION 0 fwd:        GM = K/G (k),  GN = N*P*Q (n,p,q), GK = C/G*R*S (c,r,s)
-//                           A = w[k, c,r,s]        B = x[n, c, p*SH-PH+r*DH, q*SW-PW+s*DW]   C = y
-//   DIRECTION 1 bwd_data:   GM = C/G (c),  GN = N*H*W (n,h,w), GK = K/G*R*S (k,r,s)
-//                           A = w[k, c, r,s]       B = dy[n, k, (h+PH-r*DH)/SH, (w+PW-s*DW)/SW]
-//                           (zero unless both divisions are exact and inside dy)             C = dx
-//   DIRECTION 2 bwd_weight: GM = K/G (k),  GN = C/G*R*S (c,r,s), GK = N*P*Q (n,p,q)
-//                           A = dy[n, k, p,q]      B = x[n, c, p*SH-PH+r*DH, q*SW-PW+s*DW]   C = dw
+// (same geometry macros, same gathers, same kernel arguments, same epilogue; its banner has the GEMM of
+// each direction).
 //
 // Decomposition: a work-group of WARPS_M x WARPS_N warps (1-D local size WGS = 32 * warps) computes an
 // MWG x NWG tile of C, stepping through its share of GK by KWG. Every step all threads gather the A
@@ -321,35 +314,12 @@ void conv_implicit_gemm_mma_tf32(
   CONV_GEMM_TILE
 
   // ---- what stays fixed for this thread's gathers during the whole GK loop ----
-  const int a_lane0 = tid % A_TK, a_row0 = tid / A_TK;
-#if DIRECTION == 2
-  const int b_lane0 = tid % B_TK, b_col0 = tid / B_TK;
-#else
-  const int b_col0 = tid % B_TN, b_lane0 = tid / B_TN;
-#endif
+  GATHER_LANES
   int col_base_apm[B_COLS], col_h_apm[B_COLS], col_w_apm[B_COLS];
   UNROLL_F16
   for (int j = 0; j < B_COLS; j++) {
     const int col = n0 + b_col0 + j * B_TN;
-#if DIRECTION == 0
-    // B column = output pixel (n,p,q): its input window's top-left corner and base offset
-    const int n = col / PQ, p = (col % PQ) / CONV_Q, q = col % CONV_Q;
-    col_h_apm[j] = (col < GN) ? p * STRIDE_H - PAD_H : FAR_OUTSIDE;
-    col_w_apm[j] = q * STRIDE_W - PAD_W;
-    col_base_apm[j] = (n * CONV_C + g * CG) * HW + (p * STRIDE_H - PAD_H) * CONV_W + q * STRIDE_W - PAD_W;
-#elif DIRECTION == 1
-    // B column = input pixel (n,h,w)
-    const int n = col / HW, h = (col % HW) / CONV_W, w = col % CONV_W;
-    col_h_apm[j] = (col < GN) ? h + PAD_H : FAR_OUTSIDE;
-    col_w_apm[j] = w + PAD_W;
-    col_base_apm[j] = (n * CONV_K + g * KG) * PQ;
-#else
-    // B column = filter tap (c,r,s) of the weight gradient
-    const int c = col / RS, r = (col % RS) / CONV_S, s = col % CONV_S;
-    col_h_apm[j] = (col < GN) ? r * DIL_H : FAR_OUTSIDE;
-    col_w_apm[j] = s * DIL_W;
-    col_base_apm[j] = (g * CG + c) * HW + r * DIL_H * CONV_W + s * DIL_W;
-#endif
+    B_COLUMN
   }
 
   ZERO_ACCUMULATORS(cpm)
