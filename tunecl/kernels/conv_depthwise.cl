@@ -265,11 +265,7 @@ void conv_depthwise_bwd_weight(__global const float *x_agm, const int x_offset,
     const int rs = tb * TPT + t;
     if (rs < RS) {
       const int index = k * RS + rs;
-#if SPLIT > 1
-      ws_agm[split * DW_SIZE + index] = red_alm[t][0];
-#else
-      dw_agm[dw_offset + index] = finish(red_alm[t][0], dw_agm, dw_offset + index, beta);
-#endif
+      STORE_DW(index, red_alm[t][0])
     }
   }
 }

@@ -362,11 +362,7 @@ void conv_direct_bwd_weight(__global const float *x_agm, const int x_offset,
     const int kl = kb * KPT + e / CPT, cl = cb * CPT + e % CPT;
     if (kl < KG && cl < CG) {
       const int index = ((g * KG + kl) * CG + cl) * RS + rs;
-#if SPLIT > 1
-      ws_agm[split * DW_SIZE + index] = red_alm[e][0];
-#else
-      dw_agm[dw_offset + index] = finish(red_alm[e][0], dw_agm, dw_offset + index, beta);
-#endif
+      STORE_DW(index, red_alm[e][0])
     }
   }
 }

@@ -72,12 +72,6 @@
 #ifndef WARPS_N
   #define WARPS_N 1     // warps per work-group along GN
 #endif
-#ifndef KPAIR
-  #define KPAIR 1       // 1 = a lane holds k = 2t, 2t + 1 of each 8-deep step; 0 = k = t, t + 4
-#endif
-#ifndef PAD
-  #define PAD 1         // 1 = pad local rows against bank conflicts of the fragment reads
-#endif
 #ifndef STAGES
   #define STAGES 2      // local-memory buffers per tile: 1, or 2 (register-prefetched double buffering)
 #endif

@@ -99,12 +99,6 @@
 #ifndef VWB
   #define VWB 4       // vector width of global loads of B along its contiguous dim (N; K if TRANS_B)
 #endif
-#ifndef KPAIR
-  #define KPAIR 1     // 1 = a lane holds k = 2t, 2t + 1 of each 8-deep step; 0 = k = t, t + 4
-#endif
-#ifndef PAD
-  #define PAD 1       // 1 = pad local rows against bank conflicts of the fragment reads
-#endif
 #ifndef ASYNC
   #define ASYNC 0     // 1 = cp.async copies into local memory; 0 = copies through registers
 #endif

@@ -1,8 +1,16 @@
 // mma_warp_tiles.cl — the warp tiling of the mma kernels (gemm_mma.cl, conv_implicit_gemm_mma.cl),
-// included with #include "mma_warp_tiles.cl" after MWG, NWG, KWG, WARPS_M, WARPS_N, MMA_F16, KPAIR and
-// PAD are defined: the derived sizes, the padding of local rows and the fragment registers' k.
+// included with #include "mma_warp_tiles.cl" after MWG, NWG, KWG, WARPS_M, WARPS_N and MMA_F16 are defined:
+// the tunables KPAIR and PAD of both kernels, the derived sizes, the padding of local rows and the
+// fragment registers' k.
 #ifndef MMA_WARP_TILES_CL
 #define MMA_WARP_TILES_CL
+
+#ifndef KPAIR
+  #define KPAIR 1   // 1 = a lane holds k = 2t, 2t + 1 of each 8-deep step; 0 = k = t, t + 4
+#endif
+#ifndef PAD
+  #define PAD 1     // 1 = pad local rows against bank conflicts of the fragment reads
+#endif
 
 #define WGS (32 * WARPS_M * WARPS_N)   // threads per work-group
 #define WTM (MWG / WARPS_M)            // warp tile rows
