@@ -11,24 +11,12 @@
 
 // ---- problem geometry (the host passes all of them; defaults only let the file compile alone) ----
 #include "conv_geometry.cl"  // CONV_N, CONV_C, ..., CONV_P, CONV_Q, HW, PQ
+#include "conv_pixel_passes.cl"  // CHUNK_N, IWG, IPT, SPAN
 
 // ---- layout of the workspace (derived by the host) ----
-#ifndef CHUNK_N
-  #define CHUNK_N 1     // images per pass
-#endif
 #ifndef LD
   #define LD 16         // elements between the rows (channels) of a gathered image, P*Q padded to 4
 #endif
-
-// ---- tunables ----
-#ifndef IWG
-  #define IWG 64        // work-items per work-group
-#endif
-#ifndef IPT
-  #define IPT 1         // pixels per work-item
-#endif
-
-#define SPAN (IWG * IPT)                      // pixels a work-group covers
 
 // launch: (ceil(PQ / SPAN) * IWG, C, CHUNK_N)
 __kernel __attribute__((reqd_work_group_size(IWG, 1, 1)))

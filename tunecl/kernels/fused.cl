@@ -36,13 +36,7 @@
 #endif
 
 #define TC float         // what the pointwise expressions compute in
-#define NOPS (NIN + 1)
-#define META_LEN (1 + NDIM + NOPS * NDIM + NOPS)
-typedef struct { IDX v[META_LEN]; } meta_t;
-#define COUNT        m.v[0]
-#define SIZE(d)      m.v[1 + (d)]
-#define STRIDE(k, d) m.v[1 + NDIM + (k) * NDIM + (d)]
-#define OFFSET(k)    m.v[1 + NDIM + NOPS * NDIM + (k)]
+#include "elementwise_meta.cl"  // meta_t, COUNT, SIZE, STRIDE, OFFSET, NOPS
 
 // REPEAT(n, X): X(0, 1) X(1, 2) ... X(n - 1, n), each k with k + 1, for a number n from 0 to 16 (as the
 // host passes NIN and NSTEPS)

@@ -416,49 +416,49 @@ void AsyncCopy(__local uchar* smem, const uint addr, const uint off, const __glo
   #endif
 }
 
-// Start copying the A tile at (m0, k0) into the tile at byte offset `tile`: this thread's vectors
-// v = tid + i * WGS (neighbouring threads, neighbouring vectors of a row).
-void GlobalToLocalA(const __global GTYPE* restrict agm, __local uchar* smem, const uint addr,
-                    const uint tile, const int tid, const int m0, const int k0, const int M, const int K,
-                    const int lda) {
-  #pragma unroll
-  for (int i = 0; i < A_LOADS; ++i) {
-    const int v = tid + i * WGS;
-    const int r = v / A_VECS_PER_ROW;
-    const int c = (v % A_VECS_PER_ROW) * VWA;
-    #if TRANS_A && A_MN
-      AsyncCopy(smem, addr, tile + A_OFFSET(c, r), agm, k0 + r, m0 + c, lda, K, M, VWA);
-    #elif TRANS_A
-      #pragma unroll
-      for (int e = 0; e < VWA; ++e) {  // TF32: transposed into the K-major tile element by element
-        AsyncCopy(smem, addr, tile + A_OFFSET(c + e, r), agm, k0 + r, m0 + c + e, lda, K, M, 1);
-      }
-    #else
-      AsyncCopy(smem, addr, tile + A_OFFSET(r, c), agm, m0 + r, k0 + c, lda, M, K, VWA);
-    #endif
+// How a vector at row r, column c of the stored tile goes into the tile at byte offset `tile`: a row
+// along K into a K-major tile, a row along M (N) into an MN-major one, or (TF32 along M / N) transposed
+// into a K-major tile element by element.
+#include "gemm_vector_loads.cl"  // A_STORED, B_STORED
+#define COPY_K_MAJOR(X, x) AsyncCopy(smem, addr, tile + X##_OFFSET(r, c), x##gm, X##_STORED(r, c), VW##X);
+#define COPY_MN_MAJOR(X, x) AsyncCopy(smem, addr, tile + X##_OFFSET(c, r), x##gm, X##_STORED(r, c), VW##X);
+#define COPY_TRANSPOSED(X, x)                                                                       \
+  _Pragma("unroll")                                                                               \
+  for (int e = 0; e < VW##X; ++e) {                                                               \
+    AsyncCopy(smem, addr, tile + X##_OFFSET(c + e, r), x##gm, X##_STORED(r, c + e), 1);           \
   }
-}
+#if TRANS_A && A_MN
+  #define A_COPY COPY_MN_MAJOR
+#elif TRANS_A
+  #define A_COPY COPY_TRANSPOSED
+#else
+  #define A_COPY COPY_K_MAJOR
+#endif
+#if TRANS_B
+  #define B_COPY COPY_K_MAJOR
+#elif B_MN
+  #define B_COPY COPY_MN_MAJOR
+#else
+  #define B_COPY COPY_TRANSPOSED
+#endif
 
-void GlobalToLocalB(const __global GTYPE* restrict bgm, __local uchar* smem, const uint addr,
-                    const uint tile, const int tid, const int n0, const int k0, const int N, const int K,
-                    const int ldb) {
-  #pragma unroll
-  for (int i = 0; i < B_LOADS; ++i) {
-    const int v = tid + i * WGS;
-    const int r = v / B_VECS_PER_ROW;
-    const int c = (v % B_VECS_PER_ROW) * VWB;
-    #if TRANS_B
-      AsyncCopy(smem, addr, tile + B_OFFSET(r, c), bgm, n0 + r, k0 + c, ldb, N, K, VWB);
-    #elif B_MN
-      AsyncCopy(smem, addr, tile + B_OFFSET(c, r), bgm, k0 + r, n0 + c, ldb, K, N, VWB);
-    #else
-      #pragma unroll
-      for (int e = 0; e < VWB; ++e) {
-        AsyncCopy(smem, addr, tile + B_OFFSET(c + e, r), bgm, k0 + r, n0 + c + e, ldb, K, N, 1);
-      }
-    #endif
+// GlobalToLocalA (B): start copying the A tile at (m0, k0) (the B tile at (k0, n0)) into the tile at
+// byte offset `tile`: this thread's vectors v = tid + i * WGS (neighbouring threads, neighbouring
+// vectors of a row), at row r and column c of the tile as stored.
+#define GLOBAL_TO_LOCAL(X, x, mn, MN)                                                               \
+  void GlobalToLocal##X(const __global GTYPE* restrict x##gm, __local uchar* smem, const uint addr, \
+                        const uint tile, const int tid, const int mn##0, const int k0, const int MN, \
+                        const int K, const int ld##x) {                                           \
+    _Pragma("unroll")                                                                             \
+    for (int i = 0; i < X##_LOADS; ++i) {                                                         \
+      const int v = tid + i * WGS;                                                                \
+      const int r = v / X##_VECS_PER_ROW;                                                         \
+      const int c = (v % X##_VECS_PER_ROW) * VW##X;                                               \
+      X##_COPY(X, x)                                                                              \
+    }                                                                                             \
   }
-}
+GLOBAL_TO_LOCAL(A, a, m, M)
+GLOBAL_TO_LOCAL(B, b, n, N)
 
 // ---- registers -> global memory (C) ----------------------------------------------------------------
 
