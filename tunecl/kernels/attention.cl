@@ -156,6 +156,27 @@ typedef struct { IDX v[50]; } attn_meta_t;
     drow[r_] = qr_ < L ? delta[DELTA_OFF + bh * L + qr_] : 0.0f;                                  \
   }
 
+// lid, tm, tn: this thread and its row and column in the TM x TN thread grid; bh, b, h: the work-group's
+// (batch x head, batch, head); L, S: the query and key lengths
+#define ATTN_THREAD_AND_HEAD                                                                        \
+  const int lid = (int)get_local_id(0), tm = lid / TN, tn = lid - tm * TN;                        \
+  const IDX bh = (IDX)get_group_id(1), b = bh / H_, h = bh - b * H_;                              \
+  const IDX L = L_, S = S_;
+
+// qb: the work-group's first query row, with its BM query rows in Qs scaled to base 2, and the mask's
+// base and strides (mbase, msr, msc)
+#define LOAD_QUERY_BLOCK                                                                            \
+  const IDX qb = (IDX)get_group_id(0) * BM;                                                       \
+  const IDX mbase = BASE(MB, b, h), msr = SR(MB), msc = SC(MB);                                   \
+  LOAD_ROWS(Qs, LDQ, HD, q, BASE(QB, b, h), SR(QB), SC(QB), qb, L, BM, scale * M_LOG2E_F)
+
+// the end of the keys that query rows [qb, qb + BM) see (causal: none after the block's last row)
+#if CAUSAL
+  #define KEY_END(qb) min(S, qb + BM)
+#else
+  #define KEY_END(qb) S
+#endif
+
 // the score s (base 2) of query row qr and key kc with the masks applied: -INFINITY where excluded
 inline float masked_score(const float s, const IDX qr, const IDX kc, __global const MT *mask, const IDX mbase,
                           const IDX msr, const IDX msc, const IDX L, const IDX S)
@@ -191,12 +212,8 @@ void attn_fwd(__global const T *q, __global const T *k, __global const T *v, __g
   __local float Ps[BM * LDP];
   __local float red[BM * TN];
 
-  const int lid = (int)get_local_id(0), tm = lid / TN, tn = lid - tm * TN;
-  const IDX bh = (IDX)get_group_id(1), b = bh / H_, h = bh - b * H_;
-  const IDX L = L_, S = S_;
-  const IDX qb = (IDX)get_group_id(0) * BM;
-  const IDX mbase = BASE(MB, b, h), msr = SR(MB), msc = SC(MB);
-  LOAD_ROWS(Qs, LDQ, HD, q, BASE(QB, b, h), SR(QB), SC(QB), qb, L, BM, scale * M_LOG2E_F)
+  ATTN_THREAD_AND_HEAD
+  LOAD_QUERY_BLOCK
 
   float acc[RM][VCH], mrow[RM], lpart[RM];
   for (int i = 0; i < RM; ++i) {
@@ -204,11 +221,7 @@ void attn_fwd(__global const T *q, __global const T *k, __global const T *v, __g
     lpart[i] = 0.0f;
     for (int j = 0; j < VCH; ++j) acc[i][j] = 0.0f;
   }
-#if CAUSAL
-  const IDX kend = min(S, qb + BM);
-#else
-  const IDX kend = S;
-#endif
+  const IDX kend = KEY_END(qb);
   for (IDX kb = 0; kb < kend; kb += BN) {
     LOAD_ROWS(Ks, LDK, HD, k, BASE(KB, b, h), SR(KB), SC(KB), kb, S, BN, 1.0f)
 #if !KVSHARE
@@ -303,22 +316,14 @@ void attn_bwd_dq(__global const T *q, __global const T *k, __global const T *v, 
   __local float Ds[BM * LDP];
   __local float lrow[BM], drow[BM];
 
-  const int lid = (int)get_local_id(0), tm = lid / TN, tn = lid - tm * TN;
-  const IDX bh = (IDX)get_group_id(1), b = bh / H_, h = bh - b * H_;
-  const IDX L = L_, S = S_;
-  const IDX qb = (IDX)get_group_id(0) * BM;
-  const IDX mbase = BASE(MB, b, h), msr = SR(MB), msc = SC(MB);
-  LOAD_ROWS(Qs, LDQ, HD, q, BASE(QB, b, h), SR(QB), SC(QB), qb, L, BM, scale * M_LOG2E_F)
+  ATTN_THREAD_AND_HEAD
+  LOAD_QUERY_BLOCK
   LOAD_ROWS(dOs, LDV, VD, dout, BASE(DOB, b, h), SR(DOB), SC(DOB), qb, L, BM, 1.0f)
   LOAD_ROW_STATS(qb)
   float acc[RM][HCH];
   for (int i = 0; i < RM; ++i)
     for (int j = 0; j < HCH; ++j) acc[i][j] = 0.0f;
-#if CAUSAL
-  const IDX kend = min(S, qb + BM);
-#else
-  const IDX kend = S;
-#endif
+  const IDX kend = KEY_END(qb);
   for (IDX kb = 0; kb < kend; kb += BN) {
     LOAD_ROWS(Ks, LDK, HD, k, BASE(KB, b, h), SR(KB), SC(KB), kb, S, BN, 1.0f)
     LOAD_ROWS(Vs, LDV, VD, v, BASE(VB, b, h), SR(VB), SC(VB), kb, S, BN, 1.0f)
@@ -370,9 +375,7 @@ void attn_bwd_dkdv(__global const T *q, __global const T *k, __global const T *v
   __local float Dt[BN * LDT];
   __local float lrow[BM], drow[BM];
 
-  const int lid = (int)get_local_id(0), tm = lid / TN, tn = lid - tm * TN;
-  const IDX bh = (IDX)get_group_id(1), b = bh / H_, h = bh - b * H_;
-  const IDX L = L_, S = S_;
+  ATTN_THREAD_AND_HEAD
   const IDX kb = (IDX)get_group_id(0) * BN;
   const IDX mbase = BASE(MB, b, h), msr = SR(MB), msc = SC(MB);
   const float qmul = scale * M_LOG2E_F;

@@ -10,53 +10,13 @@
 // (IWG work-items per work-group), so neighbouring work-items touch neighbouring pixels.
 
 // ---- problem geometry (the host passes all of them; defaults only let the file compile alone) ----
-#ifndef CONV_N
-  #define CONV_N 1      // batch
-#endif
-#ifndef CONV_C
-  #define CONV_C 4      // input channels
-#endif
-#ifndef CONV_H
-  #define CONV_H 8      // input height
-#endif
-#ifndef CONV_W
-  #define CONV_W 8      // input width
-#endif
-#ifndef CONV_K
-  #define CONV_K 4      // output channels
-#endif
-#ifndef STRIDE_H
-  #define STRIDE_H 2    // vertical stride
-#endif
-#ifndef STRIDE_W
-  #define STRIDE_W 2    // horizontal stride
-#endif
-#ifndef CONV_P
-  #define CONV_P ((CONV_H - 1) / STRIDE_H + 1)   // output height
-#endif
-#ifndef CONV_Q
-  #define CONV_Q ((CONV_W - 1) / STRIDE_W + 1)   // output width
-#endif
+#include "conv_geometry.cl"  // CONV_N, CONV_C, ..., CONV_P, CONV_Q, HW, PQ
+#include "conv_pixel_passes.cl"  // CHUNK_N, IWG, IPT, SPAN
 
 // ---- layout of the workspace (derived by the host) ----
-#ifndef CHUNK_N
-  #define CHUNK_N 1     // images per pass
-#endif
 #ifndef LD
   #define LD 16         // elements between the rows (channels) of a gathered image, P*Q padded to 4
 #endif
-
-// ---- tunables ----
-#ifndef IWG
-  #define IWG 64        // work-items per work-group
-#endif
-#ifndef IPT
-  #define IPT 1         // pixels per work-item
-#endif
-
-#define HW (CONV_H * CONV_W)
-#define PQ (CONV_P * CONV_Q)
-#define SPAN (IWG * IPT)                      // pixels a work-group covers
 
 // launch: (ceil(PQ / SPAN) * IWG, C, CHUNK_N)
 __kernel __attribute__((reqd_work_group_size(IWG, 1, 1)))

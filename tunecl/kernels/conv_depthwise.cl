@@ -49,11 +49,6 @@
 
 // ---- derived ----
 #define MULT (CONV_K / CONV_C)                // channel multiplier
-#define RS (CONV_R * CONV_S)
-#define HW (CONV_H * CONV_W)
-#define PQ (CONV_P * CONV_Q)
-#define TILE_P (WGP * TP)
-#define TILE_Q (WGQ * TQ)
 #define WG_SIZE (WGP * WGQ)
 #define TAPS_IN_REGISTERS 64                  // filters with more taps are read from global memory
 #if RS <= TAPS_IN_REGISTERS
@@ -62,18 +57,12 @@
   #define TAP(w_gm, w_apm, rs) w_gm[rs]
 #endif
 
-#define FLOOR_DIV(a, b) (((a) >= 0) ? ((a) / (b)) : -((-(a) + (b) - 1) / (b)))
-
-inline float finish(float value, __global const float *out_agm, const int index, const float beta) {
-  return (beta != 0.0f) ? value + beta * out_agm[index] : value;
-}
+#include "conv_direct_tiles.cl"  // TILE_P, TILE_Q, IN_TP, IN_TQ, DY_TP, DY_TQ, FLOOR_DIV, finish()
 
 #if DIRECTION == 0   // only the direction's kernel is compiled: the others' local arrays would
                      // count against this build's limits
 // =================================================================================================
 // forward: work-group (WGQ, WGP); dimension 2 enumerates image x output channel.
-#define IN_TP ((TILE_P - 1) * STRIDE_H + (CONV_R - 1) * DIL_H + 1)   // input patch rows
-#define IN_TQ ((TILE_Q - 1) * STRIDE_W + (CONV_S - 1) * DIL_W + 1)   // input patch columns
 
 __kernel __attribute__((reqd_work_group_size(WGQ, WGP, 1)))
 void conv_depthwise_fwd(__global const float *x_agm, const int x_offset,
@@ -148,8 +137,6 @@ void conv_depthwise_fwd(__global const float *x_agm, const int x_offset,
 // =================================================================================================
 // backward data: work-group (WGQ, WGP) over a tile of dx; dimension 2 enumerates image x input channel;
 // the reduction runs over the channel's M output channels and the filter taps.
-#define DY_TP ((TILE_P - 1 + (CONV_R - 1) * DIL_H) / STRIDE_H + 2)   // dy patch rows (upper bound)
-#define DY_TQ ((TILE_Q - 1 + (CONV_S - 1) * DIL_W) / STRIDE_W + 2)   // dy patch columns (upper bound)
 
 __kernel __attribute__((reqd_work_group_size(WGQ, WGP, 1)))
 void conv_depthwise_bwd_data(__global const float *dy_agm, const int dy_offset,
@@ -278,11 +265,7 @@ void conv_depthwise_bwd_weight(__global const float *x_agm, const int x_offset,
     const int rs = tb * TPT + t;
     if (rs < RS) {
       const int index = k * RS + rs;
-#if SPLIT > 1
-      ws_agm[split * DW_SIZE + index] = red_alm[t][0];
-#else
-      dw_agm[dw_offset + index] = finish(red_alm[t][0], dw_agm, dw_offset + index, beta);
-#endif
+      STORE_DW(index, red_alm[t][0])
     }
   }
 }

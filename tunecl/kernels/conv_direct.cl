@@ -61,30 +61,21 @@
 #endif
 
 // ---- derived ----
-#define CG (CONV_C / GROUPS)
-#define KG (CONV_K / GROUPS)
-#define RS (CONV_R * CONV_S)
-#define HW (CONV_H * CONV_W)
-#define PQ (CONV_P * CONV_Q)
-#define TILE_P (WGP * TP)                     // output rows of a work-group
-#define TILE_Q (WGQ * TQ)                     // output columns of a work-group
 #define KWG (WGK * KPT)                       // output channels of a work-group
 #define WG_SIZE (WGP * WGQ * WGK)
+#if UNROLL
+  #define UNROLL_TAPS _Pragma("unroll")   // over the filter rows and columns
+#else
+  #define UNROLL_TAPS
+#endif
 
-// floor division for a possibly negative numerator and a positive divisor
-#define FLOOR_DIV(a, b) (((a) >= 0) ? ((a) / (b)) : -((-(a) + (b) - 1) / (b)))
-
-inline float finish(float value, __global const float *out_agm, const int index, const float beta) {
-  return (beta != 0.0f) ? value + beta * out_agm[index] : value;
-}
+#include "conv_direct_tiles.cl"  // TILE_P, TILE_Q, IN_TP, IN_TQ, DY_TP, DY_TQ, FLOOR_DIV, finish()
 
 #if DIRECTION == 0   // only the direction's kernel is compiled: the others' local arrays would
                      // count against this build's limits
 // =================================================================================================
 // forward: work-group = (WGQ, WGP, WGK); dimension 2 enumerates images x groups x channel blocks.
 #define KBLOCKS_FWD ((KG + KWG - 1) / KWG)
-#define IN_TP ((TILE_P - 1) * STRIDE_H + (CONV_R - 1) * DIL_H + 1)   // input patch rows
-#define IN_TQ ((TILE_Q - 1) * STRIDE_W + (CONV_S - 1) * DIL_W + 1)   // input patch columns
 
 __kernel __attribute__((reqd_work_group_size(WGQ, WGP, WGK)))
 void conv_direct_fwd(__global const float *x_agm, const int x_offset,
@@ -132,13 +123,9 @@ void conv_direct_fwd(__global const float *x_agm, const int x_offset,
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int cc = 0; cc < CCH; cc++) {
-#if UNROLL
-      #pragma unroll
-#endif
+      UNROLL_TAPS
       for (int r = 0; r < CONV_R; r++) {
-#if UNROLL
-        #pragma unroll
-#endif
+        UNROLL_TAPS
         for (int s = 0; s < CONV_S; s++) {
           float w_apm[KPT];
           for (int kk = 0; kk < KPT; kk++) { w_apm[kk] = w_alm[((lk * KPT + kk) * CCH + cc) * RS + r * CONV_S + s]; }
@@ -156,13 +143,9 @@ void conv_direct_fwd(__global const float *x_agm, const int x_offset,
   }
 #else
   for (int c = 0; c < CG; c++) {
-#if UNROLL
-    #pragma unroll
-#endif
+    UNROLL_TAPS
     for (int r = 0; r < CONV_R; r++) {
-#if UNROLL
-      #pragma unroll
-#endif
+      UNROLL_TAPS
       for (int s = 0; s < CONV_S; s++) {
         float w_apm[KPT];
         for (int kk = 0; kk < KPT; kk++) {
@@ -206,8 +189,6 @@ void conv_direct_fwd(__global const float *x_agm, const int x_offset,
 // backward data: the same tiling over dx (rows h = TP x WGP, columns w = TQ x WGQ, KPT input channels
 // per work-item); the reduction runs over the group's KG output channels and the filter taps.
 #define CBLOCKS_BWD ((CG + KWG - 1) / KWG)
-#define DY_TP ((TILE_P - 1 + (CONV_R - 1) * DIL_H) / STRIDE_H + 2)   // dy patch rows (upper bound)
-#define DY_TQ ((TILE_Q - 1 + (CONV_S - 1) * DIL_W) / STRIDE_W + 2)   // dy patch columns (upper bound)
 
 __kernel __attribute__((reqd_work_group_size(WGQ, WGP, WGK)))
 void conv_direct_bwd_data(__global const float *dy_agm, const int dy_offset,
@@ -255,13 +236,9 @@ void conv_direct_bwd_data(__global const float *dy_agm, const int dy_offset,
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int kk = 0; kk < CCH; kk++) {
-#if UNROLL
-      #pragma unroll
-#endif
+      UNROLL_TAPS
       for (int r = 0; r < CONV_R; r++) {
-#if UNROLL
-        #pragma unroll
-#endif
+        UNROLL_TAPS
         for (int s = 0; s < CONV_S; s++) {
           float w_apm[KPT];
           for (int cc = 0; cc < KPT; cc++) { w_apm[cc] = w_alm[(kk * KWG + lk * KPT + cc) * RS + r * CONV_S + s]; }
@@ -282,13 +259,9 @@ void conv_direct_bwd_data(__global const float *dy_agm, const int dy_offset,
   }
 #else
   for (int k = 0; k < KG; k++) {
-#if UNROLL
-    #pragma unroll
-#endif
+    UNROLL_TAPS
     for (int r = 0; r < CONV_R; r++) {
-#if UNROLL
-      #pragma unroll
-#endif
+      UNROLL_TAPS
       for (int s = 0; s < CONV_S; s++) {
         float w_apm[KPT];
         for (int cc = 0; cc < KPT; cc++) {
@@ -389,11 +362,7 @@ void conv_direct_bwd_weight(__global const float *x_agm, const int x_offset,
     const int kl = kb * KPT + e / CPT, cl = cb * CPT + e % CPT;
     if (kl < KG && cl < CG) {
       const int index = ((g * KG + kl) * CG + cl) * RS + rs;
-#if SPLIT > 1
-      ws_agm[split * DW_SIZE + index] = red_alm[e][0];
-#else
-      dw_agm[dw_offset + index] = finish(red_alm[e][0], dw_agm, dw_offset + index, beta);
-#endif
+      STORE_DW(index, red_alm[e][0])
     }
   }
 }

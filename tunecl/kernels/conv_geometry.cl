@@ -1,6 +1,7 @@
 // conv_geometry.cl — the convolution problem's geometry macros, included with
 // #include "conv_geometry.cl" by the conv kernels that index NCHW tensors directly. The host passes
 // all of them (-D); these defaults only let a file compile alone. CONV_P x CONV_Q is the output size.
+// Derived: CG, KG (input, output channels per group), RS (filter taps), HW, PQ (input, output pixels).
 #ifndef CONV_GEOMETRY_CL
 #define CONV_GEOMETRY_CL
 #ifndef CONV_N
@@ -54,5 +55,11 @@
 #ifndef CONV_Q
   #define CONV_Q ((CONV_W + 2 * PAD_W - DIL_W * (CONV_S - 1) - 1) / STRIDE_W + 1)  // output width
 #endif
+
+#define CG (CONV_C / GROUPS)
+#define KG (CONV_K / GROUPS)
+#define RS (CONV_R * CONV_S)
+#define HW (CONV_H * CONV_W)
+#define PQ (CONV_P * CONV_Q)
 
 #endif

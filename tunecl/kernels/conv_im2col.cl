@@ -13,27 +13,13 @@
 
 // ---- problem geometry (the host passes all of them; defaults only let the file compile alone) ----
 #include "conv_geometry.cl"  // CONV_N, CONV_C, ..., DIRECTION, CONV_P, CONV_Q
+#include "conv_pixel_passes.cl"  // CHUNK_N, IWG, IPT, SPAN
 
 // ---- layout of the workspace (derived by the host from the direction and the chunk) ----
-#ifndef CHUNK_N
-  #define CHUNK_N 1     // images per pass
-#endif
 #ifndef COL_LD
   #define COL_LD 64     // elements between rows of a column matrix (pixels, padded to 4)
 #endif
 
-// ---- tunables ----
-#ifndef IWG
-  #define IWG 64        // work-items per work-group
-#endif
-#ifndef IPT
-  #define IPT 1         // elements per work-item along the pixel dimension
-#endif
-
-#define RS (CONV_R * CONV_S)
-#define HW (CONV_H * CONV_W)
-#define PQ (CONV_P * CONV_Q)
-#define SPAN (IWG * IPT)                      // pixels a work-group covers
 #define COL_IMAGE (CONV_C * RS * COL_LD)      // elements between the images' column matrices
 
 // launch: (ceil(PQ / SPAN) * IWG, C*R*S, CHUNK_N)

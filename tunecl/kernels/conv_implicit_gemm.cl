@@ -205,49 +205,15 @@ void conv_implicit_gemm(__global const float *a_agm, const int a_offset,
 
   const int tid = get_local_id(0);
   const int tm = tid % MDIMC, tn = tid / MDIMC;
-  const int n0 = get_group_id(0) * NWG, m0 = get_group_id(1) * MWG;
-  const int g = get_group_id(2) % GROUPS, split = get_group_id(2) / GROUPS;
-  const int k_begin = split * KCHUNK;
-  const int k_end = min(GK, k_begin + KCHUNK);
+  CONV_GEMM_TILE
 
   // ---- what stays fixed for this work-item's loads during the whole GK loop ----
-  const int a_lane0 = tid % A_TK, a_row0 = tid / A_TK;
-#if DIRECTION == 2
-  const int b_lane0 = tid % B_TK, b_col0 = tid / B_TK;
-#else
-  const int b_col0 = tid % B_TN, b_lane0 = tid / B_TN;
-#endif
-#if DIRECTION == 0
-  // B column = output pixel (n,p,q): its input window's top-left corner and base offset
+  GATHER_LANES
   int col_base_apm[B_COLS], col_h_apm[B_COLS], col_w_apm[B_COLS];
   for (int j = 0; j < B_COLS; j++) {
     const int col = n0 + b_col0 + j * B_TN;
-    const int n = col / PQ, p = (col % PQ) / CONV_Q, q = col % CONV_Q;
-    col_h_apm[j] = (col < GN) ? p * STRIDE_H - PAD_H : FAR_OUTSIDE;
-    col_w_apm[j] = q * STRIDE_W - PAD_W;
-    col_base_apm[j] = (n * CONV_C + g * CG) * HW + (p * STRIDE_H - PAD_H) * CONV_W + q * STRIDE_W - PAD_W;
+    B_COLUMN
   }
-#elif DIRECTION == 1
-  // B column = input pixel (n,h,w)
-  int col_base_apm[B_COLS], col_h_apm[B_COLS], col_w_apm[B_COLS];
-  for (int j = 0; j < B_COLS; j++) {
-    const int col = n0 + b_col0 + j * B_TN;
-    const int n = col / HW, h = (col % HW) / CONV_W, w = col % CONV_W;
-    col_h_apm[j] = (col < GN) ? h + PAD_H : FAR_OUTSIDE;
-    col_w_apm[j] = w + PAD_W;
-    col_base_apm[j] = (n * CONV_K + g * KG) * PQ;
-  }
-#else
-  // B column = filter tap (c,r,s) of the weight gradient
-  int col_base_apm[B_COLS], col_h_apm[B_COLS], col_w_apm[B_COLS];
-  for (int j = 0; j < B_COLS; j++) {
-    const int col = n0 + b_col0 + j * B_TN;
-    const int c = col / RS, r = (col % RS) / CONV_S, s = col % CONV_S;
-    col_h_apm[j] = (col < GN) ? r * DIL_H : FAR_OUTSIDE;
-    col_w_apm[j] = s * DIL_W;
-    col_base_apm[j] = (g * CG + c) * HW + r * DIL_H * CONV_W + s * DIL_W;
-  }
-#endif
 
   float acc_apm[MWI][NWI];
   for (int i = 0; i < MWI; i++)
@@ -302,13 +268,7 @@ void conv_implicit_gemm(__global const float *a_agm, const int a_offset,
     for (int j = 0; j < NWI; j++) {
       const int col = n0 + ((j / VWN) * NDIMC + tn) * VWN + j % VWN;
       if (col >= GN) { continue; }
-#if DIRECTION == 0
-      const int index = ((col / PQ) * CONV_K + g * KG + m) * PQ + col % PQ;
-#elif DIRECTION == 1
-      const int index = ((col / HW) * CONV_C + g * CG + m) * HW + col % HW;
-#else
-      const int index = (g * KG + m) * GN + col;
-#endif
+      OUT_INDEX(index, g, m, col)
 #if SPLIT > 1
       ws_agm[split * OUT_SIZE + index] = acc_apm[i][j];
 #else

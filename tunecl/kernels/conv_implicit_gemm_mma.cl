@@ -3,15 +3,8 @@
 // dilation and groups, all three directions: fp32 tensors with TF32 inputs (conv_implicit_gemm_mma_tf32),
 // or half tensors (conv_implicit_gemm_mma_f16, MMA_F16 = 1; the bias stays fp32). Per group g
 // (dimension 2 of the launch), C[GM x GN] = A[GM x GK] * B[GK x GN], exactly as conv_implicit_gemm.cl
-// (same geometry macros, same gathers, same kernel arguments, same epilogue):
-//
-//   DIRECTION 0 fwd:        GM = K/G (k),  GN = N*P*Q (n,p,q), GK = C/G*R*S (c,r,s)
-//                           A = w[k, c,r,s]        B = x[n, c, p*SH-PH+r*DH, q*SW-PW+s*DW]   C = y
-//   DIRECTION 1 bwd_data:   GM = C/G (c),  GN = N*H*W (n,h,w), GK = K/G*R*S (k,r,s)
-//                           A = w[k, c, r,s]       B = dy[n, k, (h+PH-r*DH)/SH, (w+PW-s*DW)/SW]
-//                           (zero unless both divisions are exact and inside dy)             C = dx
-//   DIRECTION 2 bwd_weight: GM = K/G (k),  GN = C/G*R*S (c,r,s), GK = N*P*Q (n,p,q)
-//                           A = dy[n, k, p,q]      B = x[n, c, p*SH-PH+r*DH, q*SW-PW+s*DW]   C = dw
+// (same geometry macros, same gathers, same kernel arguments, same epilogue; its banner has the GEMM of
+// each direction).
 //
 // Decomposition: a work-group of WARPS_M x WARPS_N warps (1-D local size WGS = 32 * warps) computes an
 // MWG x NWG tile of C, stepping through its share of GK by KWG. Every step all threads gather the A
@@ -79,12 +72,6 @@
 #ifndef WARPS_N
   #define WARPS_N 1     // warps per work-group along GN
 #endif
-#ifndef KPAIR
-  #define KPAIR 1       // 1 = a lane holds k = 2t, 2t + 1 of each 8-deep step; 0 = k = t, t + 4
-#endif
-#ifndef PAD
-  #define PAD 1         // 1 = pad local rows against bank conflicts of the fragment reads
-#endif
 #ifndef STAGES
   #define STAGES 2      // local-memory buffers per tile: 1, or 2 (register-prefetched double buffering)
 #endif
@@ -100,17 +87,7 @@
 #define KCHUNK ((((GK + SPLIT - 1) / SPLIT + KWG - 1) / KWG) * KWG)   // GK per split, whole steps
 
 // ---- derived: warps and mma tiles ----
-#define WGS (32 * WARPS_M * WARPS_N)   // threads per work-group
-#define WTM (MWG / WARPS_M)            // warp tile rows
-#define WTN (NWG / WARPS_N)            // warp tile columns
-#define MT (WTM / 16)                  // mma tiles per warp along GM
-#define NT (WTN / 8)                   // mma tiles per warp along GN
-#if MMA_F16
-  #define KPW 2                        // k values per fragment register (.f16x2)
-#else
-  #define KPW 1                        // (.tf32)
-#endif
-#define MMA_K (8 * KPW)                // depth of one mma
+#include "mma_warp_tiles.cl"  // WGS, WTM, WTN, MT, NT, KPW, MMA_K, PADDING(kcontig), K_LO(t), K_HI(t)
 
 // ---- derived: tile gathers (as conv_implicit_gemm.cl with THREADS = WGS) ----
 #define A_TK ((WGS < KWG) ? WGS : KWG)          // threads along GK
@@ -134,14 +111,6 @@
 #else
   #define B_KCONTIG 0
 #endif
-// Padding in elements (words; halves with MMA_F16), gemm_mma.cl's rules for the same orientations.
-#if PAD && MMA_F16
-  #define PADDING(kcontig) ((kcontig) ? (KPAIR ? ((KWG / 16) % 2 ? 0 : 16) : 8) : 8)
-#elif PAD
-  #define PADDING(kcontig) ((kcontig) ? (KPAIR ? ((KWG / 8) % 2 ? 0 : 8) : 4) : (KPAIR ? 4 : 8))
-#else
-  #define PADDING(kcontig) 0
-#endif
 #define ALD (KWG + PADDING(1))              // local row length of the A tile (MWG rows of GK)
 #if B_KCONTIG
   #define BLD (KWG + PADDING(1))            // NWG rows of GK
@@ -155,14 +124,6 @@
 #define A_TILE (MWG * ALD)
 #define ALM(m, k) ((m) * ALD + (k))
 
-// The register (k / KPW) of a lane's low and high registers inside an MMA_K-deep step.
-#if KPAIR
-  #define K_LO(t) (2 * (t))
-  #define K_HI(t) (2 * (t) + 1)
-#else
-  #define K_LO(t) (t)
-  #define K_HI(t) ((t) + 4)
-#endif
 
 // Element types: GTYPE of the gathered tensors (and of the registers the gathers fill), LTYPE of the
 // local tiles, CTYPE of the output. MMA_F16 moves the bits of halves as ushort (no conversion before
@@ -295,6 +256,8 @@ void PrivateToLocalB(GTYPE b_apm[B_LANES][B_COLS], __local LTYPE *blm, const int
 
 // ---- local memory -> fragments -> mma (as gemm_mma.cl with ASYNC 0) ----------------------------------
 
+// A local word is its fragment register as it is (the local tiles hold TF32 already, or halves).
+#define FRAG(word) word
 // The fragment register of A row m holding k .. k + KPW - 1 (B column n: FRAG_B), k a multiple of KPW.
 // MMA_F16: one 32-bit read where GK is contiguous, else two halves of neighbouring rows packed (the even
 // k in the lower 16 bits).
@@ -311,68 +274,7 @@ void PrivateToLocalB(GTYPE b_apm[B_LANES][B_COLS], __local LTYPE *blm, const int
   #define FRAG_B(blm, k, n) ((blm)[BLM(k, n)])
 #endif
 
-// This lane's A fragments of the warp's MT mma tiles (rows wm0 + i * 16 ...) at k step kk.
-void LocalToPrivateA(const __local LTYPE* alm, uint apm[MT][4], const int wm0, const int kk, const int g,
-                     const int t) {
-  #pragma unroll
-  for (int i = 0; i < MT; ++i) {
-    const int m = wm0 + i * 16 + g;
-    #if KPAIR
-      const uint2 lo = *((const __local uint2*)(alm + ALM(m, kk + KPW * 2 * t)));
-      const uint2 hi = *((const __local uint2*)(alm + ALM(m + 8, kk + KPW * 2 * t)));
-      apm[i][0] = lo.x;
-      apm[i][2] = lo.y;
-      apm[i][1] = hi.x;
-      apm[i][3] = hi.y;
-    #else
-      apm[i][0] = FRAG_A(alm, m, kk + KPW * K_LO(t));
-      apm[i][1] = FRAG_A(alm, m + 8, kk + KPW * K_LO(t));
-      apm[i][2] = FRAG_A(alm, m, kk + KPW * K_HI(t));
-      apm[i][3] = FRAG_A(alm, m + 8, kk + KPW * K_HI(t));
-    #endif
-  }
-}
-
-// This lane's B fragments of the warp's NT mma tiles (columns wn0 + j * 8 ...) at k step kk.
-void LocalToPrivateB(const __local LTYPE* blm, uint bpm[NT][2], const int wn0, const int kk, const int g,
-                     const int t) {
-  #pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    const int n = wn0 + j * 8 + g;
-    #if B_KCONTIG && KPAIR
-      const uint2 v = *((const __local uint2*)(blm + BLM(kk + KPW * 2 * t, n)));
-      bpm[j][0] = v.x;
-      bpm[j][1] = v.y;
-    #else
-      bpm[j][0] = FRAG_B(blm, kk + KPW * K_LO(t), n);
-      bpm[j][1] = FRAG_B(blm, kk + KPW * K_HI(t), n);
-    #endif
-  }
-}
-
-// One KWG-deep tile: the warp tile's accumulators += its A rows x its B columns, MMA_K k at a time.
-void MultiplyTile(float cpm[MT][NT][4], const __local LTYPE* alm, const __local LTYPE* blm, const int wm0,
-                  const int wn0, const int g, const int t MMA_PARAMS) {
-  // (The emulated mma keeps its loops rolled: unrolled, its barriers make PoCL's compile take minutes.)
-  #if MMA_STUB == 0
-  #pragma unroll
-  #endif
-  for (int kk = 0; kk < KWG; kk += MMA_K) {
-    uint apm[MT][4];
-    uint bpm[NT][2];
-    LocalToPrivateA(alm, apm, wm0, kk, g, t);
-    LocalToPrivateB(blm, bpm, wn0, kk, g, t);
-    #if MMA_STUB == 0
-    #pragma unroll
-    #endif
-    for (int i = 0; i < MT; ++i) {
-      #if MMA_STUB == 0
-      #pragma unroll
-      #endif
-      for (int j = 0; j < NT; ++j) { Mma(cpm[i][j], apm[i], bpm[j] MMA_ARGS); }
-    }
-  }
-}
+#include "mma_fragments.cl"  // LocalToPrivateA, LocalToPrivateB, MultiplyTile
 
 // ---- the kernel -------------------------------------------------------------------------------------
 
@@ -403,52 +305,18 @@ void conv_implicit_gemm_mma_tf32(
   __local uint* wsm = mma_words + warp * MMA_WORDS;
 #endif
 
-  const int n0 = get_group_id(0) * NWG, m0 = get_group_id(1) * MWG;
-  const int g = get_group_id(2) % GROUPS, split = get_group_id(2) / GROUPS;
-  const int k_begin = split * KCHUNK;
-  const int k_end = min(GK, k_begin + KCHUNK);
+  CONV_GEMM_TILE
 
   // ---- what stays fixed for this thread's gathers during the whole GK loop ----
-  const int a_lane0 = tid % A_TK, a_row0 = tid / A_TK;
-#if DIRECTION == 2
-  const int b_lane0 = tid % B_TK, b_col0 = tid / B_TK;
-#else
-  const int b_col0 = tid % B_TN, b_lane0 = tid / B_TN;
-#endif
+  GATHER_LANES
   int col_base_apm[B_COLS], col_h_apm[B_COLS], col_w_apm[B_COLS];
   UNROLL_F16
   for (int j = 0; j < B_COLS; j++) {
     const int col = n0 + b_col0 + j * B_TN;
-#if DIRECTION == 0
-    // B column = output pixel (n,p,q): its input window's top-left corner and base offset
-    const int n = col / PQ, p = (col % PQ) / CONV_Q, q = col % CONV_Q;
-    col_h_apm[j] = (col < GN) ? p * STRIDE_H - PAD_H : FAR_OUTSIDE;
-    col_w_apm[j] = q * STRIDE_W - PAD_W;
-    col_base_apm[j] = (n * CONV_C + g * CG) * HW + (p * STRIDE_H - PAD_H) * CONV_W + q * STRIDE_W - PAD_W;
-#elif DIRECTION == 1
-    // B column = input pixel (n,h,w)
-    const int n = col / HW, h = (col % HW) / CONV_W, w = col % CONV_W;
-    col_h_apm[j] = (col < GN) ? h + PAD_H : FAR_OUTSIDE;
-    col_w_apm[j] = w + PAD_W;
-    col_base_apm[j] = (n * CONV_K + g * KG) * PQ;
-#else
-    // B column = filter tap (c,r,s) of the weight gradient
-    const int c = col / RS, r = (col % RS) / CONV_S, s = col % CONV_S;
-    col_h_apm[j] = (col < GN) ? r * DIL_H : FAR_OUTSIDE;
-    col_w_apm[j] = s * DIL_W;
-    col_base_apm[j] = (g * CG + c) * HW + r * DIL_H * CONV_W + s * DIL_W;
-#endif
+    B_COLUMN
   }
 
-  float cpm[MT][NT][4];
-  #pragma unroll
-  for (int i = 0; i < MT; ++i) {
-    #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      #pragma unroll
-      for (int r = 0; r < 4; ++r) { cpm[i][j][r] = 0.0f; }
-    }
-  }
+  ZERO_ACCUMULATORS(cpm)
 
   GTYPE a_reg[A_LANES][A_ROWS], b_reg[B_LANES][B_COLS];
 #if STAGES == 2
@@ -503,13 +371,7 @@ void conv_implicit_gemm_mma_tf32(
         for (int e = 0; e < 2; ++e) {
           const int col = n0 + wn0 + j * 8 + 2 * t + e;
           if (col >= GN) { continue; }
-#if DIRECTION == 0
-          const int index = ((col / PQ) * CONV_K + g * KG + m) * PQ + col % PQ;
-#elif DIRECTION == 1
-          const int index = ((col / HW) * CONV_C + g * CG + m) * HW + col % HW;
-#else
-          const int index = (g * KG + m) * GN + col;
-#endif
+          OUT_INDEX(index, g, m, col)
           const float acc = cpm[i][j][2 * h + e];
 #if SPLIT > 1
           ws_agm[split * OUT_SIZE + index] = acc;

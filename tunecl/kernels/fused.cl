@@ -36,175 +36,57 @@
 #endif
 
 #define TC float         // what the pointwise expressions compute in
-#define NOPS (NIN + 1)
-#define META_LEN (1 + NDIM + NOPS * NDIM + NOPS)
-typedef struct { IDX v[META_LEN]; } meta_t;
-#define COUNT        m.v[0]
-#define SIZE(d)      m.v[1 + (d)]
-#define STRIDE(k, d) m.v[1 + NDIM + (k) * NDIM + (d)]
-#define OFFSET(k)    m.v[1 + NDIM + NOPS * NDIM + (k)]
+#include "elementwise_meta.cl"  // meta_t, COUNT, SIZE, STRIDE, OFFSET, NOPS
 
-// input k: its pointer argument, its element offset o{k+1} (advanced per dim) and its value v{k}
-#define INPUT_ARG(k) , __global const float *in##k
+// REPEAT(n, X): X(0, 1) X(1, 2) ... X(n - 1, n), each k with k + 1, for a number n from 0 to 16 (as the
+// host passes NIN and NSTEPS)
+#define REPEAT_0(X)
+#define REPEAT_1(X) X(0, 1)
+#define REPEAT_2(X) REPEAT_1(X) X(1, 2)
+#define REPEAT_3(X) REPEAT_2(X) X(2, 3)
+#define REPEAT_4(X) REPEAT_3(X) X(3, 4)
+#define REPEAT_5(X) REPEAT_4(X) X(4, 5)
+#define REPEAT_6(X) REPEAT_5(X) X(5, 6)
+#define REPEAT_7(X) REPEAT_6(X) X(6, 7)
+#define REPEAT_8(X) REPEAT_7(X) X(7, 8)
+#define REPEAT_9(X) REPEAT_8(X) X(8, 9)
+#define REPEAT_10(X) REPEAT_9(X) X(9, 10)
+#define REPEAT_11(X) REPEAT_10(X) X(10, 11)
+#define REPEAT_12(X) REPEAT_11(X) X(11, 12)
+#define REPEAT_13(X) REPEAT_12(X) X(12, 13)
+#define REPEAT_14(X) REPEAT_13(X) X(13, 14)
+#define REPEAT_15(X) REPEAT_14(X) X(14, 15)
+#define REPEAT_16(X) REPEAT_15(X) X(15, 16)
+#define REPEAT_(n, X) REPEAT_##n(X)
+#define REPEAT(n, X) REPEAT_(n, X)
+
+// input k: its pointer argument, its element offset o{k+1} (advanced per dim) and its value v{k}; step
+// k's value t{k}
 #define OFFSET_INIT(k) IDX o##k = OFFSET(k);
 #define OFFSET_STEP(k) o##k += c * STRIDE(k, d);
+#define INPUT_ARG(k, k1) , __global const float *in##k
+#define INPUT_OFFSET_INIT(k, k1) OFFSET_INIT(k1)
+#define INPUT_OFFSET_STEP(k, k1) OFFSET_STEP(k1)
+#define INPUT_VALUE(k, k1) const TC v##k = in##k[o##k1];
+#define STEP_VALUE(k, k1) const TC t##k = (TC)(STEP##k);
 
 __kernel void fused(__global float *out
-#if NIN > 0
-                    INPUT_ARG(0)
-#endif
-#if NIN > 1
-                    INPUT_ARG(1)
-#endif
-#if NIN > 2
-                    INPUT_ARG(2)
-#endif
-#if NIN > 3
-                    INPUT_ARG(3)
-#endif
-#if NIN > 4
-                    INPUT_ARG(4)
-#endif
-#if NIN > 5
-                    INPUT_ARG(5)
-#endif
-#if NIN > 6
-                    INPUT_ARG(6)
-#endif
-#if NIN > 7
-                    INPUT_ARG(7)
-#endif
+                    REPEAT(NIN, INPUT_ARG)
                     , const meta_t m)
 {
   const IDX i = (IDX)get_global_id(0);
   if (i >= COUNT) return;
   OFFSET_INIT(0)
-#if NIN > 0
-  OFFSET_INIT(1)
-#endif
-#if NIN > 1
-  OFFSET_INIT(2)
-#endif
-#if NIN > 2
-  OFFSET_INIT(3)
-#endif
-#if NIN > 3
-  OFFSET_INIT(4)
-#endif
-#if NIN > 4
-  OFFSET_INIT(5)
-#endif
-#if NIN > 5
-  OFFSET_INIT(6)
-#endif
-#if NIN > 6
-  OFFSET_INIT(7)
-#endif
-#if NIN > 7
-  OFFSET_INIT(8)
-#endif
+  REPEAT(NIN, INPUT_OFFSET_INIT)
   IDX rest = i;
   for (int d = NDIM - 1; d >= 0; --d) {
     const IDX c = (d == 0) ? rest : rest % SIZE(d);
     rest = (d == 0) ? 0 : rest / SIZE(d);
     OFFSET_STEP(0)
-#if NIN > 0
-    OFFSET_STEP(1)
-#endif
-#if NIN > 1
-    OFFSET_STEP(2)
-#endif
-#if NIN > 2
-    OFFSET_STEP(3)
-#endif
-#if NIN > 3
-    OFFSET_STEP(4)
-#endif
-#if NIN > 4
-    OFFSET_STEP(5)
-#endif
-#if NIN > 5
-    OFFSET_STEP(6)
-#endif
-#if NIN > 6
-    OFFSET_STEP(7)
-#endif
-#if NIN > 7
-    OFFSET_STEP(8)
-#endif
+    REPEAT(NIN, INPUT_OFFSET_STEP)
   }
-#if NIN > 0
-  const TC v0 = in0[o1];
-#endif
-#if NIN > 1
-  const TC v1 = in1[o2];
-#endif
-#if NIN > 2
-  const TC v2 = in2[o3];
-#endif
-#if NIN > 3
-  const TC v3 = in3[o4];
-#endif
-#if NIN > 4
-  const TC v4 = in4[o5];
-#endif
-#if NIN > 5
-  const TC v5 = in5[o6];
-#endif
-#if NIN > 6
-  const TC v6 = in6[o7];
-#endif
-#if NIN > 7
-  const TC v7 = in7[o8];
-#endif
+  REPEAT(NIN, INPUT_VALUE)
   // the steps, in order (each reads inputs and earlier steps only)
-#if NSTEPS > 0
-  const TC t0 = (TC)(STEP0);
-#endif
-#if NSTEPS > 1
-  const TC t1 = (TC)(STEP1);
-#endif
-#if NSTEPS > 2
-  const TC t2 = (TC)(STEP2);
-#endif
-#if NSTEPS > 3
-  const TC t3 = (TC)(STEP3);
-#endif
-#if NSTEPS > 4
-  const TC t4 = (TC)(STEP4);
-#endif
-#if NSTEPS > 5
-  const TC t5 = (TC)(STEP5);
-#endif
-#if NSTEPS > 6
-  const TC t6 = (TC)(STEP6);
-#endif
-#if NSTEPS > 7
-  const TC t7 = (TC)(STEP7);
-#endif
-#if NSTEPS > 8
-  const TC t8 = (TC)(STEP8);
-#endif
-#if NSTEPS > 9
-  const TC t9 = (TC)(STEP9);
-#endif
-#if NSTEPS > 10
-  const TC t10 = (TC)(STEP10);
-#endif
-#if NSTEPS > 11
-  const TC t11 = (TC)(STEP11);
-#endif
-#if NSTEPS > 12
-  const TC t12 = (TC)(STEP12);
-#endif
-#if NSTEPS > 13
-  const TC t13 = (TC)(STEP13);
-#endif
-#if NSTEPS > 14
-  const TC t14 = (TC)(STEP14);
-#endif
-#if NSTEPS > 15
-  const TC t15 = (TC)(STEP15);
-#endif
+  REPEAT(NSTEPS, STEP_VALUE)
   out[o0] = RESULT;
 }

@@ -53,12 +53,7 @@
 // offset, leading dimension or batch stride is not a multiple of the vector width.
 
 // ---- problem layout (from the problem, not tuned) -----------------------------------------------
-#ifndef TRANS_A
-  #define TRANS_A 0   // 1 = A is stored K x M (op(A) = A^T)
-#endif
-#ifndef TRANS_B
-  #define TRANS_B 0   // 1 = B is stored N x K (op(B) = B^T)
-#endif
+#include "gemm_arguments.cl"  // TRANS_A, TRANS_B, GEMM_ARGUMENTS, GEMM_BATCH_OFFSETS
 
 // ---- tunables ------------------------------------------------------------------------------------
 #ifndef MWG
@@ -174,148 +169,90 @@ typedef union { floatB v; float s[VWB]; } vecB;
 typedef union { floatM v; float s[VWM]; } vecM;
 typedef union { floatN v; float s[VWN]; } vecN;
 
-// Element (row, col) of a row-major matrix; the caller checks the bounds.
-#define AT(p, row, col, ld) (p)[(row) * (ld) + (col)]
-
 // ---- global memory -> registers -> local memory (staged tiles) ---------------------------------
 
-// VWA consecutive floats of row `row` from column `col`; zeros outside rows x cols. The aligned
-// vector load is taken whenever the whole vector lies inside the matrix.
-floatA GlobalToPrivateVecA(const __global float* restrict agm, const int row, const int col,
-                           const int ld, const int rows, const int cols) {
-  vecA r;
-  if (row < rows && col + VWA <= cols) {
-    r.v = *((const __global floatA*)(agm + row * ld + col));
-  } else {
-    #pragma unroll
-    for (int e = 0; e < VWA; ++e) {
-      r.s[e] = (row < rows && col + e < cols) ? AT(agm, row, col + e, ld) : 0.0f;
-    }
-  }
-  return r.v;
-}
+// GlobalToPrivateVecA (B): VWA (VWB) elements of a row of A (B); zeros outside the matrix.
+#include "gemm_vector_loads.cl"  // GLOBAL_TO_PRIVATE_VEC
+GLOBAL_TO_PRIVATE_VEC(GlobalToPrivateVecA, floatA, vecA, VWA, float, agm, AT, 0.0f)
+GLOBAL_TO_PRIVATE_VEC(GlobalToPrivateVecB, floatB, vecB, VWB, float, bgm, AT, 0.0f)
 
-floatB GlobalToPrivateVecB(const __global float* restrict bgm, const int row, const int col,
-                           const int ld, const int rows, const int cols) {
-  vecB r;
-  if (row < rows && col + VWB <= cols) {
-    r.v = *((const __global floatB*)(bgm + row * ld + col));
-  } else {
-    #pragma unroll
-    for (int e = 0; e < VWB; ++e) {
-      r.s[e] = (row < rows && col + e < cols) ? AT(bgm, row, col + e, ld) : 0.0f;
-    }
+// The loaders of operand X (A or B) with x its lower-case name and mn (MN) its M or N side: this thread's
+// coordinates mnx, kx in the loading layout (MNDIMX x KDIMX threads; neighbouring threads take neighbouring
+// vectors along the stored rows), and vector (i, j) of its X_LOAD_MN x X_LOAD_K vectors at (mn, k).
+// A tile stored with rows along M (A: TRANS_A; B: not TRANS_B) is loaded in vectors along M (N); one with
+// rows along K in vectors along K, stored transposed (K-major) in local memory.
+#define THREADS_ALONG_MN(X, x, mn, MN) const int mn##x = tid % MN##DIM##X, k##x = tid / MN##DIM##X;
+#define THREADS_ALONG_K(X, x, mn, MN) const int k##x = tid % KDIM##X, mn##x = tid / KDIM##X;
+#define GLOBAL_ALONG_MN(X, x, mn, MN)                                                               \
+  const int mn = mn##0 + (mn##x + i * MN##DIM##X) * VW##X;                                        \
+  const int k = k0 + k##x + j * KDIM##X;                                                          \
+  x##reg[i * X##_LOAD_K + j] = GlobalToPrivateVec##X(x##gm, k, mn, ld##x, K, MN);
+#define GLOBAL_ALONG_K(X, x, mn, MN)                                                                \
+  const int mn = mn##0 + mn##x + i * MN##DIM##X;                                                  \
+  const int k = k0 + (k##x + j * KDIM##X) * VW##X;                                                \
+  x##reg[i * X##_LOAD_K + j] = GlobalToPrivateVec##X(x##gm, mn, k, ld##x, MN, K);
+#define LOCAL_ALONG_MN(X, x, mn, MN)                                                                \
+  const int mn = (mn##x + i * MN##DIM##X) * VW##X;                                                \
+  const int k = k##x + j * KDIM##X;                                                               \
+  *((__local float##X*)(x##lm + k * X##LD + mn)) = x##reg[i * X##_LOAD_K + j];
+#define LOCAL_ALONG_K(X, x, mn, MN)                                                                 \
+  const int mn = mn##x + i * MN##DIM##X;                                                          \
+  const int k = (k##x + j * KDIM##X) * VW##X;                                                     \
+  vec##X u;                                                                                       \
+  u.v = x##reg[i * X##_LOAD_K + j];                                                               \
+  _Pragma("unroll")                                                                               \
+  for (int e = 0; e < VW##X; ++e) { x##lm[(k + e) * X##LD + mn] = u.s[e]; }
+#if TRANS_A
+  #define A_THREADS THREADS_ALONG_MN
+  #define A_GLOBAL GLOBAL_ALONG_MN
+  #define A_LOCAL LOCAL_ALONG_MN
+#else
+  #define A_THREADS THREADS_ALONG_K
+  #define A_GLOBAL GLOBAL_ALONG_K
+  #define A_LOCAL LOCAL_ALONG_K
+#endif
+#if TRANS_B
+  #define B_THREADS THREADS_ALONG_K
+  #define B_GLOBAL GLOBAL_ALONG_K
+  #define B_LOCAL LOCAL_ALONG_K
+#else
+  #define B_THREADS THREADS_ALONG_MN
+  #define B_GLOBAL GLOBAL_ALONG_MN
+  #define B_LOCAL LOCAL_ALONG_MN
+#endif
+// The loops over this thread's vectors of the X tile, with `body` (X_GLOBAL or X_LOCAL) for each.
+#define FOR_TILE_VECTORS(X, x, mn, MN, body)                                                        \
+  X##_THREADS(X, x, mn, MN)                                                                       \
+  _Pragma("unroll")                                                                               \
+  for (int i = 0; i < X##_LOAD_##MN; ++i) {                                                       \
+    _Pragma("unroll")                                                                             \
+    for (int j = 0; j < X##_LOAD_K; ++j) {                                                        \
+      body(X, x, mn, MN)                                                                          \
+    }                                                                                             \
   }
-  return r.v;
-}
+
+// GlobalToPrivateA (B): the A tile at (m0, k0) (the B tile at (k0, n0)) into this thread's registers
+// (its A_LOADS (B_LOADS) vectors of the tile).
+#define GLOBAL_TO_PRIVATE(X, x, mn, MN)                                                             \
+  void GlobalToPrivate##X(const __global float* restrict x##gm, float##X x##reg[X##_LOADS], const int tid, \
+                          const int mn##0, const int k0, const int MN, const int K, const int ld##x) { \
+    FOR_TILE_VECTORS(X, x, mn, MN, X##_GLOBAL)                                                    \
+  }
+// PrivateToLocalA (B): this thread's vectors of the A (B) tile into local memory, K-major
+// (alm[k * ALD + m], blm[k * BLD + n]).
+#define PRIVATE_TO_LOCAL(X, x, mn, MN)                                                              \
+  void PrivateToLocal##X(const float##X x##reg[X##_LOADS], __local float* x##lm, const int tid) {  \
+    FOR_TILE_VECTORS(X, x, mn, MN, X##_LOCAL)                                                     \
+  }
 
 #if SA
-// The A tile at (m0, k0) into this thread's registers (its A_LOADS vectors of the tile).
-void GlobalToPrivateA(const __global float* restrict agm, floatA areg[A_LOADS], const int tid,
-                      const int m0, const int k0, const int M, const int K, const int lda) {
-  #if TRANS_A
-    const int ma = tid % MDIMA, ka = tid / MDIMA;   // neighbours along M: A rows are along M
-  #else
-    const int ka = tid % KDIMA, ma = tid / KDIMA;   // neighbours along K: A rows are along K
-  #endif
-  #pragma unroll
-  for (int i = 0; i < A_LOAD_M; ++i) {
-    #pragma unroll
-    for (int j = 0; j < A_LOAD_K; ++j) {
-      #if TRANS_A
-        const int m = m0 + (ma + i * MDIMA) * VWA;
-        const int k = k0 + ka + j * KDIMA;
-        areg[i * A_LOAD_K + j] = GlobalToPrivateVecA(agm, k, m, lda, K, M);
-      #else
-        const int m = m0 + ma + i * MDIMA;
-        const int k = k0 + (ka + j * KDIMA) * VWA;
-        areg[i * A_LOAD_K + j] = GlobalToPrivateVecA(agm, m, k, lda, M, K);
-      #endif
-    }
-  }
-}
-
-// This thread's vectors of the A tile into local memory, K-major (alm[k * ALD + m]).
-void PrivateToLocalA(const floatA areg[A_LOADS], __local float* alm, const int tid) {
-  #if TRANS_A
-    const int ma = tid % MDIMA, ka = tid / MDIMA;
-  #else
-    const int ka = tid % KDIMA, ma = tid / KDIMA;
-  #endif
-  #pragma unroll
-  for (int i = 0; i < A_LOAD_M; ++i) {
-    #pragma unroll
-    for (int j = 0; j < A_LOAD_K; ++j) {
-      #if TRANS_A
-        const int m = (ma + i * MDIMA) * VWA;
-        const int k = ka + j * KDIMA;
-        *((__local floatA*)(alm + k * ALD + m)) = areg[i * A_LOAD_K + j];
-      #else
-        const int m = ma + i * MDIMA;
-        const int k = (ka + j * KDIMA) * VWA;
-        vecA u;
-        u.v = areg[i * A_LOAD_K + j];
-        #pragma unroll
-        for (int e = 0; e < VWA; ++e) { alm[(k + e) * ALD + m] = u.s[e]; }
-      #endif
-    }
-  }
-}
-#endif  // SA
-
+GLOBAL_TO_PRIVATE(A, a, m, M)
+PRIVATE_TO_LOCAL(A, a, m, M)
+#endif
 #if SB
-// The B tile at (k0, n0) into this thread's registers.
-void GlobalToPrivateB(const __global float* restrict bgm, floatB breg[B_LOADS], const int tid,
-                      const int n0, const int k0, const int N, const int K, const int ldb) {
-  #if TRANS_B
-    const int kb = tid % KDIMB, nb = tid / KDIMB;   // B rows are along K
-  #else
-    const int nb = tid % NDIMB, kb = tid / NDIMB;   // B rows are along N
-  #endif
-  #pragma unroll
-  for (int i = 0; i < B_LOAD_N; ++i) {
-    #pragma unroll
-    for (int j = 0; j < B_LOAD_K; ++j) {
-      #if TRANS_B
-        const int n = n0 + nb + i * NDIMB;
-        const int k = k0 + (kb + j * KDIMB) * VWB;
-        breg[i * B_LOAD_K + j] = GlobalToPrivateVecB(bgm, n, k, ldb, N, K);
-      #else
-        const int n = n0 + (nb + i * NDIMB) * VWB;
-        const int k = k0 + kb + j * KDIMB;
-        breg[i * B_LOAD_K + j] = GlobalToPrivateVecB(bgm, k, n, ldb, K, N);
-      #endif
-    }
-  }
-}
-
-// This thread's vectors of the B tile into local memory, K-major (blm[k * BLD + n]).
-void PrivateToLocalB(const floatB breg[B_LOADS], __local float* blm, const int tid) {
-  #if TRANS_B
-    const int kb = tid % KDIMB, nb = tid / KDIMB;
-  #else
-    const int nb = tid % NDIMB, kb = tid / NDIMB;
-  #endif
-  #pragma unroll
-  for (int i = 0; i < B_LOAD_N; ++i) {
-    #pragma unroll
-    for (int j = 0; j < B_LOAD_K; ++j) {
-      #if TRANS_B
-        const int n = nb + i * NDIMB;
-        const int k = (kb + j * KDIMB) * VWB;
-        vecB u;
-        u.v = breg[i * B_LOAD_K + j];
-        #pragma unroll
-        for (int e = 0; e < VWB; ++e) { blm[(k + e) * BLD + n] = u.s[e]; }
-      #else
-        const int n = (nb + i * NDIMB) * VWB;
-        const int k = kb + j * KDIMB;
-        *((__local floatB*)(blm + k * BLD + n)) = breg[i * B_LOAD_K + j];
-      #endif
-    }
-  }
-}
-#endif  // SB
+GLOBAL_TO_PRIVATE(B, b, n, N)
+PRIVATE_TO_LOCAL(B, b, n, N)
+#endif
 
 // ---- global memory -> local memory with cp.async (ASYNC) ------------------------------------------
 
@@ -349,6 +286,13 @@ void AsyncCopy(__local float* lm, const int off, const __global float* restrict 
   #endif
 }
 
+// Vector (i, j) of this thread's part of the X tile (stored with rows along M / N, as ASYNC needs) into
+// buffer `buf`.
+#define ASYNC_COPY(X, x, mn, MN)                                                                    \
+  const int mn = (mn##x + i * MN##DIM##X) * VW##X;                                                \
+  const int k = k##x + j * KDIM##X;                                                               \
+  AsyncCopy(x##lm, buf * (KWG * X##LD) + k * X##LD + mn, x##gm, k0 + k, mn##0 + mn, ld##x, K, MN, VW##X);
+
 // Start copying tile step k0 of the staged operands into buffer `buf`: this thread's vectors, laid out
 // as GlobalToPrivateA/B lay them out (A rows along M, B rows along N).
 void GlobalToLocalAsync(const __global float* restrict agm, const __global float* restrict bgm,
@@ -356,28 +300,10 @@ void GlobalToLocalAsync(const __global float* restrict agm, const __global float
                         const int m0, const int n0, const int k0, const int M, const int N, const int K,
                         const int lda, const int ldb) {
   #if SA
-    const int ma = tid % MDIMA, ka = tid / MDIMA;
-    #pragma unroll
-    for (int i = 0; i < A_LOAD_M; ++i) {
-      #pragma unroll
-      for (int j = 0; j < A_LOAD_K; ++j) {
-        const int m = (ma + i * MDIMA) * VWA;
-        const int k = ka + j * KDIMA;
-        AsyncCopy(alm, buf * (KWG * ALD) + k * ALD + m, agm, k0 + k, m0 + m, lda, K, M, VWA);
-      }
-    }
+    FOR_TILE_VECTORS(A, a, m, M, ASYNC_COPY)
   #endif
   #if SB
-    const int nb = tid % NDIMB, kb = tid / NDIMB;
-    #pragma unroll
-    for (int i = 0; i < B_LOAD_N; ++i) {
-      #pragma unroll
-      for (int j = 0; j < B_LOAD_K; ++j) {
-        const int n = (nb + i * NDIMB) * VWB;
-        const int k = kb + j * KDIMB;
-        AsyncCopy(blm, buf * (KWG * BLD) + k * BLD + n, bgm, k0 + k, n0 + n, ldb, K, N, VWB);
-      }
-    }
+    FOR_TILE_VECTORS(B, b, n, N, ASYNC_COPY)
   #endif
 }
 #endif  // ASYNC
@@ -398,62 +324,53 @@ void GlobalToLocalAsync(const __global float* restrict agm, const __global float
 
 // ---- operands of one k step into registers -------------------------------------------------------
 
-#if SA
-// Row k of the local A tile, this thread's MWI values.
-void LocalToPrivateA(const __local float* alm, float apm[MWI], const int tm, const int k) {
-  #pragma unroll
-  for (int v = 0; v < MWI / VWM; ++v) {
-    vecM u;
-    u.v = *((const __local floatM*)(alm + k * ALD + M_OF(tm, v)));
-    #pragma unroll
-    for (int e = 0; e < VWM; ++e) { apm[v * VWM + e] = u.s[e]; }
-  }
-}
+// The element (mn, k) of op(X) in global memory: A_ELEMENT(m, k), B_ELEMENT(n, k).
+#if TRANS_A
+  #define A_ELEMENT(m, k) AT(agm, k, m, lda)
 #else
-// Column k of A straight from global memory (zeros outside the matrix).
-void GlobalToPrivateDirectA(const __global float* restrict agm, float apm[MWI], const int tm,
-                            const int m0, const int k, const int M, const int K, const int lda) {
-  #pragma unroll
-  for (int v = 0; v < MWI / VWM; ++v) {
-    #pragma unroll
-    for (int e = 0; e < VWM; ++e) {
-      const int m = m0 + M_OF(tm, v) + e;
-      #if TRANS_A
-        apm[v * VWM + e] = (m < M && k < K) ? AT(agm, k, m, lda) : 0.0f;
-      #else
-        apm[v * VWM + e] = (m < M && k < K) ? AT(agm, m, k, lda) : 0.0f;
-      #endif
-    }
-  }
-}
+  #define A_ELEMENT(m, k) AT(agm, m, k, lda)
+#endif
+#if TRANS_B
+  #define B_ELEMENT(n, k) AT(bgm, n, k, ldb)
+#else
+  #define B_ELEMENT(n, k) AT(bgm, k, n, ldb)
 #endif
 
-#if SB
-void LocalToPrivateB(const __local float* blm, float bpm[NWI], const int tn, const int k) {
-  #pragma unroll
-  for (int v = 0; v < NWI / VWN; ++v) {
-    vecN u;
-    u.v = *((const __local floatN*)(blm + k * BLD + N_OF(tn, v)));
-    #pragma unroll
-    for (int e = 0; e < VWN; ++e) { bpm[v * VWN + e] = u.s[e]; }
+// LocalToPrivateA (B): row k of the local A (B) tile, this thread's MWI (NWI) values.
+#define LOCAL_TO_PRIVATE(X, x, mn, MN)                                                              \
+  void LocalToPrivate##X(const __local float* x##lm, float x##pm[MN##WI], const int t##mn, const int k) { \
+    _Pragma("unroll")                                                                             \
+    for (int v = 0; v < MN##WI / VW##MN; ++v) {                                                   \
+      vec##MN u;                                                                                  \
+      u.v = *((const __local float##MN*)(x##lm + k * X##LD + MN##_OF(t##mn, v)));                 \
+      _Pragma("unroll")                                                                           \
+      for (int e = 0; e < VW##MN; ++e) { x##pm[v * VW##MN + e] = u.s[e]; }                        \
+    }                                                                                             \
   }
-}
+// GlobalToPrivateDirectA (B): column k of A (row k of B) straight from global memory (zeros outside
+// the matrix).
+#define GLOBAL_TO_PRIVATE_DIRECT(X, x, mn, MN)                                                      \
+  void GlobalToPrivateDirect##X(const __global float* restrict x##gm, float x##pm[MN##WI], const int t##mn, \
+                                const int mn##0, const int k, const int MN, const int K, const int ld##x) { \
+    _Pragma("unroll")                                                                             \
+    for (int v = 0; v < MN##WI / VW##MN; ++v) {                                                   \
+      _Pragma("unroll")                                                                           \
+      for (int e = 0; e < VW##MN; ++e) {                                                          \
+        const int mn = mn##0 + MN##_OF(t##mn, v) + e;                                             \
+        x##pm[v * VW##MN + e] = (mn < MN && k < K) ? X##_ELEMENT(mn, k) : 0.0f;                   \
+      }                                                                                           \
+    }                                                                                             \
+  }
+
+#if SA
+LOCAL_TO_PRIVATE(A, a, m, M)
 #else
-void GlobalToPrivateDirectB(const __global float* restrict bgm, float bpm[NWI], const int tn,
-                            const int n0, const int k, const int N, const int K, const int ldb) {
-  #pragma unroll
-  for (int v = 0; v < NWI / VWN; ++v) {
-    #pragma unroll
-    for (int e = 0; e < VWN; ++e) {
-      const int n = n0 + N_OF(tn, v) + e;
-      #if TRANS_B
-        bpm[v * VWN + e] = (n < N && k < K) ? AT(bgm, n, k, ldb) : 0.0f;
-      #else
-        bpm[v * VWN + e] = (n < N && k < K) ? AT(bgm, k, n, ldb) : 0.0f;
-      #endif
-    }
-  }
-}
+GLOBAL_TO_PRIVATE_DIRECT(A, a, m, M)
+#endif
+#if SB
+LOCAL_TO_PRIVATE(B, b, n, N)
+#else
+GLOBAL_TO_PRIVATE_DIRECT(B, b, n, N)
 #endif
 
 // ---- the multiply ---------------------------------------------------------------------------------
@@ -686,13 +603,7 @@ void ZeroC(float cpm[MWI][NWI]) {
 #else
   #define WORK_GROUP_SIZE
 #endif
-__kernel WORK_GROUP_SIZE void gemm_tiled(const int M, const int N, const int K, const float alpha, const float beta,
-                         const __global float* restrict agm, const long a_offset, const int lda,
-                         const long stride_a,
-                         const __global float* restrict bgm, const long b_offset, const int ldb,
-                         const long stride_b,
-                         __global float* restrict cgm, const long c_offset, const int ldc,
-                         const long stride_c) {
+__kernel WORK_GROUP_SIZE void gemm_tiled(GEMM_ARGUMENTS(float, float)) {
   #if SPLITK == 1
     const long batch = get_group_id(2);
     const int k_begin = 0;
@@ -776,15 +687,8 @@ void StreamKSegment(const int t, const int kb, const int ke, const int slot, con
   }
 }
 
-__kernel WORK_GROUP_SIZE void gemm_streamk(const int M, const int N, const int K, const float alpha,
-                         const float beta,
-                         const __global float* restrict agm, const long a_offset, const int lda,
-                         const long stride_a,
-                         const __global float* restrict bgm, const long b_offset, const int ldb,
-                         const long stride_b,
-                         __global float* restrict cgm, const long c_offset, const int ldc,
-                         const long stride_c, __global float* restrict wgm, const int batches,
-                         const int dp_tiles) {
+__kernel WORK_GROUP_SIZE void gemm_streamk(GEMM_ARGUMENTS(float, float), __global float* restrict wgm,
+                                           const int batches, const int dp_tiles) {
   const int steps = (K + KWG - 1) / KWG;
   const int group = get_group_id(0);
   int begin, end;  // this group's k steps, counted over all tiles

@@ -6,6 +6,8 @@
 // that tiles computed at the same time share A rows and B columns in the L2 cache.
 // gemm_tile_of_group(): the same for this work-group of a grid whose dimension 0 walks N tiles and
 // dimension 1 M tiles.
+// GEMM_TILE_ORIGIN(tile): gm, gn = the tile indices `tile` holds and m0, n0 = the first row and column
+// of that MWG x NWG tile of C.
 #ifndef GEMM_COMMON_CL
 #define GEMM_COMMON_CL
 
@@ -28,5 +30,11 @@ inline int2 gemm_tile_of_group(void) {
                             get_num_groups(0));
 #endif
 }
+
+#define GEMM_TILE_ORIGIN(tile)                                                            \
+  const int gm = tile.x;                                                                  \
+  const int gn = tile.y;                                                                  \
+  const int m0 = gm * MWG;                                                                \
+  const int n0 = gn * NWG;
 
 #endif

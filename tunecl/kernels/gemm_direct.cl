@@ -22,12 +22,7 @@
 // of that operand into scalar loads.
 
 // ---- problem layout (from the problem, not tuned) -----------------------------------------------
-#ifndef TRANS_A
-  #define TRANS_A 0   // 1 = A is stored K x M (op(A) = A^T)
-#endif
-#ifndef TRANS_B
-  #define TRANS_B 0   // 1 = B is stored N x K (op(B) = B^T)
-#endif
+#include "gemm_arguments.cl"  // TRANS_A, TRANS_B, GEMM_ARGUMENTS, GEMM_BATCH_OFFSETS
 
 // ---- tunables ------------------------------------------------------------------------------------
 #ifndef MDIMD
@@ -167,17 +162,8 @@ void PrivateToGlobalC(__global float* restrict cgm, const int m, const int n, co
   }
 }
 
-__kernel void gemm_direct(const int M, const int N, const int K, const float alpha, const float beta,
-                          const __global float* restrict agm, const long a_offset, const int lda,
-                          const long stride_a,
-                          const __global float* restrict bgm, const long b_offset, const int ldb,
-                          const long stride_b,
-                          __global float* restrict cgm, const long c_offset, const int ldc,
-                          const long stride_c) {
-  const long batch = get_group_id(2);
-  agm += a_offset + batch * stride_a;
-  bgm += b_offset + batch * stride_b;
-  cgm += c_offset + batch * stride_c;
+__kernel void gemm_direct(GEMM_ARGUMENTS(float, float)) {
+  GEMM_BATCH_OFFSETS
 
   const int ks = get_local_id(0) % KSL;
   const int tn = get_local_id(0) / KSL;

@@ -71,12 +71,7 @@
 // calls whose offset, leading dimension or batch stride is not a multiple of the vector width.
 
 // ---- problem layout (from the problem, not tuned) -----------------------------------------------
-#ifndef TRANS_A
-  #define TRANS_A 0   // 1 = A is stored K x M (op(A) = A^T)
-#endif
-#ifndef TRANS_B
-  #define TRANS_B 0   // 1 = B is stored N x K (op(B) = B^T)
-#endif
+#include "gemm_arguments.cl"  // TRANS_A, TRANS_B, GEMM_ARGUMENTS, GEMM_BATCH_OFFSETS
 
 // ---- tunables ------------------------------------------------------------------------------------
 #ifndef MWG
@@ -104,12 +99,6 @@
 #ifndef VWB
   #define VWB 4       // vector width of global loads of B along its contiguous dim (N; K if TRANS_B)
 #endif
-#ifndef KPAIR
-  #define KPAIR 1     // 1 = a lane holds k = 2t, 2t + 1 of each 8-deep step; 0 = k = t, t + 4
-#endif
-#ifndef PAD
-  #define PAD 1       // 1 = pad local rows against bank conflicts of the fragment reads
-#endif
 #ifndef ASYNC
   #define ASYNC 0     // 1 = cp.async copies into local memory; 0 = copies through registers
 #endif
@@ -128,17 +117,7 @@
 #endif
 
 // ---- derived (never passed from the host) --------------------------------------------------------
-#define WGS (32 * WARPS_M * WARPS_N)   // threads per work-group
-#define WTM (MWG / WARPS_M)            // warp tile rows
-#define WTN (NWG / WARPS_N)            // warp tile columns
-#define MT (WTM / 16)                  // mma tiles per warp along M
-#define NT (WTN / 8)                   // mma tiles per warp along N
-#if MMA_F16
-  #define KPW 2                        // k values per fragment register (.f16x2)
-#else
-  #define KPW 1                        // (.tf32)
-#endif
-#define MMA_K (8 * KPW)                // depth of one mma
+#include "mma_warp_tiles.cl"  // WGS, WTM, WTN, MT, NT, KPW, MMA_K, PADDING(kcontig), K_LO(t), K_HI(t)
 
 // Local tiles keep the orientation of global memory: A_ROWS x A_COLS with A_COLS contiguous.
 #if TRANS_A
@@ -160,24 +139,6 @@
   #define B_COLS NWG
 #endif
 
-// Padding of a local row (in 32-bit words) so that a warp's fragment reads hit 32 different banks:
-//   K contiguous, KPAIR:  64-bit reads at row g, column 2t; a half-warp spans rows g..g+3, so the row
-//                         length must be an odd multiple of 8 (KWG = 8 already is one).
-//   K contiguous, !KPAIR: reads at row g, column t: the row length must be an odd multiple of 4.
-//   M/N contiguous, KPAIR: reads at row 2t (and 2t + 1), column g: an odd multiple of 4.
-//   M/N contiguous, !KPAIR: reads at row t, column g: an odd multiple of 8.
-// Every padded row length stays a multiple of 4 words, so the 128-bit stores stay aligned.
-// MMA_F16 (in halves): K contiguous, the same rules in words (a word is a k pair): 16 halves or none
-// (KPAIR), 8 (!KPAIR). M/N contiguous: 16-bit reads at rows 2t, 2t + 1 (!KPAIR: conflict-free when
-// the row is an odd multiple of 4 words) or 4t .. 4t + 3 (KPAIR: two lanes' rows share banks);
-// 8 halves serve both, keeping every row a multiple of 16 bytes for 128-bit stores and cp.async.
-#if PAD && MMA_F16
-  #define PADDING(kcontig) ((kcontig) ? (KPAIR ? ((KWG / 16) % 2 ? 0 : 16) : 8) : 8)
-#elif PAD
-  #define PADDING(kcontig) ((kcontig) ? (KPAIR ? ((KWG / 8) % 2 ? 0 : 8) : 4) : (KPAIR ? 4 : 8))
-#else
-  #define PADDING(kcontig) 0
-#endif
 #define ALD (A_COLS + PADDING(A_KCONTIG))   // local row length of the A tile
 #define BLD (B_COLS + PADDING(B_KCONTIG))   // local row length of the B tile
 #define A_TILE (A_ROWS * ALD)               // elements (LTYPE) of one A tile in local memory
@@ -197,14 +158,6 @@
 #define A_LOADS (A_ROWS * A_VECS_PER_ROW / WGS)   // vectors of the A tile per thread
 #define B_LOADS (B_ROWS * B_VECS_PER_ROW / WGS)
 
-// The register (k / KPW) of a lane's low and high registers inside an MMA_K-deep step.
-#if KPAIR
-  #define K_LO(t) (2 * (t))
-  #define K_HI(t) (2 * (t) + 1)
-#else
-  #define K_LO(t) (t)
-  #define K_HI(t) ((t) + 4)
-#endif
 
 // Element types: GTYPE of A and B in global memory, LTYPE of the local tiles, CTYPE of C. MMA_F16 moves
 // the bits of halves as ushort (no conversion before the mma), and vectors of them as 32-bit words
@@ -247,117 +200,61 @@ typedef union { floatB v; GTYPE s[VWB]; } vecB;
 typedef union { uintA v; LTYPE s[VWA]; } uvecA;
 typedef union { uintB v; LTYPE s[VWB]; } uvecB;
 
-// Element (row, col) of a row-major matrix; the caller checks the bounds.
-#define AT(p, row, col, ld) (p)[(row) * (ld) + (col)]
-
 // ---- the tensor-core instructions ------------------------------------------------------------------
 #include "mma_core.cl"  // Mma, ToTF32, MMA_PARAMS / MMA_ARGS (and their plain-C stand-ins with MMA_STUB)
 
 // ---- global memory -> registers -> local memory (ASYNC 0) -----------------------------------------
 
-// VWA consecutive elements of row `row` from column `col`; zeros outside rows x cols. The aligned
-// vector load is taken whenever the whole vector lies inside the matrix.
-floatA GlobalToPrivateVecA(const __global GTYPE* restrict agm, const int row, const int col,
-                           const int ld, const int rows, const int cols) {
-  vecA r;
-  if (row < rows && col + VWA <= cols) {
-    r.v = *((const __global floatA*)(agm + row * ld + col));
-  } else {
-    #pragma unroll
-    for (int e = 0; e < VWA; ++e) {
-      r.s[e] = (row < rows && col + e < cols) ? AT(agm, row, col + e, ld) : (GTYPE)0;
-    }
-  }
-  return r.v;
-}
+// GlobalToPrivateVecA (B): VWA (VWB) elements of a row of A (B); zeros outside the matrix.
+#include "gemm_vector_loads.cl"  // GLOBAL_TO_PRIVATE_VEC
+GLOBAL_TO_PRIVATE_VEC(GlobalToPrivateVecA, floatA, vecA, VWA, GTYPE, agm, AT, (GTYPE)0)
+GLOBAL_TO_PRIVATE_VEC(GlobalToPrivateVecB, floatB, vecB, VWB, GTYPE, bgm, AT, (GTYPE)0)
 
-floatB GlobalToPrivateVecB(const __global GTYPE* restrict bgm, const int row, const int col,
-                           const int ld, const int rows, const int cols) {
-  vecB r;
-  if (row < rows && col + VWB <= cols) {
-    r.v = *((const __global floatB*)(bgm + row * ld + col));
-  } else {
-    #pragma unroll
-    for (int e = 0; e < VWB; ++e) {
-      r.s[e] = (row < rows && col + e < cols) ? AT(bgm, row, col + e, ld) : (GTYPE)0;
-    }
-  }
-  return r.v;
-}
+// This thread's vector i of the X tile (A or B): vector v = tid + i * WGS of the tile, at row r and column
+// c of the tile as stored (neighbouring threads take neighbouring vectors of a row).
+#define TILE_VECTOR(X)                                                                              \
+  const int v = tid + i * WGS;                                                                    \
+  const int r = v / X##_VECS_PER_ROW;                                                             \
+  const int c = (v % X##_VECS_PER_ROW) * VW##X;
 
 #if ASYNC == 0
-// The A tile at (m0, k0) into this thread's registers: vector v = tid + i * WGS of the tile, row
-// v / A_VECS_PER_ROW (neighbouring threads read neighbouring vectors of a row).
-void GlobalToPrivateA(const __global GTYPE* restrict agm, floatA areg[A_LOADS], const int tid,
-                      const int m0, const int k0, const int M, const int K, const int lda) {
-  #pragma unroll
-  for (int i = 0; i < A_LOADS; ++i) {
-    const int v = tid + i * WGS;
-    const int r = v / A_VECS_PER_ROW;
-    const int c = (v % A_VECS_PER_ROW) * VWA;
-    #if TRANS_A
-      areg[i] = GlobalToPrivateVecA(agm, k0 + r, m0 + c, lda, K, M);
-    #else
-      areg[i] = GlobalToPrivateVecA(agm, m0 + r, k0 + c, lda, M, K);
-    #endif
+// GlobalToPrivateA (B): the A tile at (m0, k0) (the B tile at (k0, n0)) into this thread's registers.
+#define GLOBAL_TO_PRIVATE(X, x, mn, MN)                                                             \
+  void GlobalToPrivate##X(const __global GTYPE* restrict x##gm, float##X x##reg[X##_LOADS], const int tid, \
+                          const int mn##0, const int k0, const int MN, const int K, const int ld##x) { \
+    _Pragma("unroll")                                                                             \
+    for (int i = 0; i < X##_LOADS; ++i) {                                                         \
+      TILE_VECTOR(X)                                                                              \
+      x##reg[i] = GlobalToPrivateVec##X(x##gm, X##_STORED(r, c));                                 \
+    }                                                                                             \
   }
-}
 
-// This thread's vectors of the A tile, rounded to TF32 (MMA_F16: as they are), into local memory (same
-// rows and columns).
-void PrivateToLocalA(const floatA areg[A_LOADS], __local LTYPE* alm, const int tid) {
-  #pragma unroll
-  for (int i = 0; i < A_LOADS; ++i) {
-    const int v = tid + i * WGS;
-    const int r = v / A_VECS_PER_ROW;
-    const int c = (v % A_VECS_PER_ROW) * VWA;
-    #if MMA_F16
-      *((__local uintA*)(alm + r * ALD + c)) = areg[i];
-    #else
-      vecA u;
-      uvecA w;
-      u.v = areg[i];
-      #pragma unroll
-      for (int e = 0; e < VWA; ++e) { w.s[e] = ToTF32(u.s[e]); }
-      *((__local uintA*)(alm + r * ALD + c)) = w.v;
-    #endif
+// PrivateToLocalA (B): this thread's vectors of the A (B) tile, rounded to TF32 (MMA_F16: as they are),
+// into local memory (same rows and columns).
+#if MMA_F16
+  #define STORE_TO_LOCAL(X, x) *((__local uint##X*)(x##lm + r * X##LD + c)) = x##reg[i];
+#else
+  #define STORE_TO_LOCAL(X, x)                                                                      \
+    vec##X u;                                                                                     \
+    uvec##X w;                                                                                    \
+    u.v = x##reg[i];                                                                              \
+    _Pragma("unroll")                                                                             \
+    for (int e = 0; e < VW##X; ++e) { w.s[e] = ToTF32(u.s[e]); }                                  \
+    *((__local uint##X*)(x##lm + r * X##LD + c)) = w.v;
+#endif
+#define PRIVATE_TO_LOCAL(X, x)                                                                      \
+  void PrivateToLocal##X(const float##X x##reg[X##_LOADS], __local LTYPE* x##lm, const int tid) {  \
+    _Pragma("unroll")                                                                             \
+    for (int i = 0; i < X##_LOADS; ++i) {                                                         \
+      TILE_VECTOR(X)                                                                              \
+      STORE_TO_LOCAL(X, x)                                                                        \
+    }                                                                                             \
   }
-}
 
-// The B tile at (k0, n0) into this thread's registers.
-void GlobalToPrivateB(const __global GTYPE* restrict bgm, floatB breg[B_LOADS], const int tid,
-                      const int n0, const int k0, const int N, const int K, const int ldb) {
-  #pragma unroll
-  for (int i = 0; i < B_LOADS; ++i) {
-    const int v = tid + i * WGS;
-    const int r = v / B_VECS_PER_ROW;
-    const int c = (v % B_VECS_PER_ROW) * VWB;
-    #if TRANS_B
-      breg[i] = GlobalToPrivateVecB(bgm, n0 + r, k0 + c, ldb, N, K);
-    #else
-      breg[i] = GlobalToPrivateVecB(bgm, k0 + r, n0 + c, ldb, K, N);
-    #endif
-  }
-}
-
-void PrivateToLocalB(const floatB breg[B_LOADS], __local LTYPE* blm, const int tid) {
-  #pragma unroll
-  for (int i = 0; i < B_LOADS; ++i) {
-    const int v = tid + i * WGS;
-    const int r = v / B_VECS_PER_ROW;
-    const int c = (v % B_VECS_PER_ROW) * VWB;
-    #if MMA_F16
-      *((__local uintB*)(blm + r * BLD + c)) = breg[i];
-    #else
-      vecB u;
-      uvecB w;
-      u.v = breg[i];
-      #pragma unroll
-      for (int e = 0; e < VWB; ++e) { w.s[e] = ToTF32(u.s[e]); }
-      *((__local uintB*)(blm + r * BLD + c)) = w.v;
-    #endif
-  }
-}
+GLOBAL_TO_PRIVATE(A, a, m, M)
+PRIVATE_TO_LOCAL(A, a)
+GLOBAL_TO_PRIVATE(B, b, n, N)
+PRIVATE_TO_LOCAL(B, b)
 #endif  // ASYNC == 0
 
 // ---- global memory -> local memory with cp.async (ASYNC) --------------------------------------------
@@ -392,36 +289,19 @@ void AsyncCopy(__local LTYPE* dst, const __global GTYPE* restrict src, const int
   #endif
 }
 
-// Start copying the A tile at (m0, k0) into `alm` (this thread's vectors, as GlobalToPrivateA).
-void GlobalToLocalAsyncA(const __global GTYPE* restrict agm, __local LTYPE* alm, const int tid,
-                         const int m0, const int k0, const int M, const int K, const int lda) {
-  #pragma unroll
-  for (int i = 0; i < A_LOADS; ++i) {
-    const int v = tid + i * WGS;
-    const int r = v / A_VECS_PER_ROW;
-    const int c = (v % A_VECS_PER_ROW) * VWA;
-    #if TRANS_A
-      AsyncCopy(alm + r * ALD + c, agm, k0 + r, m0 + c, lda, K, M, VWA);
-    #else
-      AsyncCopy(alm + r * ALD + c, agm, m0 + r, k0 + c, lda, M, K, VWA);
-    #endif
+// GlobalToLocalAsyncA (B): start copying the A tile at (m0, k0) (the B tile at (k0, n0)) into `alm`
+// (`blm`): this thread's vectors, as GlobalToPrivateA (B) loads them.
+#define GLOBAL_TO_LOCAL_ASYNC(X, x, mn, MN)                                                         \
+  void GlobalToLocalAsync##X(const __global GTYPE* restrict x##gm, __local LTYPE* x##lm, const int tid, \
+                             const int mn##0, const int k0, const int MN, const int K, const int ld##x) { \
+    _Pragma("unroll")                                                                             \
+    for (int i = 0; i < X##_LOADS; ++i) {                                                         \
+      TILE_VECTOR(X)                                                                              \
+      AsyncCopy(x##lm + r * X##LD + c, x##gm, X##_STORED(r, c), VW##X);                           \
+    }                                                                                             \
   }
-}
-
-void GlobalToLocalAsyncB(const __global GTYPE* restrict bgm, __local LTYPE* blm, const int tid,
-                         const int n0, const int k0, const int N, const int K, const int ldb) {
-  #pragma unroll
-  for (int i = 0; i < B_LOADS; ++i) {
-    const int v = tid + i * WGS;
-    const int r = v / B_VECS_PER_ROW;
-    const int c = (v % B_VECS_PER_ROW) * VWB;
-    #if TRANS_B
-      AsyncCopy(blm + r * BLD + c, bgm, n0 + r, k0 + c, ldb, N, K, VWB);
-    #else
-      AsyncCopy(blm + r * BLD + c, bgm, k0 + r, n0 + c, ldb, K, N, VWB);
-    #endif
-  }
-}
+GLOBAL_TO_LOCAL_ASYNC(A, a, m, M)
+GLOBAL_TO_LOCAL_ASYNC(B, b, n, N)
 
 #endif  // ASYNC
 
@@ -453,85 +333,12 @@ void GlobalToLocalAsyncB(const __global GTYPE* restrict bgm, __local LTYPE* blm,
   #define FRAG_B(blm, k, n) FRAG((blm)[BLM(k, n)])
 #endif
 
-// This lane's A fragments of the warp's MT mma tiles (rows wm0 + i * 16 ...) at k step kk.
-void LocalToPrivateA(const __local LTYPE* alm, uint apm[MT][4], const int wm0, const int kk, const int g,
-                     const int t) {
-  #pragma unroll
-  for (int i = 0; i < MT; ++i) {
-    const int m = wm0 + i * 16 + g;
-    #if A_KCONTIG && KPAIR
-      const uint2 lo = *((const __local uint2*)(alm + ALM(m, kk + KPW * 2 * t)));
-      const uint2 hi = *((const __local uint2*)(alm + ALM(m + 8, kk + KPW * 2 * t)));
-      apm[i][0] = FRAG(lo.x);
-      apm[i][2] = FRAG(lo.y);
-      apm[i][1] = FRAG(hi.x);
-      apm[i][3] = FRAG(hi.y);
-    #else
-      apm[i][0] = FRAG_A(alm, m, kk + KPW * K_LO(t));
-      apm[i][1] = FRAG_A(alm, m + 8, kk + KPW * K_LO(t));
-      apm[i][2] = FRAG_A(alm, m, kk + KPW * K_HI(t));
-      apm[i][3] = FRAG_A(alm, m + 8, kk + KPW * K_HI(t));
-    #endif
-  }
-}
-
-// This lane's B fragments of the warp's NT mma tiles (columns wn0 + j * 8 ...) at k step kk.
-void LocalToPrivateB(const __local LTYPE* blm, uint bpm[NT][2], const int wn0, const int kk, const int g,
-                     const int t) {
-  #pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    const int n = wn0 + j * 8 + g;
-    #if B_KCONTIG && KPAIR
-      const uint2 v = *((const __local uint2*)(blm + BLM(kk + KPW * 2 * t, n)));
-      bpm[j][0] = FRAG(v.x);
-      bpm[j][1] = FRAG(v.y);
-    #else
-      bpm[j][0] = FRAG_B(blm, kk + KPW * K_LO(t), n);
-      bpm[j][1] = FRAG_B(blm, kk + KPW * K_HI(t), n);
-    #endif
-  }
-}
-
-// ---- the multiply ---------------------------------------------------------------------------------
-
-// One KWG-deep tile: the warp tile's accumulators += its A rows x its B columns, MMA_K k at a time.
-void MultiplyTile(float cpm[MT][NT][4], const __local LTYPE* alm, const __local LTYPE* blm, const int wm0,
-                  const int wn0, const int g, const int t MMA_PARAMS) {
-  // (The emulated mma keeps its loops rolled: unrolled, its barriers make PoCL's compile take minutes.)
-  #if MMA_STUB == 0
-  #pragma unroll
-  #endif
-  for (int kk = 0; kk < KWG; kk += MMA_K) {
-    uint apm[MT][4];
-    uint bpm[NT][2];
-    LocalToPrivateA(alm, apm, wm0, kk, g, t);
-    LocalToPrivateB(blm, bpm, wn0, kk, g, t);
-    #if MMA_STUB == 0
-    #pragma unroll
-    #endif
-    for (int i = 0; i < MT; ++i) {
-      #if MMA_STUB == 0
-      #pragma unroll
-      #endif
-      for (int j = 0; j < NT; ++j) { Mma(cpm[i][j], apm[i], bpm[j] MMA_ARGS); }
-    }
-  }
-}
+#include "mma_fragments.cl"  // LocalToPrivateA, LocalToPrivateB, MultiplyTile
 
 // ---- registers -> global memory (C) ----------------------------------------------------------------
 
-// C elements: fp32, or (MMA_F16) half, converted exactly on loads and rounded to nearest even on stores.
-#if MMA_F16
-  #define LOAD_C(p) vload_half(0, p)
-  #define STORE_C(x, p) vstore_half_rte(x, 0, p)
-  #define LOAD_C2(p) vload_half2(0, p)
-  #define STORE_C2(v, p) vstore_half2_rte(v, 0, p)
-#else
-  #define LOAD_C(p) (*(p))
-  #define STORE_C(x, p) (*(p) = (x))
-  #define LOAD_C2(p) (*((__global float2*)(p)))
-  #define STORE_C2(v, p) (*((__global float2*)(p)) = (v))
-#endif
+#define C_HALF MMA_F16  // C is half (rounded to nearest even on stores)
+#include "gemm_c_pairs.cl"  // LOAD_C, STORE_C, LOAD_C2, STORE_C2, STORE_C_PAIR
 
 // C = alpha * cpm + beta * C for this lane's outputs inside the matrix (c0, c1 and c2, c3 are pairs of
 // neighbours in a row); beta == 0 never reads C.
@@ -550,26 +357,7 @@ void PrivateToGlobalC(float cpm[MT][NT][4], __global CTYPE* restrict cgm, const 
           const int n = nw + j * 8 + 2 * t;
           float r0 = alpha * cpm[i][j][2 * h];
           float r1 = alpha * cpm[i][j][2 * h + 1];
-          #if CSCALAR == 0
-          if (n + 2 <= N) {
-            if (beta != 0.0f) {
-              const float2 old = LOAD_C2(crow + n);
-              r0 = fma(beta, old.x, r0);
-              r1 = fma(beta, old.y, r1);
-            }
-            STORE_C2((float2)(r0, r1), crow + n);
-          } else
-          #endif
-          {
-            if (n < N) {
-              if (beta != 0.0f) { r0 = fma(beta, LOAD_C(crow + n), r0); }
-              STORE_C(r0, crow + n);
-            }
-            if (n + 1 < N) {
-              if (beta != 0.0f) { r1 = fma(beta, LOAD_C(crow + n + 1), r1); }
-              STORE_C(r1, crow + n + 1);
-            }
-          }
+          STORE_C_PAIR(crow, n, r0, r1)
         }
       }
     }
@@ -583,23 +371,11 @@ __kernel void gemm_mma_f16(
 #else
 __kernel void gemm_mma_tf32(
 #endif
-                            const int M, const int N, const int K, const float alpha, const float beta,
-                            const __global GTYPE* restrict agm, const long a_offset, const int lda,
-                            const long stride_a,
-                            const __global GTYPE* restrict bgm, const long b_offset, const int ldb,
-                            const long stride_b,
-                            __global CTYPE* restrict cgm, const long c_offset, const int ldc,
-                            const long stride_c) {
-  const long batch = get_group_id(2);
-  agm += a_offset + batch * stride_a;
-  bgm += b_offset + batch * stride_b;
-  cgm += c_offset + batch * stride_c;
+                            GEMM_ARGUMENTS(GTYPE, CTYPE)) {
+  GEMM_BATCH_OFFSETS
 
   const int2 tile = gemm_tile_of_group();  // gemm_common.cl: plain or GM-banded order
-  const int gm = tile.x;
-  const int gn = tile.y;
-  const int m0 = gm * MWG;
-  const int n0 = gn * NWG;
+  GEMM_TILE_ORIGIN(tile)
   const int tid = get_local_id(0);
   const int lane = tid % 32;
   const int warp = tid / 32;
@@ -619,15 +395,7 @@ __kernel void gemm_mma_tf32(
     floatB breg[B_LOADS];
   #endif
 
-  float cpm[MT][NT][4];
-  #pragma unroll
-  for (int i = 0; i < MT; ++i) {
-    #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      #pragma unroll
-      for (int r = 0; r < 4; ++r) { cpm[i][j][r] = 0.0f; }
-    }
-  }
+  ZERO_ACCUMULATORS(cpm)
 
   const int tiles = (K + KWG - 1) / KWG;
   #if ASYNC

@@ -41,12 +41,7 @@
 // offset, leading dimension or batch stride is not a multiple of the vector width.
 
 // ---- problem layout (from the problem, not tuned) -----------------------------------------------
-#ifndef TRANS_A
-  #define TRANS_A 0   // 1 = A is stored K x M (op(A) = A^T)
-#endif
-#ifndef TRANS_B
-  #define TRANS_B 0   // 1 = B is stored N x K (op(B) = B^T)
-#endif
+#include "gemm_arguments.cl"  // TRANS_A, TRANS_B, GEMM_ARGUMENTS, GEMM_BATCH_OFFSETS
 
 // ---- tunables ------------------------------------------------------------------------------------
 #ifndef MWG
@@ -150,103 +145,63 @@ typedef union { floatB v; float s[VWB]; } vecB;
 
 // ---- global memory -> registers -> local memory ------------------------------------------------------
 
-// VWA floats of row `row` from column `col` of a rows x cols matrix; zeros outside. The vector load
-// is taken whenever the whole vector lies inside the matrix.
-floatA GlobalToPrivateVecA(const __global float* restrict agm, const int row, const int col,
-                           const int ld, const int rows, const int cols) {
-  vecA r;
-  if (row < rows && col + VWA <= cols) {
-    r.v = *((const __global floatA*)(agm + row * ld + col));
-  } else {
-    #pragma unroll
-    for (int e = 0; e < VWA; ++e) {
-      r.s[e] = (row < rows && col + e < cols) ? agm[row * ld + col + e] : 0.0f;
-    }
-  }
-  return r.v;
-}
+// GlobalToPrivateVecA (B): VWA (VWB) elements of a row of A (B); zeros outside the matrix.
+// An element (row, col) of a row-major matrix, read as p[row * ld + col].
+#define AT_FLAT(p, row, col, ld) p[row * ld + col]
+#include "gemm_vector_loads.cl"  // GLOBAL_TO_PRIVATE_VEC
+GLOBAL_TO_PRIVATE_VEC(GlobalToPrivateVecA, floatA, vecA, VWA, float, agm, AT_FLAT, 0.0f)
+GLOBAL_TO_PRIVATE_VEC(GlobalToPrivateVecB, floatB, vecB, VWB, float, bgm, AT_FLAT, 0.0f)
 
-floatB GlobalToPrivateVecB(const __global float* restrict bgm, const int row, const int col,
-                           const int ld, const int rows, const int cols) {
-  vecB r;
-  if (row < rows && col + VWB <= cols) {
-    r.v = *((const __global floatB*)(bgm + row * ld + col));
-  } else {
-    #pragma unroll
-    for (int e = 0; e < VWB; ++e) {
-      r.s[e] = (row < rows && col + e < cols) ? bgm[row * ld + col + e] : 0.0f;
-    }
-  }
-  return r.v;
-}
+// This thread's vector l of the X tile (A or B): vector v = tid + l * THREADS of the tile, at row `row`
+// and column `col` of the tile as stored.
+#define TILE_VECTOR(X)                                                                              \
+  const int v = tid + l * THREADS;                                                                \
+  const int row = v / X##_ROW_VECTORS;                                                            \
+  const int col = (v % X##_ROW_VECTORS) * VW##X;
 
-// The A tile at (m0, k0): this thread's A_LOADS vectors into registers.
-void GlobalToPrivateA(const __global float* restrict agm, floatA areg[A_LOADS], const int tid,
-                      const int m0, const int k0, const int M, const int K, const int lda) {
-  #pragma unroll
-  for (int l = 0; l < A_LOADS; ++l) {
-    const int v = tid + l * THREADS;
-    const int row = v / A_ROW_VECTORS;
-    const int col = (v % A_ROW_VECTORS) * VWA;
-    #if TRANS_A
-      areg[l] = GlobalToPrivateVecA(agm, k0 + row, m0 + col, lda, K, M);
-    #else
-      areg[l] = GlobalToPrivateVecA(agm, m0 + row, k0 + col, lda, M, K);
-    #endif
+// GlobalToPrivateA (B): the A tile at (m0, k0) (the B tile at (k0, n0)), this thread's A_LOADS (B_LOADS)
+// vectors into registers.
+#define GLOBAL_TO_PRIVATE(X, x, mn, MN)                                                             \
+  void GlobalToPrivate##X(const __global float* restrict x##gm, float##X x##reg[X##_LOADS], const int tid, \
+                          const int mn##0, const int k0, const int MN, const int K, const int ld##x) { \
+    _Pragma("unroll")                                                                             \
+    for (int l = 0; l < X##_LOADS; ++l) {                                                         \
+      TILE_VECTOR(X)                                                                              \
+      x##reg[l] = GlobalToPrivateVec##X(x##gm, X##_STORED(row, col));                             \
+    }                                                                                             \
   }
-}
 
-// This thread's A vectors into local memory, K-major: alm[k * ALD + m].
-void PrivateToLocalA(const floatA areg[A_LOADS], __local float* alm, const int tid) {
-  #pragma unroll
-  for (int l = 0; l < A_LOADS; ++l) {
-    const int v = tid + l * THREADS;
-    const int row = v / A_ROW_VECTORS;
-    const int col = (v % A_ROW_VECTORS) * VWA;
-    #if TRANS_A
-      *((__local floatA*)(alm + row * ALD + col)) = areg[l];   // a row of the tile is a k row
-    #else
-      vecA u;
-      u.v = areg[l];
-      #pragma unroll
-      for (int e = 0; e < VWA; ++e) { alm[(col + e) * ALD + row] = u.s[e]; }   // transposed
-    #endif
+// PrivateToLocalA (B): this thread's A (B) vectors into local memory, K-major: alm[k * ALD + m]
+// (blm[k * BLD + n]); a stored row along M (N) is a k row, one along K is stored transposed.
+#define STORE_ROW(X, x) *((__local float##X*)(x##lm + row * X##LD + col)) = x##reg[l];
+#define STORE_TRANSPOSED(X, x)                                                                      \
+  vec##X u;                                                                                       \
+  u.v = x##reg[l];                                                                                \
+  _Pragma("unroll")                                                                               \
+  for (int e = 0; e < VW##X; ++e) { x##lm[(col + e) * X##LD + row] = u.s[e]; }
+#if TRANS_A
+  #define A_TO_LOCAL STORE_ROW
+#else
+  #define A_TO_LOCAL STORE_TRANSPOSED
+#endif
+#if TRANS_B
+  #define B_TO_LOCAL STORE_TRANSPOSED
+#else
+  #define B_TO_LOCAL STORE_ROW
+#endif
+#define PRIVATE_TO_LOCAL(X, x)                                                                      \
+  void PrivateToLocal##X(const float##X x##reg[X##_LOADS], __local float* x##lm, const int tid) {  \
+    _Pragma("unroll")                                                                             \
+    for (int l = 0; l < X##_LOADS; ++l) {                                                         \
+      TILE_VECTOR(X)                                                                              \
+      X##_TO_LOCAL(X, x)                                                                          \
+    }                                                                                             \
   }
-}
 
-// The B tile at (k0, n0): this thread's B_LOADS vectors into registers.
-void GlobalToPrivateB(const __global float* restrict bgm, floatB breg[B_LOADS], const int tid,
-                      const int n0, const int k0, const int N, const int K, const int ldb) {
-  #pragma unroll
-  for (int l = 0; l < B_LOADS; ++l) {
-    const int v = tid + l * THREADS;
-    const int row = v / B_ROW_VECTORS;
-    const int col = (v % B_ROW_VECTORS) * VWB;
-    #if TRANS_B
-      breg[l] = GlobalToPrivateVecB(bgm, n0 + row, k0 + col, ldb, N, K);
-    #else
-      breg[l] = GlobalToPrivateVecB(bgm, k0 + row, n0 + col, ldb, K, N);
-    #endif
-  }
-}
-
-// This thread's B vectors into local memory, K-major: blm[k * BLD + n].
-void PrivateToLocalB(const floatB breg[B_LOADS], __local float* blm, const int tid) {
-  #pragma unroll
-  for (int l = 0; l < B_LOADS; ++l) {
-    const int v = tid + l * THREADS;
-    const int row = v / B_ROW_VECTORS;
-    const int col = (v % B_ROW_VECTORS) * VWB;
-    #if TRANS_B
-      vecB u;
-      u.v = breg[l];
-      #pragma unroll
-      for (int e = 0; e < VWB; ++e) { blm[(col + e) * BLD + row] = u.s[e]; }   // transposed
-    #else
-      *((__local floatB*)(blm + row * BLD + col)) = breg[l];
-    #endif
-  }
-}
+GLOBAL_TO_PRIVATE(A, a, m, M)
+PRIVATE_TO_LOCAL(A, a)
+GLOBAL_TO_PRIVATE(B, b, n, N)
+PRIVATE_TO_LOCAL(B, b)
 
 // ---- local memory -> fragments -------------------------------------------------------------------
 
@@ -337,23 +292,11 @@ void PrivateToGlobalC(float cpm[TM][TN], __global float* restrict cgm, const int
   #define WORK_GROUP_SIZE
 #endif
 __kernel WORK_GROUP_SIZE
-void gemm_simt(const int M, const int N, const int K, const float alpha, const float beta,
-               const __global float* restrict agm, const long a_offset, const int lda,
-               const long stride_a,
-               const __global float* restrict bgm, const long b_offset, const int ldb,
-               const long stride_b,
-               __global float* restrict cgm, const long c_offset, const int ldc,
-               const long stride_c) {
-  const long batch = get_group_id(2);
-  agm += a_offset + batch * stride_a;
-  bgm += b_offset + batch * stride_b;
-  cgm += c_offset + batch * stride_c;
+void gemm_simt(GEMM_ARGUMENTS(float, float)) {
+  GEMM_BATCH_OFFSETS
 
   const int2 tile = gemm_tile_of_group();  // gemm_common.cl: plain or GM-banded order
-  const int gm = tile.x;
-  const int gn = tile.y;
-  const int m0 = gm * MWG;
-  const int n0 = gn * NWG;
+  GEMM_TILE_ORIGIN(tile)
 
   // Warp and lane coordinates; a thread's fragments start at abase (M) and bbase (N) of the tile.
   const int tid = get_local_id(0);

@@ -76,12 +76,7 @@
 //              descriptor encoding, the swizzle and the fragment mapping against numpy.
 
 // ---- problem layout (from the problem, not tuned) -----------------------------------------------
-#ifndef TRANS_A
-  #define TRANS_A 0   // 1 = A is stored K x M (op(A) = A^T)
-#endif
-#ifndef TRANS_B
-  #define TRANS_B 0   // 1 = B is stored N x K (op(B) = B^T)
-#endif
+#include "gemm_arguments.cl"  // TRANS_A, TRANS_B, GEMM_ARGUMENTS, GEMM_BATCH_OFFSETS
 #ifndef WGMMA_F16
   #define WGMMA_F16 0 // 1 = half A, B, C (gemm_wgmma_f16); 0 = fp32 with TF32 inputs
 #endif
@@ -421,63 +416,54 @@ void AsyncCopy(__local uchar* smem, const uint addr, const uint off, const __glo
   #endif
 }
 
-// Start copying the A tile at (m0, k0) into the tile at byte offset `tile`: this thread's vectors
-// v = tid + i * WGS (neighbouring threads, neighbouring vectors of a row).
-void GlobalToLocalA(const __global GTYPE* restrict agm, __local uchar* smem, const uint addr,
-                    const uint tile, const int tid, const int m0, const int k0, const int M, const int K,
-                    const int lda) {
-  #pragma unroll
-  for (int i = 0; i < A_LOADS; ++i) {
-    const int v = tid + i * WGS;
-    const int r = v / A_VECS_PER_ROW;
-    const int c = (v % A_VECS_PER_ROW) * VWA;
-    #if TRANS_A && A_MN
-      AsyncCopy(smem, addr, tile + A_OFFSET(c, r), agm, k0 + r, m0 + c, lda, K, M, VWA);
-    #elif TRANS_A
-      #pragma unroll
-      for (int e = 0; e < VWA; ++e) {  // TF32: transposed into the K-major tile element by element
-        AsyncCopy(smem, addr, tile + A_OFFSET(c + e, r), agm, k0 + r, m0 + c + e, lda, K, M, 1);
-      }
-    #else
-      AsyncCopy(smem, addr, tile + A_OFFSET(r, c), agm, m0 + r, k0 + c, lda, M, K, VWA);
-    #endif
+// How a vector at row r, column c of the stored tile goes into the tile at byte offset `tile`: a row
+// along K into a K-major tile, a row along M (N) into an MN-major one, or (TF32 along M / N) transposed
+// into a K-major tile element by element.
+#include "gemm_vector_loads.cl"  // A_STORED, B_STORED
+#define COPY_K_MAJOR(X, x) AsyncCopy(smem, addr, tile + X##_OFFSET(r, c), x##gm, X##_STORED(r, c), VW##X);
+#define COPY_MN_MAJOR(X, x) AsyncCopy(smem, addr, tile + X##_OFFSET(c, r), x##gm, X##_STORED(r, c), VW##X);
+#define COPY_TRANSPOSED(X, x)                                                                       \
+  _Pragma("unroll")                                                                               \
+  for (int e = 0; e < VW##X; ++e) {                                                               \
+    AsyncCopy(smem, addr, tile + X##_OFFSET(c + e, r), x##gm, X##_STORED(r, c + e), 1);           \
   }
-}
+#if TRANS_A && A_MN
+  #define A_COPY COPY_MN_MAJOR
+#elif TRANS_A
+  #define A_COPY COPY_TRANSPOSED
+#else
+  #define A_COPY COPY_K_MAJOR
+#endif
+#if TRANS_B
+  #define B_COPY COPY_K_MAJOR
+#elif B_MN
+  #define B_COPY COPY_MN_MAJOR
+#else
+  #define B_COPY COPY_TRANSPOSED
+#endif
 
-void GlobalToLocalB(const __global GTYPE* restrict bgm, __local uchar* smem, const uint addr,
-                    const uint tile, const int tid, const int n0, const int k0, const int N, const int K,
-                    const int ldb) {
-  #pragma unroll
-  for (int i = 0; i < B_LOADS; ++i) {
-    const int v = tid + i * WGS;
-    const int r = v / B_VECS_PER_ROW;
-    const int c = (v % B_VECS_PER_ROW) * VWB;
-    #if TRANS_B
-      AsyncCopy(smem, addr, tile + B_OFFSET(r, c), bgm, n0 + r, k0 + c, ldb, N, K, VWB);
-    #elif B_MN
-      AsyncCopy(smem, addr, tile + B_OFFSET(c, r), bgm, k0 + r, n0 + c, ldb, K, N, VWB);
-    #else
-      #pragma unroll
-      for (int e = 0; e < VWB; ++e) {
-        AsyncCopy(smem, addr, tile + B_OFFSET(c + e, r), bgm, k0 + r, n0 + c + e, ldb, K, N, 1);
-      }
-    #endif
+// GlobalToLocalA (B): start copying the A tile at (m0, k0) (the B tile at (k0, n0)) into the tile at
+// byte offset `tile`: this thread's vectors v = tid + i * WGS (neighbouring threads, neighbouring
+// vectors of a row), at row r and column c of the tile as stored.
+#define GLOBAL_TO_LOCAL(X, x, mn, MN)                                                               \
+  void GlobalToLocal##X(const __global GTYPE* restrict x##gm, __local uchar* smem, const uint addr, \
+                        const uint tile, const int tid, const int mn##0, const int k0, const int MN, \
+                        const int K, const int ld##x) {                                           \
+    _Pragma("unroll")                                                                             \
+    for (int i = 0; i < X##_LOADS; ++i) {                                                         \
+      const int v = tid + i * WGS;                                                                \
+      const int r = v / X##_VECS_PER_ROW;                                                         \
+      const int c = (v % X##_VECS_PER_ROW) * VW##X;                                               \
+      X##_COPY(X, x)                                                                              \
+    }                                                                                             \
   }
-}
+GLOBAL_TO_LOCAL(A, a, m, M)
+GLOBAL_TO_LOCAL(B, b, n, N)
 
 // ---- registers -> global memory (C) ----------------------------------------------------------------
 
-#if WGMMA_F16
-  #define LOAD_C(p) vload_half(0, p)
-  #define STORE_C(x, p) vstore_half_rte(x, 0, p)
-  #define LOAD_C2(p) vload_half2(0, p)
-  #define STORE_C2(v, p) vstore_half2_rte(v, 0, p)
-#else
-  #define LOAD_C(p) (*(p))
-  #define STORE_C(x, p) (*(p) = (x))
-  #define LOAD_C2(p) (*((__global float2*)(p)))
-  #define STORE_C2(v, p) (*((__global float2*)(p)) = (v))
-#endif
+#define C_HALF WGMMA_F16  // C is half (rounded to nearest even on stores)
+#include "gemm_c_pairs.cl"  // LOAD_C, STORE_C, LOAD_C2, STORE_C2, STORE_C_PAIR
 
 // C = alpha * acc + beta * C for this thread's outputs inside the matrix (d[2j], d[2j + 1] are
 // neighbours in a row); beta == 0 never reads C. m0: the warpgroup's first row.
@@ -497,26 +483,7 @@ void PrivateToGlobalC(float acc[MI][NACC], __global CTYPE* restrict cgm, const i
           const int n = n0 + 8 * j + 2 * (lane % 4);
           float r0 = alpha * acc[mi][4 * j + 2 * h];
           float r1 = alpha * acc[mi][4 * j + 2 * h + 1];
-          #if CSCALAR == 0
-          if (n + 2 <= N) {
-            if (beta != 0.0f) {
-              const float2 old = LOAD_C2(crow + n);
-              r0 = fma(beta, old.x, r0);
-              r1 = fma(beta, old.y, r1);
-            }
-            STORE_C2((float2)(r0, r1), crow + n);
-          } else
-          #endif
-          {
-            if (n < N) {
-              if (beta != 0.0f) { r0 = fma(beta, LOAD_C(crow + n), r0); }
-              STORE_C(r0, crow + n);
-            }
-            if (n + 1 < N) {
-              if (beta != 0.0f) { r1 = fma(beta, LOAD_C(crow + n + 1), r1); }
-              STORE_C(r1, crow + n + 1);
-            }
-          }
+          STORE_C_PAIR(crow, n, r0, r1)
         }
       }
     }
@@ -530,23 +497,11 @@ __kernel void gemm_wgmma_f16(
 #else
 __kernel void gemm_wgmma_tf32(
 #endif
-                              const int M, const int N, const int K, const float alpha, const float beta,
-                              const __global GTYPE* restrict agm, const long a_offset, const int lda,
-                              const long stride_a,
-                              const __global GTYPE* restrict bgm, const long b_offset, const int ldb,
-                              const long stride_b,
-                              __global CTYPE* restrict cgm, const long c_offset, const int ldc,
-                              const long stride_c) {
-  const long batch = get_group_id(2);
-  agm += a_offset + batch * stride_a;
-  bgm += b_offset + batch * stride_b;
-  cgm += c_offset + batch * stride_c;
+                              GEMM_ARGUMENTS(GTYPE, CTYPE)) {
+  GEMM_BATCH_OFFSETS
 
   const int2 tile = gemm_tile_of_group();  // gemm_common.cl: plain or GM-banded order
-  const int gm = tile.x;
-  const int gn = tile.y;
-  const int m0 = gm * MWG;
-  const int n0 = gn * NWG;
+  GEMM_TILE_ORIGIN(tile)
   const int tid = get_local_id(0);
   const int wg = tid / 128;      // this thread's warpgroup
   const int wlane = tid % 128;   // its thread index inside the warpgroup

@@ -21,6 +21,8 @@
   #define GROUP 256
 #endif
 
+#include "local_sums.cl"  // GROUP_SUMS
+
 typedef struct { IDX v[16]; } gn_meta_t;
 #define GN_N   m.v[0]
 #define GN_C   m.v[1]
@@ -54,16 +56,7 @@ void gn_channel_sums(__global float *ds, __global float *db, __global const floa
     a += dyr[j] * xr[j];
     b += dyr[j];
   }
-  s1[lid] = a;
-  s2[lid] = b;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int step = GROUP / 2; step > 0; step >>= 1) {
-    if (lid < step) {
-      s1[lid] += s1[lid + step];
-      s2[lid] += s2[lid + step];
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
+  GROUP_SUMS(s1, s2, a, b)
   if (lid == 0) {
     DS_AT[row] = s1[0];
     DB_AT[row] = s2[0];

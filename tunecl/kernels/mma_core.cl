@@ -8,14 +8,18 @@
 #ifndef MMA_CORE_CL
 #define MMA_CORE_CL
 
+// Mma(c, a, b): c += A * B by one warp-collective mma `instruction` on a lane's fragments.
+#define MMA_FUNCTION(instruction)                                                                   \
+  void Mma(float c[4], const uint a[4], const uint b[2]) {                                         \
+    asm volatile(instruction                                                                      \
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                          \
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                 \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));             \
+  }
+
 #if MMA_STUB == 0 && MMA_F16
 // c += A * B for one 16 x 8 x 16 tile of halves, a warp-collective instruction (fragments: banner).
-void Mma(float c[4], const uint a[4], const uint b[2]) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
+MMA_FUNCTION("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 ")
   #define MMA_PARAMS
   #define MMA_ARGS
 #elif MMA_STUB == 0
@@ -27,12 +31,7 @@ uint ToTF32(const float x) {
 }
 
 // c += A * B for one 16 x 8 x 8 tile, a warp-collective instruction (fragments: see the banner).
-void Mma(float c[4], const uint a[4], const uint b[2]) {
-  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
+MMA_FUNCTION("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 ")
   #define MMA_PARAMS
   #define MMA_ARGS
 #else

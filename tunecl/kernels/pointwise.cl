@@ -64,13 +64,7 @@
   #define OP(a, b, c) ((a) + s0 * (b))   // add: the smoke-test default
 #endif
 
-#define NOPS (NIN + 1)
-#define META_LEN (1 + NDIM + NOPS * NDIM + NOPS)
-typedef struct { IDX v[META_LEN]; } meta_t;
-#define COUNT        m.v[0]
-#define SIZE(d)      m.v[1 + (d)]
-#define STRIDE(k, d) m.v[1 + NDIM + (k) * NDIM + (d)]
-#define OFFSET(k)    m.v[1 + NDIM + NOPS * NDIM + (k)]
+#include "elementwise_meta.cl"  // meta_t, COUNT, SIZE, STRIDE, OFFSET, NOPS
 
 #if IN0_KIND == 1
   #define LOAD0(p, o) vload_half((o), (p))

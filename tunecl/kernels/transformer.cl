@@ -75,6 +75,13 @@ typedef struct { IDX v[10]; } ln_meta_t;
 #define OFF_DX   m.v[7]
 #define OFF_GW   m.v[8]
 #define OFF_GB   m.v[9]
+// the gradient reaching the normalised value x-hat at column j: dy, times the weight if there is one
+#ifdef HAS_WEIGHT
+  #define WEIGHTED_DY(j) dyr[j] * weight[OFF_W + j]
+#else
+  #define WEIGHTED_DY(j) dyr[j]
+#endif
+#include "local_sums.cl"  // GROUP_SUMS
 
 __kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
 void ln_backward_input(__global float *dx, __global const float *x, __global const float *dy,
@@ -90,32 +97,15 @@ void ln_backward_input(__global float *dx, __global const float *x, __global con
   const float mu = mean[OFF_MEAN + r], inv = rstd[OFF_RSTD + r];
   float a = 0.0f, b = 0.0f;
   for (IDX j = lid; j < n; j += GROUP) {
-#ifdef HAS_WEIGHT
-    const float g = dyr[j] * weight[OFF_W + j];
-#else
-    const float g = dyr[j];
-#endif
+    const float g = WEIGHTED_DY(j);
     a += g;
     b += g * ((xr[j] - mu) * inv);
   }
-  s1[lid] = a;
-  s2[lid] = b;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int step = GROUP / 2; step > 0; step >>= 1) {
-    if (lid < step) {
-      s1[lid] += s1[lid + step];
-      s2[lid] += s2[lid + step];
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
+  GROUP_SUMS(s1, s2, a, b)
   const float mean_g = s1[0] / (float)n, mean_gx = s2[0] / (float)n;
   __global float *dxr = dx + OFF_DX + r * n;
   for (IDX j = lid; j < n; j += GROUP) {
-#ifdef HAS_WEIGHT
-    const float g = dyr[j] * weight[OFF_W + j];
-#else
-    const float g = dyr[j];
-#endif
+    const float g = WEIGHTED_DY(j);
     dxr[j] = inv * (g - mean_g - (xr[j] - mu) * inv * mean_gx);
   }
 }

@@ -93,26 +93,35 @@ inline void linear_source(const float s, const IDX o, const IDX in, IDX *i0, IDX
   *l0 = 1.0f - l;
 }
 
+// i: this work-item's element of the output, at (n, c, oh, ow); the work-items past the end return
+#define UP_OUTPUT_ELEMENT                                                                           \
+  const IDX i = (IDX)get_global_id(0);                                                            \
+  if (i >= UP_COUNT) return;                                                                      \
+  const IDX ow = i % UP_OW, oh = (i / UP_OW) % UP_OH, rest = i / (UP_OW * UP_OH);                 \
+  const IDX c = rest % UP_C, n = rest / UP_C;
+
+// i: this work-item's element of the input, at (n, c, ih, iw), and the outputs that may read it: rows
+// h_lo .. h_hi, columns w_lo .. w_hi (output_window with `reach`)
+#define UP_INPUT_ELEMENT(reach)                                                                     \
+  const IDX i = (IDX)get_global_id(0);                                                            \
+  if (i >= UP_COUNT) return;                                                                      \
+  const IDX iw = i % UP_IW, ih = (i / UP_IW) % UP_IH, rest = i / (UP_IW * UP_IH);                 \
+  const IDX c = rest % UP_C, n = rest / UP_C;                                                     \
+  IDX h_lo, h_hi, w_lo, w_hi;                                                                     \
+  output_window(sh, ih, UP_IH, UP_OH, reach, &h_lo, &h_hi);                                       \
+  output_window(sw, iw, UP_IW, UP_OW, reach, &w_lo, &w_hi);
+
 __kernel void up_nearest(__global T *out, __global const T *in, const up_meta_t m, const float sh,
                          const float sw)
 {
-  const IDX i = (IDX)get_global_id(0);
-  if (i >= UP_COUNT) return;
-  const IDX ow = i % UP_OW, oh = (i / UP_OW) % UP_OH, rest = i / (UP_OW * UP_OH);
-  const IDX c = rest % UP_C, n = rest / UP_C;
+  UP_OUTPUT_ELEMENT
   out[DST_AT(n, c, oh, ow)] = in[SRC_AT(n, c, nearest_source(sh, oh, UP_IH), nearest_source(sw, ow, UP_IW))];
 }
 
 __kernel void up_nearest_backward(__global float *grad_in, __global const float *grad_out, const up_meta_t m,
                                   const float sh, const float sw)
 {
-  const IDX i = (IDX)get_global_id(0);
-  if (i >= UP_COUNT) return;
-  const IDX iw = i % UP_IW, ih = (i / UP_IW) % UP_IH, rest = i / (UP_IW * UP_IH);
-  const IDX c = rest % UP_C, n = rest / UP_C;
-  IDX h_lo, h_hi, w_lo, w_hi;
-  output_window(sh, ih, UP_IH, UP_OH, 0, &h_lo, &h_hi);
-  output_window(sw, iw, UP_IW, UP_OW, 0, &w_lo, &w_hi);
+  UP_INPUT_ELEMENT(0)
   float acc = 0.0f;
   for (IDX oh = h_lo; oh <= h_hi; ++oh) {
     if (nearest_source(sh, oh, UP_IH) != ih) continue;
@@ -126,10 +135,7 @@ __kernel void up_nearest_backward(__global float *grad_in, __global const float 
 __kernel void up_bilinear(__global float *out, __global const float *in, const up_meta_t m, const float sh,
                           const float sw)
 {
-  const IDX i = (IDX)get_global_id(0);
-  if (i >= UP_COUNT) return;
-  const IDX ow = i % UP_OW, oh = (i / UP_OW) % UP_OH, rest = i / (UP_OW * UP_OH);
-  const IDX c = rest % UP_C, n = rest / UP_C;
+  UP_OUTPUT_ELEMENT
   IDX h0, h1, w0, w1;
   float hl0, hl1, wl0, wl1;
   linear_source(sh, oh, UP_IH, &h0, &h1, &hl0, &hl1);
@@ -142,13 +148,7 @@ __kernel void up_bilinear(__global float *out, __global const float *in, const u
 __kernel void up_bilinear_backward(__global float *grad_in, __global const float *grad_out, const up_meta_t m,
                                    const float sh, const float sw)
 {
-  const IDX i = (IDX)get_global_id(0);
-  if (i >= UP_COUNT) return;
-  const IDX iw = i % UP_IW, ih = (i / UP_IW) % UP_IH, rest = i / (UP_IW * UP_IH);
-  const IDX c = rest % UP_C, n = rest / UP_C;
-  IDX h_lo, h_hi, w_lo, w_hi;
-  output_window(sh, ih, UP_IH, UP_OH, 1, &h_lo, &h_hi);
-  output_window(sw, iw, UP_IW, UP_OW, 1, &w_lo, &w_hi);
+  UP_INPUT_ELEMENT(1)
   float acc = 0.0f;
   for (IDX oh = h_lo; oh <= h_hi; ++oh) {
     IDX h0, h1;

@@ -35,6 +35,22 @@
 // 8 (i / 4) + 2 (l % 4) + i % 2 of thread 32 w + l); info[0] the local array's address modulo 1024
 // (the swizzle assumes 1024-byte alignment).
 
+// The mma probes' common part: lane (g, t)'s C fragment of d into c0 .. c3, one mma `instruction` on it
+// with the fragments a0 .. a3 and b0, b1, and D back into d.
+#define PROBE_MMA_ON_D(instruction)                                                                 \
+  float c0 = d[g * 8 + 2 * t];                                                                    \
+  float c1 = d[g * 8 + 2 * t + 1];                                                                \
+  float c2 = d[(g + 8) * 8 + 2 * t];                                                              \
+  float c3 = d[(g + 8) * 8 + 2 * t + 1];                                                          \
+  asm volatile(instruction                                                                        \
+               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                            \
+               : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)                                           \
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));                           \
+  d[g * 8 + 2 * t] = c0;                                                                          \
+  d[g * 8 + 2 * t + 1] = c1;                                                                      \
+  d[(g + 8) * 8 + 2 * t] = c2;                                                                    \
+  d[(g + 8) * 8 + 2 * t + 1] = c3;
+
 #ifdef PROBE_MMA_TF32
 uint ProbeToTF32(const float x) {
   uint r;
@@ -52,18 +68,7 @@ __kernel void probe_mma_tf32(__global const float* a, __global const float* b, _
   const uint a3 = ProbeToTF32(a[(g + 8) * 8 + t + 4]);
   const uint b0 = ProbeToTF32(b[t * 8 + g]);
   const uint b1 = ProbeToTF32(b[(t + 4) * 8 + g]);
-  float c0 = d[g * 8 + 2 * t];
-  float c1 = d[g * 8 + 2 * t + 1];
-  float c2 = d[(g + 8) * 8 + 2 * t];
-  float c3 = d[(g + 8) * 8 + 2 * t + 1];
-  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-               : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  d[g * 8 + 2 * t] = c0;
-  d[g * 8 + 2 * t + 1] = c1;
-  d[(g + 8) * 8 + 2 * t] = c2;
-  d[(g + 8) * 8 + 2 * t + 1] = c3;
+  PROBE_MMA_ON_D("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 ")
 }
 #endif  // PROBE_MMA_TF32
 
@@ -83,18 +88,7 @@ __kernel void probe_mma_f16(__global const ushort* a, __global const ushort* b, 
   const uint a3 = ProbePack(a + (g + 8) * 16 + 2 * t + 8, 1);
   const uint b0 = ProbePack(b + (2 * t) * 8 + g, 8);
   const uint b1 = ProbePack(b + (2 * t + 8) * 8 + g, 8);
-  float c0 = d[g * 8 + 2 * t];
-  float c1 = d[g * 8 + 2 * t + 1];
-  float c2 = d[(g + 8) * 8 + 2 * t];
-  float c3 = d[(g + 8) * 8 + 2 * t + 1];
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-               : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  d[g * 8 + 2 * t] = c0;
-  d[g * 8 + 2 * t + 1] = c1;
-  d[(g + 8) * 8 + 2 * t] = c2;
-  d[(g + 8) * 8 + 2 * t + 1] = c3;
+  PROBE_MMA_ON_D("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 ")
 }
 #endif  // PROBE_MMA_F16
 
