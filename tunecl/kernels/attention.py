@@ -32,7 +32,8 @@ import numpy as np
 import pyopencl as cl
 
 from tunecl.kernels.base import Config, Constraint, Space, build_options, read_source
-from tunecl.kernels.gemm import Rule, check_config, device_type, make_space, pow2_ceil
+from tunecl.kernels.gemm import Rule, check_config, device_type, make_space
+from tunecl.kernels.sizes import next_pow2
 from tunecl.kernels.strided import INT32_MAX, Operand, meta_dtype, pack_meta
 from tunecl.problems import AttentionProblem
 from tunecl.runtime import Device
@@ -97,7 +98,7 @@ def _constraints(problem: AttentionProblem, device: Any) -> list[Rule]:
 
 def _pruning(problem: AttentionProblem) -> list[Rule]:
     """Rules that drop valid configs which cannot pay off for this problem (search-space size only)."""
-    l_cap, s_cap = max(8, pow2_ceil(problem.l)), max(8, pow2_ceil(problem.s))
+    l_cap, s_cap = max(8, next_pow2(problem.l)), max(8, next_pow2(problem.s))
     return [
         ("tiles_within_problem", ("BM", "BN"), lambda c: c["BM"] <= l_cap and c["BN"] <= s_cap),
         ("work_group_size_16_to_256", ("TM", "TN"), lambda c: 16 <= c["TM"] * c["TN"] <= 256),

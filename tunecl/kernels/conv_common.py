@@ -33,6 +33,7 @@ import numpy as np
 import pyopencl as cl
 
 from tunecl.kernels.base import Config, Constraint, Space, build_options, read_source
+from tunecl.kernels.sizes import round_up
 from tunecl.precision import FP32
 from tunecl.problems import ConvProblem, GemmProblem
 from tunecl.runtime import Device
@@ -82,18 +83,6 @@ def local_mem_limit(device: Device) -> int:
 def max_group_size(device: Device) -> int:
     """Work-items per work-group a config may use on ``device`` (capped at 1024 for sane CPU groups)."""
     return min(device.max_work_group_size, 1024)
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def round_up(a: int, b: int) -> int:
-    return ceil_div(a, b) * b
-
-
-def next_pow2(a: int) -> int:
-    return 1 << max(0, int(a - 1).bit_length())
 
 
 def reduction_length(problem: ConvProblem) -> int:

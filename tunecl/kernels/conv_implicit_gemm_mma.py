@@ -51,21 +51,12 @@ from typing import Any
 import numpy as np
 
 from tunecl.kernels.base import Config, Constraint, Space
-from tunecl.kernels.conv_common import (
-    FLOAT_BYTES,
-    ConvAlgorithm,
-    ceil_div,
-    fit_default,
-    local_mem_limit,
-    max_group_size,
-    next_pow2,
-    out_elements,
-    staged_space,
-    supported,
-)
+from tunecl.kernels.conv_common import (FLOAT_BYTES, ConvAlgorithm, fit_default, local_mem_limit,
+                                        max_group_size, out_elements, staged_space, supported)
+from tunecl.kernels.sizes import ceil_div, next_pow2
 from tunecl.kernels.conv_implicit_gemm import WORKSPACE_CAP, ImplicitGemmPlan, gemm_shape, k_chunk
 from tunecl.kernels.gemm import compute_units
-from tunecl.kernels.gemm_mma import MMA_STUB_WORDS, capabilities
+from tunecl.kernels.gemm_mma import MMA_STUB_WORDS, accumulators, capabilities, padding, warps
 from tunecl.precision import FP32, TF32
 from tunecl.problems import ConvProblem
 from tunecl.runtime import MMA_F16, MMA_TF32, Device
@@ -133,28 +124,6 @@ F16_VARIANT = MmaConvVariant(F16_NAME, F16_VERSION, FP32, MMA_F16, "float16", Tr
 def variant_of(problem: ConvProblem) -> MmaConvVariant:
     """The family that computes ``problem``'s dtype (float16: the f16 one, else the TF32 one)."""
     return F16_VARIANT if problem.dtype == F16_VARIANT.dtype else TF32_VARIANT
-
-
-def warps(c: Mapping[str, int]) -> int:
-    return c["WARPS_M"] * c["WARPS_N"]
-
-
-def accumulators(c: Mapping[str, int]) -> int:
-    """fp32 accumulators per lane: 4 per 16 x 8 mma tile of the warp tile."""
-    return (c["MWG"] // c["WARPS_M"] // 16) * (c["NWG"] // c["WARPS_N"] // 8) * 4
-
-
-def padding(c: Mapping[str, int], k_contiguous: bool, f16: bool = False) -> int:
-    """Elements of padding per local row (mirrors PADDING in the .cl): words, halves with f16."""
-    if not c["PAD"]:
-        return 0
-    if f16:
-        if k_contiguous:
-            return (0 if (c["KWG"] // 16) % 2 else 16) if c["KPAIR"] else 8
-        return 8
-    if k_contiguous:
-        return (0 if (c["KWG"] // 8) % 2 else 8) if c["KPAIR"] else 4
-    return 4 if c["KPAIR"] else 8
 
 
 def local_memory_bytes(c: Mapping[str, int], direction: str, emulate: bool = False, f16: bool = False) -> int:

@@ -70,7 +70,7 @@ leading dimension is correct; the tuned, packed layout gets the vector variant.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -80,6 +80,7 @@ from tunecl.errors import WorkGroupTooLargeError
 from tunecl.kernels.base import Config, Constraint, Space, build_options, read_source
 from tunecl.kernels.gemm_operands import INT32_MAX, check_operand, operand_layouts
 from tunecl.kernels.gemm_pretrans import PretransposedPlan, with_layout, workspace_fits
+from tunecl.kernels.sizes import next_pow2
 from tunecl.problems import DTYPES, GemmProblem
 from tunecl.runtime import CP_ASYNC, Device
 
@@ -92,6 +93,7 @@ FIXUP_THREADS = 256  # work-group of gemm_streamk_fixup (four outputs per thread
 
 # ---- helpers shared by the GEMM families ---------------------------------------------------------
 
+Variant = tuple[bool, bool, bool]  # (A, B, C) addresses aligned for the vector accesses
 Rule = tuple[str, tuple[str, ...], Callable[[Mapping[str, int]], bool]]
 """(name, parameters it reads, predicate): one named constraint, checked as soon as its parameters
 are set when the space is enumerated."""
@@ -116,9 +118,10 @@ def is_nvidia(device: Any) -> bool:
     return "nvidia" in str(vendor).lower()
 
 
-def pow2_ceil(value: int) -> int:
-    """The smallest power of two >= ``value``."""
-    return 1 << max(0, math.ceil(math.log2(value)))
+def widest(ld: int, widths: Sequence[int] = (4, 2, 1)) -> int:
+    """The widest global vector of ``widths`` (given widest first) that a leading dimension of ``ld``
+    keeps aligned."""
+    return next(w for w in widths if ld % w == 0)
 
 
 def enumerate_space(params: Mapping[str, Sequence[int]], rules: Sequence[Rule]) -> Iterator[Config]:
@@ -162,13 +165,48 @@ def check_config(space: Space, config: Mapping[str, int], name: str) -> None:
         raise ValueError(f"invalid {name} config {dict(config)}: violates {', '.join(broken)}")
 
 
+def layout_options(problem: GemmProblem) -> list[str]:
+    """``-DTRANS_A`` / ``-DTRANS_B``: how the kernel reads the operands."""
+    return [f"-DTRANS_A={int(problem.trans_a)}", f"-DTRANS_B={int(problem.trans_b)}"]
+
+
+def variant_options(config: Mapping[str, int], layout: Sequence[str], vwa: int, vwb: int,
+                    dropped: Collection[str] = ()) -> Callable[[Variant], list[str]]:
+    """The build options of each alignment variant (:class:`GemmPlan`): ``config`` less ``dropped``, with
+    the global vector widths VWA = ``vwa`` and VWB = ``vwb`` for an aligned operand (1 for one that is
+    not) and CSCALAR = 1 where C is not aligned, then ``layout``."""
+    def options(variant: Variant) -> list[str]:
+        aligned_a, aligned_b, aligned_c = variant
+        specialized = {k: v for k, v in config.items() if k not in dropped}
+        specialized.update(VWA=vwa if aligned_a else 1, VWB=vwb if aligned_b else 1, CSCALAR=int(not aligned_c))
+        return build_options(specialized, layout)
+
+    return options
+
+
+def row_grid(problem: GemmProblem, config: Mapping[str, int],
+             threads: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """(global, local) size of one-dimensional work-groups of ``threads``, one per MWG x NWG tile of C:
+    N tiles along x, M tiles along y, the batch along z."""
+    glob = (-(-problem.n // config["NWG"]) * threads, -(-problem.m // config["MWG"]), problem.batch)
+    return glob, (threads, 1, 1)
+
+
+class Fp32Gemm:
+    """What the fp32 GEMM families share: the problem kind, and that they apply to every float32 GEMM."""
+
+    kind = "gemm"
+
+    def applies(self, problem: GemmProblem, device: Device) -> bool:
+        return isinstance(problem, GemmProblem) and problem.dtype == "float32"
+
+
 # Kernel arguments of both families: M, N, K, alpha, beta, then (buffer, offset, ld, stride) x 3.
 SCALAR_DTYPES = [np.int32, np.int32, np.int32, np.float32, np.float32,
                  None, np.int64, np.int32, np.int64,
                  None, np.int64, np.int32, np.int64,
                  None, np.int64, np.int32, np.int64]
 
-Variant = tuple[bool, bool, bool]  # (A, B, C) addresses aligned for the vector accesses
 
 # gemm_streamk: gemm_tiled's arguments, then the workspace, batches, dp_tiles
 STREAMK_SCALAR_DTYPES = SCALAR_DTYPES + [None, np.int32, np.int32]
@@ -502,22 +540,17 @@ def _constraints(problem: GemmProblem, device: Any) -> list[Rule]:
     ]
 
 
-def _widest(ld: int) -> int:
-    """The widest global vector (4, 2, 1) that a leading dimension of ``ld`` keeps aligned."""
-    return next(w for w in (4, 2, 1) if ld % w == 0)
-
-
 def _coalesced(extent: int, threads: int, threads_along: int, width: int) -> bool:
     """Threads along a tile's contiguous dimension: as many as the tile and work-group allow (whole
     rows per sweep), or exactly one 128-byte line's worth."""
     return threads_along == min(extent // width, threads) or threads_along * width == 32
 
 
-def _best_width(along: int, across: int, threads: int, widest: int, vectors_along: bool) -> int:
-    """The widest vector (<= ``widest``) for which some coalesced thread layout covers the tile."""
+def _best_width(along: int, across: int, threads: int, cap: int, vectors_along: bool) -> int:
+    """The widest vector (<= ``cap``) for which some coalesced thread layout covers the tile."""
     extent = along if vectors_along else across
     for width in (4, 2, 1):
-        if width <= widest:
+        if width <= cap:
             for threads_along in _LOADERS:
                 contiguous = threads_along if vectors_along else threads // max(1, threads_along)
                 if (_tile_load_fits(along, across, threads_along, threads, width, vectors_along)
@@ -531,8 +564,8 @@ def _pruning(problem: GemmProblem, device: Any) -> list[Rule]:
 
     A pruned config is still valid: it builds and computes correctly, it is just not searched.
     """
-    m_cap, n_cap, k_cap = (max(16, pow2_ceil(problem.m)), max(16, pow2_ceil(problem.n)),
-                           max(8, pow2_ceil(problem.k)))
+    m_cap, n_cap, k_cap = (max(16, next_pow2(problem.m)), max(16, next_pow2(problem.n)),
+                           max(8, next_pow2(problem.k)))
 
     def ta(c: Mapping[str, int]) -> bool:  # the layout the kernel reads (ASYNC: after the transposes)
         return kernel_layout(problem, c)[0]
@@ -543,10 +576,10 @@ def _pruning(problem: GemmProblem, device: Any) -> list[Rule]:
     # Vector loads that the packed layout cannot use would only re-measure the scalar variant; on a
     # GPU scalar loads are not searched where vectors work (float4 loads gave +10-14% on the H200).
     def wide_a(c: Mapping[str, int]) -> int:
-        return _widest(problem.m if ta(c) else problem.k)
+        return widest(problem.m if ta(c) else problem.k)
 
     def wide_b(c: Mapping[str, int]) -> int:
-        return _widest(problem.k if tb(c) else problem.n)
+        return widest(problem.k if tb(c) else problem.n)
     gpu = device_type(device) == "gpu"
     units = compute_units(device)
 
@@ -652,15 +685,11 @@ _CPU_PRESETS = [
 ]
 
 
-class GemmTiled:
+class GemmTiled(Fp32Gemm):
     """The ``gemm_tiled`` algorithm (see the module docstring for its tunables)."""
 
     name = NAME
     version = VERSION
-    kind = "gemm"
-
-    def applies(self, problem: GemmProblem, device: Device) -> bool:
-        return isinstance(problem, GemmProblem) and problem.dtype == "float32"
 
     def space(self, problem: GemmProblem, device: Device) -> Space:
         return self._space(problem, device, CP_ASYNC in capabilities(device))
@@ -797,18 +826,12 @@ class GemmTiled:
             inner = self.build(with_layout(problem, trans_a, trans_b), device, config, emulate=emulate)
             return PretransposedPlan(problem, inner, config, device)
         source = read_source(__package__, "gemm.cl")
-        layout = [f"-DTRANS_A={int(problem.trans_a)}", f"-DTRANS_B={int(problem.trans_b)}"]
+        layout = layout_options(problem)
         if emulate and config["ASYNC"]:
             layout.append("-DASYNC_STUB=1")
         if config["MAXRREG"]:
             layout.append(f"-cl-nv-maxrregcount={config['MAXRREG']}")
-
-        def options(variant: Variant) -> list[str]:
-            aligned_a, aligned_b, aligned_c = variant
-            specialized = {**config, "VWA": config["VWA"] if aligned_a else 1,
-                           "VWB": config["VWB"] if aligned_b else 1, "CSCALAR": int(not aligned_c)}
-            return build_options(specialized, layout)
-
+        options = variant_options(config, layout, config["VWA"], config["VWB"])
         groups = streamk_groups(config, device)
         streamk = streamk_split(tile_count(problem, config["MWG"], config["NWG"]), groups) if groups else None
         glob, local = _grid(config, problem, streamk)

@@ -24,7 +24,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from tunecl.kernels.base import Config, Space, build_options, read_source
-from tunecl.kernels.gemm import GemmPlan, Rule, Variant, check_config, device_type, make_space, pow2_ceil
+from tunecl.kernels.gemm import (Fp32Gemm, GemmPlan, Rule, Variant, check_config, device_type, layout_options,
+                                 make_space, widest)
+from tunecl.kernels.sizes import next_pow2
 from tunecl.problems import GemmProblem
 from tunecl.runtime import Device
 
@@ -52,7 +54,7 @@ def _constraints(problem: GemmProblem, device: Any) -> list[Rule]:
 
 def _pruning(problem: GemmProblem, device: Any) -> list[Rule]:
     """Rules that drop valid configs which cannot pay off for this problem (search-space size only)."""
-    m_cap, n_cap, k_cap = pow2_ceil(problem.m), pow2_ceil(problem.n), pow2_ceil(problem.k)
+    m_cap, n_cap, k_cap = next_pow2(problem.m), next_pow2(problem.n), next_pow2(problem.k)
     # At least 16 threads per work-group unless the whole problem has fewer useful threads.
     min_threads = min(16, m_cap * n_cap * min(32, k_cap))
     return [
@@ -73,15 +75,11 @@ def _nearest(space: Space, wanted: Mapping[str, int]) -> Config:
     return min(space.configs(), key=distance)
 
 
-class GemmDirect:
+class GemmDirect(Fp32Gemm):
     """The ``gemm_direct`` algorithm (see the module docstring for its tunables)."""
 
     name = NAME
     version = VERSION
-    kind = "gemm"
-
-    def applies(self, problem: GemmProblem, device: Device) -> bool:
-        return isinstance(problem, GemmProblem) and problem.dtype == "float32"
 
     def space(self, problem: GemmProblem, device: Device) -> Space:
         return make_space(dict(_PARAMS), _constraints(problem, device), _pruning(problem, device))
@@ -93,7 +91,7 @@ class GemmDirect:
         k_contiguous_b = problem.trans_b
         k_contiguous_a = not problem.trans_a
         ld = problem.k if (k_contiguous_a or k_contiguous_b) else 4
-        vwk = next(w for w in (4, 2, 1) if ld % w == 0)
+        vwk = widest(ld)
         if device_type(device) != "gpu":
             wanted = {"MDIMD": 4, "NDIMD": 16, "KSL": 1, "MWID": 4, "NWID": 4, "VWK": vwk, "KWID": 1}
         elif k_contiguous_a and k_contiguous_b:
@@ -109,7 +107,7 @@ class GemmDirect:
         """Compile ``config`` for ``problem``; ValueError (before compiling) if the config is invalid."""
         check_config(self.space(problem, device), config, NAME)
         source = read_source(__package__, "gemm_direct.cl")
-        layout = [f"-DTRANS_A={int(problem.trans_a)}", f"-DTRANS_B={int(problem.trans_b)}"]
+        layout = layout_options(problem)
 
         def options(variant: Variant) -> list[str]:
             aligned_a, aligned_b, _ = variant

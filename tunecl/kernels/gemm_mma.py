@@ -52,19 +52,10 @@ import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from tunecl.kernels.base import Config, Space, build_options, read_source
-from tunecl.kernels.gemm import (
-    GemmPlan,
-    Rule,
-    Variant,
-    capabilities,
-    check_config,
-    compute_units,
-    enumerate_space,
-    is_nvidia,
-    make_space,
-    pow2_ceil,
-)
+from tunecl.kernels.base import Config, Space, read_source
+from tunecl.kernels.gemm import (GemmPlan, Rule, capabilities, check_config, compute_units, enumerate_space,
+                                 is_nvidia, layout_options, make_space, row_grid, variant_options, widest)
+from tunecl.kernels.sizes import next_pow2
 from tunecl.precision import FP32, TF32
 from tunecl.problems import GemmProblem
 from tunecl.runtime import CP_ASYNC, MMA_F16, MMA_TF32, Device
@@ -148,6 +139,8 @@ MMA_STUB_WORDS = 192  # local words per warp of the emulated mma (MMA_WORDS in t
 
 
 def warps(config: Mapping[str, int]) -> int:
+    """Warps per work-group (WARPS_M x WARPS_N; the convolution family on mma.sync shares these
+    helpers)."""
     return config["WARPS_M"] * config["WARPS_N"]
 
 
@@ -157,7 +150,8 @@ def accumulators(config: Mapping[str, int]) -> int:
 
 
 def padding(config: Mapping[str, int], k_contiguous: bool, f16: bool = False) -> int:
-    """Elements of padding per local row (mirrors PADDING in ``gemm_mma.cl``): words, halves with f16."""
+    """Elements of padding per local row (mirrors PADDING in ``gemm_mma.cl`` and
+    ``conv_implicit_gemm_mma.cl``): words, halves with f16."""
     if not config["PAD"]:
         return 0
     if f16:
@@ -220,11 +214,6 @@ def _constraints(problem: GemmProblem, device: Any) -> list[Rule]:
     ]
 
 
-def _widest(ld: int, widths: tuple[int, ...] = (1, 2, 4)) -> int:
-    """The widest global vector (of ``widths``) that a leading dimension of ``ld`` keeps aligned."""
-    return next(w for w in sorted(widths, reverse=True) if ld % w == 0)
-
-
 def _pruning(problem: GemmProblem, device: Any) -> list[Rule]:
     """Rules that drop valid configs which cannot pay off, to keep the space to a few thousand.
 
@@ -232,17 +221,17 @@ def _pruning(problem: GemmProblem, device: Any) -> list[Rule]:
     """
     variant = variant_of(problem)
     m_cap, n_cap, k_cap = (
-        max(16, pow2_ceil(problem.m)),
-        max(16, pow2_ceil(problem.n)),
-        max(variant.mma_k, pow2_ceil(problem.k)),
+        max(16, next_pow2(problem.m)),
+        max(16, next_pow2(problem.n)),
+        max(variant.mma_k, next_pow2(problem.k)),
     )
+    widths = sorted(variant.widths, reverse=True)
     # The widest vector the packed layout keeps aligned for A or B (the plan runs a scalar variant for
     # an operand that is not): narrower vectors would only re-measure slower loads.
     wide = max(
-        _widest(problem.m if problem.trans_a else problem.k, variant.widths),
-        _widest(problem.k if problem.trans_b else problem.n, variant.widths),
+        widest(problem.m if problem.trans_a else problem.k, widths),
+        widest(problem.k if problem.trans_b else problem.n, widths),
     )
-    widths = sorted(variant.widths, reverse=True)
     units = compute_units(device)
 
     def groups(c: Mapping[str, int]) -> int:
@@ -406,38 +395,14 @@ class GemmMmaTF32:
             raise ValueError(
                 f"invalid {name} config {dict(config)}: the emulated mma needs more local memory"
             )
-        source = read_source(__package__, "gemm_mma.cl")
-        layout = [f"-DTRANS_A={int(problem.trans_a)}", f"-DTRANS_B={int(problem.trans_b)}"]
+        layout = layout_options(problem)
         if self.variant.f16:
             layout.append("-DMMA_F16=1")
         if emulate:
             layout.append("-DMMA_STUB=1")
         elif config["MAXRREG"]:
             layout.append(f"-cl-nv-maxrregcount={config['MAXRREG']}")
-        width = config["VW"]
-
-        def options(variant: Variant) -> list[str]:
-            aligned_a, aligned_b, aligned_c = variant
-            specialized = {k: v for k, v in config.items() if k not in ("VW", "MAXRREG")}
-            specialized.update(
-                VWA=width if aligned_a else 1, VWB=width if aligned_b else 1, CSCALAR=int(not aligned_c)
-            )
-            return build_options(specialized, layout)
-
-        threads = 32 * warps(config)
-        glob = (-(-problem.n // config["NWG"]) * threads, -(-problem.m // config["MWG"]), problem.batch)
-        return MmaPlan(
-            precision=self.precision,
-            algorithm=name,
-            problem=problem,
-            device=device,
-            config=config,
-            source=source,
-            options=options,
-            widths=(width, width, 2),
-            global_size=glob,
-            local_size=(threads, 1, 1),
-        )
+        return mma_plan(self, problem, device, config, "gemm_mma.cl", layout, 32 * warps(config), ("VW", "MAXRREG"))
 
 
 class MmaPlan(GemmPlan):
@@ -447,6 +412,27 @@ class MmaPlan(GemmPlan):
     def __init__(self, *, precision: str = PRECISION, **kwargs: Any):
         self.precision = precision
         super().__init__(**kwargs)
+
+
+def mma_plan(algorithm: Any, problem: GemmProblem, device: Device, config: Config, source_file: str,
+             layout: list[str], threads: int, dropped: tuple[str, ...]) -> MmaPlan:
+    """The plan of a tensor-core family (``algorithm``: its name and precision): ``source_file`` built
+    with ``layout`` and ``config`` less ``dropped``, one-dimensional work-groups of ``threads``, one per
+    C tile, A and B loaded as VW-wide vectors where aligned, C (half) in pairs."""
+    width = config["VW"]
+    glob, local = row_grid(problem, config, threads)
+    return MmaPlan(
+        precision=algorithm.precision,
+        algorithm=algorithm.name,
+        problem=problem,
+        device=device,
+        config=config,
+        source=read_source(__package__, source_file),
+        options=variant_options(config, layout, width, width, dropped),
+        widths=(width, width, 2),
+        global_size=glob,
+        local_size=local,
+    )
 
 
 class GemmMmaF16(GemmMmaTF32):

@@ -37,19 +37,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from tunecl.kernels.base import Config, Space, build_options, read_source
-from tunecl.kernels.gemm import (
-    GemmPlan,
-    Rule,
-    Variant,
-    check_config,
-    compute_units,
-    device_type,
-    enumerate_space,
-    is_nvidia,
-    make_space,
-    pow2_ceil,
-)
+from tunecl.kernels.base import Config, Space, read_source
+from tunecl.kernels.gemm import (Fp32Gemm, GemmPlan, Rule, check_config, compute_units, device_type,
+                                 enumerate_space, is_nvidia, layout_options, make_space, row_grid,
+                                 variant_options, widest)
+from tunecl.kernels.sizes import next_pow2
 from tunecl.problems import GemmProblem
 from tunecl.runtime import Device
 
@@ -120,22 +112,17 @@ def _constraints(problem: GemmProblem, device: Any) -> list[Rule]:
     ]
 
 
-def _widest(ld: int) -> int:
-    """The widest global vector (4, 2, 1) that a leading dimension of ``ld`` keeps aligned."""
-    return next(w for w in (4, 2, 1) if ld % w == 0)
-
-
 def _pruning(problem: GemmProblem, device: Any) -> list[Rule]:
     """Rules that drop valid configs which cannot pay off (search-space size only; a pruned config
     still builds and computes correctly)."""
     ta, tb = problem.trans_a, problem.trans_b
-    m_cap, n_cap, k_cap = (max(16, pow2_ceil(problem.m)), max(16, pow2_ceil(problem.n)),
-                           max(8, pow2_ceil(problem.k)))
+    m_cap, n_cap, k_cap = (max(16, next_pow2(problem.m)), max(16, next_pow2(problem.n)),
+                           max(8, next_pow2(problem.k)))
     gpu = device_type(device) == "gpu"
     units = compute_units(device)
     # The widest vectors the packed layout can use (the tuned layout; others run the scalar variant).
-    wide_a = _widest(problem.m if ta else problem.k)
-    wide_b = _widest(problem.k if tb else problem.n)
+    wide_a = widest(problem.m if ta else problem.k)
+    wide_b = widest(problem.k if tb else problem.n)
     contiguous_a = (lambda c: c["MWG"]) if ta else (lambda c: c["KWG"])
     contiguous_b = (lambda c: c["KWG"]) if tb else (lambda c: c["NWG"])
 
@@ -205,15 +192,11 @@ _CPU_PRESETS = [
 ]
 
 
-class GemmSimt:
+class GemmSimt(Fp32Gemm):
     """The ``gemm_simt`` algorithm (see the module docstring for its tunables)."""
 
     name = NAME
     version = VERSION
-    kind = "gemm"
-
-    def applies(self, problem: GemmProblem, device: Device) -> bool:
-        return isinstance(problem, GemmProblem) and problem.dtype == "float32"
 
     def space(self, problem: GemmProblem, device: Device) -> Space:
         return make_space(_params(device), _constraints(problem, device), _pruning(problem, device))
@@ -254,22 +237,13 @@ class GemmSimt:
         """Compile ``config`` for ``problem``; ValueError (before compiling) if the config is invalid."""
         check_config(self.space(problem, device), config, NAME)
         source = read_source(__package__, "gemm_simt.cl")
-        layout = [f"-DTRANS_A={int(problem.trans_a)}", f"-DTRANS_B={int(problem.trans_b)}"]
+        layout = layout_options(problem)
         if config["MAXRREG"]:
             layout.append(f"-cl-nv-maxrregcount={config['MAXRREG']}")
-
-        def options(variant: Variant) -> list[str]:
-            aligned_a, aligned_b, aligned_c = variant
-            specialized = {k: v for k, v in config.items() if k != "MAXRREG"}
-            specialized.update(VWA=config["VWA"] if aligned_a else 1, VWB=config["VWB"] if aligned_b else 1,
-                               CSCALAR=int(not aligned_c))
-            return build_options(specialized, layout)
-
-        count = threads(config)
-        glob = (-(-problem.n // config["NWG"]) * count, -(-problem.m // config["MWG"]), problem.batch)
+        glob, local = row_grid(problem, config, threads(config))
         return GemmPlan(algorithm=NAME, problem=problem, device=device, config=config, source=source,
-                        options=options, widths=(config["VWA"], config["VWB"], config["VW"]),
-                        global_size=glob, local_size=(count, 1, 1))
+                        options=variant_options(config, layout, config["VWA"], config["VWB"], ("MAXRREG",)),
+                        widths=(config["VWA"], config["VWB"], config["VW"]), global_size=glob, local_size=local)
 
 
 ALGORITHMS = [GemmSimt()]

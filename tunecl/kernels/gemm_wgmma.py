@@ -50,18 +50,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from tunecl.kernels.base import Config, Space, build_options, read_source
-from tunecl.kernels.gemm import (
-    Rule,
-    Variant,
-    check_config,
-    compute_units,
-    enumerate_space,
-    make_space,
-    max_alloc_bytes,
-    pow2_ceil,
-)
-from tunecl.kernels.gemm_mma import MmaPlan, capabilities
+from tunecl.kernels.base import Config, Space
+from tunecl.kernels.gemm import (Rule, check_config, compute_units, enumerate_space, layout_options,
+                                 make_space, max_alloc_bytes, widest)
+from tunecl.kernels.sizes import next_pow2
+from tunecl.kernels.gemm_mma import MmaPlan, capabilities, mma_plan
 from tunecl.kernels.gemm_pretrans import PretransposedPlan, with_layout, workspace_fits
 from tunecl.precision import FP32, TF32
 from tunecl.problems import GemmProblem
@@ -209,20 +202,17 @@ def _constraints(problem: GemmProblem, device: Any) -> list[Rule]:
     ])
 
 
-def _widest(ld: int, widths: tuple[int, ...]) -> int:
-    return next(w for w in sorted(widths, reverse=True) if ld % w == 0)
-
-
 def _pruning(problem: GemmProblem, device: Any) -> list[Rule]:
     """Valid configs that cannot pay off, dropped from the search (they still build and compute)."""
     variant = variant_of(problem)
-    m_cap, n_cap = max(64, pow2_ceil(problem.m)), max(32, pow2_ceil(problem.n))
-    k_cap = max(variant.kwg[0], pow2_ceil(problem.k))
+    m_cap, n_cap = max(64, next_pow2(problem.m)), max(32, next_pow2(problem.n))
+    k_cap = max(variant.kwg[0], next_pow2(problem.k))
+    widths = sorted(variant.widths, reverse=True)
     wide = max(
-        _widest(problem.m if problem.trans_a else problem.k, variant.widths),
-        _widest(problem.k if problem.trans_b else problem.n, variant.widths),
+        widest(problem.m if problem.trans_a else problem.k, widths),
+        widest(problem.k if problem.trans_b else problem.n, widths),
     )
-    wide_pretransposed = _widest(problem.k, variant.widths)  # both operands K-contiguous, packed
+    wide_pretransposed = widest(problem.k, widths)  # both operands K-contiguous, packed
     units = compute_units(device)
 
     def groups(c: Mapping[str, int]) -> int:
@@ -230,12 +220,12 @@ def _pruning(problem: GemmProblem, device: Any) -> list[Rule]:
 
     def widest_loads(c: Mapping[str, int]) -> int:
         threads = WARPGROUP * c["WARPGROUPS"]
-        widest = wide_pretransposed if c.get("PRETRANS") else wide
+        cap = wide_pretransposed if c.get("PRETRANS") else wide
         return next(
             (
                 w
-                for w in sorted(variant.widths, reverse=True)
-                if w <= widest and (c["MWG"] * c["KWG"]) % (w * threads) == 0 and (c["NWG"] * c["KWG"]) % (w * threads) == 0
+                for w in widths
+                if w <= cap and (c["MWG"] * c["KWG"]) % (w * threads) == 0 and (c["NWG"] * c["KWG"]) % (w * threads) == 0
             ),
             1,
         )
@@ -317,36 +307,13 @@ class GemmWgmmaTF32:
         if config.get("PRETRANS"):  # the K-major kernel, behind the transposes of the MN-contiguous operands
             inner = self.build(kernel_problem(problem, config), device, {**config, "PRETRANS": 0}, emulate=emulate)
             return PretransposedPlan(problem, inner, config, device)
-        source = read_source(__package__, "gemm_wgmma.cl")
-        layout = [f"-DTRANS_A={int(problem.trans_a)}", f"-DTRANS_B={int(problem.trans_b)}"]
+        layout = layout_options(problem)
         if self.variant.f16:
             layout.append("-DWGMMA_F16=1")
         # the real kernel's wgmma exists only on sm_90a: built by way of retargeted PTX (runtime/build.py)
         layout.append("-DWGMMA_STUB=1" if emulate else ARCH_PTX_OPTION)
-        width = config["VW"]
-
-        def options(variant: Variant) -> list[str]:
-            aligned_a, aligned_b, aligned_c = variant
-            specialized = {k: v for k, v in config.items() if k not in ("VW", "PRETRANS")}
-            specialized.update(
-                VWA=width if aligned_a else 1, VWB=width if aligned_b else 1, CSCALAR=int(not aligned_c)
-            )
-            return build_options(specialized, layout)
-
-        threads = WARPGROUP * config["WARPGROUPS"]
-        glob = (-(-problem.n // config["NWG"]) * threads, -(-problem.m // config["MWG"]), problem.batch)
-        return MmaPlan(
-            precision=self.precision,
-            algorithm=self.name,
-            problem=problem,
-            device=device,
-            config=config,
-            source=source,
-            options=options,
-            widths=(width, width, 2),
-            global_size=glob,
-            local_size=(threads, 1, 1),
-        )
+        return mma_plan(self, problem, device, config, "gemm_wgmma.cl", layout, WARPGROUP * config["WARPGROUPS"],
+                        ("VW", "PRETRANS"))
 
 
 class GemmWgmmaF16(GemmWgmmaTF32):
