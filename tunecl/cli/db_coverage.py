@@ -38,16 +38,9 @@ def comma_list(choices: tuple[str, ...] | None = None) -> Any:
 
 def batch_list(text: str) -> list[int]:
     """argparse type of ``--batch N[,N...]``: positive integers."""
-    batches = []
-    for item in comma_list()(text):
-        try:
-            value = int(item)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected positive integers, got {item!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"expected positive integers, got {value}")
-        batches.append(value)
-    return list(dict.fromkeys(batches))
+    from tunecl.cli.tune import positive_int
+
+    return list(dict.fromkeys(positive_int(item, "positive integers") for item in comma_list()(text)))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

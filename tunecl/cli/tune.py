@@ -56,31 +56,31 @@ def attention_spec(text: str) -> AttentionProblem:
         raise argparse.ArgumentTypeError(f"bad attention spec: {error}") from None
 
 
-def positive_int(text: str) -> int:
+def _number(text: str, convert: type, expected: str) -> Any:
+    """``convert(text)``; if it does not parse, the argparse error "expected ..., got 'text'"."""
     try:
-        value = int(text)
+        return convert(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+
+
+def positive_int(text: str, expected: str = "a positive integer") -> int:
+    """argparse type of an integer >= 1 (``expected`` words the errors)."""
+    value = _number(text, int, expected)
     if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
     return value
 
 
 def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer ≥ 0, got {text!r}") from None
+    value = _number(text, int, "an integer ≥ 0")
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected an integer ≥ 0, got {value}")
     return value
 
 
 def positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    value = _number(text, float, "seconds")
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
     return value

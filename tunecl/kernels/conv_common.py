@@ -26,7 +26,7 @@ import dataclasses
 import functools
 import itertools
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -83,6 +83,12 @@ def local_mem_limit(device: Device) -> int:
 def max_group_size(device: Device) -> int:
     """Work-items per work-group a config may use on ``device`` (capped at 1024 for sane CPU groups)."""
     return min(device.max_work_group_size, 1024)
+
+
+def image_chunk(n: int, fits: Callable[[int], bool]) -> int:
+    """Images per pass of a family that works in chunks: the largest divisor ``d`` of ``n`` whose
+    workspace ``fits(d)``; 0 when not even one image's does."""
+    return max((d for d in range(1, n + 1) if n % d == 0 and fits(d)), default=0)
 
 
 def reduction_length(problem: ConvProblem) -> int:
@@ -290,6 +296,10 @@ class ConvAlgorithm:
     def __repr__(self) -> str:
         return f"<{self.name} v{self.version}>"
 
+    def applies(self, problem: ConvProblem, device: Device) -> bool:
+        """Every fp32 convolution whose indices fit (families that compute fewer say so)."""
+        return problem.kind == "conv" and supported(problem)
+
     def program(self, device: Device, problem: ConvProblem, config: Config,
                 extra: Sequence[str] = ()) -> cl.Program:
         """The family's ``.cl`` built for one problem and config (cached by the device)."""
@@ -298,7 +308,7 @@ class ConvAlgorithm:
 
     def check(self, problem: ConvProblem, device: Device, config: Config) -> None:
         """Raise ValueError naming what is wrong if the algorithm cannot run ``config`` on ``problem``."""
-        if not self.applies(problem, device):  # type: ignore[attr-defined]
+        if not self.applies(problem, device):
             raise ValueError(f"{self.name} does not apply to {problem.key}")
         broken = self.space(problem, device).violations(config)  # type: ignore[attr-defined]
         if broken:
@@ -343,8 +353,8 @@ OwnSpace = tuple[dict[str, tuple[int, ...]], list[Constraint]]   # a family's ow
 
 
 class GemmBackedAlgorithm(ConvAlgorithm):
-    """A family whose arithmetic is a GEMM algorithm's plan on a sub-problem (:meth:`gemm_problem`):
-    ``gemm_tiled``, or the one :attr:`gemm_name` names (see :func:`with_gemm`).
+    """A family whose arithmetic is a GEMM algorithm's plan on a sub-problem (the ``gemm`` of its
+    :meth:`layout`): ``gemm_tiled``, or the one :attr:`gemm_name` names (see :func:`with_gemm`).
 
     Its space is its own small parameter set crossed with the GEMM's space for that sub-problem, the
     GEMM's parameters prefixed ``g_``; the GEMM's constraints are checked as one named constraint,
@@ -358,8 +368,18 @@ class GemmBackedAlgorithm(ConvAlgorithm):
     def precision(self) -> str:
         return str(getattr(gemm_algorithm(self.gemm_name), "precision", FP32))
 
-    def gemm_problem(self, problem: ConvProblem) -> GemmProblem | None:
+    def layout(self, problem: ConvProblem) -> Any:
+        """How ``problem`` maps onto the workspace and the GEMM: an object with the sub-problem as
+        ``gemm`` and the workspace's size as ``workspace_floats``; None when one image does not fit."""
         raise NotImplementedError
+
+    def gemm_problem(self, problem: ConvProblem) -> GemmProblem | None:
+        plan_layout = self.layout(problem)
+        return None if plan_layout is None else plan_layout.gemm
+
+    def workspace_fits(self, problem: ConvProblem, device: Device) -> bool:
+        """Whether the workspace of ``problem`` (which must have a layout) fits one buffer of ``device``."""
+        return self.layout(problem).workspace_floats * FLOAT_BYTES <= device.max_alloc_size
 
     def own_space(self, problem: ConvProblem, device: Device) -> OwnSpace:
         """The family's own parameters and constraints (empty by default)."""
@@ -406,7 +426,7 @@ class GemmBackedAlgorithm(ConvAlgorithm):
         return {**self.own_default(problem, device), **{GEMM_PREFIX + k: v for k, v in gemm_default.items()}}
 
     def check(self, problem: ConvProblem, device: Device, config: Config) -> None:
-        if not self.applies(problem, device):  # type: ignore[attr-defined]
+        if not self.applies(problem, device):
             raise ValueError(f"{self.name} does not apply to {problem.key}")
         broken = self.space(problem, device).violations(config)
         if "gemm_config_valid" in broken:

@@ -20,7 +20,7 @@ import numpy as np
 
 from tunecl.kernels.base import Config, Constraint, Space
 from tunecl.kernels.conv_common import (FLOAT_BYTES, ConvAlgorithm, KernelPlan, fit_default, is_gpu,
-                                        local_mem_limit, max_group_size, staged_space, supported)
+                                        local_mem_limit, max_group_size, staged_space)
 from tunecl.kernels.sizes import ceil_div, next_pow2
 from tunecl.problems import ConvProblem
 from tunecl.runtime import Device
@@ -56,9 +56,6 @@ class ConvDirect(ConvAlgorithm):
     name = "conv_direct"
     version = 1
     source_file = "conv_direct.cl"
-
-    def applies(self, problem: ConvProblem, device: Device) -> bool:
-        return problem.kind == "conv" and supported(problem)
 
     # -- space -------------------------------------------------------------------------------------
     def space(self, problem: ConvProblem, device: Device) -> Space:

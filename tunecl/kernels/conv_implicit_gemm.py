@@ -22,8 +22,7 @@ import pyopencl as cl
 
 from tunecl.kernels.base import Config, Constraint, Space
 from tunecl.kernels.conv_common import (FLOAT_BYTES, ConvAlgorithm, ConvPlan, fit_default, is_gpu,
-                                        local_mem_limit, max_group_size, out_elements, staged_space,
-                                        supported)
+                                        local_mem_limit, max_group_size, out_elements, staged_space)
 from tunecl.kernels.sizes import ceil_div, next_pow2
 from tunecl.problems import ConvProblem
 from tunecl.runtime import Device
@@ -59,9 +58,6 @@ class ConvImplicitGemm(ConvAlgorithm):
     name = "conv_implicit_gemm"
     version = 1
     source_file = "conv_implicit_gemm.cl"
-
-    def applies(self, problem: ConvProblem, device: Device) -> bool:
-        return problem.kind == "conv" and supported(problem)
 
     def space(self, problem: ConvProblem, device: Device) -> Space:
         gm, gn, gk = gemm_shape(problem)

@@ -56,7 +56,7 @@ from tunecl.kernels.conv_common import (FLOAT_BYTES, ConvAlgorithm, fit_default,
 from tunecl.kernels.sizes import ceil_div, next_pow2
 from tunecl.kernels.conv_implicit_gemm import WORKSPACE_CAP, ImplicitGemmPlan, gemm_shape, k_chunk
 from tunecl.kernels.gemm import compute_units
-from tunecl.kernels.gemm_mma import MMA_STUB_WORDS, accumulators, capabilities, padding, warps
+from tunecl.kernels.gemm_mma import MMA_STUB_WORDS, MmaFamily, accumulators, capabilities, padding, warps
 from tunecl.precision import FP32, TF32
 from tunecl.problems import ConvProblem
 from tunecl.runtime import MMA_F16, MMA_TF32, Device
@@ -91,23 +91,9 @@ PRESETS = [
 
 
 @dataclasses.dataclass(frozen=True)
-class MmaConvVariant:
-    """What tells the two families apart (``MMA_F16`` in ``conv_implicit_gemm_mma.cl``)."""
-
-    name: str
-    version: int
-    precision: str      # what results are stored under (tunecl.precision)
-    capability: str     # the probe that must have granted the instruction
-    dtype: str          # ConvProblem.dtype of the problems it computes
-    f16: bool           # MMA_F16
-    element_bytes: int  # of the tensors and of the local tiles (the bias and the workspace stay fp32)
-    kwg: tuple[int, ...]  # KWG values: multiples of the mma depth
-    presets: tuple[tuple[int, int, int, int, int], ...]
-
-    @property
-    def mma_k(self) -> int:
-        """Depth of one mma: 8 (TF32), 16 (f16)."""
-        return self.kwg[0]
+class MmaConvVariant(MmaFamily):
+    """A convolution family on ``mma.sync`` (``conv_implicit_gemm_mma.cl``; the bias and the workspace
+    stay fp32 whatever ``element_bytes``)."""
 
     @property
     def params(self) -> dict[str, tuple[int, ...]]:
@@ -209,7 +195,8 @@ class ConvImplicitGemmMmaTF32(ConvAlgorithm):
     source_file = "conv_implicit_gemm_mma.cl"
 
     def applies(self, problem: ConvProblem, device: Device) -> bool:
-        """fp32 convolutions (any geometry) on devices whose probe granted ``mma_tf32``."""
+        """Convolutions of the variant's dtype (any geometry: fp32 for TF32, float16 for f16) on devices
+        whose probe granted the variant's instruction (``mma_tf32``, ``mma_f16``)."""
         return self._computes(problem) and self.variant.capability in capabilities(device)
 
     def _computes(self, problem: ConvProblem) -> bool:
@@ -313,10 +300,6 @@ class ConvImplicitGemmMmaF16(ConvImplicitGemmMmaTF32):
     name = F16_NAME
     version = F16_VERSION
     precision = F16_VARIANT.precision
-
-    def applies(self, problem: ConvProblem, device: Device) -> bool:
-        """float16 convolutions (any geometry) on devices whose probe granted ``mma_f16``."""
-        return super().applies(problem, device)
 
 
 ALGORITHMS = [ConvImplicitGemmMmaTF32(), ConvImplicitGemmMmaF16()]

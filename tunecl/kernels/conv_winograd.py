@@ -29,8 +29,8 @@ import numpy as np
 import pyopencl as cl
 
 from tunecl.kernels.base import Config, Constraint
-from tunecl.kernels.conv_common import (FLOAT_BYTES, GemmBackedAlgorithm, GemmBackedPlan, OwnSpace, is_gpu,
-                                        max_group_size, split_gemm_config, supported)
+from tunecl.kernels.conv_common import (FLOAT_BYTES, GemmBackedAlgorithm, GemmBackedPlan, OwnSpace,
+                                        image_chunk, is_gpu, max_group_size, split_gemm_config, supported)
 from tunecl.kernels.sizes import ceil_div, round_up
 from tunecl.problems import ConvProblem, GemmProblem
 from tunecl.runtime import Device
@@ -70,6 +70,10 @@ class Layout:
     z_floats: int
     gemm: GemmProblem
 
+    @property
+    def workspace_floats(self) -> int:
+        return self.u_floats + self.v_floats + self.z_floats
+
     def defines(self, flip: bool) -> list[str]:
         values = {"CI": self.ci, "CO": self.co, "HI": self.hi, "WI": self.wi, "HO": self.ho, "WO": self.wo,
                   "PH_IN": self.pad[0], "PW_IN": self.pad[1], "FLIP": int(flip), "CHUNK_N": self.chunk,
@@ -92,8 +96,7 @@ def layout(problem: ConvProblem, m: int) -> Layout | None:
     def floats(d: int) -> int:
         return alpha2 * (ci + co) * round_up(d * tiles_per_image, 4)
 
-    chunk = max((d for d in range(1, p.n + 1) if p.n % d == 0
-                 and floats(d) * FLOAT_BYTES <= WORKSPACE_CAP), default=0)
+    chunk = image_chunk(p.n, lambda d: floats(d) * FLOAT_BYTES <= WORKSPACE_CAP)
     if not chunk:
         return None
     tiles = chunk * tiles_per_image
@@ -114,17 +117,14 @@ class ConvWinograd(GemmBackedAlgorithm):
         self.m = m
         self.name = name
 
-    def gemm_problem(self, problem: ConvProblem) -> GemmProblem | None:
-        plan_layout = layout(problem, self.m)
-        return None if plan_layout is None else plan_layout.gemm
+    def layout(self, problem: ConvProblem) -> Layout | None:
+        return layout(problem, self.m)
 
     def applies(self, problem: ConvProblem, device: Device) -> bool:
-        if (problem.kind != "conv" or not supported(problem) or problem.direction == "bwd_weight"
-                or (problem.r, problem.s) != (3, 3) or problem.stride != (1, 1)
-                or problem.dilation != (1, 1) or not self.gemm_applies(problem, device)):
-            return False
-        lay = layout(problem, self.m)
-        return (lay.u_floats + lay.v_floats + lay.z_floats) * FLOAT_BYTES <= device.max_alloc_size
+        return (problem.kind == "conv" and supported(problem) and problem.direction != "bwd_weight"
+                and (problem.r, problem.s) == (3, 3) and problem.stride == (1, 1)
+                and problem.dilation == (1, 1) and self.gemm_applies(problem, device)
+                and self.workspace_fits(problem, device))
 
     def own_space(self, problem: ConvProblem, device: Device) -> OwnSpace:
         limit_wg = max_group_size(device)
@@ -145,9 +145,8 @@ class ConvWinograd(GemmBackedAlgorithm):
             "output": device.kernel(program, "winograd_output",
                                     [None, i32, i32, None, i32, None, i32, i32, f32]),
         }
-        workspace = (lay.u_floats + lay.v_floats + lay.z_floats) * FLOAT_BYTES
-        return WinogradPlan(self.name, dict(config), problem, device, workspace, kernels=kernels,
-                            gemm_plan=self.build_gemm(problem, device, config), layout=lay)
+        return WinogradPlan(self.name, dict(config), problem, device, lay.workspace_floats * FLOAT_BYTES,
+                            kernels=kernels, gemm_plan=self.build_gemm(problem, device, config), layout=lay)
 
 
 @dataclasses.dataclass

@@ -19,18 +19,9 @@ import pyopencl as cl
 
 from tunecl.errors import Unsupported
 from tunecl.kernels.pointwise import EXPRESSIONS
-from tunecl.kernels.strided import (
-    INT32_MAX,
-    KernelCache,
-    Operand,
-    merge_dims,
-    meta_dtype,
-    pack_meta,
-    pad_front,
-    rank_bucket,
-    round_up,
-    work_group,
-)
+from tunecl.kernels.strided import (INT32_MAX, KernelCache, Operand, merge_dims, meta_dtype, pack_meta,
+                                    pad_front, rank_bucket, work_group)
+from tunecl.kernels.sizes import round_up
 from tunecl.runtime import Device
 
 MAX_INPUTS = 8    # in0 .. in7 of fused.cl

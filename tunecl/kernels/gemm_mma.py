@@ -70,18 +70,18 @@ F16_VERSION = 1
 
 
 @dataclasses.dataclass(frozen=True)
-class MmaVariant:
-    """What tells the two families apart (``MMA_F16`` in ``gemm_mma.cl``)."""
+class MmaFamily:
+    """What tells the TF32 and the f16 family of an ``mma.sync`` kernel apart (``MMA_F16`` in its
+    ``.cl``): this module's GEMMs and the implicit-GEMM convolutions."""
 
     name: str
     version: int
     precision: str    # what results are stored under (tunecl.precision)
     capability: str   # the probe that must have granted the instruction
-    dtype: str        # GemmProblem.dtype of the problems it computes
+    dtype: str        # the problem dtype it computes
     f16: bool         # MMA_F16
-    element_bytes: int  # of A, B, C and of the local tiles
+    element_bytes: int  # of the tensors and of the local tiles
     kwg: tuple[int, ...]  # KWG values: multiples of the mma depth
-    widths: tuple[int, ...]  # VW values
     # default tile shapes, best first: (MWG, NWG, KWG, WARPS_M, WARPS_N)
     presets: tuple[tuple[int, int, int, int, int], ...]
 
@@ -89,6 +89,13 @@ class MmaVariant:
     def mma_k(self) -> int:
         """Depth of one mma: 8 (TF32), 16 (f16)."""
         return self.kwg[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class MmaVariant(MmaFamily):
+    """A GEMM family on ``mma.sync`` (``gemm_mma.cl``)."""
+
+    widths: tuple[int, ...]  # VW values
 
 
 # Default tile shapes, best first: (MWG, NWG, KWG, WARPS_M, WARPS_N). 128 x 128 x 16 with 2 x 4 warps
@@ -299,25 +306,37 @@ def _pruning(problem: GemmProblem, device: Any) -> list[Rule]:
     ]
 
 
-_PRESETS = list(TF32_VARIANT.presets)
+class TensorCoreGemm:
+    """What the tensor-core GEMM families share: each computes the GEMMs of its variant's dtype (fp32
+    for TF32, float16 for f16), where the device's probe granted its instruction (:attr:`capability`)."""
+
+    variant: Any
+    name: str
+    kind = "gemm"
+
+    @property
+    def capability(self) -> str:
+        return self.variant.capability
+
+    def applies(self, problem: GemmProblem, device: Device) -> bool:
+        return (
+            isinstance(problem, GemmProblem)
+            and problem.dtype == self.variant.dtype
+            and self.capability in capabilities(device)
+        )
+
+    def _check_dtype(self, problem: GemmProblem) -> None:
+        if problem.dtype != self.variant.dtype:
+            raise ValueError(f"{self.name} computes {self.variant.dtype} GEMMs, not {problem.key}")
 
 
-class GemmMmaTF32:
+class GemmMmaTF32(TensorCoreGemm):
     """The ``gemm_mma_tf32`` algorithm (see the module docstring for its tunables)."""
 
     variant = TF32_VARIANT
     name = NAME
     version = VERSION
-    kind = "gemm"
     precision = PRECISION
-
-    def applies(self, problem: GemmProblem, device: Device) -> bool:
-        """Only fp32 GEMMs on devices whose probe granted ``mma_tf32``."""
-        return (
-            isinstance(problem, GemmProblem)
-            and problem.dtype == self.variant.dtype
-            and self.variant.capability in capabilities(device)
-        )
 
     def space(self, problem: GemmProblem, device: Device) -> Space:
         return self._space(problem, device, CP_ASYNC in capabilities(device), is_nvidia(device))
@@ -329,10 +348,6 @@ class GemmMmaTF32:
             _constraints(problem, device),
             _pruning(problem, device),
         )
-
-    def _check_dtype(self, problem: GemmProblem) -> None:
-        if problem.dtype != self.variant.dtype:
-            raise ValueError(f"{self.name} computes {self.variant.dtype} GEMMs, not {problem.key}")
 
     def default(self, problem: GemmProblem, device: Device) -> Config:
         """The largest preset tile that still gives every compute unit a work-group, double buffered
@@ -444,10 +459,6 @@ class GemmMmaF16(GemmMmaTF32):
     name = F16_NAME
     version = F16_VERSION
     precision = F16_VARIANT.precision
-
-    def applies(self, problem: GemmProblem, device: Device) -> bool:
-        """Only float16 GEMMs on devices whose probe granted ``mma_f16``."""
-        return super().applies(problem, device)
 
 
 ALGORITHMS = [GemmMmaTF32(), GemmMmaF16()]

@@ -54,7 +54,7 @@ from tunecl.kernels.base import Config, Space
 from tunecl.kernels.gemm import (Rule, check_config, compute_units, enumerate_space, layout_options,
                                  make_space, max_alloc_bytes, widest)
 from tunecl.kernels.sizes import next_pow2
-from tunecl.kernels.gemm_mma import MmaPlan, capabilities, mma_plan
+from tunecl.kernels.gemm_mma import MmaPlan, TensorCoreGemm, mma_plan
 from tunecl.kernels.gemm_pretrans import PretransposedPlan, with_layout, workspace_fits
 from tunecl.precision import FP32, TF32
 from tunecl.problems import GemmProblem
@@ -244,26 +244,17 @@ def _pruning(problem: GemmProblem, device: Any) -> list[Rule]:
     ]
 
 
-class GemmWgmmaTF32:
+class GemmWgmmaTF32(TensorCoreGemm):
     """The ``gemm_wgmma_tf32`` algorithm (module docstring)."""
 
     variant = TF32_VARIANT
     name = NAME
     version = VERSION
-    kind = "gemm"
     precision = TF32
-
-    def applies(self, problem: GemmProblem, device: Device) -> bool:
-        """Only problems of the variant's dtype on devices whose probe granted ``wgmma``."""
-        return (
-            isinstance(problem, GemmProblem)
-            and problem.dtype == self.variant.dtype
-            and WGMMA in capabilities(device)
-        )
+    capability = WGMMA
 
     def space(self, problem: GemmProblem, device: Device) -> Space:
-        if problem.dtype != self.variant.dtype:
-            raise ValueError(f"{self.name} computes {self.variant.dtype} GEMMs, not {problem.key}")
+        self._check_dtype(problem)
         return make_space(_params(self.variant), _constraints(problem, device), _pruning(problem, device),
                           implied=IMPLIED_F16 if self.variant.f16 else IMPLIED)
 

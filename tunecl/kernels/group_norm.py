@@ -4,7 +4,9 @@ work-items that sum one (sample, channel) row."""
 
 from __future__ import annotations
 
-from tunecl.kernels.strided import INT32_MAX, KernelCache, Operand, meta_dtype, pack_meta, round_up, work_group
+from tunecl.kernels.strided import (INT32_MAX, KernelCache, Operand, meta_dtype, pack_meta, pow2_work_group,
+                                    work_group)
+from tunecl.kernels.sizes import round_up
 from tunecl.runtime import Device
 
 GN_GROUP = 256
@@ -15,7 +17,7 @@ class GroupNorm:
         self.device = device
         self.cache = KernelCache(device, __package__, "group_norm.cl")
         self.local = work_group(device, 256)
-        self.row_group = 1 << (work_group(device, GN_GROUP).bit_length() - 1)   # the tree sum needs 2^k
+        self.row_group = pow2_work_group(device, GN_GROUP)
 
     def backward(self, n: int, c: int, hw: int, groups: int, x: Operand, dy: Operand, mean: Operand,
                  rstd: Operand, weight: Operand | None, dx: Operand | None, grad_weight: Operand | None,

@@ -10,19 +10,9 @@ import numpy as np
 import pyopencl as cl
 
 from tunecl.errors import Unsupported
-from tunecl.kernels.strided import (
-    CTYPES,
-    INT32_MAX,
-    KernelCache,
-    Operand,
-    merge_dims,
-    meta_dtype,
-    pack_meta,
-    pad_front,
-    rank_bucket,
-    round_up,
-    work_group,
-)
+from tunecl.kernels.strided import (CTYPES, INT32_MAX, KernelCache, Operand, merge_dims, meta_dtype,
+                                    pack_meta, pad_front, rank_bucket, work_group)
+from tunecl.kernels.sizes import round_up
 from tunecl.runtime import Device
 
 _NUMPY = {"float32": np.float32, "int64": np.int64, "int32": np.int32, "int16": np.int16, "int8": np.int8,

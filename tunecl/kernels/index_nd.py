@@ -6,17 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tunecl.errors import Unsupported
-from tunecl.kernels.strided import (
-    BIT_TYPES,
-    INT32_MAX,
-    KernelCache,
-    Operand,
-    merge_dims,
-    meta_dtype,
-    pack_meta,
-    round_up,
-    work_group,
-)
+from tunecl.kernels.strided import (BIT_TYPES, INT32_MAX, KernelCache, Operand, merge_dims, meta_dtype,
+                                    pack_meta, work_group)
+from tunecl.kernels.sizes import round_up
 from tunecl.runtime import Device
 
 _ACCUMULATE = {"float32": "float", "int32": "int"}

@@ -5,14 +5,7 @@ from __future__ import annotations
 import pyopencl as cl
 
 from tunecl.errors import Unsupported
-from tunecl.kernels.strided import (
-    INT32_MAX,
-    KernelCache,
-    Operand,
-    meta_dtype,
-    pack_meta,
-    work_group,
-)
+from tunecl.kernels.strided import INT32_MAX, KernelCache, Operand, meta_dtype, pack_meta, work_group
 from tunecl.runtime import Device
 
 REDUCTIONS = ("none", "mean", "sum")

@@ -23,15 +23,8 @@ import pyopencl as cl
 
 from tunecl import profiling
 from tunecl.kernels import launches
-from tunecl.kernels.strided import (
-    INT32_MAX,
-    KernelCache,
-    meta_dtype,
-    pack_meta,
-    relu_tag,
-    round_up,
-    work_group,
-)
+from tunecl.kernels.strided import INT32_MAX, KernelCache, meta_dtype, pack_meta, relu_tag, work_group
+from tunecl.kernels.sizes import round_up
 from tunecl.runtime import Device
 
 # the tensors every batch-norm kernel takes, in argument order (then the scratch buffer, eps, momentum,

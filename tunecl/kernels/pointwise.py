@@ -19,21 +19,9 @@ from tunecl import profiling
 from tunecl.kernels import launches
 
 from tunecl.errors import Unsupported
-from tunecl.kernels.strided import (
-    CTYPES,
-    FLOATING,
-    INT32_MAX,
-    KernelCache,
-    Operand,
-    merge_dims,
-    meta_dtype,
-    pack_meta,
-    pad_front,
-    rank_bucket,
-    relu_tag,
-    round_up,
-    work_group,
-)
+from tunecl.kernels.strided import (CTYPES, FLOATING, INT32_MAX, KernelCache, Operand, merge_dims, meta_dtype,
+                                    pack_meta, pad_front, rank_bucket, relu_tag, work_group)
+from tunecl.kernels.sizes import round_up
 from tunecl.runtime import Device
 
 

@@ -7,14 +7,7 @@ from dataclasses import dataclass
 import pyopencl as cl
 
 from tunecl.errors import Unsupported
-from tunecl.kernels.strided import (
-    INT32_MAX,
-    KernelCache,
-    Operand,
-    meta_dtype,
-    pack_meta,
-    work_group,
-)
+from tunecl.kernels.strided import INT32_MAX, KernelCache, Operand, meta_dtype, pack_meta, work_group
 from tunecl.runtime import Device
 
 

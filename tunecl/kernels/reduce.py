@@ -17,19 +17,8 @@ import pyopencl as cl
 from tunecl import profiling
 from tunecl.errors import Unsupported
 from tunecl.kernels import launches
-from tunecl.kernels.strided import (
-    CTYPES,
-    FLOATING,
-    INT32_MAX,
-    KernelCache,
-    Operand,
-    merge_dims,
-    meta_dtype,
-    pack_meta,
-    pad_front,
-    rank_bucket,
-    work_group,
-)
+from tunecl.kernels.strided import (CTYPES, FLOATING, INT32_MAX, KernelCache, Operand, merge_dims, meta_dtype,
+                                    pack_meta, pad_front, rank_bucket, work_group)
 from tunecl.runtime import Device
 
 PLAIN, ARG, VARIANCE = 0, 1, 2

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from tunecl.errors import Unsupported
-from tunecl.kernels.strided import CTYPES, INT32_MAX, KernelCache, Operand, meta_dtype, pack_meta, work_group
+from tunecl.kernels.strided import (CTYPES, INT32_MAX, KernelCache, Operand, meta_dtype, pack_meta,
+                                    pow2_work_group)
 from tunecl.runtime import Device
 
 # kernel dtype -> accumulate type: float32 in float, integers in long (torch's CPU and CUDA kernels both)
@@ -15,7 +16,7 @@ class Scan:
     def __init__(self, device: Device):
         self.device = device
         self.cache = KernelCache(device, __package__, "scan.cl")
-        self.max_group = 1 << (work_group(device, 256).bit_length() - 1)
+        self.max_group = pow2_work_group(device, 256)
 
     def cumsum(self, length: int, lines: tuple[int, int], dst: Operand, src: Operand) -> None:
         """``dst = cumsum(src)`` along lines of ``length`` elements; ``lines`` = (A, B) and each operand's

@@ -102,10 +102,6 @@ def relu_tag(buffer: object, offset: int, count: int) -> tuple:
     return ("relu", id(buffer), offset, count)
 
 
-def round_up(n: int, multiple: int) -> int:
-    return (n + multiple - 1) // multiple * multiple
-
-
 class KernelCache:
     """Compiled kernels of one ``.cl`` family on one device, keyed by a small tuple.
 
@@ -139,3 +135,9 @@ class KernelCache:
 def work_group(device: Device, preferred: int = 256) -> int:
     """A 1-D work-group size the device accepts."""
     return max(1, min(preferred, device.max_work_group_size))
+
+
+def pow2_work_group(device: Device, preferred: int = 256) -> int:
+    """The largest power-of-two 1-D work-group size (tree sums need one) up to ``preferred`` that the
+    device accepts."""
+    return 1 << (work_group(device, preferred).bit_length() - 1)

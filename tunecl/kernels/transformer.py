@@ -9,17 +9,9 @@ from __future__ import annotations
 import math
 
 from tunecl.errors import Unsupported
-from tunecl.kernels.strided import (
-    BIT_TYPES,
-    CTYPES,
-    INT32_MAX,
-    KernelCache,
-    Operand,
-    meta_dtype,
-    pack_meta,
-    round_up,
-    work_group,
-)
+from tunecl.kernels.strided import (BIT_TYPES, CTYPES, INT32_MAX, KernelCache, Operand, meta_dtype, pack_meta,
+                                    pow2_work_group, work_group)
+from tunecl.kernels.sizes import round_up
 from tunecl.runtime import Device
 
 LN_GROUP = 256
@@ -31,7 +23,7 @@ class Transformer:
         self.device = device
         self.cache = KernelCache(device, __package__, "transformer.cl")
         self.local = work_group(device, 256)
-        self.ln_group = 1 << (work_group(device, LN_GROUP).bit_length() - 1)   # the tree sum needs 2^k
+        self.ln_group = pow2_work_group(device, LN_GROUP)
         cols, rows = LN_PARAM_TILE
         self.ln_tile = (cols, max(1, min(rows, work_group(device, cols * rows) // cols)))
 

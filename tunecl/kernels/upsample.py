@@ -6,16 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from tunecl.errors import Unsupported
-from tunecl.kernels.strided import (
-    BIT_TYPES,
-    INT32_MAX,
-    KernelCache,
-    Operand,
-    meta_dtype,
-    pack_meta,
-    round_up,
-    work_group,
-)
+from tunecl.kernels.strided import (BIT_TYPES, INT32_MAX, KernelCache, Operand, meta_dtype, pack_meta,
+                                    work_group)
+from tunecl.kernels.sizes import round_up
 from tunecl.runtime import Device
 
 IDENTITY = -1.0   # the scale of an axis whose sizes are equal: torch copies it one to one

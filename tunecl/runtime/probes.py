@@ -114,30 +114,29 @@ def _probe(cl_device: cl.Device, define: str, check: Callable[[_ProbeRun], str])
         return f"launch failed: {type(error).__name__}: {str(error).strip()[:200]}"
 
 
+def _probe_mma(cl_device: cl.Device, define: str, data: Callable[[], tuple[np.ndarray, ...]],
+               operand: Callable[[np.ndarray], np.ndarray]) -> str:
+    """One mma on one warp (kernel ``define`` in lower case) of ``data()``'s A, B and C: "" when
+    D = operand(A) @ operand(B) + C exactly, else why not."""
+    def check(run: _ProbeRun) -> str:
+        a, b, c = data()
+        d_buf = run.buffer(c)
+        kernel = getattr(run.program, define.lower())
+        kernel(run.queue, (32,), (32,), run.buffer(a), run.buffer(b), d_buf).wait()
+        expected = operand(a).astype(np.float64) @ operand(b).astype(np.float64) + c
+        return _mismatch(run.read(d_buf, c), expected)
+
+    return _probe(cl_device, define, check)
+
+
 def _probe_mma_tf32(cl_device: cl.Device) -> str:
     """One m16n8k8 TF32 mma on one warp: "" when D = tf32(A) @ tf32(B) + C exactly, else why not."""
-    def check(run: _ProbeRun) -> str:
-        a, b, c = _mma_probe_data()
-        d_buf = run.buffer(c)
-        run.program.probe_mma_tf32(run.queue, (32,), (32,), run.buffer(a), run.buffer(b), d_buf).wait()
-        d = run.read(d_buf, c)
-        expected = tf32_round(a).astype(np.float64) @ tf32_round(b).astype(np.float64) + c
-        return _mismatch(d, expected)
-
-    return _probe(cl_device, "PROBE_MMA_TF32", check)
+    return _probe_mma(cl_device, "PROBE_MMA_TF32", _mma_probe_data, tf32_round)
 
 
 def _probe_mma_f16(cl_device: cl.Device) -> str:
     """One m16n8k16 f16 mma on one warp: "" when D = A @ B + C exactly (fp32), else why not."""
-    def check(run: _ProbeRun) -> str:
-        a, b, c = _mma_f16_probe_data()
-        d_buf = run.buffer(c)
-        run.program.probe_mma_f16(run.queue, (32,), (32,), run.buffer(a), run.buffer(b), d_buf).wait()
-        d = run.read(d_buf, c)
-        expected = a.astype(np.float64) @ b.astype(np.float64) + c
-        return _mismatch(d, expected)
-
-    return _probe(cl_device, "PROBE_MMA_F16", check)
+    return _probe_mma(cl_device, "PROBE_MMA_F16", _mma_f16_probe_data, np.asarray)
 
 
 def _probe_cp_async(cl_device: cl.Device) -> str:

@@ -327,17 +327,13 @@ class StudyDriver:
             if not self._propose():
                 stop = "exhausted"
                 break
-            trial = self.study.ask()
+            asked = self._ask()
+            if asked is None:
+                skipped += 1
+                continue
+            trial, algorithm, config, key = asked
             told = False
             try:
-                trial.set_user_attr(WORKER_ATTR, self.worker)
-                algorithm, config = self._suggest(trial)
-                key = config_key(algorithm, config)
-                self.pending.discard(key)
-                if self._refused_invalid(trial, algorithm, config):
-                    told = True
-                    skipped += 1
-                    continue
                 self._sync()  # after the params are written: see _claim
                 why = self._claim(trial.number, key)
                 if why == "duplicate":
@@ -370,6 +366,23 @@ class StudyDriver:
         self._sync()  # the winner is chosen from every worker's results
         final = self._final_round()
         return self._log(final, stop or "trials")
+
+    def _ask(self) -> tuple[Trial, str, Config, Key] | None:
+        """Ask the study for a trial and read its proposal: the trial, its algorithm, config and key;
+        None when the proposal was invalid (told at once, never compiled). An interrupt meanwhile fails
+        the trial."""
+        trial = self.study.ask()
+        try:
+            trial.set_user_attr(WORKER_ATTR, self.worker)
+            algorithm, config = self._suggest(trial)
+            key = config_key(algorithm, config)
+            self.pending.discard(key)
+            if self._refused_invalid(trial, algorithm, config):
+                return None
+        except BaseException:
+            self._fail(trial)
+            raise
+        return trial, algorithm, config, key
 
     def _refused_invalid(self, trial: Trial, algorithm: str, config: Config) -> bool:
         """Tell an invalid proposal at once (never compiled) and steer the sampler away; False if valid."""
@@ -426,16 +439,13 @@ class StudyDriver:
                     if not self._propose():
                         stop = "exhausted"
                         break
-                    trial = self.study.ask()
+                    asked = self._ask()
+                    if asked is None:
+                        skipped += 1
+                        continue
+                    trial, algorithm, config, key = asked
                     later_or_batch = False
                     try:
-                        trial.set_user_attr(WORKER_ATTR, self.worker)
-                        algorithm, config = self._suggest(trial)
-                        key = config_key(algorithm, config)
-                        self.pending.discard(key)
-                        if self._refused_invalid(trial, algorithm, config):
-                            skipped += 1
-                            continue
                         if key in self.seen:
                             self._tell_duplicate(trial, key, algorithm, config)
                             skipped += 1

@@ -17,13 +17,18 @@ from tunecl.backend.operands import operand
 from tunecl.kernels.upsample import linear_scale, nearest_scale
 
 
-def _check(what: str, shape: Sequence[int], output_size: Sequence[int]) -> None:
+def _check(what: str, shape: Sequence[int], output_size: Sequence[int],
+           grad_output: torch.Tensor | None = None) -> None:
+    """The input ``shape`` and ``output_size`` of an upsampling (a backward's ``grad_output`` too)."""
     if len(shape) != 4:
         raise RuntimeError(f"{what}: expected a 4-d (N, C, H, W) input, got sizes {list(shape)}")
     if len(output_size) != 2 or min(output_size) <= 0:
         raise RuntimeError(f"{what}: output_size must be two positive sizes, got {list(output_size)}")
     if min(shape[1:]) <= 0:
         raise RuntimeError(f"{what}: non-empty channels and spatial sizes expected, got sizes {list(shape)}")
+    if grad_output is not None and list(grad_output.shape) != [*shape[:2], *output_size]:
+        raise RuntimeError(f"{what}: grad_output has sizes {list(grad_output.shape)}, expected "
+                           f"{[*shape[:2], *output_size]}")
 
 
 def _launch(name: str, large: Sequence[int], small: Sequence[int], dst: torch.Tensor, src: torch.Tensor,
@@ -63,11 +68,8 @@ def _nearest(exact: bool) -> tuple[Callable[..., Any], Callable[..., Any]]:
     def backward(grad_output: torch.Tensor, output_size: Sequence[int], input_size: Sequence[int],
                  scales_h: float | None = None, scales_w: float | None = None, *,
                  grad_input: torch.Tensor) -> torch.Tensor:
-        _check(f"{what}_backward", input_size, output_size)
+        _check(f"{what}_backward", input_size, output_size, grad_output)
         (n, c, ih, iw), (oh, ow) = input_size, output_size
-        if list(grad_output.shape) != [n, c, oh, ow]:
-            raise RuntimeError(f"{what}_backward: grad_output has sizes {list(grad_output.shape)}, expected "
-                               f"{[n, c, oh, ow]}")
         _resized(grad_input, input_size, grad_output)
         scales = (nearest_scale(scales_h, ih, oh, exact), nearest_scale(scales_w, iw, ow, exact))
         return _launch("up_nearest_backward", (n, c, oh, ow), (ih, iw), grad_input, grad_output, scales,
@@ -90,11 +92,8 @@ def upsample_bilinear2d_backward(grad_output: torch.Tensor, output_size: Sequenc
                                  input_size: Sequence[int], align_corners: bool,
                                  scales_h: float | None = None, scales_w: float | None = None, *,
                                  grad_input: torch.Tensor) -> torch.Tensor:
-    _check("upsample_bilinear2d_backward", input_size, output_size)
+    _check("upsample_bilinear2d_backward", input_size, output_size, grad_output)
     (n, c, ih, iw), (oh, ow) = input_size, output_size
-    if list(grad_output.shape) != [n, c, oh, ow]:
-        raise RuntimeError(f"upsample_bilinear2d_backward: grad_output has sizes {list(grad_output.shape)}, "
-                           f"expected {[n, c, oh, ow]}")
     _resized(grad_input, input_size, grad_output)
     scales = (linear_scale(scales_h, ih, oh, align_corners), linear_scale(scales_w, iw, ow, align_corners))
     return _launch("up_bilinear_backward", (n, c, oh, ow), (ih, iw), grad_input, grad_output, scales,
