@@ -274,29 +274,20 @@ class _InstancesOf(type):
         return issubclass(sub, cls._wraps)
 
 
-class _DeviceEvent(_TorchEvent, metaclass=_InstancesOf):
-    __doc__ = _TorchEvent.__doc__
-    _wraps = _TorchEvent
-
-    def __new__(cls, device: Any = None, **kwargs: Any) -> Any:
+def _dispatching(name: str, torch_class: type, ours: type) -> type:
+    """A stand-in for ``torch_class`` (``torch.<name>``) whose constructor makes ``ours`` for the opencl
+    device and ``torch_class``'s own object for any other."""
+    def __new__(cls: type, device: Any = None, **kwargs: Any) -> Any:
         if _is_opencl(device):
-            return Event(device, **kwargs)
-        return _TorchEvent(**kwargs) if device is None else _TorchEvent(device, **kwargs)
+            return ours(device, **kwargs)
+        return torch_class(**kwargs) if device is None else torch_class(device, **kwargs)
+
+    return _InstancesOf(name, (torch_class,), {"__new__": __new__, "__doc__": torch_class.__doc__,
+                                               "_wraps": torch_class, "__module__": "torch", "__qualname__": name})
 
 
-class _DeviceStream(_TorchStream, metaclass=_InstancesOf):
-    __doc__ = _TorchStream.__doc__
-    _wraps = _TorchStream
-
-    def __new__(cls, device: Any = None, **kwargs: Any) -> Any:
-        if _is_opencl(device):
-            return Stream(device, **kwargs)
-        return _TorchStream(**kwargs) if device is None else _TorchStream(device, **kwargs)
-
-
-_DeviceEvent.__name__ = _DeviceEvent.__qualname__ = "Event"
-_DeviceStream.__name__ = _DeviceStream.__qualname__ = "Stream"
-_DeviceEvent.__module__ = _DeviceStream.__module__ = "torch"
+_DeviceEvent = _dispatching("Event", _TorchEvent, Event)
+_DeviceStream = _dispatching("Stream", _TorchStream, Stream)
 
 
 def patch_torch_event_and_stream() -> None:

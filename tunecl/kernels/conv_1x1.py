@@ -39,11 +39,7 @@ def layout(problem: ConvProblem) -> Layout | None:
 class Conv1x1(ColumnsAlgorithm):
     """1×1 convolution as GEMM; see the module docstring."""
 
-    name = "conv_1x1"
     version = 1
-    source_file = "conv_1x1.cl"
-    kernel_names = ("gather_strided", "scatter_strided")
-    ld_option = "LD"
 
     def layout(self, problem: ConvProblem) -> Layout | None:
         return layout(problem)
@@ -57,4 +53,4 @@ class Conv1x1(ColumnsAlgorithm):
                 and self.workspace_fits(problem, device))
 
 
-ALGORITHMS = [Conv1x1()]
+ALGORITHMS = [Conv1x1("conv_1x1", "conv_1x1.cl", ("gather_strided", "scatter_strided"), "LD")]

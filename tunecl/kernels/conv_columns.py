@@ -69,11 +69,13 @@ def columns_layout(problem: ConvProblem, rs: int, gathers: bool, cap: int) -> La
 
 
 class ColumnsAlgorithm(GemmBackedAlgorithm):
-    """A family whose :meth:`layout` is a :func:`columns_layout`; its ``.cl`` defines the gather and
-    scatter kernels named :attr:`kernel_names`, with the columns' row stride as ``-D{ld_option}``."""
+    """A family whose :meth:`layout` is a :func:`columns_layout`: the algorithm ``name``, whose
+    ``source_file`` defines the gather and scatter kernels ``kernel_names``, with the columns' row
+    stride as ``-D{ld_option}``."""
 
-    kernel_names: tuple[str, str] = ("", "")   # (gather, scatter)
-    ld_option: str = ""
+    def __init__(self, name: str, source_file: str, kernel_names: tuple[str, str], ld_option: str):
+        self.name, self.source_file = name, source_file
+        self.kernel_names, self.ld_option = kernel_names, ld_option
 
     def gathers(self, problem: ConvProblem) -> bool:
         """Whether ``problem``'s columns go through the workspace (then the family has parameters)."""

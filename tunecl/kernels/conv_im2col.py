@@ -40,11 +40,7 @@ def layout(problem: ConvProblem) -> Layout | None:
 class ConvIm2col(ColumnsAlgorithm):
     """Explicit im2col / col2im + ``gemm_tiled``; see the module docstring."""
 
-    name = "conv_im2col"
     version = 1
-    source_file = "conv_im2col.cl"
-    kernel_names = ("im2col", "col2im")
-    ld_option = "COL_LD"
 
     def layout(self, problem: ConvProblem) -> Layout | None:
         return layout(problem)
@@ -54,4 +50,4 @@ class ConvIm2col(ColumnsAlgorithm):
                 and self.workspace_fits(problem, device))
 
 
-ALGORITHMS = [ConvIm2col()]
+ALGORITHMS = [ConvIm2col("conv_im2col", "conv_im2col.cl", ("im2col", "col2im"), "COL_LD")]

@@ -19,10 +19,9 @@ import pyopencl as cl
 
 from tunecl.errors import Unsupported
 from tunecl.kernels.pointwise import EXPRESSIONS
-from tunecl.kernels.strided import (INT32_MAX, KernelCache, Operand, merge_dims, meta_dtype, pack_meta,
-                                    pad_front, rank_bucket, work_group)
+from tunecl.kernels.strided import (INT32_MAX, Operand, StridedFamily, merge_dims, meta_dtype,
+                                    pack_meta, pad_front, rank_bucket)
 from tunecl.kernels.sizes import round_up
-from tunecl.runtime import Device
 
 MAX_INPUTS = 8    # in0 .. in7 of fused.cl
 MAX_STEPS = 16    # t0 .. t15 of fused.cl
@@ -85,14 +84,11 @@ def _c(value: Arg) -> str:
     return f"(-{text})" if math.copysign(1.0, value) < 0 else text
 
 
-class Fused:
+class Fused(StridedFamily):
     """Launches :class:`Chain` kernels on one device; compiles each chain signature once per rank and
     index type."""
 
-    def __init__(self, device: Device):
-        self.device = device
-        self.cache = KernelCache(device, __package__, "fused.cl")
-        self.local = work_group(device, 256)
+    source_file = "fused.cl"
 
     def __call__(self, chain: Chain, shape: Sequence[int], out: Operand, inputs: Sequence[Operand]) -> None:
         """Enqueue ``out = chain(inputs)`` over ``shape`` (every operand's strides given for it, 0 along

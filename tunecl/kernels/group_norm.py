@@ -4,19 +4,19 @@ work-items that sum one (sample, channel) row."""
 
 from __future__ import annotations
 
-from tunecl.kernels.strided import (INT32_MAX, KernelCache, Operand, meta_dtype, pack_meta, pow2_work_group,
-                                    work_group)
+from tunecl.kernels.strided import (INT32_MAX, Operand, StridedFamily, meta_dtype, pack_meta,
+                                    pow2_work_group)
 from tunecl.kernels.sizes import round_up
 from tunecl.runtime import Device
 
 GN_GROUP = 256
 
 
-class GroupNorm:
+class GroupNorm(StridedFamily):
+    source_file = "group_norm.cl"
+
     def __init__(self, device: Device):
-        self.device = device
-        self.cache = KernelCache(device, __package__, "group_norm.cl")
-        self.local = work_group(device, 256)
+        super().__init__(device)
         self.row_group = pow2_work_group(device, GN_GROUP)
 
     def backward(self, n: int, c: int, hw: int, groups: int, x: Operand, dy: Operand, mean: Operand,

@@ -10,20 +10,16 @@ import numpy as np
 import pyopencl as cl
 
 from tunecl.errors import Unsupported
-from tunecl.kernels.strided import (CTYPES, INT32_MAX, KernelCache, Operand, merge_dims, meta_dtype,
-                                    pack_meta, pad_front, rank_bucket, work_group)
+from tunecl.kernels.strided import (CTYPES, INT32_MAX, Operand, StridedFamily, merge_dims,
+                                    meta_dtype, pack_meta, pad_front, rank_bucket)
 from tunecl.kernels.sizes import round_up
-from tunecl.runtime import Device
 
 _NUMPY = {"float32": np.float32, "int64": np.int64, "int32": np.int32, "int16": np.int16, "int8": np.int8,
           "uint8": np.uint8, "bool": np.uint8}
 
 
-class Index:
-    def __init__(self, device: Device):
-        self.device = device
-        self.cache = KernelCache(device, __package__, "index.cl")
-        self.local = work_group(device, 256)
+class Index(StridedFamily):
+    source_file = "index.cl"
 
     def __call__(self, scatter: bool, shape: Sequence[int], out: Operand, index: Operand, src: Operand | float,
                  dim_size: int, target_stride: int) -> cl.Event | None:

@@ -6,21 +6,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tunecl.errors import Unsupported
-from tunecl.kernels.strided import (BIT_TYPES, INT32_MAX, KernelCache, Operand, merge_dims, meta_dtype,
-                                    pack_meta, work_group)
+from tunecl.kernels.strided import (BIT_TYPES, INT32_MAX, Operand, StridedFamily, merge_dims,
+                                    meta_dtype, pack_meta)
 from tunecl.kernels.sizes import round_up
-from tunecl.runtime import Device
 
 _ACCUMULATE = {"float32": "float", "int32": "int"}
 REST_RANK = 4
 MAX_NONZERO_RANK = 8
 
 
-class IndexNd:
-    def __init__(self, device: Device):
-        self.device = device
-        self.cache = KernelCache(device, __package__, "index_nd.cl")
-        self.local = work_group(device, 256)
+class IndexNd(StridedFamily):
+    source_file = "index_nd.cl"
 
     def rows(self, name: str, positions: int, rest: Sequence[int], self_: Operand, other: Operand,
              base: Operand, max_offset: int) -> None:

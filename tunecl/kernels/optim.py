@@ -17,7 +17,7 @@ import pyopencl as cl
 from tunecl import config
 from tunecl.kernels.multi_tensor import Chunks
 from tunecl.errors import Unsupported
-from tunecl.kernels.strided import KernelCache, Operand, meta_dtype, work_group
+from tunecl.kernels.strided import Operand, StridedFamily, meta_dtype
 from tunecl.runtime import Device
 
 SLOTS = 8            # tensors per launch where the device's parameter bytes are not known to allow more
@@ -63,11 +63,11 @@ def _tensor_arguments(lr: float | Operand, grad_scale: Operand | None, found_inf
     return tensors
 
 
-class Optim:
+class Optim(StridedFamily):
+    source_file = "optim.cl"
+
     def __init__(self, device: Device):
-        self.device = device
-        self.cache = KernelCache(device, __package__, "optim.cl")
-        self.local = work_group(device, 256)
+        super().__init__(device)
         self.cpu_layout = device.fingerprint.device_type == "cpu"
         self.items = MAX_ITEMS_CPU if self.cpu_layout else MAX_ITEMS   # work-items per slot, at most
         self.slots = slots_for(device, config.get().optim_slots)          # tensors per launch

@@ -19,8 +19,8 @@ from tunecl import profiling
 from tunecl.kernels import launches
 
 from tunecl.errors import Unsupported
-from tunecl.kernels.strided import (CTYPES, FLOATING, INT32_MAX, KernelCache, Operand, merge_dims, meta_dtype,
-                                    pack_meta, pad_front, rank_bucket, relu_tag, work_group)
+from tunecl.kernels.strided import (CTYPES, FLOATING, INT32_MAX, Operand, StridedFamily,
+                                    merge_dims, meta_dtype, pack_meta, pad_front, rank_bucket, relu_tag)
 from tunecl.kernels.sizes import round_up
 from tunecl.runtime import Device
 
@@ -265,7 +265,7 @@ class _Bound(launches.Bound):
         return packed
 
 
-class Pointwise:
+class Pointwise(StridedFamily):
     """Launches ``EXPRESSIONS`` ops on one device; compiles each op signature once.
 
     The hot path is a dict lookup keyed by the op's signature (op, shape, dtypes, strides, scalar
@@ -276,10 +276,10 @@ class Pointwise:
 
     MAX_PLANS = 8192  # a safety valve for programs with ever-changing shapes
 
+    source_file = "pointwise.cl"
+
     def __init__(self, device: Device):
-        self.device = device
-        self.cache = KernelCache(device, __package__, "pointwise.cl")
-        self.local = work_group(device, 256)
+        super().__init__(device)
         self._plans: dict[tuple, _Plan] = {}
         # The backend's per-call launch cache (tunecl.backend.ops.pointwise.run: its own signature key ->
         # (plan, input kinds)). It lives here, not in a module global, because its plans hold this

@@ -6,15 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pyopencl as cl
 
-from tunecl.kernels.strided import KernelCache, work_group
-from tunecl.runtime import Device
+from tunecl.kernels.strided import StridedFamily
 
 
-class Random:
-    def __init__(self, device: Device):
-        self.device = device
-        self.cache = KernelCache(device, __package__, "random.cl")
-        self.local = work_group(device, 256)
+class Random(StridedFamily):
+    source_file = "random.cl"
 
     def _kernel(self, name: str, dtypes: list) -> cl.Kernel:
         kernel = self.cache.get(name)

@@ -6,10 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from tunecl.errors import Unsupported
-from tunecl.kernels.strided import (BIT_TYPES, CTYPES, INT32_MAX, KernelCache, Operand, meta_dtype, pack_meta,
-                                    work_group)
+from tunecl.kernels.strided import (BIT_TYPES, CTYPES, INT32_MAX, Operand, StridedFamily,
+                                    meta_dtype, pack_meta)
 from tunecl.kernels.sizes import round_up
-from tunecl.runtime import Device
 
 
 
@@ -18,11 +17,8 @@ def padded(length: int) -> int:
     return 1 << max(0, length - 1).bit_length()
 
 
-class Sort:
-    def __init__(self, device: Device):
-        self.device = device
-        self.cache = KernelCache(device, __package__, "sort.cl")
-        self.local = work_group(device, 256)
+class Sort(StridedFamily):
+    source_file = "sort.cl"
 
     def sort(self, length: int, lines: tuple[int, int], src: Operand, values: Operand, indices: Operand,
              keys: Operand, pos: Operand, descending: bool, keep: int | None = None) -> None:

@@ -132,6 +132,19 @@ class KernelCache:
         return len(self._kernels)
 
 
+class StridedFamily:
+    """A non-tunable family on one device: the kernels of its ``.cl`` file (:attr:`source_file`) in
+    ``cache``, and ``local``, the 1-D work-group size of its element-wise launches (256 or the device's
+    limit)."""
+
+    source_file = ""
+
+    def __init__(self, device: Device):
+        self.device = device
+        self.cache = KernelCache(device, __package__, self.source_file)
+        self.local = work_group(device, 256)
+
+
 def work_group(device: Device, preferred: int = 256) -> int:
     """A 1-D work-group size the device accepts."""
     return max(1, min(preferred, device.max_work_group_size))

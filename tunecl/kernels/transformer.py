@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 
 from tunecl.errors import Unsupported
-from tunecl.kernels.strided import (BIT_TYPES, CTYPES, INT32_MAX, KernelCache, Operand, meta_dtype, pack_meta,
-                                    pow2_work_group, work_group)
+from tunecl.kernels.strided import (BIT_TYPES, CTYPES, INT32_MAX, Operand, StridedFamily,
+                                    meta_dtype, pack_meta, pow2_work_group, work_group)
 from tunecl.kernels.sizes import round_up
 from tunecl.runtime import Device
 
@@ -18,11 +18,11 @@ LN_GROUP = 256
 LN_PARAM_TILE = (32, 8)
 
 
-class Transformer:
+class Transformer(StridedFamily):
+    source_file = "transformer.cl"
+
     def __init__(self, device: Device):
-        self.device = device
-        self.cache = KernelCache(device, __package__, "transformer.cl")
-        self.local = work_group(device, 256)
+        super().__init__(device)
         self.ln_group = pow2_work_group(device, LN_GROUP)
         cols, rows = LN_PARAM_TILE
         self.ln_tile = (cols, max(1, min(rows, work_group(device, cols * rows) // cols)))

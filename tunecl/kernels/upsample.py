@@ -6,10 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from tunecl.errors import Unsupported
-from tunecl.kernels.strided import (BIT_TYPES, INT32_MAX, KernelCache, Operand, meta_dtype, pack_meta,
-                                    work_group)
+from tunecl.kernels.strided import (BIT_TYPES, INT32_MAX, Operand, StridedFamily, meta_dtype,
+                                    pack_meta)
 from tunecl.kernels.sizes import round_up
-from tunecl.runtime import Device
 
 IDENTITY = -1.0   # the scale of an axis whose sizes are equal: torch copies it one to one
 
@@ -40,11 +39,8 @@ def linear_scale(scale: float | None, size_in: int, size_out: int, align_corners
     return scale_value(scale, size_in, size_out)
 
 
-class Upsample:
-    def __init__(self, device: Device):
-        self.device = device
-        self.cache = KernelCache(device, __package__, "upsample.cl")
-        self.local = work_group(device, 256)
+class Upsample(StridedFamily):
+    source_file = "upsample.cl"
 
     def __call__(self, name: str, large: tuple[int, int, int, int], small: tuple[int, int], dst: Operand,
                  src: Operand, scales: tuple[float, float], exact: bool = False, align_corners: bool = False

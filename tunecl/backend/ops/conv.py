@@ -122,19 +122,11 @@ def _add_channel_bias(y: torch.Tensor, bias: torch.Tensor) -> None:
 
 def _half_plan(problem: ConvProblem, *tensors: torch.Tensor | None) -> Any | None:
     """The plan of ``problem`` as a float16 convolution where every given tensor is float16 and a
-    registered algorithm computes that problem on this device, else None (the caller converts). Asking
-    costs a few µs: each family's ``applies`` checks the dtype first and the device's probed
-    capabilities; a plan that cannot be chosen also leaves the convolution to the float32 route."""
+    registered algorithm computes that problem on this device (:func:`plans.served_plan`), else None
+    (the caller converts)."""
     if any(t is not None and t.dtype != torch.float16 for t in tensors):
         return None
-    problem = dataclasses.replace(problem, dtype="float16")
-    device = state.get().device
-    if not any(a.applies(problem, device) for a in plans.conv_algorithms()):
-        return None
-    try:
-        return plans.conv_plan(problem)
-    except Unsupported:
-        return None
+    return plans.served_plan(dataclasses.replace(problem, dtype="float16"))
 
 
 def _run_half(plan: Any, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,

@@ -53,7 +53,7 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, alpha: float, bet
     a, trans_a, lda = _layout(a)
     b, trans_b, ldb = _layout(b)
     problem = GemmProblem(m, n, k, trans_a, trans_b, batch, kernel_dtype(a))
-    plan = _half_plan(problem) if a.dtype == torch.float16 else plans.gemm_plan(problem)
+    plan = plans.served_plan(problem) if a.dtype == torch.float16 else plans.gemm_plan(problem)
     if plan is None:  # float16: the float32 plan on converted operands, rounded once at the end
         c = half.to_float32(out) if beta != 0 else half.empty_like_float32(out.dtype, out.shape)
         _gemm(half.to_float32(a), half.to_float32(b), c, alpha, beta)
@@ -69,19 +69,6 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, alpha: float, bet
              stride_a=_batch_stride(a), stride_b=_batch_stride(b), stride_c=_batch_stride(c))
     if c is not out:
         copies.device_copy(out, c)
-
-
-def _half_plan(problem: GemmProblem) -> Any | None:
-    """The plan of a float16 GEMM where a registered algorithm computes it on this device, else None
-    (the caller converts). Asking costs a few µs: ``applies`` checks the dtype and the device's probed
-    capabilities; a plan that cannot be chosen also leaves the product to the float32 route."""
-    device = state.get().device
-    if not any(a.applies(problem, device) for a in plans.gemm_algorithms()):
-        return None
-    try:
-        return plans.gemm_plan(problem)
-    except Unsupported:
-        return None
 
 
 def _product(self: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, beta: float, alpha: float,
