@@ -278,7 +278,7 @@ def test_gemm_families_in_chunks_of_images(device, monkeypatch, module_name):
             if not algorithm.applies(p, device):
                 continue
             whole = layout(p)
-            floats = sum(getattr(whole, f) for f in dir(whole) if f.endswith("_floats"))
+            floats = whole.workspace_floats
             assert whole.chunk == 3 and floats
             monkeypatch.setattr(module, "WORKSPACE_CAP", floats * 4 // 2)
             module.layout.cache_clear()

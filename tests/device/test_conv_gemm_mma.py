@@ -43,8 +43,9 @@ def device():
 
 
 def emulate_gemm(monkeypatch, device, module, family, capability):
-    """GEMM ``family`` (a class of kernel ``module``) applies (``capability`` granted) and builds its
-    PTX-free stand-in, unless the device has the real thing; returns ``device``."""
+    """GEMM ``family`` applies (``capability`` granted through the ``capabilities`` of kernel ``module``,
+    which its ``applies`` reads) and builds its PTX-free stand-in, unless the device has the real
+    thing; returns ``device``."""
     if capability not in device.capabilities:
         real_build = family.build
         monkeypatch.setattr(module, "capabilities", lambda d: frozenset({capability}))

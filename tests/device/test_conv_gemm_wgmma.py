@@ -15,7 +15,7 @@ import pytest
 from test_conv_gemm_mma import SHAPES, check_none_applies, check_plan, check_registered, emulate_gemm
 
 from tunecl import kernels, runtime
-from tunecl.kernels import conv_gemm_wgmma, gemm_wgmma
+from tunecl.kernels import conv_gemm_wgmma, gemm_mma, gemm_wgmma
 from tunecl.kernels.conv_common import GEMM_PREFIX, gemm_space
 from tunecl.precision import TF32, algorithm_precision
 from tunecl.problems import DIRECTIONS, ConvProblem
@@ -38,7 +38,8 @@ def device():
 def emulated_wgmma(monkeypatch, device):
     """gemm_wgmma_tf32 applies (capability granted) and builds its PTX-free stand-in, unless the device has
     the real thing."""
-    return emulate_gemm(monkeypatch, device, gemm_wgmma, gemm_wgmma.GemmWgmmaTF32, runtime.WGMMA)
+    # the tensor-core GEMMs' applies (gemm_mma.TensorCoreGemm) reads gemm_mma's capabilities
+    return emulate_gemm(monkeypatch, device, gemm_mma, gemm_wgmma.GemmWgmmaTF32, runtime.WGMMA)
 
 
 def test_registered_as_tf32_families_after_every_fp32_one(emulated_wgmma):
