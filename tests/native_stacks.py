@@ -14,9 +14,11 @@ A second fault inside the handler kills the process with the signal's default ac
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import faulthandler
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -83,3 +85,72 @@ def install(gdb: str | None = None) -> bool:
 
 def wanted() -> bool:
     return os.environ.get(ENV, "") == "1"
+
+
+def _python_stack(lines: list[str], start: int, frames: int) -> list[str]:
+    """The "Fatal Python error" line at ``start`` and the crashing thread's Python stack after it."""
+    out, i = [lines[start].strip()], start + 1
+    while i < len(lines) and not lines[i].strip():
+        i += 1
+    if i < len(lines) and "thread 0x" in lines[i].lower():
+        out.append(lines[i].strip())
+        i += 1
+        while i < len(lines) and lines[i].startswith("  File ") and len(out) < frames + 2:
+            out.append(lines[i].rstrip())
+            i += 1
+    return out
+
+
+def _faulting_threads(block: list[str], frames: int) -> list[str]:
+    """Of gdb's "thread apply all bt" output, each thread that took a signal: its header and the frames
+    beneath its last "<signal handler called>" (the faulting code, not the handlers above it)."""
+    out, thread = [], []
+    for line in block + ["Thread end"]:
+        if re.match(r"Thread \d+ ", line) or line == "Thread end":
+            marks = [k for k, text in enumerate(thread) if "<signal handler called>" in text]
+            if marks:
+                faulting = [t for t in thread[marks[-1]:] if t.startswith("#")][:frames + 1]
+                out += [thread[0]] + [t.rstrip()[:200] for t in faulting]
+            thread = [line]
+        elif thread:
+            thread.append(line)
+    return out
+
+
+def digest(log: str, frames: int = 16) -> str:
+    """What a long test log says about processes that died, in a few lines to print at its end: each
+    controller line on a worker that went down, each replaced crash handler, each "Fatal Python error"
+    with the crashing thread's Python stack, and from the native stacks the faulting thread's frames."""
+    lines = log.splitlines()
+    out: list[str] = []
+    native: list[str] | None = None
+    for i, line in enumerate(lines):
+        if "==== native stacks of pytest process" in line:
+            native = []
+            out.append(line[line.index("===="):])
+        elif "==== end of the native stacks" in line and native is not None:
+            out += _faulting_threads(native, frames) or ["(gdb printed no thread that took a signal)"]
+            native = None
+        elif native is not None:
+            native.append(line)
+        elif re.search(r"==== worker \S+ went down|handler of process \d+ replaced", line):
+            out.append(line[line.index("===="):])
+        elif "Fatal Python error:" in line:
+            out += _python_stack(lines, i, frames)
+    if native is not None:   # the log ends inside a native-stacks section: the process died in gdb's run
+        out += _faulting_threads(native, frames) or ["(the native stacks end unfinished)"]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Print the digest of the process deaths a test log records.")
+    parser.add_argument("--digest", metavar="LOG", required=True, help="a pytest log (.ci/run's)")
+    args = parser.parse_args(argv)
+    with open(args.digest, errors="replace") as f:
+        text = digest(f.read())
+    print(text or "the log records no process death with a stack")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

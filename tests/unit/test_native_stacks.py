@@ -36,6 +36,29 @@ def test_a_segfault_prints_python_then_native_stacks(order):
     native, end = err.find("==== native stacks of pytest process"), err.find("==== end of the native")
     assert 0 <= python < native < end, err
     assert "string_at" in err[native:end] and "<signal handler called>" in err[native:end], err[native:end]
+    # the digest .ci/run prints at the end of its log: the Python stack, then the faulting native frames
+    import native_stacks
+
+    noise = "........ [ 42%]\nwarnings\n" * 50
+    digest = native_stacks.digest(noise + err + noise).splitlines()
+    assert digest[0] == "Fatal Python error: Segmentation fault", digest
+    assert any('line 8 in <module>' in line for line in digest[:8]), digest
+    header = next(k for k, line in enumerate(digest) if line.startswith("==== native stacks"))
+    assert digest[header + 1].startswith("Thread ") and "<signal handler called>" in digest[header + 2], digest
+    assert "string_at" in "\n".join(digest[header + 3:header + 6]), digest
+    assert "raise" not in "\n".join(digest[header:]), digest   # the handlers' own frames are left out
+
+
+def test_the_digest_of_a_log_without_deaths_is_empty(tmp_path):
+    sys.path.insert(0, str(TESTS))
+    import native_stacks
+
+    assert native_stacks.digest("..... [100%]\n3 passed in 1.0s\n") == ""
+    log = tmp_path / "log"
+    log.write_text("==== worker gw1 went down (crashed): killed by SIGKILL: no handler runs ====\n")
+    done = subprocess.run([sys.executable, str(TESTS / "native_stacks.py"), "--digest", str(log)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("==== worker gw1 went down"), done
 
 
 def test_not_wanted_without_the_variable(monkeypatch):
