@@ -67,6 +67,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     draws.used.clear()
+    native_stacks.recent.append(item.nodeid)   # printed if the process dies of a fatal signal
 
 
 @pytest.hookimpl(wrapper=True)

@@ -15,6 +15,7 @@ A second fault inside the handler kills the process with the signal's default ac
 from __future__ import annotations
 
 import argparse
+import collections
 import ctypes
 import faulthandler
 import os
@@ -34,6 +35,10 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.signal.restype = ctypes.c_void_p
 _libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
 _installed: list = []   # the callback object: it must outlive every signal
+# the tests this process ran last, newest last (tests/conftest.py adds each as it starts): the handler
+# prints them, since heap corruption by native code shows itself in whatever test runs next
+recent: collections.deque[str] = collections.deque(maxlen=12)
+RECENT_TITLE = "the tests this process ran last, newest last:"
 
 
 def _gdb_command(gdb: str, pid: int) -> list[str]:
@@ -52,6 +57,9 @@ def _make_handler(gdb: str, out: int):
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         header = f"\n==== native stacks of pytest process {pid} ({worker}), signal {signum}: gdb ====\n"
         os.write(out, header.encode())
+        if recent:
+            os.write(out, (RECENT_TITLE + "\n"
+                           + "".join(f"    {nodeid}\n" for nodeid in recent)).encode())
         try:
             subprocess.run(_gdb_command(gdb, pid), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                            timeout=GDB_TIMEOUT_S, check=False)
@@ -101,6 +109,19 @@ def _python_stack(lines: list[str], start: int, frames: int) -> list[str]:
     return out
 
 
+def _recent_tests(block: list[str]) -> list[str]:
+    """The handler's list of the tests the process ran last (its title and the indented lines after it)."""
+    for k, line in enumerate(block):
+        if line.startswith(RECENT_TITLE):
+            tests = [line]
+            for test in block[k + 1:]:
+                if not test.startswith("    "):
+                    break
+                tests.append(test.rstrip())
+            return tests
+    return []
+
+
 def _faulting_threads(block: list[str], frames: int) -> list[str]:
     """Of gdb's "thread apply all bt" output, each thread that took a signal: its header and the frames
     beneath its last "<signal handler called>" (the faulting code, not the handlers above it)."""
@@ -129,6 +150,7 @@ def digest(log: str, frames: int = 16) -> str:
             native = []
             out.append(line[line.index("===="):])
         elif "==== end of the native stacks" in line and native is not None:
+            out += _recent_tests(native)
             out += _faulting_threads(native, frames) or ["(gdb printed no thread that took a signal)"]
             native = None
         elif native is not None:
@@ -138,6 +160,7 @@ def digest(log: str, frames: int = 16) -> str:
         elif "Fatal Python error:" in line:
             out += _python_stack(lines, i, frames)
     if native is not None:   # the log ends inside a native-stacks section: the process died in gdb's run
+        out += _recent_tests(native)
         out += _faulting_threads(native, frames) or ["(the native stacks end unfinished)"]
     return "\n".join(out)
 
