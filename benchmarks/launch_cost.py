@@ -4,7 +4,9 @@ On the H200 the backend's ops cost about three times more host time than on the 
 PoCL device, and a bare pyopencl launch measured 14.6 µs there. This splits a launch into its parts and
 times the other per-op calls, each the median of ``--repeats`` rounds of ``--calls`` calls:
 
-- ``set_args`` of a kernel with 1, 4, 16 and 32 arguments (buffers and ints), without enqueueing;
+- ``set_args`` of a kernel with 1 to 256 arguments (distinct buffers and ints alternating; as many as the
+  device's parameter size allows: the multi-tensor kernels of the optimizer steps take ~200), without
+  enqueueing;
 - ``enqueue`` of the same kernel with its arguments already set (``enqueue_nd_range_kernel``);
 - ``call``: pyopencl's ``kernel(queue, ...)`` (sets every argument, then enqueues), what tunecl does;
 - ``create_buffer`` of 4 KiB and 64 MiB (``clCreateBuffer``; the caching allocator avoids it after warm-up);
@@ -218,10 +220,12 @@ def main(argv: list[str] | None = None) -> int:
     buffer = device.alloc(4096)
     print(f"device: {device.name} [{device.entry.platform}] | median of {repeats} rounds of {calls} calls, µs")
     print(f"{'arguments':>9}  {'set_args':>9}  {'enqueue':>9}  {'call':>9}")
-    for count in (1, 4, 16, 32):
+    buffers = [device.alloc(4096) for _ in range(128)]   # a distinct buffer per pointer argument
+    room = int(device.cl_device.max_parameter_size)
+    for count in [c for c in (1, 4, 16, 32, 64, 128, 256) if c * 8 <= room]:
         kernel = cl.Kernel(device.build(_source(count)), f"k{count}")
         kernel.set_scalar_arg_dtypes([None if i % 2 == 0 else np.int32 for i in range(count)])
-        values = [buffer if i % 2 == 0 else i for i in range(count)]
+        values = [buffers[i // 2] if i % 2 == 0 else i for i in range(count)]
         kernel(queue, (1,), None, *values)
         queue.finish()
 
