@@ -217,7 +217,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     queue = device.queue
     calls, repeats = args.calls, args.repeats
-    buffer = device.alloc(4096)
     print(f"device: {device.name} [{device.entry.platform}] | median of {repeats} rounds of {calls} calls, µs")
     print(f"{'arguments':>9}  {'set_args':>9}  {'enqueue':>9}  {'call':>9}")
     buffers = [device.alloc(4096) for _ in range(128)]   # a distinct buffer per pointer argument
