@@ -24,7 +24,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
 from tunecl.tools import load_model, make_inputs, output_classes
-from tunecl.tools.validate import normwise_error
+from tunecl.tools.tolerances import normwise_error
 
 
 def train_step_tensors(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, seed: int) -> dict:

@@ -23,7 +23,7 @@ import optuna
 import pytest
 
 from tunecl.db import TuningDB
-from tunecl.search.driver import ATTR, WORKER_ATTR
+from tunecl.search.coordination import ATTR, WORKER_ATTR
 from tunecl.search.result import config_key
 from tunecl.search.tuner import open_storage
 from tunecl.search.workload import net_problems

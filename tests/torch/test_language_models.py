@@ -13,7 +13,9 @@ from tunecl import config, language_models
 from tunecl.cli import main
 from tunecl.errors import TuneclError
 from tunecl.tools import load_model, make_batch, model_and_inputs
-from tunecl.tools.validate import Tolerances, _checks, validate_net
+from tunecl.tools.step_checks import check_run
+from tunecl.tools.tolerances import Tolerances
+from tunecl.tools.validate import validate_net
 
 pytest.importorskip("transformers")
 
@@ -72,9 +74,9 @@ def test_vision_transformers_are_built_for_the_image_size():
 
 def test_validate_says_when_the_output_it_compares_is_all_zeros():
     """vit_* zero-initialise their classification head: an eval-mode output check compares zeros."""
-    [check] = _checks({"output": torch.zeros(2, 3)}, {"output": torch.zeros(2, 3)}, Tolerances())
+    [check] = check_run({"output": torch.zeros(2, 3)}, {"output": torch.zeros(2, 3)}, Tolerances())
     assert check.passed and "all zeros on both sides" in check.note
-    [check] = _checks({"output": torch.ones(2, 3)}, {"output": torch.ones(2, 3)}, Tolerances())
+    [check] = check_run({"output": torch.ones(2, 3)}, {"output": torch.ones(2, 3)}, Tolerances())
     assert check.passed and not check.note
 
 

@@ -18,7 +18,8 @@ from tunecl import config
 from tunecl.cli import build_parser, main
 from tunecl.errors import DeviceNotFoundError, TuneclError
 from tunecl.tools.bench import bench_net, measure_in_subprocess
-from tunecl.tools.validate import Tolerances, validate_net
+from tunecl.tools.tolerances import Tolerances
+from tunecl.tools.validate import validate_net
 
 TINY = "tiny_nets:tiny_cnn"   # tests/torch/tiny_nets.py, on sys.path like every module of this folder
 OFF = "tiny_nets:off_on_device"
@@ -137,7 +138,8 @@ def test_validate_reports_a_forbidden_fallback_as_a_failure_naming_the_op(capsys
 
 
 def test_a_missing_adam_step_fails_while_sign_flips_of_tiny_gradients_pass():
-    from tunecl.tools.validate import ADAM_LR, _checks
+    from tunecl.tools.step_checks import check_run
+    from tunecl.tools.tolerances import ADAM_LR
 
     p = torch.randn(100)
     g = torch.randn(100) * 1e-2
@@ -149,16 +151,16 @@ def test_a_missing_adam_step_fails_while_sign_flips_of_tiny_gradients_pass():
         return {"output": torch.ones(2), "loss": torch.tensor(1.0), "grads": {"p": grad},
                 "params": {"p": p - ADAM_LR * grad.sign() * step}}
 
-    ok = _checks(run(g), run(g_dev), Tolerances())
+    ok = check_run(run(g), run(g_dev), Tolerances())
     assert all(c.passed for c in ok), ok
     assert ok[-1].note.startswith("3/100 with gradients of other signs")
-    missing = _checks(run(g), run(g_dev, step=False), Tolerances())
+    missing = check_run(run(g), run(g_dev, step=False), Tolerances())
     assert [c.kind for c in missing if not c.passed] == ["param"]
 
 
 def test_the_fp64_rule_passes_a_device_as_far_from_float64_as_the_cpu_and_fails_a_worse_one():
     """An ill-conditioned tensor: CPU float32 is 30% off float64, beyond any fixed tolerance."""
-    from tunecl.tools.validate import _checks
+    from tunecl.tools.step_checks import check_run
 
     tol = Tolerances()
     generator = torch.Generator().manual_seed(0)
@@ -169,29 +171,30 @@ def test_the_fp64_rule_passes_a_device_as_far_from_float64_as_the_cpu_and_fails_
 
     cpu = off(0.3)
     as_far, worse = off(0.3), off(0.3 * 20)
-    (same,) = _checks({"output": cpu}, {"output": as_far}, tol, {"output": exact})
+    (same,) = check_run({"output": cpu}, {"output": as_far}, tol, {"output": exact})
     assert same.max_rel > tol.output and same.passed and same.passed_by == "fp64"
     assert 0.5 < same.fp64_ratio < 2 and same.cpu_fp64_error == pytest.approx(0.3, rel=0.2)
-    (bad,) = _checks({"output": cpu}, {"output": worse}, tol, {"output": exact})
+    (bad,) = check_run({"output": cpu}, {"output": worse}, tol, {"output": exact})
     assert not bad.passed and bad.passed_by == "" and bad.fp64_ratio > tol.multiplier
     # without a float64 reference only the fixed tolerance judges
-    (alone,) = _checks({"output": cpu}, {"output": as_far}, tol)
+    (alone,) = check_run({"output": cpu}, {"output": as_far}, tol)
     assert not alone.passed and alone.fp64_error is None
 
     # CPU float32 exact to rounding: the floor keeps a few ulps from failing, a real error still fails
     rounded = exact.float()
     assert tol.within_fp64(1e-7, 0.0) and not tol.within_fp64(1e-4, 1e-8)
     strict = Tolerances(output=0.0)   # so that only the fp64 rule can pass
-    (fine,) = _checks({"output": rounded}, {"output": rounded * (1 + 1e-7)}, strict, {"output": exact})
+    (fine,) = check_run({"output": rounded}, {"output": rounded * (1 + 1e-7)}, strict, {"output": exact})
     assert fine.passed_by == "fp64"
-    (wrong,) = _checks({"output": rounded}, {"output": rounded * (1 + 1e-4)}, strict, {"output": exact})
+    (wrong,) = check_run({"output": rounded}, {"output": rounded * (1 + 1e-4)}, strict, {"output": exact})
     assert not wrong.passed
 
 
 def test_the_perturbed_rule_passes_a_gradient_as_far_as_perturbed_cpu_runs_and_fails_a_worse_one():
     """Criterion 5: a gradient behind a flipped ReLU is judged against CPU runs perturbed at the
     device's forward error; a gradient further off than those still fails."""
-    from tunecl.tools.validate import Check, _judge_perturbed
+    from tunecl.tools.step_checks import judge_perturbed
+    from tunecl.tools.tolerances import Check
 
     tol = Tolerances()
     assert tol.perturbation(5e-6, 1e-7) == pytest.approx(8 * 1e-7 + 1e-6)   # capped by criterion 2's bound
@@ -210,21 +213,21 @@ def test_the_perturbed_rule_passes_a_gradient_as_far_as_perturbed_cpu_runs_and_f
         error = float((dev.double() - exact).norm() / exact.norm())
         return Check("grad", "w", 1.0, 1.0, tol.grad, False, fp64_error=error, cpu_fp64_error=1e-7)
 
-    close = _judge_perturbed(failed(off(3e-3)), perturbed, ref64, 3e-6, tol)
+    close = judge_perturbed(failed(off(3e-3)), perturbed, ref64, 3e-6, tol)
     assert close.passed and close.passed_by == "perturbed" and "perturbed by 3.0e-06" in close.note
-    far = _judge_perturbed(failed(off(2e-2)), perturbed, ref64, 3e-6, tol)
+    far = judge_perturbed(failed(off(2e-2)), perturbed, ref64, 3e-6, tol)
     assert not far.passed and far.passed_by == "" and "CPU float32 errs" in far.note
     passed = dataclasses.replace(failed(off(2e-2)), passed=True, passed_by="fp32")
-    assert _judge_perturbed(passed, perturbed, ref64, 3e-6, tol) is passed
+    assert judge_perturbed(passed, perturbed, ref64, 3e-6, tol) is passed
     output = dataclasses.replace(failed(off(2e-2)), kind="output")
-    assert _judge_perturbed(output, perturbed, ref64, 3e-6, tol) is output
+    assert judge_perturbed(output, perturbed, ref64, 3e-6, tol) is output
 
 
 def test_normwise_error_and_sign_masks_agree_with_whole_tensor_formulas_across_chunks():
-    from tunecl.tools.validate import _CHUNK, SIGN_FLOOR, _same_sign, normwise_error
+    from tunecl.tools.tolerances import CHUNK, SIGN_FLOOR, normwise_error, same_sign
 
     generator = torch.Generator().manual_seed(1)
-    ref = torch.randn(3, _CHUNK + 5, generator=generator, dtype=torch.float64)
+    ref = torch.randn(3, CHUNK + 5, generator=generator, dtype=torch.float64)
     x = (ref + 1e-3 * torch.randn(ref.shape, generator=generator, dtype=torch.float64)).float()
     mask = torch.rand(ref.shape, generator=generator) > 0.3
     assert normwise_error(x, ref) == pytest.approx(((x - ref).norm() / ref.norm()).item(), rel=1e-9)
@@ -232,11 +235,12 @@ def test_normwise_error_and_sign_masks_agree_with_whole_tensor_formulas_across_c
     assert normwise_error(x, ref, mask) == pytest.approx(expected, rel=1e-9)
     g, h = x * 1e-4, -x * 1e-4 * (torch.rand(ref.shape, generator=generator) > 0.5) * 2 + x * 1e-4
     same = (g.sign() == h.sign()) & (g.abs() > SIGN_FLOOR) & (h.abs() > SIGN_FLOOR)
-    assert torch.equal(_same_sign(g, h), same)
+    assert torch.equal(same_sign(g, h), same)
 
 
 def test_zero_gradients_and_the_loss_are_judged_against_float64_too():
-    from tunecl.tools.validate import ADAM_LR, _checks
+    from tunecl.tools.step_checks import check_run
+    from tunecl.tools.tolerances import ADAM_LR
 
     big = torch.tensor([1.0, -2.0])
     g64 = {"w": big.double(), "b": torch.tensor([1e-15, -1e-15], dtype=torch.float64)}
@@ -249,17 +253,18 @@ def test_zero_gradients_and_the_loss_are_judged_against_float64_too():
                 "own_loss": torch.tensor(own, dtype=torch.float64)}
 
     ref, ref64 = run(g32, 1.0, 1.0), run(g64, 1.0, 1.0)
-    checks = {(c.kind, c.name): c for c in _checks(ref, run(g_dev, 1.002, 1.002), Tolerances(), ref64)}
+    checks = {(c.kind, c.name): c for c in check_run(ref, run(g_dev, 1.002, 1.002), Tolerances(), ref64)}
     assert checks["grad", "b"].passed_by == "zero" and checks["grad", "b"].fp64_ratio > 100
     # the loss is 0.2% off both references, but it is the cross-entropy of the device's own output
     assert checks["loss", "loss"].passed_by == "own output"
-    wrong = {(c.kind, c.name): c for c in _checks(ref, run(g_dev, 1.002, 1.0), Tolerances(), ref64)}
+    wrong = {(c.kind, c.name): c for c in check_run(ref, run(g_dev, 1.002, 1.0), Tolerances(), ref64)}
     assert not wrong["loss", "loss"].passed
 
 
 def test_a_step_on_an_ill_conditioned_gradient_passes_as_adam_on_the_device_own_gradient():
     """Gradients of ~1e-5 that differ by 50%: Adam's steps differ by ~1e-3 lr (1e-3 rel on a zero bias)."""
-    from tunecl.tools.validate import ADAM_EPS, ADAM_LR, _checks
+    from tunecl.tools.step_checks import check_run
+    from tunecl.tools.tolerances import ADAM_EPS, ADAM_LR
 
     g32, g_dev, g64 = torch.tensor([2e-5, 1.0]), torch.tensor([3e-5, 1.0]), torch.tensor([2.02e-5, 1.0])
     initial = torch.zeros(2)
@@ -270,11 +275,11 @@ def test_a_step_on_an_ill_conditioned_gradient_passes_as_adam_on_the_device_own_
                 "own_loss": torch.tensor(1.0, dtype=torch.float64)}
 
     ref, ref64 = {**run(g32), "initial": {"b": initial}}, run(g64.double())
-    grad, param = _checks(ref, run(g_dev), Tolerances(), ref64)[2:]
+    grad, param = check_run(ref, run(g_dev), Tolerances(), ref64)[2:]
     assert grad.passed and param.max_rel > Tolerances().param
     assert param.fp64_ratio > Tolerances().multiplier   # CPU float32 happens to be closer to float64
     assert param.passed_by == "own gradient" and "Adam step on the device's own gradient" in param.note
-    missing = _checks(ref, run(g_dev, step=False), Tolerances(), ref64)[3]
+    missing = check_run(ref, run(g_dev, step=False), Tolerances(), ref64)[3]
     assert not missing.passed
 
 

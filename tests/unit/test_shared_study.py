@@ -12,7 +12,7 @@ from optuna.trial import TrialState
 from test_strategies import Replay, make_space  # the replay evaluator and its synthetic space
 
 from tunecl.search.claims import Claims
-from tunecl.search.driver import ATTR, WORKER_ATTR
+from tunecl.search.coordination import ATTR, WORKER_ATTR
 from tunecl.search.result import config_key
 from tunecl.search.strategies import TPE, Budget, Exhaustive, RandomSearch
 from tunecl.search.tuner import open_storage
@@ -122,9 +122,9 @@ def test_a_worker_left_nothing_to_measure_waits_for_the_others_results(monkeypat
     and ends with their winner instead of failing with no candidate."""
     import threading
 
-    from tunecl.search import driver
+    from tunecl.search import coordination
 
-    monkeypatch.setattr(driver, "AWAIT_POLL_S", 0.01)
+    monkeypatch.setattr(coordination, "AWAIT_POLL_S", 0.01)
     space = make_space()
     storage = optuna.storages.InMemoryStorage()
     measuring, release = threading.Event(), threading.Event()

@@ -14,6 +14,9 @@ is where search and the tuning DB meet).
   a strategy;
 - :mod:`~tunecl.search.strategies` — exhaustive, grid, random and TPE strategies on Optuna studies;
 - :mod:`~tunecl.search.driver` — the ask/check/evaluate/tell loop with resume and re-measurement;
+  :mod:`~tunecl.search.batching` — its batched form (``jobs > 1``);
+  :mod:`~tunecl.search.coordination` — the study's trials as one worker knows them, shared with others;
+- :mod:`~tunecl.search.claims` — claims on whole problems between ``tune --net`` processes;
 - :mod:`~tunecl.search.tuner` — ``Tuner.tune(problem)``: a resumable study per problem and device.
 """
 

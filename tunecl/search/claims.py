@@ -8,7 +8,7 @@ Races: ``set_user_attr`` is last-writer-wins, so two workers may both believe th
 the same moment (each writes, then reads its own value back before the other writes). That costs time,
 never correctness: a worker that finds its claim lost simply tunes along in the same study, where the
 study driver shares trials between workers (no config measured twice, one trial budget; see
-:mod:`tunecl.search.driver`). A claim is *stale*, and taken over, when its worker's heartbeat (rewritten
+:mod:`tunecl.search.coordination`). A claim is *stale*, and taken over, when its worker's heartbeat (rewritten
 at most every ``HEARTBEAT_EVERY`` seconds while it evaluates candidates) is older than ``STALE_AFTER``
 seconds — across machines this assumes roughly synchronized clocks — or when its worker is a process of
 this host that no longer exists.
@@ -16,15 +16,13 @@ this host that no longer exists.
 
 from __future__ import annotations
 
-import os
-import socket
 import time
 from collections.abc import Callable
 from typing import Any
 
 import optuna
 
-from tunecl.search.driver import process_gone
+from tunecl.search.coordination import process_gone, this_worker
 from tunecl.search.strategies import quiet_optuna
 
 STALE_AFTER = 600.0  # seconds without a heartbeat after which another worker takes a claim over
@@ -48,7 +46,7 @@ class Claims:
             # creation with load_if_exists is atomic per study name: concurrent workers get one study
             self.study = optuna.create_study(storage=storage, study_name=f"tunecl:claims:{device_key}",
                                              load_if_exists=True)
-        self.worker = worker or f"{socket.gethostname()}:{os.getpid()}"
+        self.worker = worker or this_worker()
         self.clock = clock
         self.stale_after = stale_after
         self._beats: dict[str, float] = {}

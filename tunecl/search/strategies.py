@@ -48,10 +48,13 @@ from typing import Protocol
 
 import optuna
 
+from tunecl.search.batching import BatchedStudyDriver, Preparer
 from tunecl.search.budget import Budget, Evaluator, Progress, ProgressCallback, SearchLog
-from tunecl.search.driver import GRID_ENUMERATION_LIMIT, Preparer, StudyDriver
+from tunecl.search.driver import StudyDriver
 from tunecl.search.result import Config
 from tunecl.search.space import SearchSpace
+
+GRID_ENUMERATION_LIMIT = 100_000  # larger valid spaces are sampled by the grid strategy, not listed
 
 __all__ = ["STRATEGIES", "TPE", "Budget", "Evaluator", "Exhaustive", "Grid", "OptunaStrategy", "Progress",
            "ProgressCallback", "RandomSearch", "SearchLog", "Strategy", "quiet_optuna"]
@@ -107,7 +110,9 @@ class OptunaStrategy:
                prepare: Preparer | None = None) -> SearchLog:
         """Run the search; ``prepare`` (used when ``jobs > 1``) starts an evaluation ahead of time."""
         with quiet_optuna():
-            return StudyDriver(self, space, evaluate, budget, prepare).run()
+            if self.jobs > 1:
+                return BatchedStudyDriver(self, space, evaluate, budget, prepare).run()
+            return StudyDriver(self, space, evaluate, budget).run()
 
 
 class TPE(OptunaStrategy):
