@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tunecl.backend import amp, graphs, memory, state, streams
+from tunecl.backend import allocator, amp, graphs, state, streams
 
 DEVICE = "opencl"
 
@@ -74,7 +74,7 @@ def test_mem_get_info_drops_by_what_a_new_tensor_reserves():
     before, _ = torch.opencl.mem_get_info()
     t = torch.empty(3 * 1000 + 7, device=DEVICE)
     after, _ = torch.opencl.mem_get_info()
-    assert before - after == memory.size_class(t.untyped_storage().nbytes())
+    assert before - after == allocator.size_class(t.untyped_storage().nbytes())
 
 
 def test_memory_stats_carry_cuda_key_names_beside_tunecls():
@@ -102,7 +102,7 @@ def test_memory_stats_follow_an_allocation_and_its_free():
     assert start["allocation.all.allocated"] == start["allocation.all.freed"] == 0
     assert start["allocated_bytes.all.peak"] == start["allocated_bytes.all.current"]
     t = torch.empty(5, 2049, device=DEVICE)
-    nbytes = memory.size_class(t.untyped_storage().nbytes())
+    nbytes = allocator.size_class(t.untyped_storage().nbytes())
     held = _live_stats()
     assert held["allocated_bytes.all.current"] - start["allocated_bytes.all.current"] == nbytes
     assert held["allocated_bytes.all.allocated"] == nbytes and held["allocation.all.allocated"] == 1

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tunecl.backend import graphs, memory
+from tunecl.backend import allocator, graphs, memory
 from tunecl.profiling import KernelProfile
 
 
@@ -219,7 +219,7 @@ def test_buffers_a_graph_replays_into_never_go_to_other_tensors_until_reset():
     before, held = memory.allocator.stats()["graph_bytes"], g.nbytes
     g.reset()
     assert memory.allocator.stats()["graph_bytes"] == before - held
-    assert not (reserved & set(memory.graph_buffers))
+    assert not (reserved & set(allocator.graph_buffers))
     with pytest.raises(graphs.GraphCaptureError):
         g.replay()
 
@@ -493,13 +493,13 @@ def test_a_graph_collected_inside_an_allocation_is_released_without_deadlock(mon
     g.cycle = g   # only the cyclic collector frees it now
     collected = weakref.ref(g)
     del g
-    real_slot = memory._Slot
+    real_slot = allocator.Slot
 
     def slot_after_a_collection(ndim: int):
         gc.collect()   # a collection right here, inside allocate's locked section
         return real_slot(ndim)
 
-    monkeypatch.setattr(memory, "_Slot", slot_after_a_collection)
+    monkeypatch.setattr(allocator, "Slot", slot_after_a_collection)
     monkeypatch.setitem(memory.allocator._free_large_slots, 11, [])   # so an 11-d tensor makes a new slot
     t = torch.empty((1,) * 11, device="opencl")
     assert collected() is None and t.dim() == 11

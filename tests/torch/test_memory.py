@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from tunecl.backend import memory
+from tunecl.backend import allocator, memory
 from tunecl.backend.dtypes import UnsupportedDtypeError
 
 
@@ -18,10 +18,10 @@ def test_size_classes_waste_far_less_than_power_of_two_rounding():
     sizes = [rng.randint(1, 1 << 30) for _ in range(20000)] + [rng.randint(1, 1 << 20) for _ in range(20000)]
     worst_large, total_large, total_pow2, n_large = 0.0, 0.0, 0.0, 0
     for n in sizes:
-        reserved = memory.size_class(n)
+        reserved = allocator.size_class(n)
         assert reserved >= n
-        if n <= memory.SMALL_LIMIT:
-            assert reserved - n < memory.SMALL_GRANULE  # at most 511 bytes wasted below 1 MiB
+        if n <= allocator.SMALL_LIMIT:
+            assert reserved - n < allocator.SMALL_GRANULE  # at most 511 bytes wasted below 1 MiB
         else:
             waste = (reserved - n) / n
             worst_large = max(worst_large, waste)
@@ -31,8 +31,8 @@ def test_size_classes_waste_far_less_than_power_of_two_rounding():
     assert worst_large < 1 / 16            # under 6.25 % for every request above 1 MiB
     assert total_large / n_large < 0.035   # about 3 % on average ...
     assert total_pow2 / n_large > 0.3      # ... where power-of-two rounding wastes over 30 %
-    assert memory.size_class(0) == memory.SMALL_GRANULE
-    assert memory.size_class(3 << 20) == 3 << 20
+    assert allocator.size_class(0) == allocator.SMALL_GRANULE
+    assert allocator.size_class(3 << 20) == 3 << 20
 
 
 def test_cached_blocks_are_reused_and_stats_track_them():
@@ -168,7 +168,7 @@ def test_empty_tensors_recycle_their_dlpack_slots():
 def test_slots_of_more_than_eight_dims_are_recycled_by_rank_not_freed():
     """torch reads a dead storage's DLManagedTensor just after its weak reference expires (possibly on
     another thread), so a slot is never freed: one of a rare rank is kept for the next tensor of it."""
-    shape = (1,) * (memory.MAX_DIMS_RECYCLED + 1) + (12_345,)
+    shape = (1,) * (allocator.MAX_DIMS_RECYCLED + 1) + (12_345,)
     torch.opencl.empty_cache()   # (no other cached block of the class)
     t = torch.ones(shape, device="opencl")
     address = t.untyped_storage().data_ptr()
@@ -176,11 +176,11 @@ def test_slots_of_more_than_eight_dims_are_recycled_by_rank_not_freed():
     assert len(slot.shape) == len(shape)
     del t
     torch.opencl.memory_allocated()  # a sweep reclaims the dead block: cached with its slot
-    allocator = memory.allocator
-    kept = [b.slot for idle in allocator._idle.values() for b in idle] + allocator._free_large_slots.get(len(shape), [])
+    caching = memory.allocator
+    kept = [b.slot for idle in caching._idle.values() for b in idle] + caching._free_large_slots.get(len(shape), [])
     assert slot in kept
     u = torch.full(shape, 2.0, device="opencl")
-    (used,) = [b.slot for b in allocator._blocks.values() if b.address == u.untyped_storage().data_ptr()]
+    (used,) = [b.slot for b in caching._blocks.values() if b.address == u.untyped_storage().data_ptr()]
     assert used is slot   # reused
     assert u.shape == shape and u.cpu().sum().item() == 2.0 * 12_345
 

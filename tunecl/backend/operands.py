@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from tunecl.backend.dtypes import KERNEL_NAMES
-from tunecl.backend.memory import _buffers
+from tunecl.backend.allocator import buffers as _buffers
 from tunecl.errors import Unsupported
 from tunecl.kernels.strided import Operand
 

@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from tunecl.backend import state
-from tunecl.backend.memory import _buffers, empty_dense_many
+from tunecl.backend.allocator import buffers as _buffers
+from tunecl.backend.memory import empty_dense_many
 from tunecl.backend.ops import optim_calls
 
 _GENERIC = torch._C.DispatchKey.CompositeExplicitAutograd

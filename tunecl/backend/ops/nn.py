@@ -10,7 +10,7 @@ import torch
 
 from tunecl.backend import copies, graphs, half, memory, state
 from tunecl.backend.copies import contiguous_on_device
-from tunecl.backend.memory import _buffers
+from tunecl.backend.allocator import buffers as _buffers
 from tunecl.backend.operands import kernel_dtype, operand
 from tunecl.backend.ops.pointwise import new_like, run
 from tunecl.errors import Unsupported

@@ -37,7 +37,8 @@ import torch
 
 from tunecl import profiling
 from tunecl.backend import state
-from tunecl.backend.memory import _buffers, empty_dense_many
+from tunecl.backend.allocator import buffers as _buffers
+from tunecl.backend.memory import empty_dense_many
 
 MAX_CALLS = 256
 MAX_LISTS = 64

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from tunecl.backend import memory, state
-from tunecl.backend.memory import _buffers
+from tunecl.backend.allocator import buffers as _buffers
 from tunecl.backend.operands import dense_strides_like, operand, scalar_or_operand
 from tunecl.errors import Unsupported
 from tunecl.kernels.strided import Operand, relu_tag

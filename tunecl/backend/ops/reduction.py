@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from tunecl.backend import half, memory, state
-from tunecl.backend.memory import _buffers
+from tunecl.backend.allocator import buffers as _buffers
 from tunecl.backend.operands import kernel_dtype, operand
 from tunecl.errors import Unsupported
 from tunecl.kernels.strided import Operand
