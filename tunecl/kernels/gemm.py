@@ -201,6 +201,13 @@ class Fp32Gemm:
         return isinstance(problem, GemmProblem) and problem.dtype == "float32"
 
 
+def check_dtype(name: str, problem: GemmProblem, dtype: str) -> None:
+    """Raise ValueError for a ``problem`` of another dtype than ``dtype``, the one family ``name``
+    computes (its space, default and build refuse it before anything is compiled)."""
+    if problem.dtype != dtype:
+        raise ValueError(f"{name} computes {dtype} GEMMs, not {problem.key}")
+
+
 # Kernel arguments of both families: M, N, K, alpha, beta, then (buffer, offset, ld, stride) x 3.
 SCALAR_DTYPES = [np.int32, np.int32, np.int32, np.float32, np.float32,
                  None, np.int64, np.int32, np.int64,
@@ -695,6 +702,7 @@ class GemmTiled(Fp32Gemm):
         return self._space(problem, device, CP_ASYNC in capabilities(device))
 
     def _space(self, problem: GemmProblem, device: Device, async_copies: bool) -> Space:
+        check_dtype(NAME, problem, "float32")
         # configs stored before SPLITK / ASYNC / STREAMK existed built what 1 / 0 / 0 build now
         return make_space(_params(device, async_copies), _constraints(problem, device), _pruning(problem, device),
                           implied={"SPLITK": 1, "ASYNC": 0, "STREAMK": 0})

@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from tunecl.kernels.base import Config, Space, build_options, read_source
-from tunecl.kernels.gemm import (Fp32Gemm, GemmPlan, Rule, Variant, check_config, device_type, layout_options,
-                                 make_space, widest)
+from tunecl.kernels.gemm import (Fp32Gemm, GemmPlan, Rule, Variant, check_config, check_dtype, device_type,
+                                 layout_options, make_space, widest)
 from tunecl.kernels.sizes import next_pow2
 from tunecl.problems import GemmProblem
 from tunecl.runtime import Device
@@ -82,6 +82,7 @@ class GemmDirect(Fp32Gemm):
     version = VERSION
 
     def space(self, problem: GemmProblem, device: Device) -> Space:
+        check_dtype(NAME, problem, "float32")
         return make_space(dict(_PARAMS), _constraints(problem, device), _pruning(problem, device))
 
     def default(self, problem: GemmProblem, device: Device) -> Config:

@@ -53,8 +53,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from tunecl.kernels.base import Config, Space, read_source
-from tunecl.kernels.gemm import (GemmPlan, Rule, capabilities, check_config, compute_units, enumerate_space,
-                                 is_nvidia, layout_options, make_space, row_grid, variant_options, widest)
+from tunecl.kernels.gemm import (GemmPlan, Rule, capabilities, check_config, check_dtype, compute_units,
+                                 enumerate_space, is_nvidia, layout_options, make_space, row_grid,
+                                 variant_options, widest)
 from tunecl.kernels.sizes import next_pow2
 from tunecl.precision import FP32, TF32
 from tunecl.problems import GemmProblem
@@ -325,10 +326,6 @@ class TensorCoreGemm:
             and self.capability in capabilities(device)
         )
 
-    def _check_dtype(self, problem: GemmProblem) -> None:
-        if problem.dtype != self.variant.dtype:
-            raise ValueError(f"{self.name} computes {self.variant.dtype} GEMMs, not {problem.key}")
-
 
 class GemmMmaTF32(TensorCoreGemm):
     """The ``gemm_mma_tf32`` algorithm (see the module docstring for its tunables)."""
@@ -342,7 +339,7 @@ class GemmMmaTF32(TensorCoreGemm):
         return self._space(problem, device, CP_ASYNC in capabilities(device), is_nvidia(device))
 
     def _space(self, problem: GemmProblem, device: Device, async_copies: bool, nvidia: bool) -> Space:
-        self._check_dtype(problem)
+        check_dtype(self.name, problem, self.variant.dtype)
         return make_space(
             _params(async_copies, nvidia, self.variant),
             _constraints(problem, device),

@@ -38,9 +38,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from tunecl.kernels.base import Config, Space, read_source
-from tunecl.kernels.gemm import (Fp32Gemm, GemmPlan, Rule, check_config, compute_units, device_type,
-                                 enumerate_space, is_nvidia, layout_options, make_space, row_grid,
-                                 variant_options, widest)
+from tunecl.kernels.gemm import (Fp32Gemm, GemmPlan, Rule, check_config, check_dtype, compute_units,
+                                 device_type, enumerate_space, is_nvidia, layout_options, make_space,
+                                 row_grid, variant_options, widest)
 from tunecl.kernels.sizes import next_pow2
 from tunecl.problems import GemmProblem
 from tunecl.runtime import Device
@@ -199,12 +199,14 @@ class GemmSimt(Fp32Gemm):
     version = VERSION
 
     def space(self, problem: GemmProblem, device: Device) -> Space:
+        check_dtype(NAME, problem, "float32")
         return make_space(_params(device), _constraints(problem, device), _pruning(problem, device))
 
     def default(self, problem: GemmProblem, device: Device) -> Config:
         """The first preset that gives every compute unit a work-group (GPU) and passes the searched
         space's rules for this problem, with the widest vectors the packed layout allows; else the
         first searched config; else (pruning emptied the space) the first valid one."""
+        check_dtype(NAME, problem, "float32")
         gpu = device_type(device) == "gpu"
         presets = _GPU_PRESETS if gpu else _CPU_PRESETS
         constraints = _constraints(problem, device)

@@ -51,8 +51,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from tunecl.kernels.base import Config, Space
-from tunecl.kernels.gemm import (Rule, check_config, compute_units, enumerate_space, layout_options,
-                                 make_space, max_alloc_bytes, widest)
+from tunecl.kernels.gemm import (Rule, check_config, check_dtype, compute_units, enumerate_space,
+                                 layout_options, make_space, max_alloc_bytes, widest)
 from tunecl.kernels.sizes import next_pow2
 from tunecl.kernels.gemm_mma import MmaPlan, TensorCoreGemm, mma_plan
 from tunecl.kernels.gemm_pretrans import PretransposedPlan, with_layout, workspace_fits
@@ -254,7 +254,7 @@ class GemmWgmmaTF32(TensorCoreGemm):
     capability = WGMMA
 
     def space(self, problem: GemmProblem, device: Device) -> Space:
-        self._check_dtype(problem)
+        check_dtype(self.name, problem, self.variant.dtype)
         return make_space(_params(self.variant), _constraints(problem, device), _pruning(problem, device),
                           implied=IMPLIED_F16 if self.variant.f16 else IMPLIED)
 
