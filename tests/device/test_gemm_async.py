@@ -11,28 +11,25 @@ tests on a GPU whose probe granted ``cp_async`` (see docs/kernels.md, capability
 from __future__ import annotations
 
 import random
-import types
 
 import draw_spaces
 import draws
 import pytest
-
-from tests.device.test_gemm import (
+from gemm_checks import (
     ALIGNED,
     ALIGNED_NAN_C,
     BROADCAST_A,
     BROADCAST_B,
-    DRAW_DEVICE,
-    DRAW_SHAPE,
+    EDGE_SHAPES,
     PACKED_NAN_C,
-    SHAPES,
     TRANSPOSES,
     UNALIGNED,
-    _fake_device,
     check_launchable_draw,
-    check_run,
+    check_tiled_run,
+    gpu_double,
     problem,
 )
+
 from tunecl.kernels import gemm, gemm_pretrans
 from tunecl.runtime import CP_ASYNC
 
@@ -59,7 +56,8 @@ def async_config(index: int, attempt: int = 0) -> tuple[tuple[bool, bool], dict[
     (``attempt`` > 0: the next draws, for a device that cannot launch the first)."""
     transposes = TRANSPOSES[index % 4]
     if transposes not in _drawn:
-        searched = draw_spaces.tiled_configs(problem(DRAW_SHAPE, transposes), DRAW_DEVICE, True)
+        p = problem(draw_spaces.DRAW_SHAPE, transposes)
+        searched = draw_spaces.tiled_configs(p, draw_spaces.DRAW_DEVICE, True)
         _drawn[transposes] = [c for c in searched if c["ASYNC"]]
     return transposes, random.Random(7 * index + 1 + 1000 * attempt).choice(_drawn[transposes])
 
@@ -72,8 +70,8 @@ def test_async_config_matches_numpy(device, rng, position):
         layouts = ([PACKED_NAN_C, ALIGNED] if index % 2 == 0 else [ALIGNED_NAN_C, UNALIGNED]) + [
             (BROADCAST_A, BROADCAST_B)[index % 4 // 2]]
         for step, layout in enumerate(layouts):
-            shape = SHAPES[(index + 3 * step) % len(SHAPES)]
-            check_run(device, Emulated(), problem(shape, transposes, layout.batch), config, layout, rng)
+            shape = EDGE_SHAPES[(index + 3 * step) % len(EDGE_SHAPES)]
+            check_tiled_run(device, Emulated(), problem(shape, transposes, layout.batch), config, layout, rng)
 
     check_launchable_draw(async_config, index, check)
 
@@ -94,7 +92,7 @@ def test_async_with_split_k_and_every_layout(device, rng, stages):
         space = TILED._space(p, device, True)
         config = next((c for c in _with_loaders(config) if space.is_valid(c)), None)
         assert config is not None, f"no ASYNC {stages} split-K config near the default for {p.key}"
-        check_run(device, Emulated(), p, config, ALIGNED if transposes[1] else UNALIGNED, rng)
+        check_tiled_run(device, Emulated(), p, config, ALIGNED if transposes[1] else UNALIGNED, rng)
 
 
 def _with_loaders(config: dict[str, int]) -> list[dict[str, int]]:
@@ -119,17 +117,15 @@ def test_nn_problem_transposes_a_and_reads_b_in_place(device):
 def test_async_is_searched_only_where_cp_async_was_granted(device):
     p = problem((4096, 4096, 4096), (False, False))
     assert TILED.space(p, device).params["ASYNC"] == ((0, 2, 3, 4) if CP_ASYNC in gemm.capabilities(device) else (0,))
-    granted = _fake_device(local_mem=48 * 1024, max_wg=1024)
-    granted.capabilities = frozenset({CP_ASYNC})
+    granted = gpu_double(capabilities=frozenset({CP_ASYNC}))
     assert TILED.space(p, granted).params["ASYNC"] == (0, 2, 3, 4)
-    plain = _fake_device(local_mem=48 * 1024, max_wg=1024)
+    plain = gpu_double()
     with pytest.raises(ValueError, match="ASYNC"):
         TILED.build(p, plain, {**TILED.default(p, plain), "ASYNC": 2, "DB": 0})
 
 
 def test_async_rules_are_named():
-    h200 = types.SimpleNamespace(**vars(_fake_device(local_mem=48 * 1024, max_wg=1024)),
-                                 capabilities=frozenset({CP_ASYNC}))
+    h200 = gpu_double(capabilities=frozenset({CP_ASYNC}))
     p = problem((4096, 4096, 4096), (True, False))
     space = TILED.space(p, h200)
     config = {**TILED.default(p, h200), "ASYNC": 3}

@@ -1,42 +1,22 @@
-"""gemm_mma_f16 (float16 GEMM on tensor cores through inline PTX) and the "mma_f16" capability.
+"""gemm_mma_f16 (float16 GEMM on tensor cores through inline PTX) and the "mma_f16" capability: what is
+the family's own. Its results against numpy (emulated on any device, with the real PTX where the
+capability is granted: defaults and random configs on the edge shapes and layouts, with the half
+output's rounding in the tolerance) are checked by ``test_gemm_contract.py`` with every GEMM family.
 
 As for gemm_mma_tf32 (``test_gemm_mma.py``): on a device without the capability (PoCL in CI) the
-algorithm never applies, and its kernel is checked end to end by building it with ``emulate=True``
-(``MMA_STUB``: plain OpenCL C computes the m16n8k16 fragments from the same per-lane .f16x2 registers).
-Every index of the f16 variant (half tile loads, edges, transposes, the packing of k pairs from rows
-of M/N-contiguous tiles, KPAIR, padding, cp.async, C stores rounded to half) runs against numpy in
-float64. The same checks run with the real PTX where the device has the capability.
-
-Tolerance: the data is half already, so the reference is computed in float64 from the very half
-inputs the device sees (no input rounding term: products of two halves are exact in fp32). The sum is
-accumulated in fp32: the fp32 tolerance of ``test_gemm.py``, 8·eps32·sqrt(K)·S. The output is then
-rounded once to half, to nearest even: ``2**-11`` relative plus half the subnormal spacing
-(``tunecl.search.harness.half_output_tolerance``, whose docstring justifies it).
+algorithm never applies, and its kernel is built with ``emulate=True`` (``MMA_STUB``: plain OpenCL C
+computes the m16n8k16 fragments from the same per-lane .f16x2 registers).
 """
 
 from __future__ import annotations
 
-import math
-import random
-import types
 import warnings
 
-import draws
+import draw_spaces
 import numpy as np
 import pyopencl as cl
 import pytest
-from test_gemm import (
-    ALIGNED,
-    ALIGNED_NAN_C,
-    BROADCAST_A,
-    BROADCAST_B,
-    PACKED_NAN_C,
-    TRANSPOSES,
-    UNALIGNED,
-    Layout,
-    matrix_view,
-    place,
-)
+from gemm_checks import PACKED_NAN_C, TRANSPOSES, check_run, gpu_double
 
 from tunecl import kernels, runtime
 from tunecl.db import TuningDB
@@ -45,101 +25,29 @@ from tunecl.kernels.gemm_mma import GemmMmaF16, GemmMmaTF32
 from tunecl.precision import FP32, TF32
 from tunecl.problems import GemmProblem
 from tunecl.runtime import probes
-from tunecl.search.harness import GemmHarness, half_output_tolerance
+from tunecl.search.harness import GemmHarness
 from tunecl.search.measure import TimingPolicy
 from tunecl.search.tuner import NoAlgorithmError, Tuner
 from tunecl.tune import record_outcome
 
 MMA = GemmMmaF16()
-EPS32 = float(np.finfo(np.float32).eps)
-SHAPES = [(1, 1, 1), (7, 33, 127), (257, 129, 65), (128, 128, 128)]
-# offsets, lds and batch strides multiples of 8 halves: the 128-bit (VW = 8) paths with offsets
-ALIGNED8 = Layout(batch=2, alpha=0.75, beta=-1.25, offsets=(8, 16, 8), pads=(8, 0, 8), gap=8, align=8)
-LAYOUTS = [PACKED_NAN_C, ALIGNED8, UNALIGNED, ALIGNED_NAN_C, BROADCAST_A, BROADCAST_B, ALIGNED]
 FAST = TimingPolicy(warmup=1, min_time=0.002, min_repeats=3, max_repeats=10, timeout=20.0)
 ALL = frozenset({runtime.MMA_TF32, runtime.CP_ASYNC, runtime.MMA_F16})
 
 
 def _fake_device(capabilities=ALL, local_mem=48 * 1024, max_wg=1024):
-    fingerprint = types.SimpleNamespace(vendor="NVIDIA Corporation", device_type="gpu", compute_units=132)
-    return types.SimpleNamespace(
-        local_mem_size=local_mem, max_work_group_size=max_wg, fingerprint=fingerprint, capabilities=capabilities
-    )
+    return gpu_double(local_mem=local_mem, max_wg=max_wg, capabilities=capabilities)
 
 
 H200 = _fake_device()
-DRAW_SHAPE = (2048, 512, 256)
 
 
 def has_capability(device) -> bool:
     return runtime.MMA_F16 in device.capabilities
 
 
-needs_mma = pytest.mark.skipif(
-    "not has_capability(runtime.select_device())",
-    reason="the device has no mma_f16 capability (no tensor cores via PTX)",
-)
-MODES = ["emulated", pytest.param("ptx", marks=[needs_mma, pytest.mark.gpu])]
-
-
 def problem(shape, transposes, batch=1) -> GemmProblem:
     return GemmProblem(*shape, *transposes, batch=batch, dtype="float16")
-
-
-def place_half(rng, batch, rows, cols, offset, ld, stride, fill=None, outside=np.nan):
-    """``test_gemm.place`` with the buffer rounded to half: (flat float16 buffer, its matrices, mask)."""
-    flat, _, mask = place(rng, batch, rows, cols, offset, ld, stride, fill=fill, outside=outside)
-    flat = flat.astype(np.float16)
-    mats = np.stack([matrix_view(flat, offset + b * stride, ld, rows, cols) for b in range(batch)])
-    return flat, mats, mask
-
-
-def check_run(device, p: GemmProblem, config, layout: Layout, rng, emulate: bool) -> float:
-    """Build ``config`` for ``p`` laid out as ``layout``, run it, compare with numpy in float64 (see the
-    module docstring); return the largest error / tolerance."""
-    plan = MMA.build(p, device, config, emulate=emulate)
-    assert (plan.algorithm, plan.problem, plan.config, plan.precision) == (MMA.name, p, config, FP32)
-    shape_a = (p.k, p.m) if p.trans_a else (p.m, p.k)
-    shape_b = (p.n, p.k) if p.trans_b else (p.k, p.n)
-    lds = (layout.ld(0, shape_a[1]), layout.ld(1, shape_b[1]), layout.ld(2, p.n))
-    strides = [shape_a[0] * lds[0] + layout.gap, shape_b[0] * lds[1] + layout.gap, p.m * lds[2] + layout.gap]
-    if layout.broadcast:
-        strides["ab".index(layout.broadcast)] = 0
-    a_flat, a_mats, _ = place_half(rng, p.batch, *shape_a, layout.offsets[0], lds[0], strides[0])
-    b_flat, b_mats, _ = place_half(rng, p.batch, *shape_b, layout.offsets[1], lds[1], strides[1])
-    c_flat, c_mats, c_mask = place_half(
-        rng, p.batch, p.m, p.n, layout.offsets[2], lds[2], strides[2],
-        fill=np.nan if layout.beta == 0 else None, outside=None,
-    )
-    a_buf, b_buf, c_buf = device.upload(a_flat), device.upload(b_flat), device.upload(c_flat)
-    names = ("a_offset", "b_offset", "c_offset", "lda", "ldb", "ldc", "stride_a", "stride_b", "stride_c")
-    layout_args = {} if layout.packed else dict(zip(names, (*layout.offsets, *lds, *strides), strict=True))
-    events = plan.run(a_buf, b_buf, c_buf, alpha=layout.alpha, beta=layout.beta, **layout_args)
-    events[-1].wait()
-    out_flat = device.download(c_buf, c_flat.shape, np.float16)
-
-    op_a = a_mats.astype(np.float64).transpose(0, 2, 1) if p.trans_a else a_mats.astype(np.float64)
-    op_b = b_mats.astype(np.float64).transpose(0, 2, 1) if p.trans_b else b_mats.astype(np.float64)
-    ref = layout.alpha * (op_a @ op_b)
-    scale = abs(layout.alpha) * (np.abs(op_a) @ np.abs(op_b))
-    if layout.beta != 0:
-        ref += layout.beta * c_mats.astype(np.float64)
-        scale += abs(layout.beta) * np.abs(c_mats.astype(np.float64))
-    out = np.stack(
-        [matrix_view(out_flat, layout.offsets[2] + b * strides[2], lds[2], p.m, p.n) for b in range(p.batch)]
-    ).astype(np.float64)
-    tolerance = half_output_tolerance(ref, 8 * EPS32 * math.sqrt(p.k) * scale)
-    error = np.abs(out - ref)
-    bad = ~(error <= tolerance)  # NaN counts as bad
-    where = f"{MMA.name} {'emulated' if emulate else 'ptx'} {p.key} {layout} config={config}"
-    assert not bad.any(), (
-        f"{bad.sum()} of {bad.size} outputs wrong, first at {np.argwhere(bad)[0]}: "
-        f"{out[bad][0]} vs {ref[bad][0]}; {where}"
-    )
-    np.testing.assert_array_equal(
-        out_flat[~c_mask].view(np.uint16), c_flat[~c_mask].view(np.uint16), err_msg=f"wrote outside C: {where}"
-    )
-    return float(np.max(error / tolerance))
 
 
 # ---- the capability and the registry -----------------------------------------------------------------
@@ -153,17 +61,10 @@ def test_registered_after_the_tf32_family():
     assert kernels.algorithm("gemm_mma_tf32").precision == TF32
 
 
-def test_applies_exactly_to_float16_problems_with_the_capability():
+def test_only_the_f16_family_applies_to_float16_where_every_capability_is_granted():
+    """(Without wgmma: where it is granted too, gemm_wgmma_f16 comes first, test_gemm_wgmma.py.)"""
     p = GemmProblem(64, 64, 64, dtype="float16")
-    assert MMA.applies(p, H200)
-    assert not MMA.applies(p, _fake_device(capabilities=frozenset({runtime.MMA_TF32, runtime.CP_ASYNC})))
-    assert not MMA.applies(p, types.SimpleNamespace(fingerprint=H200.fingerprint))  # no attribute: none
-    assert not MMA.applies(GemmProblem(64, 64, 64), H200)  # float32: gemm_mma_tf32's
-    assert not GemmMmaTF32().applies(p, H200)
-    # only the f16 family, on a device with every capability, applies to a float16 GEMM
     assert [a.name for a in kernels.algorithms("gemm") if a.applies(p, H200)] == ["gemm_mma_f16"]
-    with pytest.raises(ValueError, match="computes float16 GEMMs"):
-        MMA.space(GemmProblem(64, 64, 64), H200)
 
 
 def test_without_the_capability_nothing_applies_to_float16(device, tmp_path):
@@ -259,8 +160,6 @@ def test_padding_mirrors_the_kernel_rules():
 @pytest.mark.parametrize(
     "changes, violation",
     [
-        ({"KWG": 8}, "KWG=8 not in"),
-        ({"VW": 16}, "VW=16 not in"),
         ({"MWG": 32, "WARPS_M": 4}, "warp_tile_rows_multiple_of_16"),
         ({"MWG": 256, "NWG": 128, "WARPS_M": 2, "WARPS_N": 2}, "at_most_128_accumulators"),
         ({"KWG": 64, "STAGES": 2}, "local_memory_within_device"),
@@ -281,56 +180,18 @@ def _refuse_to_compile(*args, **kwargs):
     raise AssertionError("an invalid config reached the compiler")
 
 
-# ---- correctness: emulated on any device, PTX where the capability is present ----------------------------
-
-_spaces: dict[tuple[tuple[bool, bool], bool], list[dict[str, int]]] = {}
-RANDOM_CONFIGS = 12   # the draws the variant-coverage test checks
-# the draws checked against numpy: 4 of 1000 per run, drawn with the day's seed; the 12 above with
-# TUNECL_RANDOM_CONFIGS=full (tests/draws.py)
-PICKS = draws.Picks("gemm_mma_f16/random", per_run=4, full=RANDOM_CONFIGS)
-
-
-def random_config(index: int, emulate: bool = False) -> tuple[tuple[bool, bool], dict[str, int]]:
-    """Config ``index`` of a seeded draw from DRAW_SHAPE's space on the H200-like device (with
-    ``emulate``: of the configs whose emulated build fits its local memory)."""
-    transposes = TRANSPOSES[index % 4]
-    if (transposes, emulate) not in _spaces:
-        p = problem(DRAW_SHAPE, transposes)
-        configs = MMA.space(p, H200).configs()
-        if emulate:
-            configs = [c for c in configs if gemm_mma.local_memory_bytes(c, p, emulate=True) <= H200.local_mem_size]
-        _spaces[(transposes, emulate)] = configs
-    return transposes, random.Random(9100 + index).choice(_spaces[(transposes, emulate)])
+# ---- correctness beyond the contract's, and the draws it runs -------------------------------------------
 
 
 def test_random_configs_cover_the_variants():
-    drawn = [random_config(i, emulate=True)[1] for i in range(RANDOM_CONFIGS)]
+    drawn = [draw_spaces.random_config(MMA, i)[1] for i in range(draw_spaces.RANDOM_FULL)]
     assert len({tuple(sorted(c.items())) for c in drawn}) == len(drawn)
     for name in ("MWG", "NWG", "KWG", "WARPS_M", "WARPS_N", "KPAIR", "PAD", "ASYNC", "STAGES"):
         assert len({c[name] for c in drawn}) > 1, f"random configs never vary {name}"
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("transposes", TRANSPOSES, ids=["nn", "nt", "tn", "tt"])
-def test_default_config_matches_numpy(device, rng, transposes, mode):
-    for index, shape in enumerate(SHAPES):
-        layout = LAYOUTS[index % len(LAYOUTS)]
-        p = problem(shape, transposes, layout.batch)
-        check_run(device, p, MMA.default(p, H200), layout, rng, emulate=mode == "emulated")
-    p = problem((257, 129, 65), transposes, batch=2)  # batch, offsets and lds for the 128-bit loads
-    check_run(device, p, MMA.default(p, H200), ALIGNED8, rng, emulate=mode == "emulated")
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("position", range(len(PICKS)))
-def test_random_config_matches_numpy(device, rng, position, mode):
-    index = PICKS[position]
-    transposes, config = random_config(index, emulate=mode == "emulated")
-    layouts = [PACKED_NAN_C, ALIGNED8] if index % 2 == 0 else [ALIGNED_NAN_C, UNALIGNED]
-    layouts.append((BROADCAST_A, BROADCAST_B)[index % 4 // 2])
-    for step, layout in enumerate(layouts):
-        shape = SHAPES[(index + step) % len(SHAPES)]
-        check_run(device, problem(shape, transposes, layout.batch), config, layout, rng, emulate=mode == "emulated")
+def _emulated(p, device, config):
+    return MMA.build(p, device, config, emulate=True)
 
 
 def test_the_default_at_h200_size_with_cp_async(device, rng):
@@ -342,7 +203,7 @@ def test_the_default_at_h200_size_with_cp_async(device, rng):
         p = problem((257, 263, 97), transposes)
         default = MMA.default(GemmProblem(4096, 4096, 4096, *transposes, dtype="float16"), H200)
         for config in (default, {**default, "ASYNC": 1, "STAGES": 3, "KWG": 16}):
-            check_run(device, p, config, PACKED_NAN_C, rng, emulate=True)
+            check_run(device, MMA, p, config, PACKED_NAN_C, rng, build=_emulated)
 
 
 def test_output_is_rounded_to_nearest_even(device):
@@ -367,10 +228,13 @@ def test_output_is_rounded_to_nearest_even(device):
 
 
 def test_local_memory_mirror_matches_the_kernel(device):
+    """``local_memory_bytes`` (what the constraint checks) is what the compiled kernel declares, for
+    four of today's random draws (the first ones test_gemm_contract.py runs)."""
     if device.fingerprint.device_type != "cpu":
         pytest.skip("only PoCL is known to report a kernel's exact local memory")
-    for index in (PICKS[position] for position in range(len(PICKS))):
-        transposes, config = random_config(index, emulate=True)
+    picks = draw_spaces.picks(MMA.name, at_least=4)
+    for index in (picks[position] for position in range(len(picks))):
+        transposes, config = draw_spaces.random_config(MMA, index)
         p = problem((64, 64, 64), transposes)
         plan = MMA.build(p, device, config, emulate=True)
         [kernel] = plan._kernels.values()

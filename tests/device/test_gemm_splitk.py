@@ -1,5 +1,5 @@
 """gemm_tiled with split K (SPLITK > 1) on this machine's OpenCL device (PoCL in CI) against numpy in
-float64, with test_gemm.py's K-scaled tolerance, layouts and NaN-filled C when beta == 0.
+float64, with gemm_checks.py's K-scaled tolerance, layouts and NaN-filled C when beta == 0.
 
 SPLITK work-groups per C tile each sum one K slice into the plan's workspace; a second launch adds
 the slices in a fixed order and applies alpha and beta. What can go wrong, and what checks it: a slice
@@ -15,24 +15,22 @@ import functools
 import random
 import types
 
-import draws
 import draw_spaces
+import draws
 import numpy as np
 import pytest
-from test_gemm import (
-    ALGORITHMS,
+from gemm_checks import (
     ALIGNED,
     ALIGNED_NAN_C,
     BROADCAST_A,
     BROADCAST_B,
-    DRAW_DEVICE,
-    DRAW_SHAPE,
-    H200,
     PACKED_NAN_C,
+    TRANSPOSE_IDS,
     TRANSPOSES,
     UNALIGNED,
     check_launchable_draw,
-    check_run,
+    check_tiled_run,
+    gpu_double,
     problem,
 )
 
@@ -40,7 +38,8 @@ from tunecl.kernels import gemm
 from tunecl.problems import GemmProblem
 from tunecl.search.evaluate import evaluate
 
-TILED = ALGORITHMS["gemm_tiled"]
+TILED = gemm.GemmTiled()
+H200 = gpu_double()
 # (shape, layout): K = 1 (all slices but the first empty), K prime and not a multiple of any KWG or
 # split, M or N = 1, batches with offsets, padded and unaligned leading dimensions, broadcasts.
 CASES = [((1, 1, 1), PACKED_NAN_C), ((7, 33, 127), UNALIGNED), ((33, 127, 257), ALIGNED),
@@ -53,13 +52,13 @@ def _split_config(transposes: tuple[bool, bool], splitk: int, device) -> dict[st
 
 
 @pytest.mark.parametrize("splitk", [2, 4, 8, 32])
-@pytest.mark.parametrize("transposes", TRANSPOSES, ids=["nn", "nt", "tn", "tt"])
+@pytest.mark.parametrize("transposes", TRANSPOSES, ids=TRANSPOSE_IDS)
 def test_split_k_matches_numpy(device, rng, transposes, splitk):
     config = _split_config(transposes, splitk, device)
     for shape, layout in CASES:
         p = problem(shape, transposes, layout.batch)
         assert TILED.space(p, device).is_valid(config)
-        check_run(device, TILED, p, config, layout, rng)
+        check_tiled_run(device, TILED, p, config, layout, rng)
 
 
 SPLIT_DRAWS = 12
@@ -71,8 +70,9 @@ PICKS = draws.Picks("gemm_splitk/random", per_run=4, full=SPLIT_DRAWS)
 @functools.cache
 def _searched_splits(transposes: tuple[bool, bool]) -> list[dict[str, int]]:
     """The split configs a GPU-like device searches for DRAW_SHAPE (enumerated once per layout)."""
-    searched = draw_spaces.tiled_configs(problem(DRAW_SHAPE, transposes), DRAW_DEVICE,
-                                         gemm.CP_ASYNC in gemm.capabilities(DRAW_DEVICE))
+    device = draw_spaces.DRAW_DEVICE
+    searched = draw_spaces.tiled_configs(problem(draw_spaces.DRAW_SHAPE, transposes), device,
+                                         gemm.CP_ASYNC in gemm.capabilities(device))
     return [c for c in searched if c["SPLITK"] > 1]
 
 
@@ -88,7 +88,7 @@ def test_random_split_configs_match_numpy(device, rng, position):
     def check(transposes, config):
         for step in range(2):
             shape, layout = CASES[(index + 2 * step) % len(CASES)]
-            check_run(device, TILED, problem(shape, transposes, layout.batch), config, layout, rng)
+            check_tiled_run(device, TILED, problem(shape, transposes, layout.batch), config, layout, rng)
 
     check_launchable_draw(draw, index, check)
 

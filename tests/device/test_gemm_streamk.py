@@ -1,5 +1,5 @@
 """gemm_tiled's stream-K tail (STREAMK > 0) on this machine's OpenCL device (PoCL in CI) against numpy in
-float64, with test_gemm.py's K-scaled tolerance, layouts, guards and NaN-filled C when beta == 0.
+float64, with gemm_checks.py's K-scaled tolerance, layouts, guards and NaN-filled C when beta == 0.
 
 With G = STREAMK x compute units, the whole waves of tiles run whole and G more work-groups share the k
 steps of the rest; parts of split tiles meet in a workspace and a fixup launch adds them. What can go
@@ -15,24 +15,25 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from tests.device.test_gemm import (
+from gemm_checks import (
     ALIGNED,
     ALIGNED_NAN_C,
     BROADCAST_A,
     BROADCAST_B,
-    H200,
     PACKED_NAN_C,
     UNALIGNED,
-    check_run,
+    check_tiled_run,
+    gpu_double,
     problem,
 )
+
 from tunecl.kernels import gemm
 from tunecl.problems import GemmProblem
 from tunecl.runtime import CP_ASYNC
 from tunecl.search.evaluate import evaluate
 
 TILED = gemm.GemmTiled()
+H200 = gpu_double()
 # (shape, layout) with 16 x 16 tiles: 1, 6, 72, 34, 51 and 6 tiles over the batch, so that G = 1 .. 10
 # meets tile counts below, at and above its multiples; K = 1 leaves most groups without steps.
 CASES = [((1, 1, 1), PACKED_NAN_C), ((7, 33, 127), UNALIGNED), ((33, 127, 257), ALIGNED),
@@ -76,7 +77,7 @@ def test_streamk_matches_numpy(device, rng, units, count, streamk, staging, tran
     for shape, layout in CASES:
         p = problem(shape, transposes, layout.batch)
         assert not TILED._space(p, device, True).violations(config)
-        check_run(device, Tiled(), p, config, layout, rng)
+        check_tiled_run(device, Tiled(), p, config, layout, rng)
 
 
 @pytest.mark.parametrize(("tiles", "groups", "split"), [(1024, 264, (792, 264)), (1056, 264, (1056, 0)),

@@ -1,43 +1,42 @@
-"""gemm_wgmma_tf32 / gemm_wgmma_f16 (Hopper warpgroup MMA through inline PTX) and the "wgmma" capability.
+"""gemm_wgmma_tf32 / gemm_wgmma_f16 (Hopper warpgroup MMA through inline PTX) and the "wgmma" capability:
+what is the families' own. Their results against numpy at their defaults and random configs (emulated
+on any device, with the real PTX where the capability is granted: every transpose, odd shapes, K = 1,
+batches with offsets, padded leading dimensions, gaps and broadcasts) are checked by
+``test_gemm_contract.py`` with every GEMM family; here, each local layout the probe checks (swizzles),
+the wgmma kept in flight and the pretransposed operands of TF32.
 
-On a device without the capability (PoCL in CI) neither family applies; the kernel is checked end to
-end by building it with ``emulate=True`` (``WGMMA_STUB``): cp.async becomes a plain copy and the wgmma a
-plain-C product that decodes the kernel's own matrix descriptors (start address, LBO, SBO, swizzle
-mode) by the PTX ISA's canonical layouts and reads local memory through them, each thread computing its
-own accumulator fragment. So the local layouts (K-major and MN-major, no swizzle and 32/64/128-byte
-swizzles), the descriptor encoding and the fragment mapping are all checked against numpy in float64,
-at the defaults and seeded random valid configs, for every transpose, odd shapes, K = 1, batches with
-offsets, padded leading dimensions, gaps and broadcasts. The same runs use the real PTX where the
-device has the capability (an H200 whose probe passed).
-
-Tolerances: TF32 as ``test_gemm_mma.py`` (fp32 tolerance plus ``tf32_tolerance``, here with its truncation
-term: the tensor cores, and the emulation, truncate the inputs to TF32), f16 as ``test_gemm_mma_f16.py``.
+On a device without the capability (PoCL in CI) neither family applies; the kernel is built with
+``emulate=True`` (``WGMMA_STUB``): cp.async becomes a plain copy and the wgmma a plain-C product that
+decodes the kernel's own matrix descriptors (start address, LBO, SBO, swizzle mode) by the PTX ISA's
+canonical layouts and reads local memory through them, each thread computing its own accumulator
+fragment. So the local layouts (K-major and MN-major, no swizzle and 32/64/128-byte swizzles), the
+descriptor encoding and the fragment mapping are all checked against numpy in float64 (the tolerances
+of ``gemm_checks.py``: TF32 with its truncation term, the tensor cores and the emulation truncate the
+inputs to TF32; f16 with the half output's rounding). The same runs use the real PTX where the device
+has the capability (an H200 whose probe passed).
 """
 
 from __future__ import annotations
 
 import json
-import math
-import random
-import types
 import warnings
 
-import draws
+import draw_spaces
 import numpy as np
 import pyopencl as cl
 import pytest
-from test_gemm import (
+from gemm_checks import (
     ALIGNED,
-    ALIGNED_NAN_C,
     BROADCAST_A,
     BROADCAST_B,
     PACKED_NAN_C,
+    TRANSPOSE_IDS,
     TRANSPOSES,
     UNALIGNED,
     Layout,
-    matrix_view,
-    place,
+    gpu_double,
 )
+from gemm_checks import check_run as check_numpy
 
 from tunecl import kernels, runtime
 from tunecl.kernels import gemm_wgmma
@@ -45,27 +44,13 @@ from tunecl.kernels.gemm_wgmma import GemmWgmmaF16, GemmWgmmaTF32
 from tunecl.precision import FP32, TF32
 from tunecl.problems import GemmProblem
 from tunecl.runtime import probes
-from tunecl.search.harness import gemm_spread, half_output_tolerance, tf32_tolerance
 
 TF32_ALG = GemmWgmmaTF32()
 F16_ALG = GemmWgmmaF16()
-EPS32 = float(np.finfo(np.float32).eps)
-# 1x1x1, odd edges, K = 1, more than one tile in every dimension, whole tiles
-SHAPES = [(1, 1, 1), (7, 33, 127), (257, 129, 65), (130, 300, 1), (128, 128, 128)]
-ALIGNED8 = Layout(batch=2, alpha=0.75, beta=-1.25, offsets=(8, 16, 8), pads=(8, 0, 8), gap=8, align=8)
-LAYOUTS = [PACKED_NAN_C, ALIGNED, UNALIGNED, ALIGNED_NAN_C, BROADCAST_A, BROADCAST_B, ALIGNED8]
-DRAW_SHAPE = (2048, 512, 256)
-RANDOM_CONFIGS = 10
-# the draws checked against numpy: 4 of 1000 per run, drawn with the day's seed; the first RANDOM_CONFIGS
-# with TUNECL_RANDOM_CONFIGS=full (tests/draws.py)
-PICKS = draws.Picks("gemm_wgmma/random", per_run=4, full=RANDOM_CONFIGS)
 
 
 def _fake_device(capabilities=frozenset({runtime.WGMMA}), local_mem=48 * 1024, max_wg=1024):
-    fingerprint = types.SimpleNamespace(vendor="NVIDIA Corporation", device_type="gpu", compute_units=132)
-    return types.SimpleNamespace(
-        local_mem_size=local_mem, max_work_group_size=max_wg, fingerprint=fingerprint, capabilities=capabilities
-    )
+    return gpu_double(local_mem=local_mem, max_wg=max_wg, capabilities=capabilities)
 
 
 H200 = _fake_device()
@@ -97,64 +82,11 @@ def build(alg, p, device, config, emulate):
     return alg.build(p, device, config, emulate=emulate)
 
 
-def _place(rng, dtype, *args, **kwargs):
-    flat, mats, mask = place(rng, *args, **kwargs)
-    if dtype == "float16":
-        flat = flat.astype(np.float16)
-        batch, rows, cols, offset, ld, stride = args
-        mats = np.stack([matrix_view(flat, offset + b * stride, ld, rows, cols) for b in range(batch)])
-    return flat, mats, mask
-
-
 def check_run(device, p: GemmProblem, config, layout: Layout, rng, emulate: bool) -> None:
-    """Build ``config`` for ``p`` laid out as ``layout``, run it, compare with numpy in float64."""
+    """Build ``config`` for ``p`` (valid on the H200), run it laid out as ``layout``, compare with numpy."""
     alg = algorithm(p.dtype)
-    plan = build(alg, p, device, config, emulate)
-    assert (plan.algorithm, plan.problem, plan.precision) == (alg.name, p, TF32 if p.dtype == "float32" else FP32)
-    shape_a = (p.k, p.m) if p.trans_a else (p.m, p.k)
-    shape_b = (p.n, p.k) if p.trans_b else (p.k, p.n)
-    lds = (layout.ld(0, shape_a[1]), layout.ld(1, shape_b[1]), layout.ld(2, p.n))
-    strides = [shape_a[0] * lds[0] + layout.gap, shape_b[0] * lds[1] + layout.gap, p.m * lds[2] + layout.gap]
-    if layout.broadcast:
-        strides["ab".index(layout.broadcast)] = 0
-    a_flat, a_mats, _ = _place(rng, p.dtype, p.batch, *shape_a, layout.offsets[0], lds[0], strides[0])
-    b_flat, b_mats, _ = _place(rng, p.dtype, p.batch, *shape_b, layout.offsets[1], lds[1], strides[1])
-    c_flat, c_mats, c_mask = _place(
-        rng, p.dtype, p.batch, p.m, p.n, layout.offsets[2], lds[2], strides[2],
-        fill=np.nan if layout.beta == 0 else None, outside=None,
-    )
-    a_buf, b_buf, c_buf = device.upload(a_flat), device.upload(b_flat), device.upload(c_flat)
-    names = ("a_offset", "b_offset", "c_offset", "lda", "ldb", "ldc", "stride_a", "stride_b", "stride_c")
-    layout_args = {} if layout.packed else dict(zip(names, (*layout.offsets, *lds, *strides), strict=True))
-    events = plan.run(a_buf, b_buf, c_buf, alpha=layout.alpha, beta=layout.beta, **layout_args)
-    events[-1].wait()
-    out_flat = device.download(c_buf, c_flat.shape, c_flat.dtype)
-
-    op_a = a_mats.astype(np.float64).transpose(0, 2, 1) if p.trans_a else a_mats.astype(np.float64)
-    op_b = b_mats.astype(np.float64).transpose(0, 2, 1) if p.trans_b else b_mats.astype(np.float64)
-    ref = layout.alpha * (op_a @ op_b)
-    scale = abs(layout.alpha) * (np.abs(op_a) @ np.abs(op_b))
-    if layout.beta != 0:
-        ref += layout.beta * c_mats.astype(np.float64)
-        scale += abs(layout.beta) * np.abs(c_mats.astype(np.float64))
-    out = np.stack(
-        [matrix_view(out_flat, layout.offsets[2] + b * strides[2], lds[2], p.m, p.n) for b in range(p.batch)]
-    ).astype(np.float64)
-    fp32_tolerance = 8 * EPS32 * math.sqrt(p.k) * scale
-    if p.dtype == "float16":
-        tolerance = half_output_tolerance(ref, fp32_tolerance)
-    else:
-        # (the tensor cores truncate the inputs: the value term bounds the bias that gives)
-        tolerance = fp32_tolerance + abs(layout.alpha) * tf32_tolerance(gemm_spread(op_a, op_b), op_a @ op_b)
-    bad = ~(np.abs(out - ref) <= tolerance)  # NaN counts as bad
-    where = f"{alg.name} {'emulated' if emulate else 'ptx'} {p.key} {layout} config={config}"
-    assert not bad.any(), (
-        f"{bad.sum()} of {bad.size} outputs wrong, first at {np.argwhere(bad)[0]}: "
-        f"{out[bad][0]} vs {ref[bad][0]}; {where}"
-    )
-    np.testing.assert_array_equal(
-        out_flat[~c_mask].view(np.uint8), c_flat[~c_mask].view(np.uint8), err_msg=f"wrote outside C: {where}"
-    )
+    check_numpy(device, alg, p, config, layout, rng,
+                build=lambda p, device, config: build(alg, p, device, config, emulate))
 
 
 # ---- the capability, the registry, the space ---------------------------------------------------------
@@ -172,18 +104,6 @@ def test_registered_before_the_mma_families_so_it_gives_the_float16_default():
     assert first("float16") == "gemm_wgmma_f16" and first("float32") == "gemm_tiled"
     assert kernels.algorithm("gemm_wgmma_tf32").precision == TF32
     assert kernels.algorithm("gemm_wgmma_f16").precision == FP32
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_applies_only_with_the_capability_and_its_dtype(dtype):
-    alg, other = (F16_ALG, TF32_ALG) if dtype == "float16" else (TF32_ALG, F16_ALG)
-    p = GemmProblem(64, 64, 64, dtype=dtype)
-    assert alg.applies(p, H200) and not other.applies(p, H200)
-    mma_only = _fake_device(capabilities=frozenset({runtime.MMA_TF32, runtime.MMA_F16, runtime.CP_ASYNC}))
-    assert not alg.applies(p, mma_only)
-    assert not alg.applies(p, types.SimpleNamespace(fingerprint=H200.fingerprint))
-    for transposes in TRANSPOSES:  # every layout the backend passes
-        assert alg.applies(problem((33, 17, 29), transposes, dtype), H200)
 
 
 def test_without_the_capability_nothing_applies(device):
@@ -250,7 +170,6 @@ def test_space_and_default_on_an_h200_like_device(dtype):
         ({"SWIZZLE": 128}, "swizzle_fits_the_tiles"),
         ({"STAGES": 4}, "local_memory_within_device"),
         ({"STAGES": 2, "INFLIGHT": 1}, "INFLIGHT_needs_three_stages"),
-        ({"KWG": 12}, "KWG=12 not in"),
     ],
 )
 def test_invalid_configs_are_named_and_never_compiled(device, monkeypatch, changes, violation):
@@ -278,43 +197,18 @@ def test_device_limits_are_named_constraints():
 
 # ---- correctness: emulated on any device, PTX where the capability is present ------------------------
 
-_spaces: dict[tuple[str, tuple[bool, bool]], list[dict[str, int]]] = {}
-
-
-def random_config(dtype: str, index: int) -> tuple[tuple[bool, bool], dict[str, int]]:
-    """Config ``index`` of a seeded draw from DRAW_SHAPE's space on the H200-like device."""
-    transposes = TRANSPOSES[index % 4]
-    if (dtype, transposes) not in _spaces:
-        _spaces[(dtype, transposes)] = algorithm(dtype).space(problem(DRAW_SHAPE, transposes, dtype), H200).configs()
-    return transposes, random.Random(9000 + index + (100 if dtype == "float16" else 0)).choice(
-        _spaces[(dtype, transposes)]
-    )
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_random_configs_cover_the_variants(dtype):
-    drawn = [random_config(dtype, i)[1] for i in range(RANDOM_CONFIGS)]
+    """test_gemm_contract.py's draws."""
+    drawn = [draw_spaces.random_config(algorithm(dtype), i)[1] for i in range(draw_spaces.RANDOM_FULL)]
     assert len({tuple(sorted(c.items())) for c in drawn}) == len(drawn)
     for name in ("MWG", "NWG", "KWG", "WARPGROUPS", "STAGES", "SWIZZLE", "INFLIGHT"):
         assert len({c[name] for c in drawn}) > 1, f"random configs never vary {name}"
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("transposes", TRANSPOSES, ids=["nn", "nt", "tn", "tt"])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_default_config_matches_numpy(device, rng, dtype, transposes, mode):
-    alg = algorithm(dtype)
-    for index, shape in enumerate(SHAPES):
-        layout = LAYOUTS[index % len(LAYOUTS)]
-        p = problem(shape, transposes, dtype, layout.batch)
-        check_run(device, p, alg.default(p, H200), layout, rng, emulate=mode == "emulated")
-    p = problem((257, 129, 65), transposes, dtype, batch=3)  # batch 3, offsets, ld > rows, gaps
-    check_run(device, p, alg.default(p, H200), ALIGNED, rng, emulate=mode == "emulated")
-
-
-@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("swizzle", [0, 32, 64, 128])
-@pytest.mark.parametrize("transposes", TRANSPOSES, ids=["nn", "nt", "tn", "tt"])
+@pytest.mark.parametrize("transposes", TRANSPOSES, ids=TRANSPOSE_IDS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_every_swizzle_matches_numpy(device, rng, dtype, transposes, swizzle, mode):
     """Each layout the probe checks, with two warpgroups and several K steps (64 x 64 tiles so that
@@ -327,23 +221,8 @@ def test_every_swizzle_matches_numpy(device, rng, dtype, transposes, swizzle, mo
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("position", range(len(PICKS)))
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_random_config_matches_numpy(device, rng, dtype, position, mode):
-    index = PICKS[position]
-    transposes, config = random_config(dtype, index)
-    layouts = ([PACKED_NAN_C, ALIGNED] if index % 2 == 0 else [ALIGNED_NAN_C, UNALIGNED]) + [
-        (BROADCAST_A, BROADCAST_B)[index % 4 // 2]
-    ]
-    for step, layout in enumerate(layouts):
-        shape = SHAPES[(index + step) % len(SHAPES)]
-        check_run(device, problem(shape, transposes, dtype, layout.batch), config, layout, rng,
-                  emulate=mode == "emulated")
-
-
-@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("stages", [3, 4])
-@pytest.mark.parametrize("transposes", TRANSPOSES, ids=["nn", "nt", "tn", "tt"])
+@pytest.mark.parametrize("transposes", TRANSPOSES, ids=TRANSPOSE_IDS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_inflight_matches_numpy(device, rng, dtype, transposes, stages, mode):
     """INFLIGHT 1: the previous K step's wgmma keeps running while the next is issued and the copies run
@@ -397,8 +276,9 @@ def test_local_memory_mirror_matches_the_kernel(device):
     if device.fingerprint.device_type != "cpu":
         pytest.skip("only PoCL is known to report a kernel's exact local memory")
     for dtype in DTYPES:
-        for index in range(4):
-            transposes, config = random_config(dtype, index)
+        picks = draw_spaces.picks(algorithm(dtype).name, at_least=4)
+        for index in (picks[position] for position in range(len(picks))):
+            transposes, config = draw_spaces.random_config(algorithm(dtype), index)
             p = problem((64, 64, 64), transposes, dtype)
             plan = build(algorithm(dtype), p, device, config, emulate=True)
             [kernel] = getattr(plan, "inner", plan)._kernels.values()  # (behind PRETRANS's transposes)
