@@ -41,8 +41,8 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
 import pyopencl as cl
 
 from tunecl import runtime
-from tunecl.kernels.conv_implicit_gemm import ConvImplicitGemm
-from tunecl.kernels.conv_implicit_gemm_mma import ConvImplicitGemmMmaF16, ConvImplicitGemmMmaTF32
+from tunecl.kernels.conv.conv_implicit_gemm import ConvImplicitGemm
+from tunecl.kernels.conv.conv_implicit_gemm_mma import ConvImplicitGemmMmaF16, ConvImplicitGemmMmaTF32
 from tunecl.problems import DIRECTIONS, ConvProblem
 from tunecl.search.harness_conv import ConvHarness
 

@@ -43,7 +43,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
 from tunecl import runtime
-from tunecl.kernels import gemm, gemm_mma
+from tunecl.kernels.gemm import gemm, gemm_mma
 from tunecl.problems import GemmProblem
 from tunecl.search.harness import gemm_spread, tf32_tolerance
 
@@ -187,7 +187,7 @@ def verbose_build_job(device: Any, job: dict[str, Any]) -> dict[str, Any]:
     extra = [f"-DTRANS_A={int(p.trans_a)}", f"-DTRANS_B={int(p.trans_b)}", "-cl-nv-verbose"]
     if config.get("MAXRREG"):
         extra.append(f"-cl-nv-maxrregcount={config['MAXRREG']}")
-    program = cl.Program(device.context, read_source("tunecl.kernels", "gemm_mma.cl"))
+    program = cl.Program(device.context, read_source("tunecl.kernels.gemm", "gemm_mma.cl"))
     try:
         program.build(options=build_options(options, extra))
     except cl.Error as error:

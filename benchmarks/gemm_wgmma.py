@@ -39,7 +39,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
 import pyopencl as cl
 
 from tunecl import runtime
-from tunecl.kernels import gemm_mma, gemm_wgmma
+from tunecl.kernels.gemm import gemm_mma, gemm_wgmma
 from tunecl.problems import GemmProblem
 from tunecl.search.harness_registry import harness_for
 from tunecl.search.measure import MeasureTimeout, TimingPolicy, measure

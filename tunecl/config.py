@@ -50,7 +50,7 @@ class Config:
         optim_slots: tensors per launch of the multi-tensor optimizer and ``_foreach_*`` kernels
             (``TUNECL_OPTIM_SLOTS``): 8 (the default), 1-8, 16, 24 or 32, or ``None`` (``auto``: the most
             of 8, 16, 24 and 32 the device's kernel-argument bytes allow: 32 on NVIDIA, 8 on PoCL); see
-            :func:`tunecl.kernels.optim.slots_for`.
+            :func:`tunecl.kernels.ops.optim.slots_for`.
     """
 
     device: str = "0"

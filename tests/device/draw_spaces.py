@@ -30,7 +30,7 @@ import numpy as np
 from gemm_checks import TRANSPOSES, gpu_double, problem
 
 from tunecl import config, runtime
-from tunecl.kernels import gemm
+from tunecl.kernels.gemm import gemm
 from tunecl.kernels.base import Space
 from tunecl.problems import DTYPES, GemmProblem
 

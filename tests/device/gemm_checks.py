@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from tunecl.errors import WorkGroupTooLargeError
-from tunecl.kernels import gemm, gemm_pretrans
+from tunecl.kernels.gemm import gemm, gemm_pretrans
 from tunecl.precision import FP32, TF32, algorithm_precision
 from tunecl.problems import GemmProblem
 from tunecl.search.harness import gemm_spread, half_output_tolerance, tf32_tolerance

@@ -149,7 +149,7 @@ def _small_tiles(**changes: int) -> dict[str, int]:
 
 
 def _gemm_tiled_variants(full: bool) -> None:
-    from tunecl.kernels import gemm
+    from tunecl.kernels.gemm import gemm
     from tunecl.problems import GemmProblem
 
     tiled = gemm.GemmTiled()

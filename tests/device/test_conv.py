@@ -30,9 +30,9 @@ import pytest
 
 from tunecl import kernels, runtime
 from tunecl.errors import WorkGroupTooLargeError
-from tunecl.kernels import conv_common
+from tunecl.kernels.conv import conv_common
 from tunecl.kernels.base import read_source
-from tunecl.kernels.conv_common import reduction_length
+from tunecl.kernels.conv.conv_common import reduction_length
 from tunecl.precision import FP32
 from tunecl.problems import DIRECTIONS, ConvProblem
 from tunecl.search.harness_conv import operand_shapes, reference

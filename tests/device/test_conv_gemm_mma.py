@@ -13,8 +13,9 @@ from __future__ import annotations
 import pytest
 
 from tunecl import kernels, runtime
-from tunecl.kernels import conv_gemm_mma, gemm_mma
-from tunecl.kernels.conv_common import GEMM_PREFIX, gemm_space
+from tunecl.kernels.conv import conv_gemm_mma
+from tunecl.kernels.gemm import gemm_mma
+from tunecl.kernels.conv.conv_common import GEMM_PREFIX, gemm_space
 from tunecl.precision import TF32, algorithm_precision
 from tunecl.problems import DIRECTIONS, ConvProblem
 from tunecl.search.harness_conv import ConvHarness

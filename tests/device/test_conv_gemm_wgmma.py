@@ -15,8 +15,9 @@ import pytest
 from test_conv_gemm_mma import SHAPES, check_none_applies, check_plan, check_registered, emulate_gemm
 
 from tunecl import kernels, runtime
-from tunecl.kernels import conv_gemm_wgmma, gemm_mma, gemm_wgmma
-from tunecl.kernels.conv_common import GEMM_PREFIX, gemm_space
+from tunecl.kernels.conv import conv_gemm_wgmma
+from tunecl.kernels.gemm import gemm_mma, gemm_wgmma
+from tunecl.kernels.conv.conv_common import GEMM_PREFIX, gemm_space
 from tunecl.precision import TF32, algorithm_precision
 from tunecl.problems import DIRECTIONS, ConvProblem
 from tunecl.search.harness_conv import fp32_twin

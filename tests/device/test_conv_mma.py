@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 
 from tunecl import kernels, runtime
-from tunecl.kernels import conv_implicit_gemm_mma as mma_module
-from tunecl.kernels.conv_implicit_gemm import ConvImplicitGemm
-from tunecl.kernels.conv_implicit_gemm_mma import ConvImplicitGemmMmaTF32
+from tunecl.kernels.conv import conv_implicit_gemm_mma as mma_module
+from tunecl.kernels.conv.conv_implicit_gemm import ConvImplicitGemm
+from tunecl.kernels.conv.conv_implicit_gemm_mma import ConvImplicitGemmMmaTF32
 from tunecl.precision import FP32, TF32, algorithm_precision, tf32_round
 from tunecl.problems import DIRECTIONS, ConvProblem
 from tunecl.search.harness_conv import ConvHarness, operand_shapes, reference

@@ -24,9 +24,9 @@ import pytest
 
 from tunecl import kernels, runtime
 from tunecl.cli import main
-from tunecl.kernels import conv_implicit_gemm_mma as mma_module
-from tunecl.kernels.conv_common import reduction_length
-from tunecl.kernels.conv_implicit_gemm_mma import ConvImplicitGemmMmaF16, ConvImplicitGemmMmaTF32
+from tunecl.kernels.conv import conv_implicit_gemm_mma as mma_module
+from tunecl.kernels.conv.conv_common import reduction_length
+from tunecl.kernels.conv.conv_implicit_gemm_mma import ConvImplicitGemmMmaF16, ConvImplicitGemmMmaTF32
 from tunecl.precision import FP32, TF32
 from tunecl.problems import DIRECTIONS, ConvProblem
 from tunecl.search.harness import reduction_tolerance

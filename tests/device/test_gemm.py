@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from gemm_checks import ALIGNED, TRANSPOSES, UNALIGNED, check_run, gpu_double, problem, tiled_workspace
 
-from tunecl.kernels import gemm, gemm_direct
+from tunecl.kernels.gemm import gemm, gemm_direct
 from tunecl.problems import GemmProblem
 
 ALGORITHMS = {"gemm_tiled": gemm.GemmTiled(), "gemm_direct": gemm_direct.GemmDirect()}

@@ -30,7 +30,7 @@ from gemm_checks import (
     problem,
 )
 
-from tunecl.kernels import gemm, gemm_pretrans
+from tunecl.kernels.gemm import gemm, gemm_pretrans
 from tunecl.runtime import CP_ASYNC
 
 TILED = gemm.GemmTiled()

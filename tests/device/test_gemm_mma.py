@@ -22,9 +22,9 @@ from gemm_checks import gpu_double, problem
 from tunecl import config, kernels, runtime
 from tunecl.cli import main
 from tunecl.db import TuningDB
-from tunecl.kernels import gemm_mma
-from tunecl.kernels.gemm import GemmTiled
-from tunecl.kernels.gemm_mma import GemmMmaTF32
+from tunecl.kernels.gemm import gemm_mma
+from tunecl.kernels.gemm.gemm import GemmTiled
+from tunecl.kernels.gemm.gemm_mma import GemmMmaTF32
 from tunecl.precision import FP32, TF32, at_least
 from tunecl.problems import GemmProblem
 from tunecl.runtime import probes

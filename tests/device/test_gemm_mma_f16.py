@@ -20,8 +20,8 @@ from gemm_checks import PACKED_NAN_C, TRANSPOSES, check_run, gpu_double
 
 from tunecl import kernels, runtime
 from tunecl.db import TuningDB
-from tunecl.kernels import gemm_mma
-from tunecl.kernels.gemm_mma import GemmMmaF16, GemmMmaTF32
+from tunecl.kernels.gemm import gemm_mma
+from tunecl.kernels.gemm.gemm_mma import GemmMmaF16, GemmMmaTF32
 from tunecl.precision import FP32, TF32
 from tunecl.problems import GemmProblem
 from tunecl.runtime import probes

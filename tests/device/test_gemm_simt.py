@@ -25,7 +25,7 @@ from gemm_checks import (
 )
 
 from tunecl import kernels
-from tunecl.kernels import gemm_simt
+from tunecl.kernels.gemm import gemm_simt
 from tunecl.problems import GemmProblem
 
 SIMT = gemm_simt.GemmSimt()

@@ -34,7 +34,7 @@ from gemm_checks import (
     problem,
 )
 
-from tunecl.kernels import gemm
+from tunecl.kernels.gemm import gemm
 from tunecl.problems import GemmProblem
 from tunecl.search.evaluate import evaluate
 

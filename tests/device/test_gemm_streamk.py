@@ -27,7 +27,7 @@ from gemm_checks import (
     problem,
 )
 
-from tunecl.kernels import gemm
+from tunecl.kernels.gemm import gemm
 from tunecl.problems import GemmProblem
 from tunecl.runtime import CP_ASYNC
 from tunecl.search.evaluate import evaluate

@@ -39,8 +39,8 @@ from gemm_checks import (
 from gemm_checks import check_run as check_numpy
 
 from tunecl import kernels, runtime
-from tunecl.kernels import gemm_wgmma
-from tunecl.kernels.gemm_wgmma import GemmWgmmaF16, GemmWgmmaTF32
+from tunecl.kernels.gemm import gemm_wgmma
+from tunecl.kernels.gemm.gemm_wgmma import GemmWgmmaF16, GemmWgmmaTF32
 from tunecl.precision import FP32, TF32
 from tunecl.problems import GemmProblem
 from tunecl.runtime import probes

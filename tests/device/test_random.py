@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tunecl import runtime
-from tunecl.kernels.random import Random
+from tunecl.kernels.ops.random import Random
 
 M0, M1, W0, W1 = 0xD2511F53, 0xCD9E8D57, 0x9E3779B9, 0xBB67AE85
 MASK = np.uint64(0xFFFFFFFF)

@@ -1,4 +1,4 @@
-"""The batched transpose kernel (``tunecl/kernels/transpose.cl``) against numpy: edge sizes (1, not
+"""The batched transpose kernel (``tunecl/kernels/gemm/transpose.cl``) against numpy: edge sizes (1, not
 multiples of the 32 x 32 tile, one more than a tile), offsets, padded leading dimensions, gaps between
 the matrices of a batch and a stride of 0 (one matrix, repeated by the caller's batch of 1). Cases with
 offset, leading dimension, stride, rows and cols all even run the paired (float2, 64 x 64) kernel, the
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tunecl.kernels.transpose import Transpose
+from tunecl.kernels.gemm.transpose import Transpose
 
 
 @pytest.mark.parametrize("rows, cols, batch, offset, pad, gap", [

@@ -188,7 +188,7 @@ def test_parts_heuristic(norm):
 def test_partial_group_and_vector_width(norm):
     """A small part gets a smaller work-group (MIN_ITEM_VECTORS loads per item, a warp at least); float4
     loads need L and the offsets of x, y and dy to be multiples of 4."""
-    from tunecl.kernels import norm as module
+    from tunecl.kernels.ops import norm as module
     assert norm.partial_group(10**6) == norm.group
     assert norm.partial_group(1) == min(module.MIN_GROUP, norm.group)
     if norm.group >= 64:
@@ -250,7 +250,7 @@ def test_non_contiguous_input(layout):
 
 def test_channels_past_the_grid(norm, monkeypatch):
     """More channels than a grid dimension takes: the partial kernels loop over channels."""
-    from tunecl.kernels import norm as module
+    from tunecl.kernels.ops import norm as module
     monkeypatch.setattr(module, "MAX_GRID_GROUPS", 3)
     for forced in (1, 2):
         norm.force_parts = forced

@@ -16,7 +16,7 @@ from tiny_nets import tiny_cnn
 compile_backend = pytest.importorskip("tunecl.backend.compile")
 from tunecl.backend import fusion, memory, state  # noqa: E402
 from tunecl.errors import Unsupported  # noqa: E402
-from tunecl.kernels.fused import Chain, Fused, Step  # noqa: E402
+from tunecl.kernels.ops.fused import Chain, Fused, Step  # noqa: E402
 from tunecl.kernels.strided import Operand  # noqa: E402
 
 STEPS = 4   # warm-up, capture, then replays

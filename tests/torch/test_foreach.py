@@ -10,7 +10,7 @@ from tunecl import config
 from tunecl.backend import state
 from tunecl.backend.ops import foreach
 from tunecl.backend.ops.foreach import KERNELS
-from tunecl.kernels.optim import MAX_ITEMS, SLOTS, parameter_bytes, slots_for
+from tunecl.kernels.ops.optim import MAX_ITEMS, SLOTS, parameter_bytes, slots_for
 from tunecl.profiling import KernelProfile
 
 # shapes of one list: odd sizes, a scalar tensor, an empty one, one past a slot's work-items, more than

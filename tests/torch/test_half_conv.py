@@ -22,7 +22,7 @@ from opcheck import DEVICE
 import tunecl.backend
 from tunecl import kernels, runtime
 from tunecl.backend import plans
-from tunecl.kernels.conv_implicit_gemm_mma import ConvImplicitGemmMmaF16
+from tunecl.kernels.conv.conv_implicit_gemm_mma import ConvImplicitGemmMmaF16
 from tunecl.problems import ConvProblem
 
 pytestmark = pytest.mark.skipif(not plans.conv_algorithms(), reason="no convolution algorithm is registered")

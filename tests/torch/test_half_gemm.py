@@ -18,7 +18,7 @@ from opcheck import DEVICE
 
 from tunecl import kernels, runtime
 from tunecl.backend import plans
-from tunecl.kernels.gemm_mma import GemmMmaF16
+from tunecl.kernels.gemm.gemm_mma import GemmMmaF16
 from tunecl.problems import GemmProblem
 
 pytestmark = pytest.mark.skipif(not plans.gemm_algorithms(), reason="no GEMM algorithm is registered")

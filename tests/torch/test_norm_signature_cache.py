@@ -11,7 +11,7 @@ from opcheck import same_results
 
 from tunecl.backend import state
 from tunecl.backend.ops import nn as nn_ops
-from tunecl.kernels import norm as norm_kernels
+from tunecl.kernels.ops import norm as norm_kernels
 from tunecl.profiling import KernelProfile
 
 aten = torch.ops.aten

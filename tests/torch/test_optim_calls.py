@@ -1,4 +1,4 @@
-"""Pre-built optimizer calls (ops/optim_calls.py, tunecl.kernels.multi_tensor): the fused steps and the
+"""Pre-built optimizer calls (ops/optim_calls.py, tunecl.kernels.ops.multi_tensor): the fused steps and the
 ``_foreach_*`` ops bound once per signature give, bit for bit, what the general route gives, under
 everything that can change between steps."""
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tunecl.backend import state
-from tunecl.kernels import pointwise as pointwise_kernels
+from tunecl.kernels.ops import pointwise as pointwise_kernels
 from tunecl.profiling import KernelProfile
 
 DEV = "opencl"

@@ -10,7 +10,7 @@ from opcheck import same_results
 
 from tunecl.backend import counters, state
 from tunecl.backend.ops import reduction
-from tunecl.kernels import reduce as reduce_kernels
+from tunecl.kernels.ops import reduce as reduce_kernels
 from tunecl.profiling import KernelProfile
 
 DEV = "opencl"

@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 from test_gemm_mma_ptx import CLANG, H200, PTXAS, assemble
 
-from tunecl.kernels import conv_implicit_gemm_mma as conv_mma
+from tunecl.kernels.conv import conv_implicit_gemm_mma as conv_mma
 from tunecl.kernels.base import build_options
-from tunecl.kernels.conv_common import geometry_options
+from tunecl.kernels.conv.conv_common import geometry_options
 from tunecl.problems import DIRECTIONS, ConvProblem
 
 pytestmark = pytest.mark.skipif(not (CLANG and PTXAS), reason="needs clang with NVPTX and ptxas")
 
-SOURCE = Path(str(resources.files("tunecl.kernels").joinpath("conv_implicit_gemm_mma.cl")))
+SOURCE = Path(str(resources.files("tunecl.kernels.conv").joinpath("conv_implicit_gemm_mma.cl")))
 TF32_MMA = "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"
 F16_MMA = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
 RESNET_3X3 = "n=16,c=64,h=56,w=56,k=64,r=3,s=3,pad=1"

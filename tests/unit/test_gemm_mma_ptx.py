@@ -20,7 +20,7 @@ from pathlib import Path
 import draws
 import pytest
 
-from tunecl.kernels import gemm_mma
+from tunecl.kernels.gemm import gemm_mma
 from tunecl.kernels.base import build_options
 from tunecl.problems import GemmProblem
 
@@ -124,7 +124,7 @@ def test_the_probes_assemble(tmp_path):
 def test_the_default_assembles_without_spills(transposes, tmp_path):
     p = GemmProblem(4096, 4096, 4096, *transposes)
     config = gemm_mma.GemmMmaTF32().default(p, H200)
-    source = Path(str(resources.files("tunecl.kernels").joinpath("gemm_mma.cl")))
+    source = Path(str(resources.files("tunecl.kernels.gemm").joinpath("gemm_mma.cl")))
     ptx, report = assemble(source, kernel_options(p, config), tmp_path)
     # 4 x 4 mma tiles per 8-deep step, 2 steps per KWG = 16 tile: at least 32 mma in the main loop
     assert ptx.count("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32") >= 32
@@ -145,7 +145,7 @@ def test_cp_async_pipelines_assemble_without_spills(stages, tmp_path):
         "STAGES": stages,
         "KWG": 16 if stages == 2 else 8,
     }  # 48 KiB of local memory
-    source = Path(str(resources.files("tunecl.kernels").joinpath("gemm_mma.cl")))
+    source = Path(str(resources.files("tunecl.kernels.gemm").joinpath("gemm_mma.cl")))
     ptx, report = assemble(source, kernel_options(p, config), tmp_path)
     assert "cp.async.cg.shared.global" in ptx and f"cp.async.wait_group {stages - 2}" in ptx
     print(f"STAGES={stages}: {report.strip().splitlines()[-2]}")
@@ -153,7 +153,7 @@ def test_cp_async_pipelines_assemble_without_spills(stages, tmp_path):
 
 
 def test_random_configs_and_scalar_variants_assemble(tmp_path):
-    source = Path(str(resources.files("tunecl.kernels").joinpath("gemm_mma.cl")))
+    source = Path(str(resources.files("tunecl.kernels.gemm").joinpath("gemm_mma.cl")))
     pick = draws.rng("gemm_mma_ptx/tf32")
     first = pick.randrange(12)   # where in the 12-long cycle of transposes and variants the draws start
     for index in range(first, first + RANDOM_CONFIGS):
@@ -176,7 +176,7 @@ F16_MMA = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
 def test_the_f16_default_assembles_without_spills(transposes, tmp_path):
     p = GemmProblem(4096, 4096, 4096, *transposes, dtype="float16")
     config = gemm_mma.GemmMmaF16().default(p, H200)
-    source = Path(str(resources.files("tunecl.kernels").joinpath("gemm_mma.cl")))
+    source = Path(str(resources.files("tunecl.kernels.gemm").joinpath("gemm_mma.cl")))
     ptx, report = assemble(source, kernel_options(p, config), tmp_path)
     # 4 x 4 mma tiles per 16-deep step, 2 steps per KWG = 32 tile: at least 32 mma in the main loop
     assert ptx.count(F16_MMA) >= 32
@@ -198,7 +198,7 @@ def test_f16_cp_async_pipelines_assemble_without_spills(stages, tmp_path):
         "STAGES": stages,
         "KWG": 32 if stages == 2 else 16,
     }
-    source = Path(str(resources.files("tunecl.kernels").joinpath("gemm_mma.cl")))
+    source = Path(str(resources.files("tunecl.kernels.gemm").joinpath("gemm_mma.cl")))
     ptx, report = assemble(source, kernel_options(p, config), tmp_path)
     assert "cp.async.cg.shared.global" in ptx and f"cp.async.wait_group {stages - 2}" in ptx
     assert ptx.count(F16_MMA) >= 16
@@ -209,7 +209,7 @@ def test_f16_cp_async_pipelines_assemble_without_spills(stages, tmp_path):
 def test_random_f16_configs_and_scalar_variants_assemble(tmp_path):
     """Seeded configs with aligned and scalar (VWA/VWB = 1, CSCALAR) variants; a scalar operand with
     cp.async copies single halves without cp.async (it copies 4 bytes at least)."""
-    source = Path(str(resources.files("tunecl.kernels").joinpath("gemm_mma.cl")))
+    source = Path(str(resources.files("tunecl.kernels.gemm").joinpath("gemm_mma.cl")))
     pick = draws.rng("gemm_mma_ptx/f16")
     first = pick.randrange(12)   # where in the 12-long cycle of transposes and variants the draws start
     for index in range(first, first + RANDOM_CONFIGS):

@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 from test_gemm_mma_ptx import CLANG, H200, PTXAS, assemble
 
-from tunecl.kernels import gemm_simt
+from tunecl.kernels.gemm import gemm_simt
 from tunecl.kernels.base import build_options
 from tunecl.problems import GemmProblem
 
 pytestmark = pytest.mark.skipif(not (CLANG and PTXAS), reason="needs clang with NVPTX and ptxas")
-SOURCE = Path(str(resources.files("tunecl.kernels").joinpath("gemm_simt.cl")))
+SOURCE = Path(str(resources.files("tunecl.kernels.gemm").joinpath("gemm_simt.cl")))
 SIMT = gemm_simt.GemmSimt()
 TRANSPOSES = [(False, False), (False, True), (True, False), (True, True)]
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from tunecl import runtime
-from tunecl.kernels import gemm_wgmma
+from tunecl.kernels.gemm import gemm_wgmma
 from tunecl.kernels.base import build_options
 from tunecl.problems import GemmProblem
 
@@ -40,7 +40,7 @@ H200 = types.SimpleNamespace(
     fingerprint=types.SimpleNamespace(vendor="NVIDIA", device_type="gpu", compute_units=132),
 )
 TRANSPOSES = [(False, False), (False, True), (True, False), (True, True)]
-SOURCE = Path(str(resources.files("tunecl.kernels").joinpath("gemm_wgmma.cl")))
+SOURCE = Path(str(resources.files("tunecl.kernels.gemm").joinpath("gemm_wgmma.cl")))
 
 
 def assemble(source: Path, options: list[str], tmp_path: Path) -> tuple[str, str]:

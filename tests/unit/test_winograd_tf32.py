@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tunecl.kernels.conv_winograd import MATRICES
+from tunecl.kernels.conv.conv_winograd import MATRICES
 from tunecl.problems import ConvProblem
 from tunecl.search.harness import tf32_tolerance
 from tunecl.search.harness_conv import operand_shapes, reference, winograd, winograd_spread, winograd_value
@@ -47,7 +47,7 @@ def test_the_winograd_model_computes_torchs_convolution(spec, direction, m):
 
 
 def test_the_matrices_are_the_kernels():
-    source = (Path(__file__).resolve().parents[2] / "tunecl/kernels/conv_winograd.cl").read_text()
+    source = (Path(__file__).resolve().parents[2] / "tunecl/kernels/conv/conv_winograd.cl").read_text()
     for m, matrices in MATRICES.items():
         block = source.split(f"WINO_M == {m}", 1)[1].split("#e", 1)[0]
         for name, matrix in zip(("G_acm", "BT_acm", "AT_acm"), matrices, strict=True):

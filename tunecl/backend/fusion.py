@@ -2,7 +2,7 @@
 
 Each run of pointwise ops whose intermediate values nobody else reads (not another op outside the run,
 not a graph output, so not a tensor saved for the backward either) becomes one :class:`FusedChain`: one
-kernel of the fused family (:mod:`tunecl.kernels.fused`) that reads the run's inputs once and writes its
+kernel of the fused family (:mod:`tunecl.kernels.ops.fused`) that reads the run's inputs once and writes its
 last value once, instead of a launch, a store and a load per op. A run is a tree (or a DAG) of ops
 ending in one output; its inputs may broadcast (a bias add, a scalar tensor). Only float32 opencl
 tensors with static shapes are fused; Python numbers become constants of the kernel.
@@ -24,7 +24,7 @@ from torch import nn
 
 from tunecl.backend import memory, state
 from tunecl.backend.operands import broadcast_strides
-from tunecl.kernels.fused import MAX_INPUTS, MAX_STEPS, Chain, Fused, Step
+from tunecl.kernels.ops.fused import MAX_INPUTS, MAX_STEPS, Chain, Fused, Step
 from tunecl.kernels.strided import MAX_RANK, Operand
 
 aten = torch.ops.aten

@@ -33,77 +33,77 @@ class State:
 
     @functools.cached_property
     def pointwise(self):
-        from tunecl.kernels.pointwise import Pointwise
+        from tunecl.kernels.ops.pointwise import Pointwise
         return Pointwise(self.device)
 
     @functools.cached_property
     def reduce(self):
-        from tunecl.kernels.reduce import Reduce
+        from tunecl.kernels.ops.reduce import Reduce
         return Reduce(self.device)
 
     @functools.cached_property
     def index(self):
-        from tunecl.kernels.index import Index
+        from tunecl.kernels.ops.index import Index
         return Index(self.device)
 
     @functools.cached_property
     def softmax(self):
-        from tunecl.kernels.softmax import Softmax
+        from tunecl.kernels.ops.softmax import Softmax
         return Softmax(self.device)
 
     @functools.cached_property
     def norm(self):
-        from tunecl.kernels.norm import BatchNorm
+        from tunecl.kernels.ops.norm import BatchNorm
         return BatchNorm(self.device)
 
     @functools.cached_property
     def pool(self):
-        from tunecl.kernels.pool import Pool
+        from tunecl.kernels.ops.pool import Pool
         return Pool(self.device)
 
     @functools.cached_property
     def loss(self):
-        from tunecl.kernels.loss import NllLoss
+        from tunecl.kernels.ops.loss import NllLoss
         return NllLoss(self.device)
 
     @functools.cached_property
     def optim(self):
-        from tunecl.kernels.optim import Optim
+        from tunecl.kernels.ops.optim import Optim
         return Optim(self.device)
 
     @functools.cached_property
     def random(self):
-        from tunecl.kernels.random import Random
+        from tunecl.kernels.ops.random import Random
         return Random(self.device)
 
     @functools.cached_property
     def transformer(self):
-        from tunecl.kernels.transformer import Transformer
+        from tunecl.kernels.ops.transformer import Transformer
         return Transformer(self.device)
 
     @functools.cached_property
     def upsample(self):
-        from tunecl.kernels.upsample import Upsample
+        from tunecl.kernels.ops.upsample import Upsample
         return Upsample(self.device)
 
     @functools.cached_property
     def group_norm(self):
-        from tunecl.kernels.group_norm import GroupNorm
+        from tunecl.kernels.ops.group_norm import GroupNorm
         return GroupNorm(self.device)
 
     @functools.cached_property
     def scan(self):
-        from tunecl.kernels.scan import Scan
+        from tunecl.kernels.ops.scan import Scan
         return Scan(self.device)
 
     @functools.cached_property
     def index_nd(self):
-        from tunecl.kernels.index_nd import IndexNd
+        from tunecl.kernels.ops.index_nd import IndexNd
         return IndexNd(self.device)
 
     @functools.cached_property
     def sort(self):
-        from tunecl.kernels.sort import Sort
+        from tunecl.kernels.ops.sort import Sort
         return Sort(self.device)
 
 

@@ -1,7 +1,7 @@
 """Transformed convolution weights kept between calls: a Winograd plan's filter transform U = G·f·Gᵀ
 runs once per weight version instead of on every call.
 
-A conv plan that can split its run (:class:`~tunecl.kernels.conv_winograd.WinogradPlan`: ``u_floats``,
+A conv plan that can split its run (:class:`~tunecl.kernels.conv.conv_winograd.WinogradPlan`: ``u_floats``,
 ``transform_key``, ``transform_weight``, ``run_transformed``) runs through :func:`run_conv`; every
 other plan runs as before.
 

@@ -29,11 +29,11 @@ from tunecl.kernels.base import Algorithm
 # gemm_simt (CUTLASS-style warp tiling, fp32) comes after gemm_tiled and gemm_direct so that untuned fp32
 # defaults do not change; the tuner picks it where it is faster.
 _REGISTRY: dict[str, tuple[str, ...]] = {
-    "gemm": ("tunecl.kernels.gemm", "tunecl.kernels.gemm_direct", "tunecl.kernels.gemm_simt",
-             "tunecl.kernels.gemm_wgmma", "tunecl.kernels.gemm_mma"),
-    "conv": ("tunecl.kernels.conv_depthwise", "tunecl.kernels.conv_1x1", "tunecl.kernels.conv_winograd",
-             "tunecl.kernels.conv_implicit_gemm", "tunecl.kernels.conv_im2col", "tunecl.kernels.conv_direct",
-             "tunecl.kernels.conv_gemm_mma", "tunecl.kernels.conv_gemm_wgmma", "tunecl.kernels.conv_implicit_gemm_mma"),
+    "gemm": ("tunecl.kernels.gemm.gemm", "tunecl.kernels.gemm.gemm_direct", "tunecl.kernels.gemm.gemm_simt",
+             "tunecl.kernels.gemm.gemm_wgmma", "tunecl.kernels.gemm.gemm_mma"),
+    "conv": ("tunecl.kernels.conv.conv_depthwise", "tunecl.kernels.conv.conv_1x1", "tunecl.kernels.conv.conv_winograd",
+             "tunecl.kernels.conv.conv_implicit_gemm", "tunecl.kernels.conv.conv_im2col", "tunecl.kernels.conv.conv_direct",
+             "tunecl.kernels.conv.conv_gemm_mma", "tunecl.kernels.conv.conv_gemm_wgmma", "tunecl.kernels.conv.conv_implicit_gemm_mma"),
     "attention": ("tunecl.kernels.attention",),
 }
 

@@ -1,6 +1,6 @@
 """The convolution harness: torch on the CPU in float64 as the independent reference.
 
-The plan contract is the one of ``tunecl/kernels/conv_common.py``::
+The plan contract is the one of ``tunecl/kernels/conv/conv_common.py``::
 
     plan.run(a, b, out, *, a_offset=0, b_offset=0, out_offset=0, bias=None, bias_offset=0, beta=0.0)
 
@@ -32,8 +32,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from tunecl.kernels.base import Plan
-from tunecl.kernels.conv_common import reduction_length
-from tunecl.kernels.conv_winograd import MATRICES
+from tunecl.kernels.conv.conv_common import reduction_length
+from tunecl.kernels.conv.conv_winograd import MATRICES
 from tunecl.precision import FP32, TF32
 from tunecl.problems import ConvProblem
 from tunecl.runtime import Device

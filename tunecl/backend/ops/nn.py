@@ -14,7 +14,7 @@ from tunecl.backend.allocator import buffers as _buffers
 from tunecl.backend.operands import kernel_dtype, operand
 from tunecl.backend.ops.pointwise import new_like, run
 from tunecl.errors import Unsupported
-from tunecl.kernels.pool import Window
+from tunecl.kernels.ops.pool import Window
 from tunecl.kernels.strided import Operand
 
 _REDUCTIONS = ("none", "mean", "sum")

@@ -2,7 +2,7 @@
 
 An optimizer makes the same calls on the same tensors every step. A call's *signature* (the op and its
 flags, which operands are tensors, the number of tensors and each one's numel) fixes its launches
-(:class:`tunecl.kernels.multi_tensor.Chunks`: kernel, grid, chunking); they are built on the signature's
+(:class:`tunecl.kernels.ops.multi_tensor.Chunks`: kernel, grid, chunking); they are built on the signature's
 second call, as kernel copies with every argument set. A call then checks, per tensor list, what may have
 changed since the last one and binds only that:
 

@@ -13,7 +13,7 @@ from tunecl.backend import copies, memory, state
 from tunecl.backend.operands import operand
 from tunecl.backend.ops.scan import split_lines
 from tunecl.errors import Unsupported
-from tunecl.kernels.sort import padded
+from tunecl.kernels.ops.sort import padded
 from tunecl.kernels.strided import Operand
 
 

@@ -14,7 +14,7 @@ import torch
 
 from tunecl.backend import copies, half, memory, state
 from tunecl.backend.operands import operand
-from tunecl.kernels.upsample import linear_scale, nearest_scale
+from tunecl.kernels.ops.upsample import linear_scale, nearest_scale
 
 
 def _check(what: str, shape: Sequence[int], output_size: Sequence[int],

@@ -17,8 +17,8 @@ import numpy as np
 import pyopencl as cl
 
 from tunecl.kernels.base import Config, Constraint
-from tunecl.kernels.conv_common import (FLOAT_BYTES, GemmBackedAlgorithm, GemmBackedPlan, OwnSpace, add_bias,
-                                        image_chunk, is_gpu, max_group_size, split_gemm_config)
+from tunecl.kernels.conv.conv_common import (FLOAT_BYTES, GemmBackedAlgorithm, GemmBackedPlan, OwnSpace,
+                                             add_bias, image_chunk, is_gpu, max_group_size, split_gemm_config)
 from tunecl.kernels.sizes import ceil_div, round_up
 from tunecl.problems import ConvProblem, GemmProblem
 from tunecl.runtime import Device

@@ -1,7 +1,7 @@
 """A GEMM's operand layouts (leading dimensions, batch strides, offsets) checked against their buffers.
 
-Shared by the plans that run a GEMM on caller buffers: :class:`~tunecl.kernels.gemm.GemmPlan` and
-:class:`~tunecl.kernels.gemm_pretrans.PretransposedPlan`.
+Shared by the plans that run a GEMM on caller buffers: :class:`~tunecl.kernels.gemm.gemm.GemmPlan` and
+:class:`~tunecl.kernels.gemm.gemm_pretrans.PretransposedPlan`.
 """
 
 from __future__ import annotations

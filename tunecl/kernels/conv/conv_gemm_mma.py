@@ -4,7 +4,7 @@
 ``gemm_tiled``.
 
 Same kernels, workspace layouts, own parameters and plans as ``conv_1x1``, ``conv_im2col``,
-``conv_winograd`` and ``conv_winograd_f4`` (:func:`~tunecl.kernels.conv_common.with_gemm`); the ``g_``
+``conv_winograd`` and ``conv_winograd_f4`` (:func:`~tunecl.kernels.conv.conv_common.with_gemm`); the ``g_``
 parameters are ``gemm_mma_tf32``'s. In a TF32 training step on the H200 the first two families' fp32 GEMMs
 won 12 of resnet50's 71 batch-64 problems over the TF32 implicit GEMM (1×1 convolutions, strided
 backward-data), 43 ``gemm_tiled`` launches and 8.2 ms of the step; with those two added, fp32 Winograd
@@ -24,8 +24,9 @@ where ``gemm_mma_tf32`` applies to the sub-problem, i.e. on devices whose probe 
 
 from __future__ import annotations
 
-from tunecl.kernels import conv_1x1, conv_im2col, conv_winograd, gemm_mma
-from tunecl.kernels.conv_common import with_gemm
+from tunecl.kernels.conv import conv_1x1, conv_im2col, conv_winograd
+from tunecl.kernels.gemm import gemm_mma
+from tunecl.kernels.conv.conv_common import with_gemm
 
 ALGORITHMS = [with_gemm(family, gemm_mma.NAME, f"{family.name}_mma_tf32")
               for family in (*conv_1x1.ALGORITHMS, *conv_im2col.ALGORITHMS, *conv_winograd.ALGORITHMS)]

@@ -16,15 +16,15 @@ Applies to every fp32 problem while ``gemm_tiled`` is registered and one image's
 Parameters: IWG (work-items per work-group) and IPT (pixels per work-item) of the im2col / col2im
 kernels, and ``gemm_tiled``'s own parameters prefixed ``g_`` (``g_MWG``, ``g_NWG``, ...), searched
 in that GEMM's space for the sub-problem this convolution hands it. The layout and the plan are those
-of :mod:`tunecl.kernels.conv_columns` with C/G·R·S column rows per group.
+of :mod:`tunecl.kernels.conv.conv_columns` with C/G·R·S column rows per group.
 """
 
 from __future__ import annotations
 
 import functools
 
-from tunecl.kernels.conv_columns import ColumnsAlgorithm, Layout, columns_layout
-from tunecl.kernels.conv_common import supported
+from tunecl.kernels.conv.conv_columns import ColumnsAlgorithm, Layout, columns_layout
+from tunecl.kernels.conv.conv_common import supported
 from tunecl.problems import ConvProblem
 from tunecl.runtime import Device
 

@@ -15,8 +15,8 @@ from typing import Any
 import pyopencl as cl
 
 from tunecl.kernels.base import Config
-from tunecl.kernels.gemm_operands import operand_layouts
-from tunecl.kernels.transpose import Transpose
+from tunecl.kernels.gemm.gemm_operands import operand_layouts
+from tunecl.kernels.gemm.transpose import Transpose
 from tunecl.problems import GemmProblem
 from tunecl.runtime import Device
 
@@ -41,7 +41,7 @@ def workspace_fits(problem: GemmProblem, inner: GemmProblem, max_alloc: int) -> 
 
 class PretransposedPlan:
     """``inner`` (a plan for ``problem`` stored in another layout) behind transposes of the operands
-    whose layout differs. Same ``run`` as :class:`~tunecl.kernels.gemm.GemmPlan`; ``workspace_bytes``
+    whose layout differs. Same ``run`` as :class:`~tunecl.kernels.gemm.gemm.GemmPlan`; ``workspace_bytes``
     counts the copies and the inner plan's own workspace."""
 
     def __init__(self, problem: GemmProblem, inner: Any, config: Config, device: Device):

@@ -21,8 +21,8 @@ import numpy as np
 import pyopencl as cl
 
 from tunecl.kernels.base import Config, Constraint, Space
-from tunecl.kernels.conv_common import (FLOAT_BYTES, ConvAlgorithm, ConvPlan, fit_default, is_gpu,
-                                        local_mem_limit, max_group_size, out_elements, staged_space)
+from tunecl.kernels.conv.conv_common import (FLOAT_BYTES, ConvAlgorithm, ConvPlan, fit_default, is_gpu,
+                                             local_mem_limit, max_group_size, out_elements, staged_space)
 from tunecl.kernels.sizes import ceil_div, next_pow2
 from tunecl.problems import ConvProblem
 from tunecl.runtime import Device

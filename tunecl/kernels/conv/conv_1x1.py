@@ -12,7 +12,7 @@ With stride > 1 the input pixels on the stride grid are first gathered into the 
 bwd_weight), and bwd_data scatters its GEMM result onto the grid of dx, with zeros between. Images
 go in chunks whose workspace fits ``WORKSPACE_CAP``; the GEMM's batch runs over the chunk's images, or
 over the groups when there are more groups than images. The forward bias is a small extra kernel. The
-layout and the plan are those of :mod:`tunecl.kernels.conv_columns` with one column row per channel.
+layout and the plan are those of :mod:`tunecl.kernels.conv.conv_columns` with one column row per channel.
 
 Parameters: IWG, IPT (gather / scatter work-group size and pixels per work-item; only with stride
 > 1) and ``gemm_tiled``'s own parameters prefixed ``g_``.
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import functools
 
-from tunecl.kernels.conv_columns import ColumnsAlgorithm, Layout, columns_layout
-from tunecl.kernels.conv_common import supported
+from tunecl.kernels.conv.conv_columns import ColumnsAlgorithm, Layout, columns_layout
+from tunecl.kernels.conv.conv_common import supported
 from tunecl.problems import ConvProblem
 from tunecl.runtime import Device
 

@@ -15,7 +15,7 @@ import numpy as np
 import pyopencl as cl
 
 from tunecl import config
-from tunecl.kernels.multi_tensor import Chunks
+from tunecl.kernels.ops.multi_tensor import Chunks
 from tunecl.errors import Unsupported
 from tunecl.kernels.strided import Operand, StridedFamily, meta_dtype
 from tunecl.runtime import Device
@@ -172,7 +172,7 @@ class Optim(StridedFamily):
             params: Sequence[Sequence[float]], numels: Sequence[int], single: Sequence[bool] = ()) -> None:
         """``outs[k] = expr(inputs..., params...)`` for every tensor k, a launch per ``slots`` tensors.
 
-        ``expr`` names a float expression of the pointwise family (:data:`tunecl.kernels.pointwise.EXPRESSIONS`,
+        ``expr`` names a float expression of the pointwise family (:data:`tunecl.kernels.ops.pointwise.EXPRESSIONS`,
         inputs a, b, c, parameters s0, s1). Tensors are (buffer, element offset) pairs of contiguous float32
         data, ``numels[k]`` elements for index k; an input may alias its output exactly. Each entry of
         ``inputs`` is a list with one pair per tensor or one number per tensor; each entry of ``params``
@@ -201,7 +201,7 @@ class Optim(StridedFamily):
         """:meth:`map`'s launches over tensors of ``numels``, by column (o, a, b, c), with values (the numbers
         a, b, c, s0, s1 per tensor, 0 until set); ``tensor``: which inputs are tensors (the others numbers),
         ``params``: how many parameters ``expr`` takes, ``single``: as for :meth:`map`."""
-        from tunecl.kernels.pointwise import EXPRESSIONS
+        from tunecl.kernels.ops.pointwise import EXPRESSIONS
 
         spec = EXPRESSIONS[expr]
         if len(tensor) != spec.nin or params != spec.nparams or spec.nin > 3 or spec.nparams > 2:

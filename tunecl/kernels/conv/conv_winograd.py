@@ -29,8 +29,9 @@ import numpy as np
 import pyopencl as cl
 
 from tunecl.kernels.base import Config, Constraint
-from tunecl.kernels.conv_common import (FLOAT_BYTES, GemmBackedAlgorithm, GemmBackedPlan, OwnSpace,
-                                        image_chunk, is_gpu, max_group_size, split_gemm_config, supported)
+from tunecl.kernels.conv.conv_common import (FLOAT_BYTES, GemmBackedAlgorithm, GemmBackedPlan, OwnSpace,
+                                             image_chunk, is_gpu, max_group_size, split_gemm_config,
+                                             supported)
 from tunecl.kernels.sizes import ceil_div, round_up
 from tunecl.problems import ConvProblem, GemmProblem
 from tunecl.runtime import Device

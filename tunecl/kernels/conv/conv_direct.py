@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 from tunecl.kernels.base import Config, Constraint, Space
-from tunecl.kernels.conv_common import (FLOAT_BYTES, ConvAlgorithm, KernelPlan, fit_default, is_gpu,
-                                        local_mem_limit, max_group_size, staged_space)
+from tunecl.kernels.conv.conv_common import (FLOAT_BYTES, ConvAlgorithm, KernelPlan, fit_default, is_gpu,
+                                             local_mem_limit, max_group_size, staged_space)
 from tunecl.kernels.sizes import ceil_div, next_pow2
 from tunecl.problems import ConvProblem
 from tunecl.runtime import Device

@@ -1,7 +1,7 @@
 """The fused family: a chain of elementwise ops compiled into one kernel (``fused.cl``).
 
 A :class:`Chain` lists its steps in order; each step is one op of the pointwise family
-(:data:`tunecl.kernels.pointwise.EXPRESSIONS`, float code) applied to the chain's inputs (``"v0"`` ..),
+(:data:`tunecl.kernels.ops.pointwise.EXPRESSIONS`, float code) applied to the chain's inputs (``"v0"`` ..),
 earlier steps (``"t0"`` ..) or constants, with the op's parameters as constants. The chain becomes
 build options of the one template (each step's expression as a macro), so one chain signature is
 compiled once per rank and index type and kept; shapes, strides and offsets are launch arguments.
@@ -18,7 +18,7 @@ from typing import NamedTuple
 import pyopencl as cl
 
 from tunecl.errors import Unsupported
-from tunecl.kernels.pointwise import EXPRESSIONS
+from tunecl.kernels.ops.pointwise import EXPRESSIONS
 from tunecl.kernels.strided import (INT32_MAX, Operand, StridedFamily, merge_dims, meta_dtype,
                                     pack_meta, pad_front, rank_bucket)
 from tunecl.kernels.sizes import round_up

@@ -56,7 +56,7 @@ ASYNC buffers, the copies of the next ASYNC - 1 tiles in flight while one is mul
 hold them, and one barrier per tile. cp.async copies a tile only as it lies, so a staged A must be
 stored K x M and a staged B K x N (MN-contiguous); for a problem stored otherwise (``A @ B`` of
 row-major tensors: A is M x K) the plan first transposes that operand into a packed workspace
-(:class:`~tunecl.kernels.gemm_pretrans.PretransposedPlan`; the transposes are part of every timing).
+(:class:`~tunecl.kernels.gemm.gemm_pretrans.PretransposedPlan`; the transposes are part of every timing).
 Where the layout needs no copy the kernel reads the operands in place. On the H200, 4096^3 NN: the
 register-prefetch kernel's own inner loop, fed stale tiles, ran as fast as cuBLAS (2.79 vs 2.70 ms)
 while the whole kernel took 2.98: the global-to-local path cost the difference.
@@ -78,8 +78,8 @@ import pyopencl as cl
 
 from tunecl.errors import WorkGroupTooLargeError
 from tunecl.kernels.base import Config, Constraint, Space, build_options, read_source
-from tunecl.kernels.gemm_operands import INT32_MAX, check_operand, operand_layouts
-from tunecl.kernels.gemm_pretrans import PretransposedPlan, with_layout, workspace_fits
+from tunecl.kernels.gemm.gemm_operands import INT32_MAX, check_operand, operand_layouts
+from tunecl.kernels.gemm.gemm_pretrans import PretransposedPlan, with_layout, workspace_fits
 from tunecl.kernels.sizes import next_pow2
 from tunecl.problems import DTYPES, GemmProblem
 from tunecl.runtime import CP_ASYNC, Device
@@ -820,7 +820,7 @@ class GemmTiled(Fp32Gemm):
         """Compile ``config`` for ``problem``; ValueError (before compiling) if the config is invalid.
 
         Returns a :class:`GemmPlan`, or with ASYNC for an operand stored the other way a
-        :class:`~tunecl.kernels.gemm_pretrans.PretransposedPlan` around one (same ``run``).
+        :class:`~tunecl.kernels.gemm.gemm_pretrans.PretransposedPlan` around one (same ``run``).
 
         Args:
             emulate: allow ASYNC on any device, compiled with plain copies instead of cp.async
