@@ -11,6 +11,7 @@ import itertools
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from importlib import resources
+from importlib.resources.abc import Traversable
 from typing import Any, Protocol
 
 from tunecl.problems import Problem
@@ -21,10 +22,26 @@ Config = dict[str, int]
 
 _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([\w.-]+\.cl)"[^\n]*$', re.MULTILINE)
 
+KERNEL_FOLDERS = ("gemm", "conv", "ops", "")
+"""The folders of ``tunecl/kernels`` that hold ``.cl`` files (``""``: the folder itself), in the order
+:func:`read_source` searches them. A ``.cl`` file's name is unique across them."""
+
+
+def kernel_folders() -> list[Traversable]:
+    """The folders of :data:`KERNEL_FOLDERS` that exist, in that order."""
+    root = resources.files(__package__)
+    folders = [root.joinpath(name) if name else root for name in KERNEL_FOLDERS]
+    return [folder for folder in folders if folder.is_dir()]
+
 
 def read_source(package: str, filename: str) -> str:
     """The text of a ``.cl`` file that lives next to a family's module (``read_source(__package__, ...)``),
-    with its ``#include "other.cl"`` lines (files of the same folder) replaced by their text.
+    with its ``#include "other.cl"`` lines replaced by the text of those files.
+
+    A file is looked up in the folder of the file that names it (``package``'s folder for ``filename``,
+    the including file's folder for an include), else in the kernel folders in :data:`KERNEL_FOLDERS`'
+    order: a family's ``.cl`` file includes the shared files of its own folder and of the GEMM core by
+    name alone.
 
     The expansion happens here, not in the OpenCL compiler, so the program text that the build caches
     (ours, pyopencl's, the driver's) key on holds every included line: editing a shared ``.cl`` file
@@ -32,23 +49,29 @@ def read_source(package: str, filename: str) -> str:
     dropped), as with an include guard.
 
     Raises:
-        FileNotFoundError: an included file does not exist next to the including one.
+        FileNotFoundError: a file is in none of those folders.
     """
-    folder = resources.files(package)
     seen: set[str] = set()
 
-    def expand(name: str) -> str:
+    def locate(folder: Traversable, name: str) -> Traversable:
+        for candidate in (folder, *kernel_folders()):
+            if candidate.joinpath(name).is_file():
+                return candidate
+        raise FileNotFoundError(f"{name}: neither in {folder} nor in the kernel folders {KERNEL_FOLDERS}")
+
+    def expand(folder: Traversable, name: str) -> str:
         seen.add(name)
-        text = folder.joinpath(name).read_text()
+        here = locate(folder, name)
+        text = here.joinpath(name).read_text()
 
         def include(match: re.Match[str]) -> str:
             other = match.group(1)
             if other in seen:
                 return f"// {other}: included above"
-            return f"// ---- {other} ----\n{expand(other)}\n// ---- end of {other} ----"
+            return f"// ---- {other} ----\n{expand(here, other)}\n// ---- end of {other} ----"
         return _INCLUDE.sub(include, text)
 
-    return expand(filename)
+    return expand(resources.files(package), filename)
 
 
 def build_options(config: Mapping[str, int | bool], extra: Iterable[str] = ()) -> list[str]:

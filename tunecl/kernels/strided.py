@@ -133,15 +133,15 @@ class KernelCache:
 
 
 class StridedFamily:
-    """A non-tunable family on one device: the kernels of its ``.cl`` file (:attr:`source_file`) in
-    ``cache``, and ``local``, the 1-D work-group size of its element-wise launches (256 or the device's
-    limit)."""
+    """A non-tunable family on one device: the kernels of its ``.cl`` file (:attr:`source_file`, next to
+    the subclass's module) in ``cache``, and ``local``, the 1-D work-group size of its element-wise
+    launches (256 or the device's limit)."""
 
     source_file = ""
 
     def __init__(self, device: Device):
         self.device = device
-        self.cache = KernelCache(device, __package__, self.source_file)
+        self.cache = KernelCache(device, type(self).__module__.rpartition(".")[0], self.source_file)
         self.local = work_group(device, 256)
 
 
