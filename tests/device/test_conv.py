@@ -265,7 +265,7 @@ def test_invalid_config_is_rejected_before_compiling(device):
 def test_gemm_families_in_chunks_of_images(device, monkeypatch, module_name):
     """A workspace cap of 1.5 images forces one image per pass: every pass must use its own images
     and bwd_weight must accumulate the passes (β of the call first, then 1)."""
-    module = importlib.import_module(f"tunecl.kernels.{module_name}")
+    module = importlib.import_module(f"tunecl.kernels.conv.{module_name}")
     body = ("n=3,c=4,h=5,w=6,k=4,r=1,s=1,stride=2" if module_name == "conv_1x1"
             else "n=3,c=4,h=5,w=6,k=4,r=3,s=3,pad=1")
     ran = 0
@@ -306,5 +306,5 @@ def test_gemm_families_do_not_apply_without_the_gemm_family(device, monkeypatch)
                                     "conv_winograd.cl"])
 def test_sources_compile_alone_with_their_defaults(device, source):
     """Every tunable and geometry name has an ``#ifndef`` default, so each file is its own smoke test."""
-    program = device.build(read_source("tunecl.kernels", source))
+    program = device.build(read_source("tunecl.kernels.conv", source))
     assert program.all_kernels()

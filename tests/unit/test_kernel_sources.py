@@ -7,21 +7,50 @@ from importlib import resources
 
 import pytest
 
-from tunecl.kernels.base import read_source
+from tunecl.kernels.base import KERNEL_FOLDERS, kernel_folders, read_source
 
 GEMM_KERNELS = ("gemm.cl", "gemm_mma.cl", "gemm_simt.cl", "gemm_wgmma.cl")
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in resources.files("tunecl.kernels").iterdir()
-                                        if p.name.endswith(".cl")))
+def _kernel_files() -> dict[str, str]:
+    """Every ``.cl`` file of the kernel folders: name -> the package of its folder."""
+    found: dict[str, str] = {}
+    for folder in KERNEL_FOLDERS:
+        package = "tunecl.kernels" + (f".{folder}" if folder else "")
+        for path in resources.files(package).iterdir():
+            if path.name.endswith(".cl"):
+                found.setdefault(path.name, package)
+    return found
+
+
+KERNEL_FILES = _kernel_files()
+
+
+@pytest.mark.parametrize("name", sorted(KERNEL_FILES))
 def test_every_kernel_file_expands_to_text_without_includes(name):
-    text = read_source("tunecl.kernels", name)
+    text = read_source(KERNEL_FILES[name], name)
     assert not any(line.lstrip().startswith("#include") for line in text.splitlines())
+
+
+def test_kernel_file_names_are_unique_across_the_kernel_folders():
+    """Includes name a file alone, so one name must mean one file whichever folder searches first."""
+    names = [path.name for folder in kernel_folders() for path in folder.iterdir() if path.name.endswith(".cl")]
+    assert sorted(names) == sorted(set(names))
+    assert len(kernel_folders()) == len(KERNEL_FOLDERS)
+
+
+def test_a_kernel_includes_the_files_of_the_gemm_core_by_name():
+    """``conv_implicit_gemm_mma.cl`` (conv/) includes ``mma_core.cl`` (gemm/): found in the GEMM core's
+    folder and expanded there, with its own includes searched from its folder."""
+    assert "mma_core.cl" not in [p.name for p in resources.files("tunecl.kernels.conv").iterdir()]
+    text = read_source("tunecl.kernels.conv", "conv_implicit_gemm_mma.cl")
+    core = read_source("tunecl.kernels.gemm", "mma_core.cl")
+    assert f"// ---- mma_core.cl ----\n{core}\n// ---- end of mma_core.cl ----" in text
 
 
 @pytest.mark.parametrize("name", GEMM_KERNELS)
 def test_the_gemm_kernels_share_the_tile_order_once(name):
-    text = read_source("tunecl.kernels", name)
+    text = read_source("tunecl.kernels.gemm", name)
     assert text.count("inline int2 gemm_tile_of_group(void)") == 1
     assert text.count("gemm_tile_of_group();") == 1
 

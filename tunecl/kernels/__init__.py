@@ -31,9 +31,11 @@ from tunecl.kernels.base import Algorithm
 _REGISTRY: dict[str, tuple[str, ...]] = {
     "gemm": ("tunecl.kernels.gemm.gemm", "tunecl.kernels.gemm.gemm_direct", "tunecl.kernels.gemm.gemm_simt",
              "tunecl.kernels.gemm.gemm_wgmma", "tunecl.kernels.gemm.gemm_mma"),
-    "conv": ("tunecl.kernels.conv.conv_depthwise", "tunecl.kernels.conv.conv_1x1", "tunecl.kernels.conv.conv_winograd",
-             "tunecl.kernels.conv.conv_implicit_gemm", "tunecl.kernels.conv.conv_im2col", "tunecl.kernels.conv.conv_direct",
-             "tunecl.kernels.conv.conv_gemm_mma", "tunecl.kernels.conv.conv_gemm_wgmma", "tunecl.kernels.conv.conv_implicit_gemm_mma"),
+    "conv": ("tunecl.kernels.conv.conv_depthwise", "tunecl.kernels.conv.conv_1x1",
+             "tunecl.kernels.conv.conv_winograd", "tunecl.kernels.conv.conv_implicit_gemm",
+             "tunecl.kernels.conv.conv_im2col", "tunecl.kernels.conv.conv_direct",
+             "tunecl.kernels.conv.conv_gemm_mma", "tunecl.kernels.conv.conv_gemm_wgmma",
+             "tunecl.kernels.conv.conv_implicit_gemm_mma"),
     "attention": ("tunecl.kernels.attention",),
 }
 
