@@ -21,7 +21,7 @@ import draws
 import pytest
 
 from tunecl.kernels.gemm import gemm_mma
-from tunecl.kernels.base import build_options
+from tunecl.kernels.base import build_options, kernel_folders
 from tunecl.problems import GemmProblem
 
 HERE = Path(__file__).resolve().parent
@@ -74,6 +74,8 @@ def assemble(source: Path, options: list[str], tmp_path: Path) -> tuple[str, str
         "-o",
         str(ptx),
         f'-DSOURCE="{source}"',
+        # clang looks for an include next to the including file, then here: read_source's order
+        *(f"-I{folder}" for folder in kernel_folders()),
         *options,
         str(HERE / "nvptx_shim.cl"),
     ]
