@@ -126,3 +126,31 @@ def test_the_installed_wheel_holds_every_opencl_source(installed_wheel):
     assert Path("runtime", "capabilities.cl") in sources
     missing = [str(p) for p in sources if not (installed_wheel / "tunecl" / p).is_file()]
     assert not missing, f"not in the wheel: {missing}"
+
+
+EXPAND = """
+import hashlib, json
+import tunecl
+from tunecl.kernels.base import read_source
+# a conv kernel whose mma includes live with the GEMM core, and a library kernel with its own include
+texts = {name: read_source(package, name) for package, name in
+         (("tunecl.kernels.conv", "conv_implicit_gemm_mma.cl"), ("tunecl.kernels.ops", "pointwise.cl"))}
+print(json.dumps({"tunecl": tunecl.__file__, **{n: hashlib.sha256(t.encode()).hexdigest() for n, t in texts.items()}}))
+"""
+
+
+def test_the_installed_wheel_expands_includes_across_the_kernel_folders(installed_wheel, tmp_path):
+    """The wheel's tunecl finds a kernel's includes in the other kernel folders, as the checkout does:
+    the expanded program text is the same."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNECL_")}
+    env.update(PYTHONPATH=str(installed_wheel), HOME=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", EXPAND], check=False, cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    installed = json.loads(done.stdout)
+    assert Path(installed.pop("tunecl")).resolve() == (installed_wheel / "tunecl" / "__init__.py").resolve()
+    here = subprocess.run([sys.executable, "-c", EXPAND], check=True, cwd=ROOT, capture_output=True, text=True,
+                          env={**env, "PYTHONPATH": str(ROOT)})
+    checkout = json.loads(here.stdout)
+    assert Path(checkout.pop("tunecl")).resolve() == (ROOT / "tunecl" / "__init__.py").resolve()
+    assert installed == checkout and len(installed) == 2
