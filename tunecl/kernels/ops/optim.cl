@@ -42,7 +42,7 @@
 #define MAP_PICK(k)  case k: o = o##k; ta = ta##k; tb = tb##k; tc = tc##k; break;
 
 // FOR_SLOTS(M) expands M(k) for every slot k < SLOTS: 1 .. 8, 16, 24 or 32 slots (above 8 only where the
-// device takes that many parameter bytes: the host picks SLOTS, tunecl.kernels.optim.slots_for)
+// device takes that many parameter bytes: the host picks SLOTS, tunecl.kernels.ops.optim.slots_for)
 #if SLOTS > 8 && (SLOTS % 8 != 0 || SLOTS > 32)
   #error "SLOTS is 1 .. 8, 16, 24 or 32"
 #endif
