@@ -30,7 +30,7 @@ import numpy as np
 from gemm_checks import TRANSPOSES, gpu_double, problem
 
 from tunecl import config, runtime
-from tunecl.kernels.gemm import gemm
+from tunecl.kernels.gemm import core, gemm
 from tunecl.kernels.base import Space
 from tunecl.problems import DTYPES, GemmProblem
 
@@ -100,7 +100,7 @@ def tiled_configs(p: GemmProblem, device, async_copies: bool) -> list[dict[str, 
 def searched_configs(algorithm: Any, p: GemmProblem, device) -> list[dict[str, int]]:
     """``algorithm.space(p, device).configs()``, computed once per run."""
     if algorithm.name == TILED.name:
-        return tiled_configs(p, device, gemm.CP_ASYNC in gemm.capabilities(device))
+        return tiled_configs(p, device, runtime.CP_ASYNC in core.capabilities(device))
     key = (algorithm.name, p.key, repr(device))
     if key not in _enumerated:
         _enumerated[key] = _stored(algorithm.space(p, device), key)

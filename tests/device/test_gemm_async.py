@@ -30,7 +30,7 @@ from gemm_checks import (
     problem,
 )
 
-from tunecl.kernels.gemm import gemm, gemm_pretrans
+from tunecl.kernels.gemm import core, gemm, gemm_pretrans
 from tunecl.runtime import CP_ASYNC
 
 TILED = gemm.GemmTiled()
@@ -48,7 +48,7 @@ class Emulated:
     name = TILED.name
 
     def build(self, p, device, config):
-        return TILED.build(p, device, config, emulate=CP_ASYNC not in gemm.capabilities(device))
+        return TILED.build(p, device, config, emulate=CP_ASYNC not in core.capabilities(device))
 
 
 def async_config(index: int, attempt: int = 0) -> tuple[tuple[bool, bool], dict[str, int]]:
@@ -116,7 +116,7 @@ def test_nn_problem_transposes_a_and_reads_b_in_place(device):
 
 def test_async_is_searched_only_where_cp_async_was_granted(device):
     p = problem((4096, 4096, 4096), (False, False))
-    assert TILED.space(p, device).params["ASYNC"] == ((0, 2, 3, 4) if CP_ASYNC in gemm.capabilities(device) else (0,))
+    assert TILED.space(p, device).params["ASYNC"] == ((0, 2, 3, 4) if CP_ASYNC in core.capabilities(device) else (0,))
     granted = gpu_double(capabilities=frozenset({CP_ASYNC}))
     assert TILED.space(p, granted).params["ASYNC"] == (0, 2, 3, 4)
     plain = gpu_double()

@@ -34,8 +34,9 @@ from gemm_checks import (
     problem,
 )
 
-from tunecl.kernels.gemm import gemm
+from tunecl.kernels.gemm import core, gemm
 from tunecl.problems import GemmProblem
+from tunecl.runtime import CP_ASYNC
 from tunecl.search.evaluate import evaluate
 
 TILED = gemm.GemmTiled()
@@ -72,7 +73,7 @@ def _searched_splits(transposes: tuple[bool, bool]) -> list[dict[str, int]]:
     """The split configs a GPU-like device searches for DRAW_SHAPE (enumerated once per layout)."""
     device = draw_spaces.DRAW_DEVICE
     searched = draw_spaces.tiled_configs(problem(draw_spaces.DRAW_SHAPE, transposes), device,
-                                         gemm.CP_ASYNC in gemm.capabilities(device))
+                                         CP_ASYNC in core.capabilities(device))
     return [c for c in searched if c["SPLITK"] > 1]
 
 

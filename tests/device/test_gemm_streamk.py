@@ -27,7 +27,7 @@ from gemm_checks import (
     problem,
 )
 
-from tunecl.kernels.gemm import gemm
+from tunecl.kernels.gemm import core, gemm
 from tunecl.problems import GemmProblem
 from tunecl.runtime import CP_ASYNC
 from tunecl.search.evaluate import evaluate
@@ -55,7 +55,7 @@ class Tiled:
     name = TILED.name
 
     def build(self, p, device, config):
-        return TILED.build(p, device, config, emulate=CP_ASYNC not in gemm.capabilities(device))
+        return TILED.build(p, device, config, emulate=CP_ASYNC not in core.capabilities(device))
 
 
 @pytest.fixture
@@ -138,7 +138,7 @@ def test_streamk_is_searched_only_for_big_tiles_before_a_part_filled_wave():
     p = GemmProblem(4096, 4096, 4096)
     for c in TILED.space(p, H200).configs():
         if c["STREAMK"]:
-            tiles, groups = gemm.tile_count(p, c["MWG"], c["NWG"]), c["STREAMK"] * units
+            tiles, groups = core.tile_count(p, c["MWG"], c["NWG"]), c["STREAMK"] * units
             assert c["MWG"] * c["NWG"] >= 128 * 128 and groups < tiles and tiles % groups
             assert (c["MWG"] // c["MDIMC"]) * (c["NWG"] // c["NDIMC"]) >= 64
     # 4224 x 4096 in 128 x 128 tiles: 33 x 32 = 4 x 264 tiles, no part-filled wave at 2 per unit

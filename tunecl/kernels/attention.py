@@ -32,7 +32,7 @@ import numpy as np
 import pyopencl as cl
 
 from tunecl.kernels.base import Config, Constraint, Space, build_options, read_source
-from tunecl.kernels.gemm.gemm import Rule, check_config, device_type, make_space
+from tunecl.kernels.gemm.core import Rule, check_config, device_type, make_space
 from tunecl.kernels.sizes import next_pow2
 from tunecl.kernels.strided import INT32_MAX, Operand, meta_dtype, pack_meta
 from tunecl.problems import AttentionProblem

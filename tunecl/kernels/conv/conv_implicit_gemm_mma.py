@@ -55,7 +55,7 @@ from tunecl.kernels.conv.conv_common import (FLOAT_BYTES, ConvAlgorithm, fit_def
                                              max_group_size, out_elements, staged_space, supported)
 from tunecl.kernels.sizes import ceil_div, next_pow2
 from tunecl.kernels.conv.conv_implicit_gemm import WORKSPACE_CAP, ImplicitGemmPlan, gemm_shape, k_chunk
-from tunecl.kernels.gemm.gemm import compute_units
+from tunecl.kernels.gemm.core import compute_units
 from tunecl.kernels.gemm.gemm_mma import MMA_STUB_WORDS, MmaFamily, accumulators, capabilities, padding, warps
 from tunecl.precision import FP32, TF32
 from tunecl.problems import ConvProblem

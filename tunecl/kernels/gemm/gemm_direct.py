@@ -1,6 +1,6 @@
 """gemm_direct: a GEMM without local-memory tiles, for small and skinny problems.
 
-Same semantics and the same :class:`~tunecl.kernels.gemm.gemm.GemmPlan` (``run`` signature) as
+Same semantics and the same :class:`~tunecl.kernels.gemm.core.GemmPlan` (``run`` signature) as
 ``gemm_tiled``; the OpenCL C is ``gemm_direct.cl``. Tunables, with the values searched:
 
 =====  ===================  ===========================================================================
@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tunecl.kernels.base import Config, Space, build_options, read_source
-from tunecl.kernels.gemm.gemm import (Fp32Gemm, GemmPlan, Rule, Variant, check_config, check_dtype,
+from tunecl.kernels.gemm.core import (Fp32Gemm, GemmPlan, Rule, Variant, check_config, check_dtype,
                                       device_type, layout_options, make_space, widest)
 from tunecl.kernels.sizes import next_pow2
 from tunecl.problems import GemmProblem

@@ -6,7 +6,7 @@ accumulation and one rounding of ``alpha * sum + beta * C`` to half (to nearest 
 same kernel, ``gemm_mma.cl`` (``MMA_F16`` selects the variant), with the same tunables; the notes
 below say where the f16 family differs.
 
-Same semantics, problem coverage and :class:`~tunecl.kernels.gemm.gemm.GemmPlan` (``run`` signature) as
+Same semantics, problem coverage and :class:`~tunecl.kernels.gemm.core.GemmPlan` (``run`` signature) as
 ``gemm_tiled``, so it can replace it anywhere a TF32 result is acceptable: its ``precision`` is
 ``"tf32"`` (the fp32 families have none and are strict ``"fp32"``). It applies only on devices whose
 runtime probe showed that ``mma.sync ... m16n8k8 ... tf32`` computes correctly (``"mma_tf32"`` in
@@ -53,7 +53,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from tunecl.kernels.base import Config, Space, read_source
-from tunecl.kernels.gemm.gemm import (GemmPlan, Rule, capabilities, check_config, check_dtype, compute_units,
+from tunecl.kernels.gemm.core import (GemmPlan, Rule, capabilities, check_config, check_dtype, compute_units,
                                       enumerate_space, is_nvidia, layout_options, make_space, row_grid,
                                       variant_options, widest)
 from tunecl.kernels.sizes import next_pow2

@@ -1,6 +1,6 @@
 """A GEMM's operand layouts (leading dimensions, batch strides, offsets) checked against their buffers.
 
-Shared by the plans that run a GEMM on caller buffers: :class:`~tunecl.kernels.gemm.gemm.GemmPlan` and
+Shared by the plans that run a GEMM on caller buffers: :class:`~tunecl.kernels.gemm.core.GemmPlan` and
 :class:`~tunecl.kernels.gemm.gemm_pretrans.PretransposedPlan`.
 """
 

@@ -41,7 +41,7 @@ def workspace_fits(problem: GemmProblem, inner: GemmProblem, max_alloc: int) -> 
 
 class PretransposedPlan:
     """``inner`` (a plan for ``problem`` stored in another layout) behind transposes of the operands
-    whose layout differs. Same ``run`` as :class:`~tunecl.kernels.gemm.gemm.GemmPlan`; ``workspace_bytes``
+    whose layout differs. Same ``run`` as :class:`~tunecl.kernels.gemm.core.GemmPlan`; ``workspace_bytes``
     counts the copies and the inner plan's own workspace."""
 
     def __init__(self, problem: GemmProblem, inner: Any, config: Config, device: Device):

@@ -2,7 +2,7 @@
 VW x VW sub-blocks), with K-major local tiles, float4 fragment reads, double-buffered local memory and
 register double-buffered fragments.
 
-Same semantics and the same :class:`~tunecl.kernels.gemm.gemm.GemmPlan` (``run`` signature, scalar
+Same semantics and the same :class:`~tunecl.kernels.gemm.core.GemmPlan` (``run`` signature, scalar
 fallback variants for unaligned layouts) as ``gemm_tiled``; the OpenCL C is ``gemm_simt.cl`` (its
 banner explains the decomposition). Tunables, with the values searched:
 
@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tunecl.kernels.base import Config, Space, read_source
-from tunecl.kernels.gemm.gemm import (Fp32Gemm, GemmPlan, Rule, check_config, check_dtype, compute_units,
+from tunecl.kernels.gemm.core import (Fp32Gemm, GemmPlan, Rule, check_config, check_dtype, compute_units,
                                       device_type, enumerate_space, is_nvidia, layout_options, make_space,
                                       row_grid, variant_options, widest)
 from tunecl.kernels.sizes import next_pow2

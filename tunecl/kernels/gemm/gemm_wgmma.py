@@ -1,6 +1,6 @@
 """gemm_wgmma_tf32 and gemm_wgmma_f16: GEMM on Hopper's warpgroup tensor-core instruction.
 
-Same problems, semantics and :class:`~tunecl.kernels.gemm.gemm.GemmPlan` as ``gemm_mma_tf32`` /
+Same problems, semantics and :class:`~tunecl.kernels.gemm.core.GemmPlan` as ``gemm_mma_tf32`` /
 ``gemm_mma_f16`` (module ``gemm_mma``), computed with ``wgmma.mma_async`` (PTX, sm_90a): a warpgroup
 of 128 threads multiplies a 64 x NWG x 8 (TF32) or 64 x NWG x 16 (f16) tile whose operands it reads
 straight from local memory through 64-bit matrix descriptors, while cp.async fills the next STAGES - 1
@@ -51,7 +51,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tunecl.kernels.base import Config, Space
-from tunecl.kernels.gemm.gemm import (Rule, check_config, check_dtype, compute_units, enumerate_space,
+from tunecl.kernels.gemm.core import (Rule, check_config, check_dtype, compute_units, enumerate_space,
                                       layout_options, make_space, max_alloc_bytes, widest)
 from tunecl.kernels.sizes import next_pow2
 from tunecl.kernels.gemm.gemm_mma import MmaPlan, TensorCoreGemm, mma_plan
