@@ -138,9 +138,26 @@ def _faulting_threads(block: list[str], frames: int) -> list[str]:
     return out
 
 
+def _last_words(lines: list[str], index: int, count: int = 6) -> list[str]:
+    """Up to ``count`` lines of native output just before line ``index`` (pytest's progress dots stripped;
+    pytest-xdist's own lines and the notes on replaced crash handlers, present in every worker, left out)."""
+    words: list[str] = []
+    for line in reversed(lines[max(0, index - 40):index]):
+        text = line.lstrip(".").strip()
+        if (re.fullmatch(r"[.sFEx]*(\s*\[\s*\d+%\])?", text) or "handler of process" in text
+                or text.startswith("[gw")):
+            continue
+        words.append("    " + text[:200])
+        if len(words) == count:
+            break
+    return words[::-1]
+
+
 def digest(log: str, frames: int = 16) -> str:
     """What a long test log says about processes that died, in a few lines to print at its end: each
-    controller line on a worker that went down, each replaced crash handler, each "Fatal Python error"
+    controller line on a worker that went down with the native messages just before it (a driver's or
+    compiler's last words on file descriptor 2, e.g. PoCL's "Final linking of kernel ... failed" before it
+    aborts), each "Fatal Python error"
     with the crashing thread's Python stack, and from the native stacks the faulting thread's frames."""
     lines = log.splitlines()
     out: list[str] = []
@@ -155,8 +172,8 @@ def digest(log: str, frames: int = 16) -> str:
             native = None
         elif native is not None:
             native.append(line)
-        elif re.search(r"==== worker \S+ went down|handler of process \d+ replaced", line):
-            out.append(line[line.index("===="):])
+        elif re.search(r"==== worker \S+ went down", line):
+            out += _last_words(lines, i) + [line[line.index("===="):]]
         elif "Fatal Python error:" in line:
             out += _python_stack(lines, i, frames)
     if native is not None:   # the log ends inside a native-stacks section: the process died in gdb's run

@@ -57,6 +57,15 @@ def test_the_digest_of_a_log_without_deaths_is_empty(tmp_path):
     import native_stacks
 
     assert native_stacks.digest("..... [100%]\n3 passed in 1.0s\n") == ""
+    # a worker that died without a Python stack (native code called abort()): its last native words
+    aborted = ("...... [ 38%]\n....error: unable to execute command: posix_spawn failed: Bad address\n"
+               "==== SIGABRT handler of process 7 replaced during t (by libpocl.so) ====\n"
+               "Final linking of kernel pointwise failed.\n[gw2] node down: Not properly terminated\n"
+               "==== worker gw2 went down (Not properly terminated): killed by SIGABRT ====\n....... [ 40%]\n")
+    assert native_stacks.digest(aborted).splitlines() == [
+        "    error: unable to execute command: posix_spawn failed: Bad address",
+        "    Final linking of kernel pointwise failed.",
+        "==== worker gw2 went down (Not properly terminated): killed by SIGABRT ===="]
     log = tmp_path / "log"
     log.write_text("==== worker gw1 went down (crashed): killed by SIGKILL: no handler runs ====\n")
     done = subprocess.run([sys.executable, str(TESTS / "native_stacks.py"), "--digest", str(log)],
