@@ -16,6 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 import draws  # noqa: E402
+import environment_guard  # noqa: E402
 import native_stacks  # noqa: E402
 import worker_deaths  # noqa: E402
 
@@ -30,6 +31,7 @@ def pytest_configure(config: pytest.Config) -> None:
     (``.ci/run``), a process of the run (a pytest-xdist worker included) that dies on a fatal signal prints
     its threads' native stacks after faulthandler's Python stacks (see native_stacks.py)."""
     os.environ.setdefault("TUNECL_CACHE_DIR", str(config.rootpath / ".pytest_cache" / "tunecl-kernels"))
+    environment_guard.install()   # environment writes wait for the devices (see environment_guard.py)
     if native_stacks.wanted():
         native_stacks.install()
         _watch.append(worker_deaths.HandlerWatch(native_stacks.SIGNALS, os.dup(sys.__stderr__.fileno())))
