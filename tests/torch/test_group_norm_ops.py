@@ -49,8 +49,12 @@ def test_group_norm_backward_op_directly_against_float64(strict):
     w = torch.rand(8, dtype=torch.float64) + 0.5
     _, mean, rstd = torch.ops.aten.native_group_norm(x, w, None, 3, 8, 50, 4, 1e-5)
     for weight in (w, None):
-        # the reference computes every output and the mask picks (CPU torch 2.11 fails on some partial masks)
-        full = torch.ops.aten.native_group_norm_backward(dy, x, mean, rstd, weight, 3, 8, 50, 4, [True] * 3)
+        # the reference computes every output and the mask picks (CPU torch 2.11 fails on some partial masks
+        # and without a weight); no weight is a weight of ones, which leaves the weight and bias gradients as
+        # they are
+        ones = torch.ones(8, dtype=torch.float64)
+        full = torch.ops.aten.native_group_norm_backward(dy, x, mean, rstd, ones if weight is None else weight,
+                                                         3, 8, 50, 4, [True] * 3)
         for mask in ([True, True, True], [True, False, False], [False, True, False], [False, False, True]):
             expected = [e if wanted else None for e, wanted in zip(full, mask)]
             args = [None if v is None else v.float().to("opencl") for v in (dy, x, mean, rstd, weight)]

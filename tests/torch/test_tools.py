@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -340,7 +341,10 @@ def test_bench_compiled_train_prints_its_warm_up_and_replays(capsys):
     out = capsys.readouterr().out
     warmup = next(line for line in out.splitlines() if line.startswith("warm-up"))
     assert "the 3 untimed iterations" in warmup and "the second is captured" in warmup
-    assert "captures 3" in out and "replays 6" in out   # forward, backward, Adam: the third warm-up and the timed one
+    stats = dict(re.findall(r"(\w+) (\d+)", next(line for line in out.splitlines() if line.startswith("compile"))))
+    # forward, backward and Adam's step, which some torch versions trace as more than one graph; each graph
+    # is captured once and replayed in the third warm-up and the timed iteration at least
+    assert int(stats["captures"]) >= 3 and int(stats["replays"]) >= 2 * int(stats["captures"])
 
 
 def test_bench_record_appends_a_results_row_that_plot_results_reads(tmp_path, capsys):
@@ -408,7 +412,8 @@ def test_bench_graph_of_a_net_with_dropout_draws_on_the_device_and_one_with_a_fa
     assert "--graph: a step of" in err and "CPU fallback" in err
 
 
-def test_bench_compare_cuda_without_cuda_is_an_error_before_measuring(capsys):
+def test_bench_compare_cuda_without_cuda_is_an_error_before_measuring(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)   # (as on a machine without CUDA)
     assert main(["bench", "--net", TINY, "--batch", "1", "--image-size", "8", "--compare", "cuda"]) == 1
     err = capsys.readouterr().err
     assert "--compare cuda: torch.cuda.is_available() is False" in err and "measuring" not in err

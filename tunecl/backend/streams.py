@@ -6,11 +6,12 @@ for it (``stream_id`` 0): work "on a side stream" runs in submission order with 
 code written for several CUDA streams stays correct, only without overlap. ``wait_stream`` and
 ``wait_event`` therefore have nothing to wait for; ``synchronize`` and ``query`` look at the whole queue.
 
-**Events** are OpenCL markers enqueued on that queue. A timing event (``enable_timing=True``) adds a
-second marker on a profiling queue of its own that waits for the first: its end timestamp is the device
-clock when everything before the record had finished, and ``elapsed_time`` subtracts two of them. (The
-backend's queue does not profile: a profiling queue costs host time on every launch, see
-:class:`tunecl.runtime.Device`.)
+**Events** are OpenCL markers enqueued on that queue. A timing event (``enable_timing=True``) adds an
+empty one-work-item kernel on a profiling queue of its own that waits for the marker: its start timestamp
+is the device clock once everything before the record had finished, and ``elapsed_time`` subtracts two of
+them. (A kernel, not a second marker: NVIDIA's driver gives markers that wait on another queue's event
+timestamps out of order. The backend's queue does not profile: a profiling queue costs host time on
+every launch, see :class:`tunecl.runtime.Device`.)
 
 **Why torch.Event is replaced.** The DeviceGuard that ``torch._C._acc`` gives a Python backend has
 fixed no-op ``record``/``block`` and lacks ``synchronizeEvent``, ``elapsedTime`` and
@@ -36,18 +37,21 @@ BACKEND = "opencl"
 _TorchEvent = torch.Event      # torch's classes, kept before patch_torch_event_and_stream replaces the names
 _TorchStream = torch.Stream
 QUERY_WAIT_S = 0.002    # Stream.query waits this long for its marker
-_timing_queue: cl.CommandQueue | None = None
+_timing_queue: tuple[cl.CommandQueue, cl.Kernel] | None = None
 _timing_lock = threading.Lock()
+_TIMESTAMP_SOURCE = "__kernel void tunecl_timestamp(void) {}"
 
 
-def _timing() -> cl.CommandQueue:
-    """The profiling queue whose markers time events (made on first use)."""
+def _timing() -> tuple[cl.CommandQueue, cl.Kernel]:
+    """The profiling queue that times events and its empty timestamp kernel (made on first use)."""
     global _timing_queue
     with _timing_lock:
         if _timing_queue is None:
             device = state.get().device
-            _timing_queue = cl.CommandQueue(device.context, device.cl_device,
-                                            properties=cl.command_queue_properties.PROFILING_ENABLE)
+            queue = cl.CommandQueue(device.context, device.cl_device,
+                                    properties=cl.command_queue_properties.PROFILING_ENABLE)
+            kernel = cl.Program(device.context, _TIMESTAMP_SOURCE).build().tunecl_timestamp
+            _timing_queue = (queue, kernel)
         return _timing_queue
 
 
@@ -94,7 +98,7 @@ class Event(_TorchEvent):
                                blocking=blocking, interprocess=False)
         self._enable_timing = bool(enable_timing)
         self._marker: cl.Event | None = None   # in the device's queue
-        self._timer: cl.Event | None = None    # in the timing queue, after the marker
+        self._timer: cl.Event | None = None    # the timestamp kernel in the timing queue, after the marker
         return self
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -110,8 +114,8 @@ class Event(_TorchEvent):
         self._marker = cl.enqueue_marker(queue)
         if self._enable_timing:
             queue.flush()   # the timing queue waits on this marker: it must reach the device
-            timing = _timing()
-            self._timer = cl.enqueue_marker(timing, wait_for=[self._marker])
+            timing, timestamp = _timing()
+            self._timer = cl.enqueue_nd_range_kernel(timing, timestamp, (1,), None, wait_for=[self._marker])
             timing.flush()
 
     def query(self) -> bool:
@@ -138,7 +142,7 @@ class Event(_TorchEvent):
 
         Raises:
             RuntimeError: either event was made without ``enable_timing=True`` or never recorded, or the
-                driver keeps no timestamps for markers.
+                driver keeps no timestamps for them.
         """
         if not isinstance(end_event, Event):
             raise TypeError(f"expected a torch.opencl.Event, got {end_event!r}")
@@ -149,9 +153,9 @@ class Event(_TorchEvent):
         try:
             end_event._timer.wait()
             self._timer.wait()
-            return (end_event._timer.profile.end - self._timer.profile.end) * 1e-6
+            return (end_event._timer.profile.start - self._timer.profile.start) * 1e-6
         except cl.Error as error:
-            raise RuntimeError(f"the OpenCL driver gave no timestamps for the events' markers: "
+            raise RuntimeError(f"the OpenCL driver gave no timestamps for the events: "
                                f"{error}") from None
 
     def ipc_handle(self) -> Any:
