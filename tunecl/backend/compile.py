@@ -125,6 +125,7 @@ class _Replayed:
         self.calls = 0
         self.graph: graphs.Graph | None = None
         self.static_inputs: list[Any] = []
+        self.static_addresses: list[int | None] = []   # each tensor input's data_ptr (None: not a tensor)
         self.static_outputs: list[Any] = []
         self.rewritten: list[int] = []           # outputs a replay rewrites, handed out as fresh aliases
         self.handed_out: list[tuple[int, weakref.ref]] = []   # (output index, alias) of the last call
@@ -134,6 +135,7 @@ class _Replayed:
         if self.graph is not None:
             self.graph.reset()
         self.graph, self.static_inputs, self.static_outputs, self.handed_out = None, [], [], []
+        self.static_addresses = []
         self.reason = self.reason or "its capture was released (torch._dynamo.reset)"
 
     def __call__(self, args: list[Any]) -> Any:
@@ -169,6 +171,7 @@ class _Replayed:
             _warn_once(self.reason)
             return self.run_eagerly(args)
         self.graph, self.static_inputs, self.static_outputs = graph, static, list(outputs)
+        self.static_addresses = [t.data_ptr() if isinstance(t, torch.Tensor) else None for t in static]
         _live.add(self)
         tensors = [t for t in (*static, *self.static_outputs) if isinstance(t, torch.Tensor)]
         _hold(self, tensors)
@@ -209,10 +212,10 @@ class _Replayed:
                 self.rewritten = [i for i in self.rewritten if i not in self.copied_outputs]
             return self.run_eagerly(args)
         copies = []
-        for i, (given, static) in enumerate(zip(args, self.static_inputs)):
-            if given is static or not isinstance(given, torch.Tensor):
-                continue
-            if _same_tensor(given, static):
+        # (an input at its static tensor's address is that tensor: dynamo's guards fix a graph's input sizes,
+        # strides and dtypes, and the backward's inputs are the forward's outputs or coerced to their layout)
+        for i, (given, static, address) in enumerate(zip(args, self.static_inputs, self.static_addresses)):
+            if address is None or given is static or given.data_ptr() == address:
                 continue
             if (i in self.aliased or i in self.borrowed) and _held_elsewhere(static):
                 # never write into a tensor someone holds
@@ -243,9 +246,10 @@ class _Replayed:
             outputs[i] = copies[k] if copies is not None else outputs[i].clone()
         _counts["output_copies"] += len(copied)
         handed_out = []
-        for i in self.rewritten:
-            outputs[i] = out = _alias(outputs[i])
-            handed_out.append((i, weakref.ref(out)))
+        ref = weakref.ref
+        for i in self.rewritten:   # (never a Parameter: those are in-place inputs' storages, see above)
+            outputs[i] = out = outputs[i].detach()
+            handed_out.append((i, ref(out)))
         self.handed_out = handed_out
         return outputs
 
@@ -303,11 +307,6 @@ def _static_copy(t: torch.Tensor) -> torch.Tensor:
     static = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
     static.copy_(t)
     return static
-
-
-def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
-            and a.dtype == b.dtype)
 
 
 def _forward_layout() -> tuple[set[int], range]:
