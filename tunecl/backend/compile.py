@@ -32,10 +32,12 @@ graph's static inputs and enqueues the recorded commands, without running the gr
   code. :func:`stats` counts captures, replays and eager calls with their reasons.
 - Before a graph runs, it is rewritten: in an inference graph each convolution -> eval batch norm pair
   becomes one convolution with folded weights (:mod:`tunecl.backend.folding`), and in every graph each
-  run of pointwise ops becomes one generated kernel (:mod:`tunecl.backend.fusion`); the copies that
-  write mutated inputs back are grouped into multi-tensor copies (:mod:`tunecl.backend.copy_backs`).
-  Options switch them off: ``torch.compile(m, backend="tunecl", options={"fold_conv_bn": False,
-  "fuse_pointwise": False, "group_copy_backs": False})``.
+  run of pointwise ops becomes one generated kernel (:mod:`tunecl.backend.fusion`); ops whose results are
+  written back into a mutated input are made in place where that is sound (:mod:`tunecl.backend.reinplace`:
+  a compiled Adam step updates its parameters, moments and step counts where they are), and the copies
+  that still write mutated inputs back are grouped into multi-tensor copies
+  (:mod:`tunecl.backend.copy_backs`). Options switch them off: ``torch.compile(m, backend="tunecl",
+  options={"fold_conv_bn": False, "fuse_pointwise": False, "reinplace": False, "group_copy_backs": False})``.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ from torch._dynamo.backends.debugging import boxed_nop
 from torch._inductor.utils import count_tangents
 
 import tunecl.backend  # noqa: F401  (registers the opencl device)
-from tunecl.backend import copy_backs, folding, fusion, graphs
+from tunecl.backend import copy_backs, folding, fusion, graphs, reinplace
 from tunecl.backend.ops import foreach
 
 _counts: collections.Counter[str] = collections.Counter()
@@ -69,7 +71,8 @@ def stats() -> dict[str, int]:
     ``eager_calls:<reason>`` (calls of a captured graph run eagerly instead of replayed),
     ``captured_commands`` (device commands the captures hold: what their replays enqueue), and the
     rewrites: ``folded_conv_bn`` (convolution + batch norm pairs folded), ``fused_chains`` (runs of
-    pointwise ops fused into one kernel), ``fused_ops`` (the ops in them) and ``grouped_copy_backs``
+    pointwise ops fused into one kernel), ``fused_ops`` (the ops in them), ``reinplaced_ops`` (ops made in
+    place over a mutated input) and ``grouped_copy_backs``
     (copies into mutated inputs made multi-tensor copies)."""
     return dict(_counts)
 
@@ -322,7 +325,8 @@ def _forward_layout() -> tuple[set[int], range]:
                                                          + meta.num_intermediate_bases)
 
 
-def _rewrite(gm: torch.fx.GraphModule, options: dict[str, Any], inference: bool) -> None:
+def _rewrite(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any],
+             inference: bool) -> None:
     """The graph-level rewrites of ``gm`` the options allow (see the module docstring), counted."""
     if inference and options.get("fold_conv_bn", True):
         _counts["folded_conv_bn"] += folding.fold_conv_bn(gm)
@@ -330,6 +334,8 @@ def _rewrite(gm: torch.fx.GraphModule, options: dict[str, Any], inference: bool)
         runs = fusion.fuse_pointwise(gm)
         _counts["fused_chains"] += len(runs)
         _counts["fused_ops"] += sum(runs)
+    if options.get("reinplace", True):
+        _counts["reinplaced_ops"] += reinplace.reinplace_input_mutations(gm, list(example_inputs))
     if options.get("group_copy_backs", True):
         _counts["grouped_copy_backs"] += copy_backs.group_copy_backs(gm)
 
@@ -337,18 +343,18 @@ def _rewrite(gm: torch.fx.GraphModule, options: dict[str, Any], inference: bool)
 def _forward_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, inference: bool = False,
                       options: dict[str, Any]) -> Any:
     aliased, user_outputs = _forward_layout()   # (before the rewrites: they keep inputs and outputs)
-    _rewrite(gm, options, inference)
+    _rewrite(gm, example_inputs, options, inference)
     aliased |= {i for i, a in enumerate(example_inputs) if isinstance(a, torch.nn.Parameter)}
     return _Replayed(gm, example_inputs, "inference" if inference else "forward", aliased, set(user_outputs))
 
 
 def _backward_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, options: dict[str, Any]) -> Any:
-    _rewrite(gm, options, inference=False)
+    _rewrite(gm, example_inputs, options, inference=False)
     return _Replayed(gm, example_inputs, "backward", set(range(count_tangents(gm))), set(), gradients=True)
 
 
 # the options, each True unless given False
-REWRITES = ("fold_conv_bn", "fuse_pointwise", "group_copy_backs")
+REWRITES = ("fold_conv_bn", "fuse_pointwise", "reinplace", "group_copy_backs")
 
 
 def tunecl_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, options: dict[str, Any] | None = None,

@@ -1,0 +1,150 @@
+"""The reinplace rewrite of compiled graphs (:mod:`tunecl.backend.reinplace`): functional ops whose results
+go back into a mutated input run in place where that is sound, and stay functional where it is not; a
+rewritten graph computes what the functional one did."""
+
+from __future__ import annotations
+
+import copy
+import operator
+
+import pytest
+import torch
+from torch import nn
+
+compile_backend = pytest.importorskip("tunecl.backend.compile")
+from tunecl.backend.reinplace import reinplace_input_mutations  # noqa: E402
+
+aten = torch.ops.aten
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    compile_backend.reset_stats()
+    yield
+    torch._dynamo.reset()
+
+
+class _Record(torch.fx.Interpreter):
+    """Runs a graph and keeps each node's value in its ``val``, as AOT's graphs carry them."""
+
+    def run_node(self, node: torch.fx.Node):
+        result = super().run_node(node)
+        node.meta["val"] = result
+        return result
+
+
+def _graph(build, *inputs: torch.Tensor) -> torch.fx.GraphModule:
+    """A graph module over placeholders for ``inputs`` that ``build(graph, *placeholders)`` fills (returning
+    the output values), with every node's ``val`` filled in from a run on clones of ``inputs``."""
+    graph = torch.fx.Graph()
+    placeholders = [graph.placeholder(f"x{k}") for k in range(len(inputs))]
+    graph.output(tuple(build(graph, *placeholders)))
+    gm = torch.fx.GraphModule(nn.Module(), graph)
+    _Record(gm).run(*[t.clone() for t in inputs])
+    return gm
+
+
+def _check_rewrite(build, inputs: list[torch.Tensor], expected_made: int) -> torch.fx.GraphModule:
+    """Rewrite the graph, then run it and the functional one on copies of ``inputs``: same results and the
+    same values left in the inputs."""
+    functional = _graph(build, *inputs)
+    rewritten = copy.deepcopy(functional)
+    assert reinplace_input_mutations(rewritten, list(inputs)) == expected_made
+    left, right = [t.clone() for t in inputs], [t.clone() for t in inputs]
+    for a, b in zip(functional(*left), rewritten(*right)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+    for a, b in zip(left, right):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+    return rewritten
+
+
+def _targets(gm: torch.fx.GraphModule) -> list:
+    return [n.target for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def test_an_update_copied_back_into_its_input_runs_in_place_and_the_copy_goes():
+    def build(g, a, b):
+        new = g.call_function(aten.mul.Tensor, (a, b))
+        total = g.call_function(aten.sum.default, (new,))   # a later reader of the new value reads the input
+        g.call_function(aten.copy_.default, (a, new))
+        return [total]
+
+    gm = _check_rewrite(build, [torch.randn(3, 4), torch.randn(3, 4)], 1)
+    assert _targets(gm) == [aten.mul_.Tensor, aten.sum.default]
+
+
+def test_a_foreach_chain_runs_in_place_through_its_intermediate():
+    def build(g, a, b, grad):
+        scaled = g.call_function(aten._foreach_mul.Scalar, ([a, b], 0.5))
+        parts = [g.call_function(operator.getitem, (scaled, k)) for k in range(2)]
+        summed = g.call_function(aten._foreach_addcmul.Scalar, (parts, [grad, grad], [grad, grad], 0.1))
+        new = [g.call_function(operator.getitem, (summed, k)) for k in range(2)]
+        g.call_function(aten.copy_.default, (a, new[0]))
+        g.call_function(aten.copy_.default, (b, new[1]))
+        return []
+
+    gm = _check_rewrite(build, [torch.randn(5), torch.randn(5), torch.randn(5)], 2)
+    assert _targets(gm) == [aten._foreach_mul_.Scalar, aten._foreach_addcmul_.Scalar]
+
+
+@pytest.mark.parametrize("case", ["old value read after", "operand is the input", "result is an output",
+                                  "input not written back", "dtype changes",
+                                  "final value written already"])
+def test_an_op_stays_functional_where_in_place_would_change_results(case):
+    def build(g, a, b):
+        other = a if case == "operand is the input" else b
+        new = g.call_function(aten.add.Tensor, (a, other))
+        outputs = [new] if case == "result is an output" else []
+        if case == "old value read after":
+            outputs.append(g.call_function(aten.sum.default, (a,)))
+        if case == "final value written already":   # a's final value is made in place, then read
+            root = g.call_function(aten.sqrt.default, (new,))
+            outputs.append(g.call_function(aten.sum.default, (root,)))
+        if case != "input not written back":
+            g.call_function(aten.copy_.default, (a, new))
+        return outputs
+
+    a = torch.randn(4).half() if case == "dtype changes" else torch.randn(4)
+    gm = _check_rewrite(build, [a, torch.randn(4)], 1 if case == "final value written already" else 0)
+    assert aten.sqrt_.default not in _targets(gm)
+
+
+def test_inputs_sharing_storage_are_left_functional():
+    def build(g, a, b):
+        new = g.call_function(aten.mul.Tensor, (a, 2.0))
+        g.call_function(aten.copy_.default, (a, new))
+        return [g.call_function(aten.sum.default, (b,))]
+
+    base = torch.randn(8)
+    gm = _graph(build, base[:4], base[4:])   # two views of one storage
+    assert reinplace_input_mutations(gm, [base[:4], base[4:]]) == 0
+
+
+@pytest.mark.parametrize("reinplace", [True, False], ids=["in place", "copied back"])
+def test_a_compiled_adam_step_updates_its_state_in_place_and_equals_eager(reinplace):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(7, 5), nn.ReLU(), nn.Linear(5, 3)).to("opencl")
+    reference = copy.deepcopy(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, capturable=True)
+    reference_optimizer = torch.optim.Adam(reference.parameters(), lr=1e-2, capturable=True)
+    step = torch.compile(optimizer.step, backend="tunecl", options={"reinplace": reinplace})
+    for _ in range(4):
+        x = torch.randn(4, 7, device="opencl")
+        for m in (model, reference):
+            m(x).square().sum().backward()
+        step()
+        reference_optimizer.step()
+        optimizer.zero_grad()
+        reference_optimizer.zero_grad()
+    for a, b in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(a.detach().cpu(), b.detach().cpu(), atol=1e-6, rtol=1e-5)
+    for a, b in zip(optimizer.state.values(), reference_optimizer.state.values()):
+        for key in a:
+            torch.testing.assert_close(a[key].cpu(), b[key].cpu(), atol=1e-6, rtol=1e-5)
+    stats = compile_backend.stats()
+    if reinplace:   # the step counts' add, the moments' lerp, mul and addcmul, the parameters' addcdiv
+        assert stats["reinplaced_ops"] >= 5 and not stats.get("grouped_copy_backs"), stats
+    else:   # 4 parameters, their moments and step counts written back in grouped copies
+        assert not stats.get("reinplaced_ops") and stats["grouped_copy_backs"] >= 4 * 4, stats
+    assert stats["replays"] >= 2, stats
