@@ -34,10 +34,12 @@ graph's static inputs and enqueues the recorded commands, without running the gr
   becomes one convolution with folded weights (:mod:`tunecl.backend.folding`), and in every graph each
   run of pointwise ops becomes one generated kernel (:mod:`tunecl.backend.fusion`); ops whose results are
   written back into a mutated input are made in place where that is sound (:mod:`tunecl.backend.reinplace`:
-  a compiled Adam step updates its parameters, moments and step counts where they are), and the copies
+  a compiled Adam step updates its parameters, moments and step counts where they are), each run of
+  ``_foreach_*`` ops becomes one multi-tensor kernel (:mod:`tunecl.backend.foreach_fusion`), and the copies
   that still write mutated inputs back are grouped into multi-tensor copies
   (:mod:`tunecl.backend.copy_backs`). Options switch them off: ``torch.compile(m, backend="tunecl",
-  options={"fold_conv_bn": False, "fuse_pointwise": False, "reinplace": False, "group_copy_backs": False})``.
+  options={"fold_conv_bn": False, "fuse_pointwise": False, "reinplace": False, "fuse_foreach": False,
+  "group_copy_backs": False})``.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ from torch._dynamo.backends.debugging import boxed_nop
 from torch._inductor.utils import count_tangents
 
 import tunecl.backend  # noqa: F401  (registers the opencl device)
-from tunecl.backend import copy_backs, folding, fusion, graphs, reinplace
+from tunecl.backend import copy_backs, folding, foreach_fusion, fusion, graphs, reinplace
 from tunecl.backend.ops import foreach
 
 _counts: collections.Counter[str] = collections.Counter()
@@ -72,7 +74,8 @@ def stats() -> dict[str, int]:
     ``captured_commands`` (device commands the captures hold: what their replays enqueue), and the
     rewrites: ``folded_conv_bn`` (convolution + batch norm pairs folded), ``fused_chains`` (runs of
     pointwise ops fused into one kernel), ``fused_ops`` (the ops in them), ``reinplaced_ops`` (ops made in
-    place over a mutated input) and ``grouped_copy_backs``
+    place over a mutated input), ``fused_foreach_runs`` and ``fused_foreach_ops`` (runs of ``_foreach_*`` ops
+    made one multi-tensor kernel, and the ops in them) and ``grouped_copy_backs``
     (copies into mutated inputs made multi-tensor copies)."""
     return dict(_counts)
 
@@ -336,6 +339,10 @@ def _rewrite(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: d
         _counts["fused_ops"] += sum(runs)
     if options.get("reinplace", True):
         _counts["reinplaced_ops"] += reinplace.reinplace_input_mutations(gm, list(example_inputs))
+    if options.get("fuse_foreach", True):
+        runs = foreach_fusion.fuse_foreach(gm)
+        _counts["fused_foreach_runs"] += len(runs)
+        _counts["fused_foreach_ops"] += sum(runs)
     if options.get("group_copy_backs", True):
         _counts["grouped_copy_backs"] += copy_backs.group_copy_backs(gm)
 
@@ -354,7 +361,7 @@ def _backward_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
 
 
 # the options, each True unless given False
-REWRITES = ("fold_conv_bn", "fuse_pointwise", "reinplace", "group_copy_backs")
+REWRITES = ("fold_conv_bn", "fuse_pointwise", "reinplace", "fuse_foreach", "group_copy_backs")
 
 
 def tunecl_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, options: dict[str, Any] | None = None,

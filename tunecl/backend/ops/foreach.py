@@ -28,7 +28,7 @@ from tunecl.backend.ops import optim_calls
 _GENERIC = torch._C.DispatchKey.CompositeExplicitAutograd
 
 
-def _pairs(tensors: Sequence[Any], outs: Sequence[torch.Tensor] | None = None) -> list[tuple[Any, int]] | None:
+def buffer_pairs(tensors: Sequence[Any], outs: Sequence[torch.Tensor] | None = None) -> list[tuple[Any, int]] | None:
     """(buffer, element offset) of each tensor when every one is a contiguous float32 opencl tensor (and,
     given ``outs``, of its output's shape, and either exactly its output or sharing no storage with it);
     else None. One pass, a few attribute reads per tensor: optimizers call this for ~1000 tensors a step."""
@@ -78,7 +78,7 @@ def _launch(expr: str, outs: Sequence[torch.Tensor], inputs: Sequence[Sequence[A
     """Run ``expr`` over the lists when the multi-tensor path applies (module docstring); False if not.
     ``known``: an input list whose pairs were already found, with them (inputs of fresh outputs, which
     share no storage with them)."""
-    out_pairs = _pairs(outs)
+    out_pairs = buffer_pairs(outs)
     if out_pairs is None:
         return False
     columns: list[list[Any]] = []
@@ -91,7 +91,7 @@ def _launch(expr: str, outs: Sequence[torch.Tensor], inputs: Sequence[Sequence[A
             if known is not None and column is known[0]:
                 pairs = known[1]
             else:
-                pairs = column is outs and out_pairs or _pairs(column, outs)
+                pairs = column is outs and out_pairs or buffer_pairs(column, outs)
             if pairs is None and columns and (pairs := _single_elements(column, outs)) is not None:
                 one = True   # (not the first input: it is self, whose shape is the output's)
             if pairs is None:
@@ -113,13 +113,13 @@ def _single_elements(column: Sequence[Any], outs: Sequence[torch.Tensor]) -> lis
     written = {o.untyped_storage().data_ptr() for o in outs}
     if any(t.untyped_storage().data_ptr() in written for t in column):
         return None
-    return _pairs(column)
+    return buffer_pairs(column)
 
 
 def clone_all(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
     """Copies of ``tensors`` in one multi-tensor launch per ``Optim.slots`` of them, where the path applies
     (contiguous float32 opencl tensors); else None."""
-    pairs = _pairs(tensors)
+    pairs = buffer_pairs(tensors)
     if pairs is None or not tensors:
         return None
     outs, _ = empty_dense_many(tensors)
@@ -156,7 +156,7 @@ def _foreach_copy_(self: list[torch.Tensor], src: list[torch.Tensor], non_blocki
 def _foreach_pow_scalar_and_tensor(self: Any, exponent: list[torch.Tensor]) -> list[torch.Tensor]:
     """``[self ** e for e in exponent]`` (a number to tensor powers: Adam's bias corrections from step
     counts kept on the device) in one launch per ``Optim.slots`` tensors where the path applies."""
-    if _is_number(self) and exponent and (pairs := _pairs(exponent)) is not None:
+    if _is_number(self) and exponent and (pairs := buffer_pairs(exponent)) is not None:
         outs, _ = empty_dense_many(exponent)
         if _launch("pow", outs, [[float(self)] * len(exponent), exponent], [], (exponent, pairs)):
             return outs
@@ -186,7 +186,7 @@ def _adapter(name: str, expr: str, arrange: Callable[..., tuple[list, list] | No
             known = None
             if in_place:
                 outs = self
-            elif (self_pairs := _pairs(self)) is not None:
+            elif (self_pairs := buffer_pairs(self)) is not None:
                 # contiguous float32 opencl tensors: outputs straight from memory, self's pairs known
                 outs, _ = empty_dense_many(self)
                 known = (self, self_pairs)
@@ -246,7 +246,9 @@ def _zero(count: int) -> tuple[list, list]:
     return [], [[0.0] * count]
 
 
-def _table() -> dict[str, Callable[..., Any]]:
+def _overloads() -> dict[str, tuple[str, Callable[..., Any]]]:
+    """Each functional ``_foreach_*`` overload's pointwise expression and how it arranges its operands
+    (``add.Scalar``, ..., ``sqrt`` for ``.default``)."""
     overloads: dict[str, tuple[str, Callable[..., Any]]] = {}
     for op in ("add", "sub"):
         overloads[f"{op}.Scalar"] = (op, _scaled_scalar)
@@ -267,8 +269,31 @@ def _table() -> dict[str, Callable[..., Any]]:
     overloads["lerp.List"] = ("lerp_tensor", _lerp_list)
     for op in ("sqrt", "neg", "abs", "exp", "log", "reciprocal"):
         overloads[op] = (op, _nothing)
+    return overloads
+
+
+OVERLOADS = _overloads()
+
+
+def arranged(overload: str, count: int, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[str, list, list] | None:
+    """For a call of the functional or in-place ``_foreach_`` ``overload`` (``add.Scalar``, ``sqrt``) over
+    ``count`` tensors with the operands after ``self``: its expression, the inputs after ``self`` (tensor
+    lists, or one number per tensor) and its parameters (one number per tensor each); None where the
+    operands are not of the forms the multi-tensor path takes."""
+    entry = OVERLOADS.get(overload)
+    if entry is None:
+        return None
+    expr, arrange = entry
+    try:
+        result = arrange(count, *args, **kwargs)
+    except TypeError:
+        return None
+    return None if result is None else (expr, *result)
+
+
+def _table() -> dict[str, Callable[..., Any]]:
     table: dict[str, Callable[..., Any]] = {}
-    for overload, (expr, arrange) in overloads.items():
+    for overload, (expr, arrange) in OVERLOADS.items():
         base, dot, rest = overload.partition(".")
         for name in (f"_foreach_{base}_{dot}{rest}", f"_foreach_{base}{dot}{rest}"):
             table[name] = _adapter(name, expr, arrange)

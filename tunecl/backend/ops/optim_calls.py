@@ -102,7 +102,7 @@ def _column(tensors: Sequence[torch.Tensor], numels: list[int] | None, outs: _Ou
     """(buffers, element offsets) of ``tensors`` (data_ptrs ``ptrs``) when each is a contiguous float32
     opencl tensor of the signature's numel (``numels`` None: of any but 0) and, given ``outs``, of its
     output's shape and either exactly its output or sharing no storage with it; else None. The general
-    route's checks (:func:`tunecl.backend.ops.foreach._pairs`), a pass over the list per property.
+    route's checks (:func:`tunecl.backend.ops.foreach.buffer_pairs`), a pass over the list per property.
 
     A data_ptr that is some storage's address (a key of ``_buffers``) is that of the tensor's own storage
     at offset 0: storages' address ranges never overlap and a tensor with elements points into its own

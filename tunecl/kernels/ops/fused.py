@@ -43,12 +43,13 @@ class Chain(NamedTuple):
     inputs: int
     steps: tuple[Step, ...]
 
-    def check(self) -> None:
-        """Raise :class:`Unsupported` for a chain ``fused.cl`` cannot compute."""
-        if not 1 <= self.inputs <= MAX_INPUTS:
-            raise Unsupported(f"a fused chain of {self.inputs} inputs (1 to {MAX_INPUTS})")
-        if not 1 <= len(self.steps) <= MAX_STEPS:
-            raise Unsupported(f"a fused chain of {len(self.steps)} steps (1 to {MAX_STEPS})")
+    def check(self, max_inputs: int = MAX_INPUTS, max_steps: int = MAX_STEPS) -> None:
+        """Raise :class:`Unsupported` for a chain ``fused.cl`` (or a kernel taking ``max_inputs`` inputs and
+        ``max_steps`` steps) cannot compute."""
+        if not 1 <= self.inputs <= max_inputs:
+            raise Unsupported(f"a fused chain of {self.inputs} inputs (1 to {max_inputs})")
+        if not 1 <= len(self.steps) <= max_steps:
+            raise Unsupported(f"a fused chain of {len(self.steps)} steps (1 to {max_steps})")
         for k, step in enumerate(self.steps):
             expr = EXPRESSIONS.get(step.op)
             if expr is None or not expr.code:

@@ -19,9 +19,18 @@
 //              the pointwise family's float expressions). Each of a, b, c is a tensor of the slot or,
 //              with A_SCALAR / B_SCALAR / C_SCALAR, a number of the slot, or with A_ONE / B_ONE / C_ONE
 //              a tensor of one element read for every element; s0 and s1 are numbers of the slot.
+//   foreach_chain  a chain of elementwise steps over NCOL columns (a compiled graph's run of _foreach_*
+//              ops, tunecl.backend.foreach_fusion): the host passes the steps as fused.cl's Fk/STEPk
+//              macros over the column values v0.. and earlier steps t0..; BEFORE the loop over a slot's
+//              elements, once per work-group, the loads LD1(column) of the columns of one-element
+//              tensors (read for every element) and the steps SV(k) computed from them and constants
+//              alone, shared through local memory (SHARES, UNSHARES: NUNIFORM values); in the loop,
+//              LOADS as LD(column, i), STEPS as SV(k) for the other steps, and STORES as
+//              ST(column, step) for the columns written back.
 //
 // meta (long): per slot, adam: n, offsets of p, g, m, v, vmax, step; sgd: n, offsets of p, g, buf;
-// foreach_map: n, offsets of o, a, b, c. foreach_map's numbers (float): per slot a, b, c, s0, s1.
+// foreach_map: n, offsets of o, a, b, c; foreach_chain: n, then each column's offset. foreach_map's
+// numbers (float): per slot a, b, c, s0, s1.
 
 #ifndef SLOTS
   #define SLOTS 8
@@ -260,6 +269,55 @@ __kernel void foreach_map(const map_numbers_t s, const map_meta_t m FOR_SLOTS(MA
     const float c = tc[i];
   #endif
     o[i] = MAP_EXPR;
+  }
+}
+#endif
+
+#ifdef NCOL
+// COLS(X, k): X(0, k) .. X(NCOL - 1, k), for 1 to 8 columns
+#define CR_1(X, k) X(0, k)
+#define CR_2(X, k) CR_1(X, k) X(1, k)
+#define CR_3(X, k) CR_2(X, k) X(2, k)
+#define CR_4(X, k) CR_3(X, k) X(3, k)
+#define CR_5(X, k) CR_4(X, k) X(4, k)
+#define CR_6(X, k) CR_5(X, k) X(5, k)
+#define CR_7(X, k) CR_6(X, k) X(6, k)
+#define CR_8(X, k) CR_7(X, k) X(7, k)
+#define COLS__(n, X, k) CR_##n(X, k)
+#define COLS_(n, X, k) COLS__(n, X, k)
+#define COLS(X, k) COLS_(NCOL, X, k)
+#define CHAIN_ARG(j, k) , __global float *c##j##_##k
+#define CHAIN_SLOT(k) COLS(CHAIN_ARG, k)
+#define CHAIN_PICK_COLUMN(j, k) p##j = c##j##_##k;
+#define CHAIN_PICK(k) case k: COLS(CHAIN_PICK_COLUMN, k) break;
+#define CHAIN_DECLARE(j, k) __global float *p##j = 0;
+#define CHAIN_OFFSET(j, k) p##j += m.v[(NCOL + 1) * slot + 1 + j];
+#define LD(j, index) const float v##j = p##j[index];
+#define LD1(j) const float v##j = n > 0 ? p##j[0] : 0.0f;   // (a slot of empty tensors may have no buffers)
+#define SHARE(k, value) shared[k] = value;
+#define UNSHARE(k, value) const float value = shared[k];
+#define SV(k) const float t##k = (float)(STEP##k);
+#define ST(j, value) p##j[i] = value;
+typedef struct { long v[(NCOL + 1) * SLOTS]; } chain_meta_t;
+
+__kernel void foreach_chain(const chain_meta_t m FOR_SLOTS(CHAIN_SLOT))
+{
+  const int slot = (int)get_global_id(1);
+  COLS(CHAIN_DECLARE, 0)
+  switch (slot) { FOR_SLOTS(CHAIN_PICK) }
+  const long n = m.v[(NCOL + 1) * slot];
+  COLS(CHAIN_OFFSET, 0)
+  __local float shared[NUNIFORM];
+  if (get_local_id(0) == 0) {
+    BEFORE
+    SHARES
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  UNSHARES
+  for (long i = get_global_id(0); i < n; i += get_global_size(0)) {
+    LOADS
+    STEPS
+    STORES
   }
 }
 #endif

@@ -15,13 +15,16 @@ import numpy as np
 import pyopencl as cl
 
 from tunecl import config
-from tunecl.kernels.ops.multi_tensor import Chunks
 from tunecl.errors import Unsupported
+from tunecl.kernels.ops.fused import Chain
+from tunecl.kernels.ops.multi_tensor import Chunks
 from tunecl.kernels.strided import Operand, StridedFamily, meta_dtype
 from tunecl.runtime import Device
 
 SLOTS = 8            # tensors per launch where the device's parameter bytes are not known to allow more
 SLOT_CHOICES = config.OPTIM_SLOTS   # what optim.cl's FOR_SLOTS expands: 1 .. 8, 16, 24, 32
+CHAIN_COLUMNS = 8    # foreach_chain's columns, at most (optim.cl's COLS)
+CHAIN_STEPS = 32     # and steps
 
 
 def parameter_bytes(slots: int) -> int:
@@ -195,6 +198,57 @@ class Optim(StridedFamily):
         for index, column in enumerate(params):
             chunks.set_values(3 + index, column)
         chunks.launch(self.queue, buffers)
+
+    def chain(self, chain: Chain, ones: Sequence[bool], writes: Sequence[tuple[int, int]],
+              columns: Sequence[Sequence[tuple[cl.Buffer, int]]], numels: Sequence[int]) -> None:
+        """For every tensor index k, ``chain`` over the k-th tensors of ``columns`` (its inputs ``v0``.. are
+        the columns, each a list of (buffer, element offset) pairs of contiguous float32 data), a launch per
+        ``slots`` tensors: each ``(column, step)`` of ``writes`` stores that step's value into the column.
+        ``ones[j]``: column j's tensors hold one element each, read for every element; the others hold
+        ``numels[k]`` elements at index k. A written column is read before it is written, element by
+        element, so it may be one the chain reads; no tensor may be in two columns if one is written."""
+        columns = [list(c) for c in columns]
+        ncol = len(columns)
+        if ncol != chain.inputs or len(ones) != ncol or any(len(c) != len(numels) for c in columns):
+            raise ValueError("a foreach chain takes one column per chain input, each a tensor per numel")
+        if not writes or any(ones[j] for j, _ in writes):
+            raise ValueError("a foreach chain writes full columns only")
+        chain.check(max_inputs=CHAIN_COLUMNS, max_steps=CHAIN_STEPS)
+        slots = self._chain_slots(ncol)
+        key = ("foreach_chain", chain, tuple(ones), tuple(writes), slots)
+        kernel = self.cache.get(key)
+        if kernel is None:
+            # what reads only one-element columns and constants is the same for every element of a slot:
+            # one work-item of each work-group loads and computes it and shares it through local memory
+            # (Adam's bias corrections: two pow() per work-group, not per element; on a CPU device each
+            # work-item has about one element)
+            uniform = [f"v{j}" for j, one in enumerate(ones) if one]
+            for k, step in enumerate(chain.steps):
+                if all(not isinstance(a, str) or a in uniform for a in step.args):
+                    uniform.append(f"t{k}")
+            before = "".join(f"LD1({j})" for j, one in enumerate(ones) if one) \
+                + "".join(f"SV({k})" for k in range(len(chain.steps)) if f"t{k}" in uniform)
+            share = "".join(f"SHARE({k},{name})" for k, name in enumerate(uniform))
+            unshare = "".join(f"UNSHARE({k},{name})" for k, name in enumerate(uniform))
+            loads = "".join(f"LD({j},i)" for j, one in enumerate(ones) if not one)
+            steps = "".join(f"SV({k})" for k in range(len(chain.steps)) if f"t{k}" not in uniform)
+            stores = "".join(f"ST({j},t{step})" for j, step in writes)
+            options = [f"-DSLOTS={slots}", f"-DNCOL={ncol}", *chain.options(), f"-DNUNIFORM={max(len(uniform), 1)}",
+                       f"-DBEFORE={before}", f"-DSHARES={share}", f"-DUNSHARES={unshare}",
+                       f"-DLOADS={loads}", f"-DSTEPS={steps}", f"-DSTORES={stores}"]
+            dtypes = [meta_dtype((ncol + 1) * slots, "long")] + [None] * (ncol * slots)
+            kernel = self.cache.build(key, options, "foreach_chain", dtypes)
+        chunks = Chunks(kernel, slots, self.local, self.items, numels, ncol, empty_items=1)
+        for j, column in enumerate(columns):
+            chunks.set_offsets(j, [offset for _, offset in column])
+        chunks.launch(self.queue, [[buffer for buffer, _ in column] for column in columns])
+
+    def _chain_slots(self, columns: int) -> int:
+        """Tensors per foreach_chain launch: the most of 1 .. 8, 16, 24, 32 up to :attr:`slots` whose pointers
+        and meta fit the device's parameter bytes."""
+        limit = getattr(self.device.cl_device, "max_parameter_size", 1024)
+        fits = [s for s in (*range(1, 9), 16, 24, 32) if s <= self.slots and 8 * (2 * columns + 1) * s <= limit]
+        return max(fits, default=1)
 
     def map_chunks(self, expr: str, tensor: Sequence[bool], params: int, numels: Sequence[int],
                    single: Sequence[bool] = ()) -> Chunks:
