@@ -4,7 +4,6 @@ against CPU torch on odd sizes, and the runs the rewrite must leave alone."""
 
 from __future__ import annotations
 
-import copy
 import operator
 
 import pytest
