@@ -19,6 +19,11 @@ times the other per-op calls, each the median of ``--repeats`` rounds of ``--cal
   set), the launch made inline (pyopencl, or ``clEnqueueNDRangeKernel`` through ctypes) or handed to a
   thread that makes it through ctypes (which releases the GIL during the driver's call), at several
   ``sys.setswitchinterval`` values: whether a launch thread hides the driver's time from the op's Python.
+- ``pointer table`` (``--pointer-table``): a multi-tensor launch over 8 to 128 buffers, each passed as a
+  pointer argument (as the optimizer and foreach kernels do) or read from a table of the buffers' device
+  addresses in one buffer argument (each address written once by a kernel that stores its argument's
+  address). Says whether the device computes the table version right (OpenCL does not promise that a
+  buffer's address outlives the launch that saw it) and what each launch costs.
 
     python benchmarks/launch_cost.py                   # default device
     TUNECL_DEVICE=nvidia python benchmarks/launch_cost.py
@@ -198,6 +203,60 @@ def overlap(device, calls: int, repeats: int, work_us: float) -> None:
         print(f"  {label:<32} {statistics.median(times):8.2f}  (spread {min(times):.2f}-{max(times):.2f})")
 
 
+_TABLE_SOURCE = """
+__kernel void address_of(__global float *p, __global ulong *table, const int k) { table[k] = (ulong)p; }
+__kernel void by_table(__global const ulong *table, const int count) {
+  const int k = (int)get_global_id(1);
+  if (k < count && get_global_id(0) == 0) ((__global float *)table[k])[0] += 1.0f;
+}
+"""
+
+
+def _by_arguments_source(count: int) -> str:
+    params = ", ".join(f"__global float *p{k}" for k in range(count))
+    cases = " ".join(f"case {k}: p = p{k}; break;" for k in range(count))
+    return (f"__kernel void by_arguments{count}({params}) {{ __global float *p = 0; "
+            f"switch ((int)get_global_id(1)) {{ {cases} }} if (get_global_id(0) == 0) p[0] += 1.0f; }}")
+
+
+def pointer_table(device, calls: int, repeats: int) -> None:
+    """Print whether launches reading buffers through a table of device addresses compute right, and µs per
+    launch next to the same launch with a pointer argument per buffer."""
+    queue = device.queue
+    room = int(device.cl_device.max_parameter_size)
+    program = device.build(_TABLE_SOURCE)
+    address_of, by_table = cl.Kernel(program, "address_of"), cl.Kernel(program, "by_table")
+    print("pointer table: µs per launch (arguments set) over N buffers, by pointer arguments or by a table")
+    print(f"{'buffers':>8}  {'arguments':>10}  {'table':>8}  table right")
+    for count in (8, 32, 64, 128):
+        buffers = [device.alloc(4096) for _ in range(count)]
+        for b in buffers:
+            cl.enqueue_fill_buffer(queue, b, np.float32(0), 0, 4096)
+        table = device.alloc(8 * count)
+        for k, b in enumerate(buffers):
+            address_of(queue, (1,), None, b, table, np.int32(k))
+        by_table.set_args(table, np.int32(count))
+        cl.enqueue_nd_range_kernel(queue, by_table, (64, count), (64, 1))
+        values = np.empty(1, np.float32)
+        right = True
+        for b in buffers:
+            cl.enqueue_copy(queue, values, b)
+            right &= bool(values[0] == 1.0)
+        table_us = _median_us(lambda: cl.enqueue_nd_range_kernel(queue, by_table, (64, count), (64, 1)),
+                              calls, repeats)
+        queue.finish()
+        if count * 8 <= room:
+            by_arguments = cl.Kernel(device.build(_by_arguments_source(count)), f"by_arguments{count}")
+            by_arguments.set_args(*buffers)
+            arguments_us = _median_us(lambda k=by_arguments: cl.enqueue_nd_range_kernel(queue, k, (64, count), (64, 1)),
+                                      calls, repeats)
+            queue.finish()
+            arguments_text = f"{arguments_us:>10.2f}"
+        else:
+            arguments_text = f"{'(too many)':>10}"
+        print(f"{count:>8}  {arguments_text}  {table_us:>8.2f}  {'yes' if right else 'NO'}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", help="device selector (default: TUNECL_DEVICE or 0)")
@@ -207,8 +266,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="only the launch-thread comparison (ops of --work µs of Python and one launch)")
     parser.add_argument("--work", type=float, nargs="+", default=[0.0, 15.0],
                         help="µs of Python work per op for --overlap (default: 0 and 15)")
+    parser.add_argument("--pointer-table", action="store_true",
+                        help="only the pointer-table comparison (buffers by argument or by a table of addresses)")
     args = parser.parse_args(argv)
     device = runtime.select_device(args.device)
+    if args.pointer_table:
+        print(f"device: {device.name} [{device.entry.platform}] | median of {args.repeats} rounds of {args.calls} calls")
+        pointer_table(device, args.calls, args.repeats)
+        return 0
     if args.overlap:
         print(f"device: {device.name} [{device.entry.platform}] | {args.calls} ops per round, median of "
               f"{args.repeats} rounds")

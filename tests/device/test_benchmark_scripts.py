@@ -135,6 +135,15 @@ def test_launch_cost_times_each_part_of_a_launch(capsys):
     assert all(float(value) > 0 for row in variants for value in row[2:])
 
 
+def test_launch_cost_pointer_table_checks_the_table_and_times_both_launches(capsys):
+    script = load_script("launch_cost")
+    assert script.main(["--pointer-table", "--calls", "5", "--repeats", "1"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.split() and line.split()[0].isdigit()]
+    assert [row[0] for row in rows] == ["8", "32", "64", "128"]
+    # every launch by table reached each of its buffers exactly once (PoCL's buffers are host memory)
+    assert all(row[-1] == "yes" and float(row[-2]) > 0 for row in rows)
+
+
 def test_pointwise_benchmark_times_each_op_and_size_next_to_torch(tmp_path, capsys):
     pytest.importorskip("torch")
     script = load_script("pointwise")
