@@ -177,8 +177,11 @@ class CachingAllocator:
         else:
             self._free_large_slots.setdefault(slot.rank, []).append(slot)
 
-    def _new_buffer(self, reserved: int, requested: int) -> cl.Buffer:
-        device = state.get().device
+    def _new_buffer(self, reserved: int, requested: int) -> cl.Buffer | None:
+        st = state.get()
+        if not st.allocates:   # a State without device memory (a dry run's): the storage gets no buffer
+            return None
+        device = st.device
         if reserved > device.max_alloc_size:
             raise _oom(self, requested, device, f"the device's largest single allocation is "
                                           f"{_fmt(device.max_alloc_size)}")

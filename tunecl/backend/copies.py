@@ -60,7 +60,8 @@ def _bytes_of(host: torch.Tensor) -> np.ndarray:
 
 
 def write_bytes(buffer: cl.Buffer, offset: int, data: np.ndarray) -> None:
-    """Copy host bytes into ``buffer`` at byte ``offset``; the host data may change on return."""
+    """Copy host bytes into ``buffer`` at byte ``offset``; the host data may change on return (the
+    backend calls it as ``state.get().write_bytes``, which a dry run's State replaces)."""
     nbytes = data.nbytes
     if nbytes == 0:
         return
@@ -126,7 +127,8 @@ _pinned = _PinnedStaging()
 
 
 def read_bytes(data: np.ndarray, buffer: cl.Buffer, offset: int) -> None:
-    """Fill host ``data`` from ``buffer`` at byte ``offset``; waits for the device."""
+    """Fill host ``data`` from ``buffer`` at byte ``offset``; waits for the device (called as
+    ``state.get().read_bytes``)."""
     if data.nbytes:
         cl.enqueue_copy(state.get().queue, data, buffer, src_offset=offset, is_blocking=True)
 
@@ -136,7 +138,7 @@ def _download_span(t: torch.Tensor) -> torch.Tensor:
     item = t.element_size()
     flat = torch.empty(storage_nbytes(t.shape, t.stride(), item) // item, dtype=t.dtype)
     if flat.numel():
-        read_bytes(_bytes_of(flat), buffer_of(t), t.storage_offset() * item)
+        state.get().read_bytes(_bytes_of(flat), buffer_of(t), t.storage_offset() * item)
     return flat
 
 
@@ -207,12 +209,13 @@ def upload_into(dst: torch.Tensor, src: torch.Tensor) -> None:
         src = src.to(dst.dtype)  # e.g. float64 host data: convert on the host, never store float64
     if src.dtype == dst.dtype and src.shape == dst.shape:
         if dst.is_contiguous():
-            write_bytes(buffer_of(dst), dst.storage_offset() * dst.element_size(), _bytes_of(src.contiguous()))
+            state.get().write_bytes(buffer_of(dst), dst.storage_offset() * dst.element_size(),
+                                    _bytes_of(src.contiguous()))
             return
         if is_dense(dst.shape, dst.stride()) and src.stride() == dst.stride():
             # same dense layout: the span of src is exactly the bytes dst covers
             span = src.as_strided((storage_nbytes(src.shape, src.stride(), 1),), (1,), src.storage_offset())
-            write_bytes(buffer_of(dst), dst.storage_offset() * dst.element_size(), _bytes_of(span))
+            state.get().write_bytes(buffer_of(dst), dst.storage_offset() * dst.element_size(), _bytes_of(span))
             return
     if dst.dtype in KERNEL_NAMES and src.dtype in KERNEL_NAMES:
         device_copy(dst, upload(src.contiguous()))
@@ -220,7 +223,7 @@ def upload_into(dst: torch.Tensor, src: torch.Tensor) -> None:
     # no kernels for this dtype: read-modify-write the span dst covers on the host
     flat = _download_span(dst)
     flat.as_strided(dst.shape, dst.stride()).copy_(src)
-    write_bytes(buffer_of(dst), dst.storage_offset() * dst.element_size(), _bytes_of(flat))
+    state.get().write_bytes(buffer_of(dst), dst.storage_offset() * dst.element_size(), _bytes_of(flat))
 
 
 def device_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -235,8 +238,9 @@ def device_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
     if (dst.dtype == src.dtype and dst.shape == src.shape and dst.is_contiguous()
             and src.is_contiguous()):
         item = dst.element_size()
-        cl.enqueue_copy(state.get().queue, buffer_of(dst), buffer_of(src), byte_count=dst.numel() * item,
-                        src_offset=src.storage_offset() * item, dst_offset=dst.storage_offset() * item)
+        st = state.get()
+        st.cl.enqueue_copy(st.queue, buffer_of(dst), buffer_of(src), byte_count=dst.numel() * item,
+                           src_offset=src.storage_offset() * item, dst_offset=dst.storage_offset() * item)
         return
     try:
         state.get().pointwise("copy", dst.shape, operand(dst), [broadcast_operand(src, dst.shape)])
@@ -281,7 +285,7 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
     elif src.device.type == "opencl":
         if (dst.device.type == "cpu" and dst.dtype == src.dtype and dst.shape == src.shape
                 and dst.is_contiguous() and src.is_contiguous()):
-            read_bytes(_bytes_of(dst), buffer_of(src), src.storage_offset() * src.element_size())
+            state.get().read_bytes(_bytes_of(dst), buffer_of(src), src.storage_offset() * src.element_size())
         else:
             dst.copy_(to_cpu(src))
     return dst
@@ -350,3 +354,6 @@ def pin_memory_cpu(self: torch.Tensor, device: torch.device | None = None) -> to
 # Redispatching to a backend key that has no kernel of its own reaches the CompositeExplicitAutograd
 # kernel we overrode for CPU (the same one every backend shares).
 _DEFAULT_KERNEL_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse3)
+
+
+state.provide(write_bytes=write_bytes, read_bytes=read_bytes)

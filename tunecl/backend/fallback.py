@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from tunecl import config
-from tunecl.backend import copies, counters, weight_cache
+from tunecl.backend import copies, counters, state, weight_cache
 from tunecl.backend.operands import is_device
 
 CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -57,7 +57,8 @@ def op_name(op: torch._ops.OpOverload) -> str:
 
 
 def check_allowed(name: str, reason: str = "") -> None:
-    """Apply ``TUNECL_FALLBACK`` to a fallback of ``name``: warn once, stay silent or raise."""
+    """Apply ``TUNECL_FALLBACK`` to a fallback of ``name``: warn once, stay silent or raise (the State's
+    ``on_fallback``, which a dry run's State replaces)."""
     mode = config.get().fallback
     detail = f" ({reason})" if reason else ""
     if mode == "error":
@@ -74,11 +75,14 @@ def check_allowed(name: str, reason: str = "") -> None:
         raise ValueError(f"TUNECL_FALLBACK must be warn, silent or error, not {mode!r}")
 
 
+state.provide(on_fallback=check_allowed)
+
+
 def run_on_cpu(op: torch._ops.OpOverload, args: tuple, kwargs: dict[str, Any], *, name: str | None = None,
                reason: str = "") -> Any:
     """Run ``op`` on the CPU for opencl arguments and map the results back (a counted fallback)."""
     name = name or op_name(op)
-    check_allowed(name, reason)
+    state.get().on_fallback(name, reason)
     counters.fallback_counts[name] += 1
     return _execute(op, args, kwargs)
 
@@ -249,7 +253,7 @@ def cpu_autograd_route(op: torch._ops.OpOverload) -> Callable[..., Any]:
         return _map_tensors(x, lambda t: t.to("cpu") if is_device(t) else t)
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        check_allowed(name, "it makes float64 tensors, which the device does not store")
+        state.get().on_fallback(name, "it makes float64 tensors, which the device does not store")
         counters.fallback_counts[name] += 1
         cpu_args = [to_cpu(a) for a in args]
         cpu_kwargs = {k: to_cpu(v) for k, v in kwargs.items()}

@@ -48,7 +48,7 @@ import torch
 from tunecl import config, kernels, precision
 from tunecl.backend import counters, state
 from tunecl.errors import TuneclError, Unsupported
-from tunecl.problems import ConvProblem, GemmProblem, Problem
+from tunecl.problems import Problem
 from tunecl.runtime import Device
 
 if TYPE_CHECKING:
@@ -105,12 +105,16 @@ def conv_algorithms() -> list[Any]:
 
 def plan(problem: Problem) -> Any:
     """The cached plan for ``problem`` under torch's current precision flags; chooses and builds it on
-    first use (the only slow call).
+    first use (the only slow call). The backend calls it as ``state.get().plan``, which a dry run's
+    State replaces.
 
     Raises:
         Unsupported: no registered algorithm applies (the caller then takes the CPU route).
     """
     return plan_entry(problem).plan
+
+
+state.provide(plan=plan)
 
 
 def plan_entry(problem: Problem, count: bool = True) -> PlanEntry:
@@ -175,26 +179,17 @@ def _stats_entry(entry: PlanEntry) -> dict[str, Any]:
             "lookup": entry.lookup, "precision": entry.precision}
 
 
-def gemm_plan(problem: GemmProblem) -> Any:
-    """The cached plan of a GEMM (see :func:`plan`)."""
-    return plan(problem)
-
-
-def conv_plan(problem: ConvProblem) -> Any:
-    """The cached plan of one convolution direction (see :func:`plan`)."""
-    return plan(problem)
-
-
 def served_plan(problem: Problem) -> Any | None:
     """The cached plan of ``problem`` where a registered algorithm computes it on this device, else None
     (the caller takes another route: a float16 problem is converted to float32). Asking costs a few µs:
     each family's ``applies`` checks the dtype first and the device's probed capabilities; a plan that
     cannot be chosen also gives None."""
-    device = state.get().device
+    st = state.get()
+    device = st.device
     if not any(a.applies(problem, device) for a in kernels.algorithms(problem.kind)):
         return None
     try:
-        return plan(problem)
+        return st.plan(problem)
     except Unsupported:
         return None
 

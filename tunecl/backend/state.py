@@ -7,18 +7,50 @@ other index is refused by :func:`check_index`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
+from collections.abc import Callable, Iterator
+from typing import Any
 
+import numpy as np
+import pyopencl as cl
 import torch
 
 from tunecl import runtime
 from tunecl.errors import DeviceNotFoundError
+from tunecl.problems import Problem
 from tunecl.runtime import Device
 
 
 class State:
-    """The selected device plus lazily built kernel families (each compiles on first use)."""
+    """The selected device plus lazily built kernel families (each compiles on first use).
+
+    The backend reaches the device through a State only, so another one can stand in for the whole
+    device (:func:`installed`). What touches the device:
+
+    - ``device``: the kernel families launch through it (``defer``, and ``hold`` for a launch an in-place
+      op may fuse into: ``replace_held``); its properties and limits decide what runs on it;
+    - ``allocates``: whether the caching allocator gives storages device buffers;
+    - ``write_bytes(buffer, offset, data)`` and ``read_bytes(data, buffer, offset)``: host↔device bytes
+      (:func:`tunecl.backend.copies.write_bytes`, :func:`~tunecl.backend.copies.read_bytes`);
+    - ``cl``: the OpenCL API buffer-to-buffer copies are enqueued through (``cl.enqueue_copy``: pyopencl,
+      looked up per call, so graph capture and kernel profiling see the copies);
+    - ``plan(problem)``: the conv/GEMM/attention plan serving a problem (:func:`tunecl.backend.plans.plan`);
+    - ``on_fallback(name, reason)``: what a call about to take the CPU fallback does first
+      (:func:`tunecl.backend.fallback.check_allowed`: warn, stay silent or raise).
+
+    The class holds the real implementations (the modules that define them :func:`provide` them); a
+    dry run's State (:mod:`tunecl.tools.coverage`) sets recording ones on itself.
+    """
+
+    allocates = True
+    cl = cl
+    # provided by tunecl.backend.copies, .plans and .fallback (imported with tunecl.backend, before any State)
+    write_bytes: Callable[[cl.Buffer, int, np.ndarray], None]
+    read_bytes: Callable[[np.ndarray, cl.Buffer, int], None]
+    plan: Callable[[Problem], Any]
+    on_fallback: Callable[[str, str], None]
 
     def __init__(self, device: Device):
         self.device = device
@@ -107,6 +139,18 @@ class State:
         return Sort(self.device)
 
 
+SEAMS = ("write_bytes", "read_bytes", "plan", "on_fallback")
+
+
+def provide(**implementations: Callable[..., Any]) -> None:
+    """Make each function the real implementation of the :class:`State` seam it is named for (one of
+    :data:`SEAMS`), for every State that does not set its own."""
+    for name, function in implementations.items():
+        if name not in SEAMS:
+            raise ValueError(f"{name!r} is not a seam of the backend State ({', '.join(SEAMS)})")
+        setattr(State, name, staticmethod(function))
+
+
 _state: State | None = None
 _lock = threading.Lock()
 
@@ -123,6 +167,22 @@ def get() -> State:
             if _state is None:
                 _state = State(runtime.select_device())
     return _state
+
+
+@contextlib.contextmanager
+def installed(other: State) -> Iterator[State]:
+    """Make ``other`` the backend's State for the block (every op, allocation and copy goes through it),
+    then the selected device's again. Nothing checks what else runs meanwhile: the caller makes sure no
+    real device work overlaps the block and that none of its tensors outlive it."""
+    global _state
+    previous = get()
+    with _lock:
+        _state = other
+    try:
+        yield other
+    finally:
+        with _lock:
+            _state = previous
 
 
 def device_if_available() -> Device | None:

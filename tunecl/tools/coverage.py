@@ -169,20 +169,37 @@ class _DryPlan:
 
 
 class _DryOpenCL:
-    """pyopencl as :mod:`tunecl.backend.copies` and ``ops.core`` see it in a dry run: buffer copies
-    do nothing (counted as launches); everything else is pyopencl's."""
+    """The OpenCL API a dry run's State enqueues buffer-to-buffer copies through: each copy does nothing
+    (counted as a launch)."""
 
     def __init__(self, run: DryRun):
-        import pyopencl
-
-        self._cl = pyopencl
         self._run = run
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._cl, name)
 
     def enqueue_copy(self, *args: Any, **kwargs: Any) -> None:
         self._run.launches += 1
+
+
+class DryDevice:
+    """The device of a dry run's State: the real device's properties, limits and capabilities (what the
+    adapters, kernel families and algorithms check), with launches that run the (do-nothing) kernel at
+    once, deferred or held alike, so none waits for a fused twin either."""
+
+    launch_batch = 0
+
+    def __init__(self, device: Any):
+        self._device = device
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._device, name)
+
+    def defer(self, kernel: Any, global_size: Any, local_size: Any, args: list) -> None:
+        kernel(self._device.queue, global_size, local_size, *args)
+
+    def hold(self, kernel: Any, global_size: Any, local_size: Any, args: list, tag: Any, fused: Any) -> None:
+        kernel(self._device.queue, global_size, local_size, *args)
+
+    def replace_held(self, tag: Any) -> bool:
+        return False
 
 
 class DryRun:
@@ -225,13 +242,13 @@ class DryRun:
             self.phase = ""
             self.ops.setdefault(phase, collections.Counter()).update(collections.Counter(counters.op_counts) - before)
 
-    # the stand-ins the dry run patches into the backend
+    # the dry State's seams (tunecl.backend.state.State)
     def fallback(self, name: str, reason: str = "") -> None:
-        """Replaces ``fallback.check_allowed``: record, then let the CPU run it (over zeros)."""
+        """``on_fallback``: record, then let the CPU run it (over zeros)."""
         self.fallbacks[(self.phase, name, reason)] += 1
 
     def plan(self, problem: Any) -> _DryPlan:
-        """Replaces ``plans.plan``: the algorithm of the default plan on a DB miss, without building it."""
+        """``plan``: the algorithm of the default plan on a DB miss, without building it."""
         from tunecl import kernels
         from tunecl.errors import Unsupported
 
@@ -246,15 +263,13 @@ class DryRun:
         self.plans[problem.key] = first.name
         return _DryPlan(self)
 
-    def launch_now(self, kernel: Any, global_size: Any, local_size: Any, args: list, tag: Any, fused: Any) -> None:
-        """``Device.hold`` in a dry run: the (dry) kernel is called at once, never replaced by its fused twin."""
-        kernel(self.device.queue, global_size, local_size, *args)
-
     def write_bytes(self, buffer: Any, offset: int, data: Any) -> None:
+        """``write_bytes``: counted, nothing moves."""
         if data.nbytes:
             self.transfers["host_to_device"] += 1
 
     def read_bytes(self, data: Any, buffer: Any, offset: int) -> None:
+        """``read_bytes``: counted; the host gets zeros."""
         if data.nbytes:
             self.transfers["device_to_host"] += 1
             data[...] = 0
@@ -263,31 +278,16 @@ class DryRun:
 _active = threading.Lock()
 
 
-@contextlib.contextmanager
-def _patched(targets: Iterable[tuple[Any, str, Any]]) -> Iterator[None]:
-    """Set each ``(object, attribute, value)``; afterwards restore the old value, or remove an
-    instance attribute that shadowed a class attribute."""
-    saved = []
-    try:
-        for obj, name, value in targets:
-            own = name in vars(obj)
-            saved.append((obj, name, own, vars(obj).get(name)))
-            setattr(obj, name, value)
-        yield
-    finally:
-        for obj, name, own, old in reversed(saved):
-            if own:
-                setattr(obj, name, old)
-            else:
-                delattr(obj, name)
-
-
 def _dry_state(run: DryRun) -> Any:
-    """A backend State on the real device whose kernel families have :class:`_DryKernels` caches."""
+    """A backend State whose seams are ``run``'s, on a :class:`DryDevice` of the real device, and whose
+    kernel families have :class:`_DryKernels` caches."""
     from tunecl.backend import state
     from tunecl.kernels.strided import KernelCache
 
-    dry = state.State(run.device)
+    dry = state.State(DryDevice(run.device))
+    dry.allocates = False
+    dry.write_bytes, dry.read_bytes, dry.cl = run.write_bytes, run.read_bytes, _DryOpenCL(run)
+    dry.plan, dry.on_fallback = run.plan, run.fallback
     for name, attribute in vars(state.State).items():
         if isinstance(attribute, functools.cached_property):
             family = getattr(dry, name)
@@ -309,8 +309,7 @@ def dry_run() -> Iterator[DryRun]:
         RuntimeError: another dry run is active, or a tensor made in the block outlived it.
     """
     import tunecl.backend  # noqa: F401  (registers the opencl device)
-    from tunecl.backend import copies, counters, fallback, memory, plans, state
-    from tunecl.backend.ops import core
+    from tunecl.backend import counters, memory, state
 
     if not _active.acquire(blocking=False):
         raise RuntimeError("a dry run is already active in this process")
@@ -322,22 +321,10 @@ def dry_run() -> Iterator[DryRun]:
         saved_memory = (allocator.peak_allocated, allocator.peak_reserved, collections.Counter(allocator.counts),
                         allocator.freed, allocator.revived, allocator.revived_empty, allocator.allocated_total,
                         allocator.reserved_total)
-        dry_cl = _DryOpenCL(run)
         first_address = allocator._next_address  # pseudo addresses only grow: later ones are ours
         run.device.flush()  # the real launches still waiting (Device.defer) go before the dry ones
         try:
-            with _patched([
-                (run.device, "launch_batch", 0),  # the dry kernels run (are counted) when called
-                (run.device, "hold", run.launch_now),  # (none waits for a fused twin either)
-                (state, "_state", _dry_state(run)),
-                (allocator, "_new_buffer", lambda reserved, requested: None),
-                (plans, "plan", run.plan),
-                (copies, "write_bytes", run.write_bytes),
-                (copies, "read_bytes", run.read_bytes),
-                (copies, "cl", dry_cl),
-                (core, "cl", dry_cl),
-                (fallback, "check_allowed", run.fallback),
-            ]):
+            with state.installed(_dry_state(run)):
                 try:
                     yield run
                 finally:

@@ -156,7 +156,7 @@ def _forward(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     y = memory.empty_contiguous(shape, torch.float32)
     if n == 0:
         return half.cast(y, input.dtype)
-    plan = plans.conv_plan(direction)
+    plan = state.get().plan(direction)
     x, bias = half.to_float32(input), half.to_float32(bias)
     if transposed:
         weight_cache.run_conv(plan, x, weight, y)
@@ -187,8 +187,9 @@ def _backward(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tens
     weight_problem = problems["bwd_weight"]
     data16 = _half_plan(data_problem, grad_output, input, weight) if want_input else None
     weight16 = _half_plan(weight_problem, grad_output, input, weight) if want_weight else None
-    data_plan = plans.conv_plan(data_problem) if want_input and data16 is None else None
-    weight_plan = plans.conv_plan(weight_problem) if want_weight and weight16 is None else None
+    plan_of = state.get().plan
+    data_plan = plan_of(data_problem) if want_input and data16 is None else None
+    weight_plan = plan_of(weight_problem) if want_weight and weight16 is None else None
     converted = grad_output.dtype == torch.float32 or data_plan is not None or weight_plan is not None
     dy = half.to_float32(grad_output) if converted else None
     grad_input = grad_weight = grad_bias = None
@@ -225,13 +226,13 @@ def _backward(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tens
 # What may change between calls of one signature is checked per call: whether the Winograd weight cache
 # serves the weight (policy, version, writes: weight_cache), and a graph capture or kernel profile
 # (Launches.enqueue then goes through pyopencl's launch function). plans.clear() (a new tuning DB, new
-# algorithms) and a new backend State drop every pre-built call.
+# algorithms) and a new backend State drop every pre-built call; a State with a planner of its own (a dry
+# run's, tunecl.tools.coverage: no device) takes the general route.
 MAX_CALLS = 1024
 _calls: dict[tuple, Any] = {}        # signature -> _Forward / _Backward, or None: the general route
 _owner: list[Any] = [None, -1]       # the State and plans.generation the calls were built under
 _FLOAT32 = torch.float32
 _DL_FLOAT32 = memory.DLPACK[_FLOAT32]
-_PLAN = plans.plan   # a stand-in for it (tunecl.tools.coverage's dry run, no device) means the general route
 
 
 class _Run:
@@ -348,7 +349,7 @@ def _fast_forward(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
            plans.accepted_precisions("conv"))
     call = _lookup(key)
     if call is _calls:
-        eligible = (plans.plan is _PLAN and key[1] is not None and key[2] is not None
+        eligible = (state.get().plan is plans.plan and key[1] is not None and key[2] is not None
                     and (bias is None or key[3] is not None)
                     and input.dim() == 4 and weight.dim() == 4 and input.shape[0] > 0
                     and not (transposed and bias is not None))
@@ -371,7 +372,8 @@ def _fast_backward(grad_output: torch.Tensor, input: torch.Tensor, weight: torch
            tuple(dilation), transposed, tuple(output_padding), groups, mask, plans.accepted_precisions("conv"))
     call = _lookup(key)
     if call is _calls:
-        eligible = (plans.plan is _PLAN and None not in key[1:4] and input.dim() == 4 and weight.dim() == 4 and input.shape[0] > 0)
+        eligible = (state.get().plan is plans.plan and None not in key[1:4] and input.dim() == 4
+                    and weight.dim() == 4 and input.shape[0] > 0)
         call = _keep(key, _Backward(_problems(input, weight, stride, padding, dilation, transposed,
                                               output_padding, groups, grad_output), input, weight,
                                     grad_output.shape[1], transposed, mask[0], mask[1]) if eligible else None)

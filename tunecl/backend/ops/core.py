@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import pyopencl as cl
 import torch
 
 from tunecl.backend import copies, memory, state
@@ -59,8 +58,9 @@ def resize_(self: torch.Tensor, size: Sequence[int], *,
         # DLPack storages cannot grow: move the bytes to a bigger storage and point self at it
         grown = memory.empty([-(-needed // item)], [1], self.dtype)
         if storage.nbytes():
-            cl.enqueue_copy(state.get().queue, memory.buffer_of(grown), memory.storage_buffer(storage),
-                            byte_count=storage.nbytes())
+            st = state.get()
+            st.cl.enqueue_copy(st.queue, memory.buffer_of(grown), memory.storage_buffer(storage),
+                               byte_count=storage.nbytes())
         aten.set_.source_Storage_storage_offset.redispatch(
             CPU_KEYS, self, grown.untyped_storage(), self.storage_offset(), list(size),
             contiguous_strides(size))

@@ -53,7 +53,7 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, alpha: float, bet
     a, trans_a, lda = _layout(a)
     b, trans_b, ldb = _layout(b)
     problem = GemmProblem(m, n, k, trans_a, trans_b, batch, kernel_dtype(a))
-    plan = plans.served_plan(problem) if a.dtype == torch.float16 else plans.gemm_plan(problem)
+    plan = plans.served_plan(problem) if a.dtype == torch.float16 else state.get().plan(problem)
     if plan is None:  # float16: the float32 plan on converted operands, rounded once at the end
         c = half.to_float32(out) if beta != 0 else half.empty_like_float32(out.dtype, out.shape)
         _gemm(half.to_float32(a), half.to_float32(b), c, alpha, beta)

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch.nn.attention import SDPBackend
 
-from tunecl.backend import memory, plans, state
+from tunecl.backend import memory, state
 from tunecl.backend.operands import operand
 from tunecl.errors import Unsupported
 from tunecl.kernels import attention as family
@@ -156,7 +156,7 @@ def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         mask = None if attn_bias is None else _strided(attn_bias, (batch, heads, length, keys))
         ops = AttentionOperands(q=operand(query), k=operand(key), v=operand(value), out=operand(out),
                                 lse=operand(lse), mask=mask)
-        plans.plan(problem).run(ops, _scale(scale, e))
+        state.get().plan(problem).run(ops, _scale(scale, e))
     elif out.numel():   # no keys: every row attends to nothing (torch's math path gives 0)
         out.zero_()
         lse.fill_(float("-inf"))
@@ -196,7 +196,7 @@ def fused_attention_backward(grad_out: torch.Tensor, query: torch.Tensor, key: t
     ops = AttentionOperands(q=operand(query), k=operand(key), v=operand(value), out=operand(out),
                             lse=operand(logsumexp), mask=mask, dout=operand(grad_out), delta=operand(delta),
                             dq=operand(grads[0]), dk=operand(grads[1]), dv=operand(grads[2]))
-    plans.plan(problem).run(ops, _scale(scale, e))
+    state.get().plan(problem).run(ops, _scale(scale, e))
     return (*grads, None)
 
 
