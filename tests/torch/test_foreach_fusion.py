@@ -138,6 +138,15 @@ def test_a_run_writing_a_one_element_column_or_reading_a_written_tensor_elsewher
         == []
 
 
+def test_foreach_calls_over_empty_lists_are_left_alone():
+    def build(g):
+        g.call_function(aten._foreach_pow.ScalarAndTensor, (0.9, []))
+        g.call_function(aten._foreach_mul_.Scalar, ([], 0.5))
+        return []
+
+    assert foreach_fusion.fuse_foreach(_graph(build, [])) == []
+
+
 def test_a_fused_run_given_tensors_it_cannot_take_runs_the_original_ops():
     x = [torch.randn(6).to("opencl"), torch.randn(6).to("opencl")]
 

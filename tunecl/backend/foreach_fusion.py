@@ -102,7 +102,10 @@ class _Run:
             return False
         expr, in_place, self_list, inputs, params = parsed
         lists = ([self_list] if self_list is not None else []) + inputs
-        count = len(next(x for x in lists if x and isinstance(x[0], torch.fx.Node)))
+        tensor_list = next((x for x in lists if x and isinstance(x[0], torch.fx.Node)), None)
+        if tensor_list is None:
+            return False
+        count = len(tensor_list)
         spec = EXPRESSIONS.get(expr)
         if (self.count and count != self.count) or spec is None or not spec.code or spec.nin != len(lists) \
                 or spec.nparams != len(params) or len(self.steps) >= CHAIN_STEPS:
