@@ -179,6 +179,30 @@ def test_captures_count_in_memory_stats_and_are_freed_by_a_dynamo_reset():
     assert torch.opencl.memory_stats()["graph_bytes"] == before
 
 
+@pytest.mark.parametrize("same_tensor", [False, True], ids=["new tensors", "one tensor"])
+def test_an_input_the_compiled_code_writes_holds_the_result_after_every_call(same_tensor):
+    """A replay writes the graph's static copy of an input: the caller's tensor gets the result copied
+    back (it used to stay as it was from the capture on, silently)."""
+    def update(x, y):
+        x.add_(y)
+        return (x * 2).sum()
+
+    run = torch.compile(update, backend="tunecl")
+    kept = torch.zeros(5, device="opencl")
+    expected = torch.zeros(5)
+    for k in range(STEPS + 1):
+        x = kept if same_tensor else torch.full((5,), float(k), device="opencl")
+        y = torch.arange(5.0, device="opencl") * (k + 1)
+        reference = expected if same_tensor else torch.full((5,), float(k))
+        reference += torch.arange(5.0) * (k + 1)
+        out = run(x, y)
+        torch.testing.assert_close(x.cpu(), reference)
+        torch.testing.assert_close(out.cpu(), (reference * 2).sum())
+    stats = compile_backend.stats()
+    assert stats["replays"] >= STEPS - 2, stats
+    assert stats["input_write_backs"] >= stats["replays"], stats   # (x is copied in: it is not a parameter)
+
+
 @pytest.mark.parametrize("options", [{"capturable": True}, {"foreach": True}], ids=["capturable", "foreach"])
 def test_a_compiled_optimizer_step_equals_the_eager_one(options):
     """A capturable Adam keeps its step count on the device: its compiled step replays. A plain one counts

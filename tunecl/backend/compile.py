@@ -6,7 +6,8 @@ is split into a forward and a backward graph (an inference graph under ``no_grad
 buffers as inputs. Each of those graphs runs eagerly once (the warm-up: lazily built state, plans and
 kernels), is captured into a :class:`tunecl.backend.graphs.Graph` on its second call, and is replayed
 after that: a call copies the inputs that are not the graph's own (the batch, incoming gradients) into the
-graph's static inputs and enqueues the recorded commands, without running the graph's Python again.
+graph's static inputs and enqueues the recorded commands, without running the graph's Python again; an
+input the graph writes (``x.add_(y)`` in the compiled function) is copied back out of its static input after.
 
 - Parameters, buffers and the tensors a forward saves for its backward are the graph's inputs in place:
   they are not copied, and a replay sees whatever was written into them since (optimizer steps,
@@ -69,7 +70,8 @@ _lock = threading.Lock()
 
 def stats() -> dict[str, int]:
     """Counters of compiled graphs: ``captures``, ``replays``, ``warmups``, ``input_copies`` (inputs copied
-    into a graph's static inputs), ``output_copies``, ``eager_graphs`` (graphs that run eagerly for good),
+    into a graph's static inputs), ``input_write_backs`` (inputs a graph writes, copied back out of its static
+    inputs), ``output_copies``, ``eager_graphs`` (graphs that run eagerly for good),
     ``eager_calls:<reason>`` (calls of a captured graph run eagerly instead of replayed),
     ``captured_commands`` (device commands the captures hold: what their replays enqueue), and the
     rewrites: ``folded_conv_bn`` (convolution + batch norm pairs folded), ``fused_chains`` (runs of
@@ -115,12 +117,14 @@ class _Replayed:
     ``gradients``: the outputs are gradients (see :meth:`_choose_handed_out`)."""
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str,
-                 aliased: set[int], copied_outputs: set[int], gradients: bool = False) -> None:
+                 aliased: set[int], copied_outputs: set[int], gradients: bool = False,
+                 mutated: set[int] | frozenset[int] = frozenset()) -> None:
         self._boxed_call = True   # called with one list of arguments (an instance attribute: wrappers copy it)
         self.kind = kind
         self.gm = gm
         self.run_eagerly = boxed_nop(gm, list(example_inputs))
         self.aliased = aliased
+        self.mutated = set(mutated)              # inputs the graph writes: a copy in is copied back out
         self.borrowed: set[int] = set()          # inputs over another graph's tensors, used in place
         self.copied_outputs = set(copied_outputs)
         self.gradients = gradients
@@ -178,6 +182,8 @@ class _Replayed:
             return self.run_eagerly(args)
         self.graph, self.static_inputs, self.static_outputs = graph, static, list(outputs)
         self.static_addresses = [t.data_ptr() if isinstance(t, torch.Tensor) else None for t in static]
+        _write_back([(static[i], args[i]) for i in self.mutated if static[i] is not args[i]
+                     and isinstance(args[i], torch.Tensor) and static[i].data_ptr() != args[i].data_ptr()])
         _live.add(self)
         tensors = [t for t in (*static, *self.static_outputs) if isinstance(t, torch.Tensor)]
         _hold(self, tensors)
@@ -218,6 +224,7 @@ class _Replayed:
                 self.rewritten = [i for i in self.rewritten if i not in self.copied_outputs]
             return self.run_eagerly(args)
         copies = []
+        copied: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         # (an input at its static tensor's address is that tensor: dynamo's guards fix a graph's input sizes,
         # strides and dtypes, and the backward's inputs are the forward's outputs or coerced to their layout)
         for i, (given, static, address) in enumerate(zip(args, self.static_inputs, self.static_addresses)):
@@ -228,13 +235,16 @@ class _Replayed:
                 _counts["eager_calls:an in-place input moved to another tensor"] += 1
                 return self.run_eagerly(args)
             copies.append((static, given))
+            copied[i] = (static, given)
         if not foreach.copy_all([static for static, _ in copies], [given for _, given in copies]):
             for static, given in copies:
                 static.copy_(given)
         _counts["input_copies"] += len(copies)
+        written = [(static, given) for i, (static, given) in copied.items() if i in self.mutated]
         args.clear()
         self.graph.replay()
         _counts["replays"] += 1
+        _write_back(written)
         return self._hand_out()
 
     def _held_outputs(self) -> list[int]:
@@ -273,6 +283,15 @@ def release_all() -> None:
 
 # storage -> ids of the tensors over it that compiled graphs hold (each holds a reference to the storage)
 _holders: dict[int, set[int]] = collections.defaultdict(set)
+
+
+def _write_back(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """``given.copy_(static)`` for each pair: the graph wrote an input through its static copy, and the
+    caller's tensor must hold what an eager call would have left in it."""
+    if pairs and not foreach.copy_all([given for _, given in pairs], [static for static, _ in pairs]):
+        for static, given in pairs:
+            given.copy_(static)
+    _counts["input_write_backs"] += len(pairs)
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -347,17 +366,29 @@ def _rewrite(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: d
         _counts["grouped_copy_backs"] += copy_backs.group_copy_backs(gm)
 
 
+def _mutated_inputs(gm: torch.fx.GraphModule) -> set[int]:
+    """The inputs a functional AOT graph writes (it ends with ``copy_(input, new_value)`` for each), by index."""
+    placeholders = {node: i for i, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    return {placeholders[node.args[0]] for node in gm.graph.nodes
+            if node.op == "call_function" and node.target is torch.ops.aten.copy_.default
+            and node.args and node.args[0] in placeholders}
+
+
 def _forward_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, inference: bool = False,
                       options: dict[str, Any]) -> Any:
     aliased, user_outputs = _forward_layout()   # (before the rewrites: they keep inputs and outputs)
+    mutated = _mutated_inputs(gm)
     _rewrite(gm, example_inputs, options, inference)
     aliased |= {i for i, a in enumerate(example_inputs) if isinstance(a, torch.nn.Parameter)}
-    return _Replayed(gm, example_inputs, "inference" if inference else "forward", aliased, set(user_outputs))
+    return _Replayed(gm, example_inputs, "inference" if inference else "forward", aliased, set(user_outputs),
+                     mutated=mutated)
 
 
 def _backward_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, options: dict[str, Any]) -> Any:
+    mutated = _mutated_inputs(gm)
     _rewrite(gm, example_inputs, options, inference=False)
-    return _Replayed(gm, example_inputs, "backward", set(range(count_tangents(gm))), set(), gradients=True)
+    return _Replayed(gm, example_inputs, "backward", set(range(count_tangents(gm))), set(), gradients=True,
+                     mutated=mutated)
 
 
 # the options, each True unless given False
