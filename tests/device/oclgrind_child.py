@@ -331,7 +331,8 @@ def _optim_suite(full: bool) -> None:
     import torch
     from torch.optim import SGD, Adam, AdamW
 
-    from tunecl.backend import state
+    from tunecl.backend import memory, state
+    from tunecl.kernels.ops.fused import Chain, Step
 
     makers = {
         "adam_fused": lambda p: Adam(p, lr=1e-2, fused=True),
@@ -362,6 +363,19 @@ def _optim_suite(full: bool) -> None:
                         opt.step()
                     results.append([p.detach().cpu() for p in params])
                 _compare(label, results[1], results[0], atol=1e-5, rtol=1e-4)
+        # foreach_chain (a compiled graph's run of foreach ops): a 0-dim column whose values one work-item of
+        # each work-group computes and shares through local memory, and two written columns
+        label = f"optim foreach_chain {'cpu' if cpu_layout else 'gpu'}_layout"
+        with case(label, "optim"):
+            steps = [torch.tensor(float(k + 1)) for k in range(len(values))]
+            a, b, s = ([t.to("opencl") for t in column] for column in (values, grads, steps))
+            chain = Chain(3, (Step("pow", (0.9, "v2"), ()), Step("mul", ("v0", "t0"), ()),
+                              Step("add", ("t1", "v1"), (0.5,)), Step("sqrt", ("t0",), ()),
+                              Step("div", ("v1", "t3"), ())))
+            columns = [[(memory.buffer_of(t), t.storage_offset()) for t in column] for column in (a, b, s)]
+            optim.chain(chain, (False, False, True), [(0, 2), (1, 4)], columns, [t.numel() for t in values])
+            _compare(label, a + b, [v * 0.9 ** t + 0.5 * g for v, g, t in zip(values, grads, steps)]
+                     + [g / (0.9 ** t).sqrt() for g, t in zip(grads, steps)], atol=1e-5, rtol=1e-4)
     optim.cpu_layout, optim.items = layouts[0]
 
 
