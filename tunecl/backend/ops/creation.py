@@ -97,11 +97,7 @@ _host_bernoulli = _host_random("bernoulli_")
 
 
 def randperm_out(n: int, *, generator: torch.Generator | None = None, out: torch.Tensor) -> torch.Tensor:
-    host = torch.randperm(n, generator=generator, dtype=out.dtype)
-    if out.shape != host.shape:
-        out.resize_(host.shape)
-    copies.upload_into(out, host)
-    return out
+    return copies.into_out(out, torch.randperm(n, generator=generator, dtype=out.dtype))
 
 
 KERNELS: dict[str, Callable[..., Any]] = {

@@ -44,11 +44,7 @@ def nll_loss2d_forward_output(self: torch.Tensor, target: torch.Tensor, weight: 
                               reduction: int, ignore_index: int, *, output: torch.Tensor,
                               total_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     result, weight_sum = nll_loss2d_forward(self, target, weight, reduction, ignore_index)
-    for out, value in ((output, result), (total_weight, weight_sum)):
-        if list(out.shape) != list(value.shape):
-            out.resize_(value.shape)
-        copies.device_copy(out, value)
-    return output, total_weight
+    return copies.into_out(output, result), copies.into_out(total_weight, weight_sum)
 
 
 def nll_loss2d_backward(grad_output: torch.Tensor, self: torch.Tensor, target: torch.Tensor,
@@ -67,11 +63,8 @@ def nll_loss2d_backward(grad_output: torch.Tensor, self: torch.Tensor, target: t
 def nll_loss2d_backward_grad_input(grad_output: torch.Tensor, self: torch.Tensor, target: torch.Tensor,
                                    weight: torch.Tensor | None, reduction: int, ignore_index: int,
                                    total_weight: torch.Tensor, *, grad_input: torch.Tensor) -> torch.Tensor:
-    result = nll_loss2d_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)
-    if list(grad_input.shape) != list(result.shape):
-        grad_input.resize_(result.shape)
-    copies.device_copy(grad_input, result)
-    return grad_input
+    return copies.into_out(grad_input, nll_loss2d_backward(grad_output, self, target, weight, reduction,
+                                                           ignore_index, total_weight))
 
 
 KERNELS: dict[str, Callable[..., Any]] = {
