@@ -43,7 +43,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
 from tunecl import runtime
-from tunecl.kernels.gemm import gemm, gemm_mma
+from tunecl.kernels.gemm import gemm_tiled, gemm_mma
 from tunecl.problems import GemmProblem
 from tunecl.search.harness import gemm_spread, tf32_tolerance
 
@@ -164,7 +164,7 @@ def time_job(device: Any, job: dict[str, Any]) -> dict[str, Any]:
     algorithm = (
         _mma(job)
         if job["algorithm"] in (gemm_mma.NAME, gemm_mma.F16_NAME)
-        else gemm.GemmTiled()
+        else gemm_tiled.GemmTiled()
     )
     policy = TimingPolicy(warmup=2, min_time=job["min_time"], min_repeats=5, max_repeats=200, timeout=30.0)
     result = evaluate(algorithm, p, device, job["config"], harness=_harnesses[p], policy=policy)
@@ -561,9 +561,9 @@ def main(argv: list[str] | None = None) -> int:
         jobs = [
             {
                 "kind": "time",
-                "algorithm": gemm.NAME,
+                "algorithm": gemm_tiled.NAME,
                 "problem": key,
-                "config": gemm.GemmTiled().default(p, device),
+                "config": gemm_tiled.GemmTiled().default(p, device),
                 "min_time": args.min_time,
             }
         ]
@@ -607,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
             ratio = row["gflops"] / tf32_peer if row["gflops"] and tf32_peer else None
             tag = (
                 "gemm_tiled default (fp32)"
-                if row["algorithm"] == gemm.NAME
+                if row["algorithm"] == gemm_tiled.NAME
                 else ("default " if row["config"] == default else "") + brief(row["config"])
             )
             message = "" if row["status"] == "ok" else "  " + failure_reason(row["message"])[:200]

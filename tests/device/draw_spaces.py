@@ -30,11 +30,11 @@ import numpy as np
 from gemm_checks import TRANSPOSES, gpu_double, problem
 
 from tunecl import config, runtime
-from tunecl.kernels.gemm import core, gemm
+from tunecl.kernels.gemm import core, gemm_tiled
 from tunecl.kernels.base import Space
 from tunecl.problems import DTYPES, GemmProblem
 
-TILED = gemm.GemmTiled()
+TILED = gemm_tiled.GemmTiled()
 DRAW_SHAPE = (2048, 256, 256)  # tiles up to 256 fit, vector loads fit, several GM bands
 CAPABILITIES = frozenset({runtime.MMA_TF32, runtime.MMA_F16, runtime.CP_ASYNC, runtime.WGMMA})
 DRAW_DEVICE = gpu_double(vendor="Generic")
@@ -59,7 +59,7 @@ def picks(name: str, at_least: int = 0) -> draws.Picks:
 def _kernel_sources_digest() -> str:
     """A digest of the kernel families' Python sources, which define their spaces."""
     digest = hashlib.sha256()
-    for path in sorted(Path(gemm.__file__).parent.glob("*.py")):
+    for path in sorted(Path(gemm_tiled.__file__).parent.glob("*.py")):
         digest.update(path.read_bytes())
     return digest.hexdigest()
 

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from tunecl.errors import WorkGroupTooLargeError
-from tunecl.kernels.gemm import core, gemm, gemm_pretrans
+from tunecl.kernels.gemm import core, gemm_tiled, gemm_pretrans
 from tunecl.precision import FP32, TF32, algorithm_precision
 from tunecl.problems import GemmProblem
 from tunecl.search.harness import gemm_spread, half_output_tolerance, tf32_tolerance
@@ -192,9 +192,9 @@ def tiled_workspace(device, p: GemmProblem, config) -> int:
     workspace = 4 * splitk * p.batch * p.m * core.workspace_ld(p.n) if splitk > 1 else 0
     if config.get("STREAMK"):
         tiles = -(-p.m // config["MWG"]) * -(-p.n // config["NWG"]) * p.batch
-        groups = config["STREAMK"] * gemm.compute_units(device)   # (gemm_tiled reads compute_units: tests patch it there)
+        groups = config["STREAMK"] * gemm_tiled.compute_units(device)   # (gemm_tiled reads compute_units: tests patch it there)
         workspace += 4 * 2 * groups * config["MWG"] * config["NWG"] if tiles % groups else 0
-    layout = gemm_pretrans.with_layout(p, *gemm.kernel_layout(p, config))
+    layout = gemm_pretrans.with_layout(p, *gemm_tiled.kernel_layout(p, config))
     return workspace + 4 * sum(gemm_pretrans.workspace_words(p, layout))
 
 

@@ -149,10 +149,10 @@ def _small_tiles(**changes: int) -> dict[str, int]:
 
 
 def _gemm_tiled_variants(full: bool) -> None:
-    from tunecl.kernels.gemm import gemm
+    from tunecl.kernels.gemm import gemm_tiled
     from tunecl.problems import GemmProblem
 
-    tiled = gemm.GemmTiled()
+    tiled = gemm_tiled.GemmTiled()
     device = _device()
     take = (lambda cases: cases) if full else (lambda cases: cases[:1])
     for (m, n, k, batch), splitk in take(GEMM_SPLITK):

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from gemm_checks import ALIGNED, TRANSPOSES, UNALIGNED, check_run, gpu_double, problem, tiled_workspace
 
-from tunecl.kernels.gemm import gemm, gemm_direct
+from tunecl.kernels.gemm import gemm_tiled, gemm_direct
 from tunecl.problems import GemmProblem
 
-ALGORITHMS = {"gemm_tiled": gemm.GemmTiled(), "gemm_direct": gemm_direct.GemmDirect()}
+ALGORITHMS = {"gemm_tiled": gemm_tiled.GemmTiled(), "gemm_direct": gemm_direct.GemmDirect()}
 H200 = gpu_double()
 
 

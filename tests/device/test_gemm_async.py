@@ -30,10 +30,10 @@ from gemm_checks import (
     problem,
 )
 
-from tunecl.kernels.gemm import core, gemm, gemm_pretrans
+from tunecl.kernels.gemm import core, gemm_tiled, gemm_pretrans
 from tunecl.runtime import CP_ASYNC
 
-TILED = gemm.GemmTiled()
+TILED = gemm_tiled.GemmTiled()
 CONFIGS = 12   # the draws the coverage test checks
 # the draws checked against numpy: 4 of 1000 per run, drawn with the day's seed; the 12 above with
 # TUNECL_RANDOM_CONFIGS=full (tests/draws.py)
@@ -98,7 +98,7 @@ def test_async_with_split_k_and_every_layout(device, rng, stages):
 def _with_loaders(config: dict[str, int]) -> list[dict[str, int]]:
     """``config`` with each tile-loader layout (the kernel reads a staged A as K x M, B as K x N)."""
     return [{**config, "MDIMA": ma, "NDIMB": nb, "VWA": wa, "VWB": wb}
-            for wa in (4, 2, 1) for wb in (4, 2, 1) for ma in gemm._LOADERS for nb in gemm._LOADERS]
+            for wa in (4, 2, 1) for wb in (4, 2, 1) for ma in gemm_tiled._LOADERS for nb in gemm_tiled._LOADERS]
 
 
 def test_nn_problem_transposes_a_and_reads_b_in_place(device):
@@ -109,9 +109,9 @@ def test_nn_problem_transposes_a_and_reads_b_in_place(device):
     assert isinstance(plan, gemm_pretrans.PretransposedPlan)
     assert plan.inner.problem == problem((64, 96, 32), (True, False), batch=3)
     assert plan.workspace_bytes == 4 * 3 * 64 * 32  # A's copy only
-    assert gemm.kernel_layout(p, config) == (True, False)
-    assert gemm.kernel_layout(p, {**config, "ASYNC": 0}) == (False, False)
-    assert gemm.kernel_layout(p, {**config, "SA": 0}) == (False, False)
+    assert gemm_tiled.kernel_layout(p, config) == (True, False)
+    assert gemm_tiled.kernel_layout(p, {**config, "ASYNC": 0}) == (False, False)
+    assert gemm_tiled.kernel_layout(p, {**config, "SA": 0}) == (False, False)
 
 
 def test_async_is_searched_only_where_cp_async_was_granted(device):

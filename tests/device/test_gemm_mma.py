@@ -23,7 +23,7 @@ from tunecl import config, kernels, runtime
 from tunecl.cli import main
 from tunecl.db import TuningDB
 from tunecl.kernels.gemm import gemm_mma
-from tunecl.kernels.gemm.gemm import GemmTiled
+from tunecl.kernels.gemm.gemm_tiled import GemmTiled
 from tunecl.kernels.gemm.gemm_mma import GemmMmaTF32
 from tunecl.precision import FP32, TF32, at_least
 from tunecl.problems import GemmProblem

@@ -34,12 +34,12 @@ from gemm_checks import (
     problem,
 )
 
-from tunecl.kernels.gemm import core, gemm
+from tunecl.kernels.gemm import core, gemm_tiled
 from tunecl.problems import GemmProblem
 from tunecl.runtime import CP_ASYNC
 from tunecl.search.evaluate import evaluate
 
-TILED = gemm.GemmTiled()
+TILED = gemm_tiled.GemmTiled()
 H200 = gpu_double()
 # (shape, layout): K = 1 (all slices but the first empty), K prime and not a multiple of any KWG or
 # split, M or N = 1, batches with offsets, padded and unaligned leading dimensions, broadcasts.
@@ -174,7 +174,7 @@ def test_h200_default_splits_long_reductions_of_small_outputs(spec):
     config = TILED.default(p, H200)
     assert config["SPLITK"] > 1
     tiles = -(-p.m // config["MWG"]) * -(-p.n // config["NWG"])
-    assert tiles < H200.fingerprint.compute_units and (config["SPLITK"] - 1) * gemm.k_chunk(
+    assert tiles < H200.fingerprint.compute_units and (config["SPLITK"] - 1) * gemm_tiled.k_chunk(
         p.k, config["SPLITK"], config["KWG"]) < p.k
     assert config in TILED.space(p, H200).configs()
 
@@ -203,4 +203,4 @@ def test_splits_are_searched_only_where_tiles_leave_compute_units_idle():
         groups = -(-p.m // c["MWG"]) * -(-p.n // c["NWG"])
         if c["SPLITK"] > 1:
             assert groups < units and groups * c["SPLITK"] < 4 * units
-            assert (c["SPLITK"] - 1) * gemm.k_chunk(p.k, c["SPLITK"], c["KWG"]) < p.k
+            assert (c["SPLITK"] - 1) * gemm_tiled.k_chunk(p.k, c["SPLITK"], c["KWG"]) < p.k

@@ -27,12 +27,12 @@ from gemm_checks import (
     problem,
 )
 
-from tunecl.kernels.gemm import core, gemm
+from tunecl.kernels.gemm import core, gemm_tiled
 from tunecl.problems import GemmProblem
 from tunecl.runtime import CP_ASYNC
 from tunecl.search.evaluate import evaluate
 
-TILED = gemm.GemmTiled()
+TILED = gemm_tiled.GemmTiled()
 H200 = gpu_double()
 # (shape, layout) with 16 x 16 tiles: 1, 6, 72, 34, 51 and 6 tiles over the batch, so that G = 1 .. 10
 # meets tile counts below, at and above its multiples; K = 1 leaves most groups without steps.
@@ -62,7 +62,7 @@ class Tiled:
 def units(monkeypatch):
     """Set the compute-unit count the plans read (G = STREAMK x units)."""
     def set_units(count: int) -> None:
-        monkeypatch.setattr(gemm, "compute_units", lambda device: count)
+        monkeypatch.setattr(gemm_tiled, "compute_units", lambda device: count)
     return set_units
 
 
@@ -83,7 +83,7 @@ def test_streamk_matches_numpy(device, rng, units, count, streamk, staging, tran
 @pytest.mark.parametrize(("tiles", "groups", "split"), [(1024, 264, (792, 264)), (1056, 264, (1056, 0)),
                                                         (100, 264, (0, 264)), (1, 1, (1, 0)), (7, 3, (6, 3))])
 def test_whole_waves_stay_whole_and_the_rest_is_shared(tiles, groups, split):
-    assert gemm.streamk_split(tiles, groups) == split
+    assert gemm_tiled.streamk_split(tiles, groups) == split
 
 
 def test_plan_launches_a_fixup_only_for_a_part_filled_wave(device, units):

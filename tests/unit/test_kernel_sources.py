@@ -9,7 +9,7 @@ import pytest
 
 from tunecl.kernels.base import KERNEL_FOLDERS, kernel_folders, read_source
 
-GEMM_KERNELS = ("gemm.cl", "gemm_mma.cl", "gemm_simt.cl", "gemm_wgmma.cl")
+GEMM_KERNELS = ("gemm_tiled.cl", "gemm_mma.cl", "gemm_simt.cl", "gemm_wgmma.cl")
 
 
 def _kernel_files() -> dict[str, str]:

@@ -29,7 +29,7 @@ from tunecl.kernels.base import Algorithm
 # gemm_simt (CUTLASS-style warp tiling, fp32) comes after gemm_tiled and gemm_direct so that untuned fp32
 # defaults do not change; the tuner picks it where it is faster.
 _REGISTRY: dict[str, tuple[str, ...]] = {
-    "gemm": ("tunecl.kernels.gemm.gemm", "tunecl.kernels.gemm.gemm_direct", "tunecl.kernels.gemm.gemm_simt",
+    "gemm": ("tunecl.kernels.gemm.gemm_tiled", "tunecl.kernels.gemm.gemm_direct", "tunecl.kernels.gemm.gemm_simt",
              "tunecl.kernels.gemm.gemm_wgmma", "tunecl.kernels.gemm.gemm_mma"),
     "conv": ("tunecl.kernels.conv.conv_depthwise", "tunecl.kernels.conv.conv_1x1",
              "tunecl.kernels.conv.conv_winograd", "tunecl.kernels.conv.conv_implicit_gemm",

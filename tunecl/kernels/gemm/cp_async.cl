@@ -1,6 +1,6 @@
 // cp_async.cl — cp.async (PTX, sm_80+): global -> local copies that bypass the registers, with zero
 // fill, and the commit groups that order them. Included (#include "cp_async.cl", expanded into the
-// program text by tunecl.kernels.base.read_source) by gemm.cl, gemm_mma.cl and gemm_wgmma.cl, each of
+// program text by tunecl.kernels.base.read_source) by gemm_tiled.cl, gemm_mma.cl and gemm_wgmma.cl, each of
 // which keeps its own tile-copy helper (element type, local pointer or shared address) on top of it.
 //
 // The includer defines CP_ASYNC_STUB first: 1 on a device whose probe did not grant "cp_async" (tests

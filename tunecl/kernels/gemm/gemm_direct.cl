@@ -1,7 +1,7 @@
 // gemm_direct.cl — gemm_direct: C = alpha * op(A) * op(B) + beta * C, fp32, row-major (like torch),
 // for small and skinny problems where tiles in local memory cost more than they save.
 //
-// Layout (as gemm.cl). A is M x K (lda >= K) or, with TRANS_A, K x M (lda >= M); B is K x N
+// Layout (as gemm_tiled.cl). A is M x K (lda >= K) or, with TRANS_A, K x M (lda >= M); B is K x N
 // (ldb >= N) or, with TRANS_B, N x K (ldb >= K); C is M x N (ldc >= N); leading dimensions are row
 // strides in elements; matrix b of a batch starts at buffer + offset + b * stride (0 broadcasts).
 // Any M, N, K >= 1; beta == 0 never reads C.

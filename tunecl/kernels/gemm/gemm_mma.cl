@@ -2,7 +2,7 @@
 // cores with fp32 accumulation, row-major (like torch): fp32 A, B, C with TF32 inputs (gemm_mma_tf32), or
 // half A, B, C (gemm_mma_f16, MMA_F16 = 1).
 //
-// Layout: as gemm.cl. A is M x K (lda >= K) or, with TRANS_A, K x M (lda >= M); B is K x N (ldb >= N)
+// Layout: as gemm_tiled.cl. A is M x K (lda >= K) or, with TRANS_A, K x M (lda >= M); B is K x N (ldb >= N)
 // or, with TRANS_B, N x K (ldb >= K); C is M x N (ldc >= N); leading dimensions are row strides in
 // elements; matrix b of a batch starts at buffer + offset + b * stride (a stride of 0 broadcasts).
 // Any M, N, K >= 1: loads outside the matrices read zeros and stores outside are skipped, so the caller

@@ -1,4 +1,4 @@
-// gemm_vector_loads.cl — the bounds-checked vector loads of the GEMM kernels' tiles (gemm.cl,
+// gemm_vector_loads.cl — the bounds-checked vector loads of the GEMM kernels' tiles (gemm_tiled.cl,
 // gemm_mma.cl, gemm_simt.cl), included with #include "gemm_vector_loads.cl". GLOBAL_TO_PRIVATE_VEC
 // defines one for an operand:
 //   VEC NAME(const __global TYPE* restrict PTR, row, col, ld, rows, cols)

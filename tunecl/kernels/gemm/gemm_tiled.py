@@ -1,7 +1,7 @@
 """gemm_tiled: the tiled, local-memory GEMM family (CLBlast's Xgemm for row-major data), built on the
 GEMM core (:mod:`tunecl.kernels.gemm.core`: its plan is :class:`~tunecl.kernels.gemm.core.GemmPlan`).
 
-``C = alpha * op(A) @ op(B) + beta * C`` in fp32 for any ``GemmProblem``; the OpenCL C is ``gemm.cl``
+``C = alpha * op(A) @ op(B) + beta * C`` in fp32 for any ``GemmProblem``; the OpenCL C is ``gemm_tiled.cl``
 (its banner explains the decomposition and the variants). Tunables, with the values searched:
 
 =========  ==================  =================================================================
@@ -40,7 +40,7 @@ K work; the default picks it on GPUs for such shapes (see :meth:`GemmTiled.defau
 the plain kernel: results stored before SPLITK existed mean SPLITK = 1 (``Space.implied``) and stay
 valid, so the family's version did not change.
 
-Stream-K (STREAMK = S > 0, ``gemm_streamk`` in gemm.cl): with T tiles and G = S x compute units
+Stream-K (STREAMK = S > 0, ``gemm_streamk`` in gemm_tiled.cl): with T tiles and G = S x compute units
 work-groups resident at once, T mod G tiles would run in a last, part-empty wave (4096^3 in 128 x 128
 tiles on the H200: 1024 = 3 x 264 + 232; a full last wave ran 3.4% faster per flop). The plan runs
 T - T mod G tiles whole, as gemm_tiled does, and spreads the k steps of the rest evenly over G more
@@ -111,7 +111,7 @@ def streamk_workspace_bytes(problem: GemmProblem, config: Mapping[str, int], dev
 
 
 def k_chunk(k: int, splitk: int, kwg: int) -> int:
-    """K per split-K slice, in whole KWG steps (mirrors kchunk in gemm.cl)."""
+    """K per split-K slice, in whole KWG steps (mirrors kchunk in gemm_tiled.cl)."""
     per_slice = -(-k // splitk)
     return -(-per_slice // kwg) * kwg
 
@@ -159,7 +159,7 @@ def _transposes_fit(problem: GemmProblem, config: Mapping[str, int], device: Any
 
 
 def local_memory_bytes(config: Mapping[str, int], problem: GemmProblem) -> int:
-    """Bytes of local memory ``gemm.cl`` declares for ``config`` (mirrors ALD / BLD there)."""
+    """Bytes of local memory ``gemm_tiled.cl`` declares for ``config`` (mirrors ALD / BLD there)."""
     c = config
     ta, tb = kernel_layout(problem, c)
     pad_a = max(c["VWM"], c["VWA"] if ta else 1)
@@ -525,7 +525,7 @@ class GemmTiled(Fp32Gemm):
         if (trans_a, trans_b) != (problem.trans_a, problem.trans_b):
             inner = self.build(with_layout(problem, trans_a, trans_b), device, config, emulate=emulate)
             return PretransposedPlan(problem, inner, config, device)
-        source = read_source(__package__, "gemm.cl")
+        source = read_source(__package__, "gemm_tiled.cl")
         layout = layout_options(problem)
         if emulate and config["ASYNC"]:
             layout.append("-DASYNC_STUB=1")

@@ -1,4 +1,4 @@
-// gemm.cl — gemm_tiled: C = alpha * op(A) * op(B) + beta * C, fp32, row-major (like torch).
+// gemm_tiled.cl — gemm_tiled: C = alpha * op(A) * op(B) + beta * C, fp32, row-major (like torch).
 //
 // Layout. A is M x K (lda >= K) or, with TRANS_A, K x M (lda >= M); B is K x N (ldb >= N) or, with
 // TRANS_B, N x K (ldb >= K); C is M x N (ldc >= N). Leading dimensions are row strides in elements.
