@@ -5,6 +5,8 @@ the fused path and which keep the math decomposition; float16; the overrideable 
 
 from __future__ import annotations
 
+import traceback
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -196,9 +198,24 @@ def test_multihead_attention_training_runs_fused(strict, fresh_stats):
     assert tunecl.backend.stats()["ops"][FUSED_BACKWARD] == 1
 
 
-def test_compiled_attention_runs_fused_forward_and_backward(strict, fresh_stats):
+def test_compiled_attention_runs_fused_forward_and_backward(strict, fresh_stats, monkeypatch):
     """Under torch.compile(backend="tunecl") the traced graph calls the fused op and its backward (the
-    op's unused outputs are tensors, which the compiled graph saves for the backward)."""
+    op's unused outputs are tensors, which the compiled graph saves for the backward). Each call of the
+    backward kernel keeps its caller's stack (torch and tunecl frames), which a failure prints."""
+    from tunecl.backend.ops import sdpa
+
+    check_inputs, backward_calls = sdpa._check_inputs, []
+
+    def recording_check(name, *args):
+        if name.endswith("_backward"):
+            backward_calls.append("".join(
+                f"\n    {frame.filename.rsplit('/site-packages/', 1)[-1]}:{frame.lineno} {frame.name}"
+                for frame in traceback.extract_stack()[:-1]
+                if "/torch/" in frame.filename or "/tunecl/" in frame.filename))
+        return check_inputs(name, *args)
+
+    monkeypatch.setattr(sdpa, "_check_inputs", recording_check)
+
     def attend(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True).square().sum()
 
@@ -212,4 +229,5 @@ def test_compiled_attention_runs_fused_forward_and_backward(strict, fresh_stats)
     ops = fresh_stats()["ops"]
     from tunecl.backend import compile as compiled
 
-    assert (ops[FUSED], ops[FUSED_BACKWARD]) == (1, 1), compiled.stats()
+    assert (ops[FUSED], ops[FUSED_BACKWARD]) == (1, 1), \
+        f"{compiled.stats()}; the backward kernel's callers:" + "\n  ---".join(backward_calls)
