@@ -37,6 +37,7 @@ class ResultSink(Protocol):
                origin: str | None = None) -> None: ...
 
 
+MIN_SHARE_S = 2.0  # seconds of searching a problem gets at least when a total budget is shared (tune_workload)
 WARM_START = 0  # configs of similar problems a search starts from (tunecl tune --warm-start): off until a
 # measurement shows it pays (benchmarks/warm_start.py on PoCL: cold/warm tuned time 0.90-0.96 with 8 trials)
 
@@ -215,6 +216,13 @@ def tune_workload(workload: Mapping[Problem, int], device: Device, db: Any, *, t
                   claims: Claims | None = None, **tune_options: Any) -> list[NetRow]:
     """Tune every problem of a workload (problem → occurrences), largest total FLOPs first.
 
+    ``total_time_limit``: no problem starts after that many seconds. Given without ``time_limit`` and
+    ``trials``, it is also shared: each problem to tune gets, as its time limit, its share of the FLOPs
+    (count included) of the problems still to tune times what is left of the total, less what each of
+    those is expected to run past its limit (its defaults and the final re-measurement come on top: the
+    mean so far, :data:`MIN_SHARE_S` before the first); at least :data:`MIN_SHARE_S`. Recomputed as each
+    problem starts, so the run ends near the total with every problem's defaults measured where it allows.
+
     Problems the DB or the shipped results already hold for this exact device at the current algorithm
     versions are skipped unless ``retune``; at ``precision="tf32"`` that takes a result of each precision whose algorithms
     apply (fp32 results alone do not mean the TF32 algorithms were tuned). A search restricted to some
@@ -239,8 +247,32 @@ def tune_workload(workload: Mapping[Problem, int], device: Device, db: Any, *, t
     rows: dict[int, NetRow] = {}
     started = time.monotonic()
 
+    def none_applies(problem: Problem) -> bool:   # of the algorithms a restricted search asked for
+        return only is not None and not {a.name for a in only} & algorithm_versions(problem, device, precision).keys()
+
+    # a shared total budget: the FLOPs (count included) of each problem still to tune, by index
+    shares: dict[int, float] | None = None
+    if total_time_limit is not None and time_limit is None and trials is None:
+        shares = {index: max(1.0, float(problem.flops * count)) for index, (problem, count) in enumerate(order)
+                  if not none_applies(problem)
+                  and (retune or _tuned_before(db, device, problem, precision, only) is None)}
+
+    overruns: list[float] = []   # seconds each tuned problem took past its limit, under a shared budget
+
+    def limit_for(index: int) -> float | None:
+        """The time limit of problem ``index`` (see the docstring)."""
+        if shares is None:
+            return time_limit
+        # what the searches may share: the time left less each pending problem's expected overrun
+        overrun = sum(overruns) / len(overruns) if overruns else MIN_SHARE_S
+        left = total_time_limit - (time.monotonic() - started) - overrun * len(shares)
+        weight = shares.get(index, 1.0)
+        return max(MIN_SHARE_S, left * weight / (sum(shares.values()) or weight))
+
     def finish(index: int, row: NetRow) -> None:
         rows[index] = row
+        if shares is not None:
+            shares.pop(index, None)
         if on_done is not None:
             on_done(index, row)
 
@@ -257,9 +289,10 @@ def tune_workload(workload: Mapping[Problem, int], device: Device, db: Any, *, t
                 progress(update)
 
         options["progress"] = beat
-        began = time.monotonic()
-        outcome = tune_problem(problem, device, db, trials=trials, time_limit=time_limit,
-                               precision=precision, **options)
+        began, limit = time.monotonic(), limit_for(index)
+        outcome = tune_problem(problem, device, db, trials=trials, time_limit=limit, precision=precision, **options)
+        if shares is not None:
+            overruns.append(max(0.0, time.monotonic() - began - limit))
         claims.release(key)
         winner, default = outcome.winner, outcome.default
         return NetRow(problem, count, "tuned" if winner else "failed", winner.algorithm if winner else None,
@@ -270,9 +303,6 @@ def tune_workload(workload: Mapping[Problem, int], device: Device, db: Any, *, t
     def skipped(problem: Problem, count: int, hit: Any) -> NetRow:
         return NetRow(problem, count, "shipped" if hit.source == "shipped" else "skipped", hit.algorithm,
                       _stored_baseline(db, device, problem, precision, only), hit.time_s)
-
-    def none_applies(problem: Problem) -> bool:   # of the algorithms a restricted search asked for
-        return only is not None and not {a.name for a in only} & algorithm_versions(problem, device, precision).keys()
 
     # a restricted search is other work than a full one (claims tell workers apart by key)
     restricted = "" if only is None else "|" + ",".join(sorted(a.name for a in only))

@@ -223,3 +223,32 @@ def test_the_warm_line_counts_its_configs_in_words(capsys, hints, won, expected)
 
     print_outcome(dataclasses.replace(_outcome(), hints=hints, hint_won=won), "/tmp/tuning.sqlite")
     assert expected in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("problems, argv, budget", [
+    (3, [], (None, 60.0)),                              # 20 s per problem ...
+    (45, [], (None, 600.0)),                            # ... at most 10 minutes
+    (45, ["--total-time-limit", "90"], (None, 90.0)),   # a total of one's own, shared the same way
+    (3, ["--time-limit", "5"], (5.0, None)),            # a per-problem budget is not shared
+    (3, ["--trials", "4"], (None, None)),
+])
+def test_a_nets_problems_share_a_total_budget_unless_one_per_problem_is_given(
+        monkeypatch, capsys, tmp_path, problems, argv, budget):
+    import tunecl.search.workload as workload_module
+    import tunecl.tune as tune_module
+
+    monkeypatch.setattr(runtime, "select_device", lambda selector=None: _FakeDevice())
+    monkeypatch.setattr(workload_module, "net_problems",
+                        lambda *args, **kwargs: {GemmProblem(8 * (i + 1), 8, 8): 1 for i in range(problems)})
+    given = {}
+
+    def tune_workload(workload, device, db, **options):
+        given.update(options)
+        return []
+
+    monkeypatch.setattr(tune_module, "tune_workload", tune_workload)
+    assert main(["tune", "--net", "any", "--no-progress", "--db", str(tmp_path / "db.sqlite"), *argv]) == 0
+    assert (given["time_limit"], given["total_time_limit"]) == budget
+    err = capsys.readouterr().err
+    if budget[1] is not None and "--trials" not in argv:
+        assert f"budget: {budget[1]:g} s in all, shared by the problems to tune in proportion to their FLOPs" in err

@@ -149,15 +149,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     net.add_argument("--image-size", type=positive_int, default=224, help="input height/width (default 224)")
     net.add_argument("--train", action="store_true", help="also tune both backward directions")
     net.add_argument("--total-time-limit", type=positive_seconds, metavar="S",
-                     help="start no new problem after S seconds")
+                     help="start no new problem after S seconds; without --time-limit and --trials, S "
+                          "is also shared: each problem searches for its share of the FLOPs of the problems "
+                          "still to tune times what is left of S (at least 2 s), so the run ends near S "
+                          "(default with neither: 20 s per problem, at most 600 s)")
     net.add_argument("--retune", action="store_true",
                      help="tune problems the DB already holds for this device at the current versions")
     parser.add_argument("--trials", type=positive_int, metavar="N",
                         help="evaluations in the study, resumed ones included (default: the whole space "
                              "when it has ≤ 200 valid configs, else 100 unless --time-limit is given)")
     parser.add_argument("--time-limit", type=positive_seconds, metavar="S",
-                        help="seconds of searching per problem (with --net the default is 20 when "
-                             "--trials is not given either). Every algorithm's default config (and each "
+                        help="seconds of searching per problem (with --net and neither this nor --trials, "
+                             "the problems share a total budget: see --total-time-limit). Every algorithm's default config (and each "
                              "--try config) is measured even past the limit, so that the tuned result is "
                              "never slower than the default, and the final re-measurement of the best "
                              "configs comes on top: a run can take longer than S")
@@ -377,7 +380,8 @@ def print_outcome(outcome: Any, stored_in: str, out: TextIO | None = None) -> No
     line("study", f"{outcome.study_name}  in {outcome.storage_url}")
 
 
-NET_TIME_LIMIT = 20.0  # seconds of searching per problem with --net when neither budget is given
+NET_TIME_LIMIT = 20.0  # seconds per problem of the default total budget of --net ...
+NET_TOTAL_TIME_LIMIT = 600.0  # ... and its most: a net of many problems is tuned in about 10 minutes
 
 
 def run_net(args: argparse.Namespace, device: Any, options: dict[str, Any]) -> int:
@@ -385,7 +389,7 @@ def run_net(args: argparse.Namespace, device: Any, options: dict[str, Any]) -> i
     from tunecl.db import TuningDB
     from tunecl.errors import TuneclError
     from tunecl.search.workload import net_problems
-    from tunecl.tune import tune_workload
+    from tunecl.tune import MIN_SHARE_S, tune_workload
 
     try:
         workload = net_problems(args.net, args.batch, args.image_size, train=args.train,
@@ -398,15 +402,21 @@ def run_net(args: argparse.Namespace, device: Any, options: dict[str, Any]) -> i
         raise TuneclError(f"cannot extract the workload of {args.net!r}: {error}") from None
     total = len(workload)
     err = sys.stderr
-    if args.trials is None and args.time_limit is None:
+    shared = args.trials is None and args.time_limit is None
+    if shared and args.total_time_limit is None:
         # The single-problem default (100 trials or the whole small space) averaged ~40 s per problem
-        # on the H200: 16 minutes for resnet50's 24 forward problems. A net gets a time budget instead.
-        args.time_limit = NET_TIME_LIMIT
+        # on the H200: 16 minutes for resnet50's 24 forward problems. A net gets a total time budget
+        # instead, which its problems share by their FLOPs (tune_workload).
+        args.total_time_limit = min(NET_TIME_LIMIT * total, NET_TOTAL_TIME_LIMIT)
     print(f"{args.net} batch {args.batch} image {args.image_size}{' train' if args.train else ''}: "
           f"{total} unique problems ({sum(workload.values())} calls) on {device.fingerprint.label}", file=err)
-    budget = [f"{args.trials} trials"] if args.trials is not None else []
-    budget += [f"{args.time_limit:g} s"] if args.time_limit is not None else []
-    print(f"budget per problem: {' or '.join(budget)}", file=err)
+    if shared:
+        print(f"budget: {args.total_time_limit:g} s in all, shared by the problems to tune in proportion to their "
+              f"FLOPs (at least {MIN_SHARE_S:g} s each)", file=err)
+    else:
+        budget = [f"{args.trials} trials"] if args.trials is not None else []
+        budget += [f"{args.time_limit:g} s"] if args.time_limit is not None else []
+        print(f"budget per problem: {' or '.join(budget)}", file=err)
     progress: ProgressLine | None = None
     eta = Eta(total, args.total_time_limit)
 
@@ -451,6 +461,10 @@ def run_net(args: argparse.Namespace, device: Any, options: dict[str, Any]) -> i
                   file=err)
         stored_in = db.display_url
     print_net_summary(rows, stored_in, json_out=args.json)
+    not_run = sum(row.status == "not run" for row in rows)
+    if not_run:
+        print(f"{not_run} of {total} problems not run within the {args.total_time_limit:g} s budget: the same "
+              f"command tunes them (the stored problems are skipped), or give --total-time-limit more", file=err)
     if interrupted:
         return 130
     return 1 if any(r.status == "failed" for r in rows) else 0
