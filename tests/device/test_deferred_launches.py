@@ -108,21 +108,27 @@ def test_a_held_launch_is_replaced_only_while_it_is_the_last_one_waiting(batch, 
     buf = device.upload(np.full(16, 2, np.float32))
     args = [buf, np.float32(1), np.float32(1)]
 
-    device.hold(kernel, (16,), None, list(args), "tag", lambda: fused)
+    device.hold(kernel, (16,), None, list(args), "tag", lambda op: fused)
     assert not device.replace_held("another tag")
     assert device.replace_held("tag")            # 2 -> (2 + 1)^2
     assert not device.replace_held("tag")        # once
     np.testing.assert_array_equal(device.download(buf, (16,)), np.full(16, 9, np.float32))
 
-    device.hold(kernel, (16,), None, list(args), "tag", lambda: fused)
+    device.hold(kernel, (16,), None, list(args), "tag", lambda op: fused)
     device.synchronize()                         # the queue was used: enqueued as it was
     assert not device.replace_held("tag")
     np.testing.assert_array_equal(device.download(buf, (16,)), np.full(16, 10, np.float32))
 
-    device.hold(kernel, (16,), None, list(args), "tag", lambda: fused)
+    device.hold(kernel, (16,), None, list(args), "tag", lambda op: fused)
     device.defer(kernel, (16,), None, list(args))   # another launch after it (batched: still waiting)
     assert not device.replace_held("tag")
     np.testing.assert_array_equal(device.download(buf, (16,)), np.full(16, 12, np.float32))
+
+    # a held launch without a fused kernel for the op asked for stays as it is, and may still take another
+    device.hold(kernel, (16,), None, list(args), "tag", lambda op: fused if op == "relu" else None)
+    assert not device.replace_held("tag", "relu6")
+    assert device.replace_held("tag", "relu")
+    np.testing.assert_array_equal(device.download(buf, (16,)), np.full(16, 169, np.float32))
 
 
 @pytest.mark.parametrize(("variable", "field", "auto", "number", "bad"), [
@@ -192,6 +198,6 @@ def test_held_launches_do_not_pile_up(batch, monkeypatch):
     kernel = _kernel(device)
     buf = device.upload(np.zeros(16, np.float32))
     for step in range(10):
-        device.hold(kernel, (16,), None, [buf, np.float32(1), np.float32(1)], ("tag", step), lambda: kernel)
+        device.hold(kernel, (16,), None, [buf, np.float32(1), np.float32(1)], ("tag", step), lambda op: kernel)
         assert len(device._deferred) <= max(1, device.launch_batch)
     np.testing.assert_array_equal(device.download(buf, (16,)), np.full(16, 10, np.float32))

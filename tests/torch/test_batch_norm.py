@@ -295,8 +295,8 @@ def _fusions(monkeypatch) -> list[bool]:
     device = state.get().device
     results, replace = [], device.replace_held
 
-    def recording(tag):
-        results.append(replace(tag))
+    def recording(tag, op="relu"):
+        results.append(replace(tag, op))
         return results[-1]
 
     monkeypatch.setattr(device, "replace_held", recording)
@@ -312,7 +312,7 @@ def test_relu_after_batch_norm_is_fused_and_bit_identical(train, monkeypatch):
         model = _block().to("opencl").train(train)
         fusions = _fusions(monkeypatch) if fused else None
         if not fused:
-            monkeypatch.setattr(state.get().device, "replace_held", lambda tag: False)
+            monkeypatch.setattr(state.get().device, "replace_held", lambda tag, op="relu": False)
         xd = x.to("opencl").requires_grad_()
         y = model(xd)
         y.backward(torch.ones_like(y))
@@ -325,6 +325,56 @@ def test_relu_after_batch_norm_is_fused_and_bit_identical(train, monkeypatch):
     clean = x.nan_to_num()   # (against the CPU without the NaN, which convolutions spread differently)
     torch.testing.assert_close(_block().to("opencl").train(train)(clean.to("opencl")).detach().cpu(),
                                _block().train(train)(clean).detach(), atol=1e-5, rtol=1e-4)
+
+
+def _block6(channels: int = 8, low: float = 0.0, high: float = 6.0) -> torch.nn.Module:
+    torch.manual_seed(3)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, channels, 3, padding=1), torch.nn.BatchNorm2d(channels),
+                               torch.nn.Hardtanh(low, high, inplace=True), torch.nn.Conv2d(channels, 4, 1),
+                               torch.nn.BatchNorm2d(4), torch.nn.Hardtanh(low, high, inplace=True))
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_relu6_after_batch_norm_is_fused_where_no_gradient_is_recorded(grad, monkeypatch):
+    """ReLU6(inplace=True) after a batch norm runs inside its launch in inference, bit for bit as unfused
+    (NaN and -0.0 pass through as the elementwise hardtanh passes them); where autograd records it, its
+    clone of the input enqueues the batch norm first, and the results stay right."""
+    x = 3 * torch.randn(2, 3, 9, 7)
+    x[0, 1, 2, 3] = float("nan")
+    runs = {}
+    for fused in (True, False):
+        model = _block6().to("opencl").eval()
+        fusions = _fusions(monkeypatch) if fused else None
+        if not fused:
+            monkeypatch.setattr(state.get().device, "replace_held", lambda tag, op="relu": False)
+        xd = x.to("opencl").requires_grad_(grad)
+        with torch.set_grad_enabled(grad):
+            y = model(xd)
+        runs[fused] = [y.detach().cpu()]
+        if grad:
+            y.backward(torch.ones_like(y))
+            runs[fused] += [t.cpu() for t in (xd.grad, *[p.grad for p in model.parameters()])]
+        if fused:
+            assert fusions == ([False, False] if grad else [True, True])
+        monkeypatch.undo()
+    for a, b in zip(runs[True], runs[False]):
+        assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num().view(torch.int32),
+                                                                b.nan_to_num().view(torch.int32))
+    clean = x.nan_to_num()
+    with torch.no_grad():
+        torch.testing.assert_close(_block6().to("opencl").eval()(clean.to("opencl")).cpu(),
+                                   _block6().eval()(clean), atol=1e-5, rtol=1e-4)
+
+
+def test_hardtanh_of_other_bounds_is_not_fused(monkeypatch):
+    model = _block6(low=-1.0, high=2.0).to("opencl").eval()
+    fusions = _fusions(monkeypatch)
+    x = torch.randn(2, 3, 9, 7)
+    with torch.no_grad():
+        y = model(x.to("opencl")).cpu()
+    assert fusions == []   # only hardtanh_(0, 6) asks
+    with torch.no_grad():
+        torch.testing.assert_close(y, _block6(low=-1.0, high=2.0).eval()(x), atol=1e-5, rtol=1e-4)
 
 
 def test_relu_is_not_fused_across_another_op_or_into_a_view(monkeypatch):

@@ -151,7 +151,7 @@ def test_float16_takes_the_general_route(norm):
 def test_an_in_place_relu_still_folds_into_the_normalising_launch(norm, monkeypatch):
     device = state.get().device
     folded, replace = [], device.replace_held
-    monkeypatch.setattr(device, "replace_held", lambda tag: folded.append(replace(tag)) or folded[-1])
+    monkeypatch.setattr(device, "replace_held", lambda tag, op="relu": folded.append(replace(tag, op)) or folded[-1])
     pair = _Pair(SHAPE[1])
     x = torch.randn(SHAPE, device=DEV)
     results = []

@@ -74,7 +74,7 @@ def test_launches_are_pre_built_once_per_plan(strict):
 def test_an_in_place_relu_still_folds_into_an_add(strict, monkeypatch):
     device = state.get().device
     folded, replace = [], device.replace_held
-    monkeypatch.setattr(device, "replace_held", lambda tag: folded.append(replace(tag)) or folded[-1])
+    monkeypatch.setattr(device, "replace_held", lambda tag, op="relu": folded.append(replace(tag, op)) or folded[-1])
     a, b = torch.randn(64, device=DEV), torch.randn(64, device=DEV)
     outs = [(a + b).relu_() for _ in range(3)]
     assert folded == [True, True, True]

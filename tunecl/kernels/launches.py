@@ -202,22 +202,25 @@ class Bound:
 
 
 class Twin:
-    """The fused twin of a held launch (its op and the next one in one kernel, with the same grid and
-    arguments, see :meth:`tunecl.runtime.Device.hold`): :attr:`kernel` gives the kernel for the kernel's
-    own launch, a call its :class:`Bound`; both are built when an op first folds into the launch."""
+    """The fused twins of a held launch (its op and the in-place op after it in one kernel, with the same
+    grid and arguments, see :meth:`tunecl.runtime.Device.hold`): :attr:`kernel` ``(op)`` gives the kernel
+    for the kernel's own launch, a call ``(op)`` its :class:`Bound`; None for an op the launch cannot take.
+    Each is built when that op first folds into the launch."""
 
     __slots__ = ("_bound", "_made", "kernel")
 
     def __init__(self, bound: Bound, kernel: Any) -> None:
         self._bound, self.kernel = bound, kernel
-        self._made: Bound | None = None
+        self._made: dict[str, Bound | None] = {}
 
-    def __call__(self) -> Bound:
-        made = self._made
-        if made is None:
+    def __call__(self, op: str) -> Bound | None:
+        made = self._made.get(op, self)
+        if made is self:
             bound = self._bound
-            made = Bound.build(self.kernel(), bound.global_size, bound.local_size, bound.args, bound.positions)
-            if made is None:
+            kernel = self.kernel(op)
+            made = None if kernel is None else Bound.build(kernel, bound.global_size, bound.local_size, bound.args,
+                                                           bound.positions)
+            if kernel is not None and made is None:
                 raise RuntimeError(f"the fused twin of {bound.function_name} cannot be pre-built")
-            self._made = made
+            self._made[op] = made
         return made

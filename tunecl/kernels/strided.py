@@ -97,8 +97,9 @@ def meta_dtype(length: int, idx: str) -> np.dtype:
 
 def relu_tag(buffer: object, offset: int, count: int) -> tuple:
     """The tag of a held launch whose output (``count`` contiguous float32 elements of ``buffer`` from
-    element ``offset``) an in-place relu may fold into it (:meth:`tunecl.runtime.Device.replace_held`).
-    (The held launch's arguments keep ``buffer`` alive, so its id names it while the tag is held.)"""
+    element ``offset``) an in-place activation (relu; relu6 into batch norm) may fold into it
+    (:meth:`tunecl.runtime.Device.replace_held`). (The held launch's arguments keep ``buffer`` alive, so its
+    id names it while the tag is held.)"""
     return ("relu", id(buffer), offset, count)
 
 

@@ -170,11 +170,11 @@ class Device:
             self._enqueue(waiting)
 
     def hold(self, kernel: cl.Kernel, global_size: tuple[int, ...], local_size: tuple[int, ...] | None,
-             args: list, tag: object, fused: Callable[[], cl.Kernel]) -> None:
-        """Defer one launch, whatever ``launch_batch`` is, so that the op right after it may run ``fused()``
-        (a kernel with the same grid and arguments that also does that op's work) instead, by
-        :meth:`replace_held` with the same ``tag``. Like every deferred launch it is enqueued, in order,
-        with the next use of :attr:`queue`."""
+             args: list, tag: object, fused: Callable[[str], Any]) -> None:
+        """Defer one launch, whatever ``launch_batch`` is, so that the op right after it may run
+        ``fused(op)`` (a kernel with the same grid and arguments that also does ``op``'s work; None where
+        the launch cannot take that op) instead, by :meth:`replace_held` with the same ``tag``. Like every
+        deferred launch it is enqueued, in order, with the next use of :attr:`queue`."""
         entry = (kernel, global_size, local_size, args)
         with self._deferred_lock:
             # what waits already goes first, as defer would send it (a run of held launches never piles up)
@@ -183,15 +183,19 @@ class Device:
             self._deferred.append(entry)
             self._held = (tag, entry, fused)
 
-    def replace_held(self, tag: object) -> bool:
-        """Launch the fused kernel of the launch held under ``tag`` instead of it, if that is still the last
-        deferred launch; False when it was enqueued already or another launch came after it."""
+    def replace_held(self, tag: object, op: str = "relu") -> bool:
+        """Launch the launch held under ``tag`` fused with ``op`` instead of it, if that is still the last
+        deferred launch and it has a fused kernel for ``op``; False when it was enqueued already, another
+        launch came after it, or it cannot take ``op``."""
         with self._deferred_lock:
             held = self._held
             if held is None or held[0] != tag or not self._deferred or self._deferred[-1] is not held[1]:
                 return False
+            fused = held[2](op)
+            if fused is None:
+                return False
             _, global_size, local_size, args = held[1]
-            self._deferred[-1] = (held[2](), global_size, local_size, args)
+            self._deferred[-1] = (fused, global_size, local_size, args)
             self._held = None
             return True
 

@@ -130,14 +130,17 @@ def _shape_for_out(out: torch.Tensor, inputs: Sequence[Any]) -> torch.Size:
     return out.shape
 
 
-def _relu_folded(t: torch.Tensor) -> bool:
-    """``t.relu_()`` done by the launch that has just produced ``t``, if it still waits, held, and can apply
-    relu as it writes (a batch norm's normalisation, an add: torchvision's nets follow those by
-    ``ReLU(inplace=True)``): one pass over the activations and one launch fewer each."""
+def _relu_folded(t: torch.Tensor, op: str = "relu") -> bool:
+    """``t.relu_()`` (``op`` "relu") or ``hardtanh_(t, 0, 6)`` ("relu6") done by the launch that has just
+    produced ``t``, if it still waits, held, and can apply the op as it writes (a batch norm's
+    normalisation, an add for relu: torchvision's nets follow those by ``ReLU(inplace=True)`` or
+    ``ReLU6(inplace=True)``): one pass over the activations and one launch fewer each. In training, autograd
+    clones the input of ``hardtanh_`` first, which enqueues the held launch: relu6 folds where no gradient
+    is recorded (inference)."""
     if t.dtype is not torch.float32 or not t.is_contiguous() or not t.numel():
         return False
     buffer = _buffers.get(t.untyped_storage().data_ptr())
-    return buffer is not None and state.get().device.replace_held(relu_tag(buffer, t.storage_offset(), t.numel()))
+    return buffer is not None and state.get().device.replace_held(relu_tag(buffer, t.storage_offset(), t.numel()), op)
 
 
 def new_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -429,6 +432,9 @@ KERNELS: dict[str, Callable[..., Any]] = {
         "_": lambda self: self if _relu_folded(self) else run("relu", self, (self,)),
     }),
     **_with_suffixes("hardtanh", functional_and_inplace("hardtanh", lambda lo=-1, hi=1: (lo, hi))),
+    "hardtanh_": lambda self, min_val=-1, max_val=1: (
+        self if min_val == 0 and max_val == 6 and _relu_folded(self, "relu6")
+        else run("hardtanh", self, (self,), (min_val, max_val))),
     **_with_suffixes("hardswish", functional_and_inplace("hardswish", lambda: ())),
     "threshold.out": lambda self, threshold, value, *, out: run_out("threshold", out, (self,), (threshold, value)),
     "leaky_relu.out": lambda self, negative_slope=0.01, *, out: run_out("leaky_relu", out, (self,),

@@ -33,8 +33,8 @@
 //                     1/sqrt(var + eps) into save_mean/save_invstd; with HAS_RUNNING also
 //                     running = (1 - momentum) * running + momentum * stat (unbiased var)
 //   bn_apply          y = (x - mean) * invstd * weight + bias, from the saved statistics or, with
-//                     EVAL, from the running ones; with RELU, relu(y) (the backend fuses an in-place
-//                     relu that follows the batch norm)
+//                     EVAL, from the running ones; with RELU, relu(y), with RELU6, hardtanh(y, 0, 6) (the
+//                     backend fuses an in-place relu or relu6 that follows the batch norm)
 //   bn_backward_reduce / bn_backward_finalize
 //                     one pass: sum(dy) and sum(dy * (x - mean)) into scratch[c], scratch[C + c],
 //                     grad_weight = sum(dy * (x - mean)) * invstd, grad_bias = sum(dy)
@@ -375,8 +375,12 @@ __kernel void bn_apply(BN_ARGS)
     __global vec_t *yr = (__global vec_t *)(y + OFF_Y) + r * LV;
     for (IDX l = l0; l < LV; l += lstep) {
       const vec_t v = (xr[l] - mean) * scale + shift;
-#ifdef RELU
+#if defined(RELU)
       yr[l] = select(v, (vec_t)(0.0f), v < (vec_t)(0.0f));   // torch's relu: NaN and -0.0 pass through
+#elif defined(RELU6)
+      // hardtanh(v, 0, 6) as the elementwise kernel computes it: NaN and -0.0 pass through
+      const vec_t low = select(v, (vec_t)(0.0f), v < (vec_t)(0.0f));
+      yr[l] = select(low, (vec_t)(6.0f), low > (vec_t)(6.0f));
 #else
       yr[l] = v;
 #endif

@@ -47,7 +47,9 @@ ELEMENTWISE_MAX_GROUPS_PER_UNIT = 0   # ... and at most, 0: no cap (past it, wor
                                       # on PoCL 256 helps short rows, 7x7, but slows long ones, 112x112)
 VECTOR = 4               # float4 loads when L and the big tensors' offsets allow (1 turns them off)
 MAX_LAUNCHES = 4096      # launch plans kept (see BatchNorm._launch)
-MAX_GRID_GROUPS = 65535  # work-groups along dims 1 and 2 of a grid (CUDA's limit); the kernels loop past it
+MAX_GRID_GROUPS = 65535
+# the in-place ops the normalising launch can apply as it writes (Device.replace_held), by their build flag
+FOLDS = {"relu": "RELU", "relu6": "RELU6"}  # work-groups along dims 1 and 2 of a grid (CUDA's limit); the kernels loop past it
 
 
 def _power_of_two_below(n: int) -> int:
@@ -148,9 +150,10 @@ class BatchNorm:
         y_buffer, y_offset = ops["y"] if held else (None, 0)
         if y_buffer is not None:
             n, c, length = shape
-            # the RELU twin: the same launch's kernel built with RELU (same grid and meta)
+            # the twins: the same launch's kernel built with RELU or RELU6 (same grid and meta)
             self.device.hold(kernel, global_size, local_size, args, relu_tag(y_buffer, y_offset, n * c * length),
-                             lambda: self._kept_launch(name, kind, shape, ops, (*flags, "RELU"), parts, offsets)[0])
+                             lambda op: self._kept_launch(name, kind, shape, ops, (*flags, FOLDS[op]), parts,
+                                                          offsets)[0] if op in FOLDS else None)
         else:
             self.device.defer(kernel, global_size, local_size, args)
 
@@ -283,8 +286,8 @@ class BatchNorm:
                 return None
             twin = None
             if held:
-                twin = launches.Twin(bound, lambda name=name, kind=kind, flags=flags, parts=parts: self._kept_launch(
-                    name, kind, shape, layout, (*flags, "RELU"), parts, offsets)[0])
+                twin = launches.Twin(bound, lambda op, name=name, kind=kind, flags=flags, parts=parts: self._kept_launch(
+                    name, kind, shape, layout, (*flags, FOLDS[op]), parts, offsets)[0] if op in FOLDS else None)
             built.append((bound, twin))
         n, c, length = shape
         return Prepared(self, tuple(built), positions, offsets[1], n * c * length)

@@ -374,7 +374,7 @@ class Pointwise(StridedFamily):
         if defer:
             if plan.relu_twin is not None:   # an in-place relu of the output may follow: wait for it
                 self.device.hold(plan.kernel, plan.global_size, plan.local_size, args,
-                                 relu_tag(args[0], offsets[0], plan.prefix[0]), lambda: self._relu_twin(plan))
+                                 relu_tag(args[0], offsets[0], plan.prefix[0]), lambda op: self._relu_twin(plan, op))
             else:
                 self.device.defer(plan.kernel, plan.global_size, plan.local_size, args)
             return None
@@ -399,12 +399,15 @@ class Pointwise(StridedFamily):
                                   for i in range(count)) if scalar_args else ()
             bound.cast = plan.cast
             if plan.relu_twin is not None:
-                bound.twin = launches.Twin(bound, lambda: self._relu_twin(plan))
+                bound.twin = launches.Twin(bound, lambda op: self._relu_twin(plan, op))
         plan.bound[:] = [bound]
         return bound
 
-    def _relu_twin(self, plan: _Plan) -> cl.Kernel:
-        """The kernel of ``plan``'s launch with its op's relu twin (same arguments, grid and meta)."""
+    def _relu_twin(self, plan: _Plan, op: str = "relu") -> cl.Kernel | None:
+        """The kernel of ``plan``'s launch with its op's relu twin (same arguments, grid and meta); None for
+        an in-place op other than relu (``op``), which it has no twin for."""
+        if op != "relu":
+            return None
         if not plan.relu_twin:
             op, *rest = plan.signature
             plan.relu_twin.append(self._plan(None, RELU_TWINS[op], *rest, wide=plan.wide, vec=plan.vec).kernel)
