@@ -41,6 +41,20 @@ def fresh_stats():
 
 
 @pytest.fixture
+def fresh_dynamo():
+    """dynamo's caches and the tunecl compile backend's counters emptied before the test, and dynamo's after
+    (a compiled function from an earlier test must not serve this one)."""
+    import torch
+
+    from tunecl.backend import compile as compile_backend
+
+    torch._dynamo.reset()
+    compile_backend.reset_stats()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
 def fresh_plans():
     """An empty plan cache before and after the test (plans chosen under this test's tuning DB must
     not serve later tests, nor earlier plans this one)."""

@@ -23,12 +23,7 @@ compile_backend = pytest.importorskip("tunecl.backend.compile")
 STEPS = 4   # warm-up, capture, then replays
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    compile_backend.reset_stats()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _conv_net() -> nn.Module:

@@ -23,12 +23,7 @@ STEPS = 4   # warm-up, capture, then replays
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    compile_backend.reset_stats()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _randomise_batch_norms(model: nn.Module) -> nn.Module:

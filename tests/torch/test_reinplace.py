@@ -17,12 +17,7 @@ from tunecl.backend.reinplace import reinplace_input_mutations  # noqa: E402
 aten = torch.ops.aten
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    compile_backend.reset_stats()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 class _Record(torch.fx.Interpreter):
