@@ -13,6 +13,7 @@ from torch import nn
 compile_backend = pytest.importorskip("tunecl.backend.compile")
 from tunecl.backend import foreach_fusion, memory, state  # noqa: E402
 from tunecl.kernels.ops.fused import Chain, Step  # noqa: E402
+from training_checks import assert_same_parameters_and_state  # noqa: E402
 
 aten = torch.ops.aten
 
@@ -52,11 +53,7 @@ def test_a_compiled_foreach_step_runs_as_one_kernel_and_equals_eager(name):
     stats = compile_backend.stats()
     assert stats["fused_foreach_runs"] >= 1 and stats["fused_foreach_ops"] >= 3 and stats["replays"] >= 2, stats
     fused_commands = stats["captured_commands"]
-    for a, b in zip(model.parameters(), eager_model.parameters()):
-        torch.testing.assert_close(a.detach().cpu(), b.detach().cpu(), atol=1e-6, rtol=1e-5)
-    for a, b in zip(optimizer.state.values(), eager_optimizer.state.values()):
-        for key in a:
-            torch.testing.assert_close(a[key].cpu(), b[key].cpu(), atol=1e-6, rtol=1e-5)
+    assert_same_parameters_and_state(model, optimizer, eager_model, eager_optimizer)
     torch._dynamo.reset()
     compile_backend.reset_stats()
     _train(name, {"fuse_foreach": False})

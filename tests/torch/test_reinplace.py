@@ -13,6 +13,7 @@ from torch import nn
 
 compile_backend = pytest.importorskip("tunecl.backend.compile")
 from tunecl.backend.reinplace import reinplace_input_mutations  # noqa: E402
+from training_checks import assert_same_parameters_and_state  # noqa: E402
 
 aten = torch.ops.aten
 
@@ -132,11 +133,7 @@ def test_a_compiled_adam_step_updates_its_state_in_place_and_equals_eager(reinpl
         reference_optimizer.step()
         optimizer.zero_grad()
         reference_optimizer.zero_grad()
-    for a, b in zip(model.parameters(), reference.parameters()):
-        torch.testing.assert_close(a.detach().cpu(), b.detach().cpu(), atol=1e-6, rtol=1e-5)
-    for a, b in zip(optimizer.state.values(), reference_optimizer.state.values()):
-        for key in a:
-            torch.testing.assert_close(a[key].cpu(), b[key].cpu(), atol=1e-6, rtol=1e-5)
+    assert_same_parameters_and_state(model, optimizer, reference, reference_optimizer)
     stats = compile_backend.stats()
     if reinplace:   # the step counts' add, the moments' lerp, mul and addcmul, the parameters' addcdiv
         assert stats["reinplaced_ops"] >= 5 and not stats.get("grouped_copy_backs"), stats
