@@ -130,7 +130,7 @@ def _shape_for_out(out: torch.Tensor, inputs: Sequence[Any]) -> torch.Size:
     return out.shape
 
 
-def _relu_folded(t: torch.Tensor, op: str = "relu") -> bool:
+def _folded(t: torch.Tensor, op: str) -> bool:
     """``t.relu_()`` (``op`` "relu") or ``hardtanh_(t, 0, 6)`` ("relu6") done by the launch that has just
     produced ``t``, if it still waits, held, and can apply the op as it writes (a batch norm's
     normalisation, an add for relu: torchvision's nets follow those by ``ReLU(inplace=True)`` or
@@ -184,6 +184,16 @@ def functional_and_inplace(expr: str, params: Callable[..., tuple]) -> dict[str,
 
 
 # -- adapters with logic beyond a table row ------------------------------------------------------
+_HARDTANH = functional_and_inplace("hardtanh", lambda lo=-1, hi=1: (lo, hi))
+
+
+def _hardtanh_(self: torch.Tensor, min_val: float = -1, max_val: float = 1) -> torch.Tensor:
+    """``hardtanh_``; relu6 (bounds 0 and 6) folds into the launch that produced ``self`` where it can."""
+    if min_val == 0 and max_val == 6 and _folded(self, "relu6"):
+        return self
+    return _HARDTANH["_"](self, min_val, max_val)
+
+
 def div_mode(self: torch.Tensor, other: Any, *, rounding_mode: str | None = None,
              out: torch.Tensor) -> torch.Tensor:
     expr = {None: "div", "trunc": "div_trunc", "floor": "div_floor"}[rounding_mode]
@@ -429,12 +439,9 @@ KERNELS: dict[str, Callable[..., Any]] = {
     # activations
     **_with_suffixes("relu", {
         "": lambda self: unary_new("relu", self),
-        "_": lambda self: self if _relu_folded(self) else run("relu", self, (self,)),
+        "_": lambda self: self if _folded(self, "relu") else run("relu", self, (self,)),
     }),
-    **_with_suffixes("hardtanh", functional_and_inplace("hardtanh", lambda lo=-1, hi=1: (lo, hi))),
-    "hardtanh_": lambda self, min_val=-1, max_val=1: (
-        self if min_val == 0 and max_val == 6 and _relu_folded(self, "relu6")
-        else run("hardtanh", self, (self,), (min_val, max_val))),
+    **_with_suffixes("hardtanh", {**_HARDTANH, "_": _hardtanh_}),
     **_with_suffixes("hardswish", functional_and_inplace("hardswish", lambda: ())),
     "threshold.out": lambda self, threshold, value, *, out: run_out("threshold", out, (self,), (threshold, value)),
     "leaky_relu.out": lambda self, negative_slope=0.01, *, out: run_out("leaky_relu", out, (self,),
