@@ -248,18 +248,6 @@ def device_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
         upload_into(dst, to_cpu(src))
 
 
-def into_out(out: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
-    """An ``out=`` kernel's last step: ``out`` resized to ``result``'s shape where it differs (as structured
-    kernels resize), then ``result`` (on the device or the CPU) copied into it; returns ``out``."""
-    if out.shape != result.shape:
-        out.resize_(result.shape)
-    if result.device.type == "opencl":
-        device_copy(out, result)
-    else:
-        upload_into(out, result)
-    return out
-
-
 def _fresh_copy(src: torch.Tensor) -> torch.Tensor:
     out = memory.empty(src.shape, dense_strides_like(src), src.dtype)
     if src.dtype in KERNEL_NAMES:

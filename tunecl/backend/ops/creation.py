@@ -97,7 +97,7 @@ _host_bernoulli = _host_random("bernoulli_")
 
 
 def randperm_out(n: int, *, generator: torch.Generator | None = None, out: torch.Tensor) -> torch.Tensor:
-    return copies.into_out(out, torch.randperm(n, generator=generator, dtype=out.dtype))
+    return copies.copy_from_and_resize(torch.randperm(n, generator=generator, dtype=out.dtype), out)
 
 
 KERNELS: dict[str, Callable[..., Any]] = {

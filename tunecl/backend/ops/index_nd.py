@@ -58,7 +58,7 @@ def nonzero(self: torch.Tensor) -> torch.Tensor:
 def nonzero_out(self: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
     if out.dtype != torch.int64:
         raise RuntimeError(f"nonzero: out must be int64, got {out.dtype}")
-    return copies.into_out(out, nonzero(self))
+    return copies.copy_from_and_resize(nonzero(self), out)
 
 
 def _expanded(self: torch.Tensor, indices: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
@@ -220,7 +220,7 @@ def masked_select(self: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def masked_select_out(self: torch.Tensor, mask: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
-    return copies.into_out(out, masked_select(self, mask))
+    return copies.copy_from_and_resize(masked_select(self, mask), out)
 
 
 def masked_scatter_(self: torch.Tensor, mask: torch.Tensor, source: torch.Tensor) -> torch.Tensor:

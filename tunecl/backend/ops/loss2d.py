@@ -44,7 +44,7 @@ def nll_loss2d_forward_output(self: torch.Tensor, target: torch.Tensor, weight: 
                               reduction: int, ignore_index: int, *, output: torch.Tensor,
                               total_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     result, weight_sum = nll_loss2d_forward(self, target, weight, reduction, ignore_index)
-    return copies.into_out(output, result), copies.into_out(total_weight, weight_sum)
+    return copies.copy_from_and_resize(result, output), copies.copy_from_and_resize(weight_sum, total_weight)
 
 
 def nll_loss2d_backward(grad_output: torch.Tensor, self: torch.Tensor, target: torch.Tensor,
@@ -63,8 +63,8 @@ def nll_loss2d_backward(grad_output: torch.Tensor, self: torch.Tensor, target: t
 def nll_loss2d_backward_grad_input(grad_output: torch.Tensor, self: torch.Tensor, target: torch.Tensor,
                                    weight: torch.Tensor | None, reduction: int, ignore_index: int,
                                    total_weight: torch.Tensor, *, grad_input: torch.Tensor) -> torch.Tensor:
-    return copies.into_out(grad_input, nll_loss2d_backward(grad_output, self, target, weight, reduction,
-                                                           ignore_index, total_weight))
+    return copies.copy_from_and_resize(nll_loss2d_backward(grad_output, self, target, weight, reduction,
+                                                           ignore_index, total_weight), grad_input)
 
 
 KERNELS: dict[str, Callable[..., Any]] = {
