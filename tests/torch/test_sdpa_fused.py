@@ -201,7 +201,9 @@ def test_multihead_attention_training_runs_fused(strict, fresh_stats):
 def test_compiled_attention_runs_fused_forward_and_backward(strict, fresh_stats, monkeypatch):
     """Under torch.compile(backend="tunecl") the traced graph calls the fused op and its backward (the
     op's unused outputs are tensors, which the compiled graph saves for the backward). Each call of the
-    backward kernel keeps its caller's stack (torch and tunecl frames), which a failure prints."""
+    backward kernel keeps its caller's stack (torch and tunecl frames), which a failure prints. The backend
+    module is imported first: from a source tree (no entry point) that is what registers its name."""
+    from tunecl.backend import compile as compiled
     from tunecl.backend.ops import sdpa
 
     check_inputs, backward_calls = sdpa._check_inputs, []
@@ -227,7 +229,5 @@ def test_compiled_attention_runs_fused_forward_and_backward(strict, fresh_stats,
     for got, want in zip(dev, leaves):
         torch.testing.assert_close(got.grad.cpu(), want.grad, atol=1e-5, rtol=1e-5)
     ops = fresh_stats()["ops"]
-    from tunecl.backend import compile as compiled
-
     assert (ops[FUSED], ops[FUSED_BACKWARD]) == (1, 1), \
         f"{compiled.stats()}; the backward kernel's callers:" + "\n  ---".join(backward_calls)
