@@ -5,6 +5,7 @@ the fused path and which keep the math decomposition; float16; the overrideable 
 
 from __future__ import annotations
 
+import collections
 import traceback
 
 import pytest
@@ -200,23 +201,25 @@ def test_multihead_attention_training_runs_fused(strict, fresh_stats):
 
 def test_compiled_attention_runs_fused_forward_and_backward(strict, fresh_stats, monkeypatch):
     """Under torch.compile(backend="tunecl") the traced graph calls the fused op and its backward (the
-    op's unused outputs are tensors, which the compiled graph saves for the backward). Each call of the
-    backward kernel keeps its caller's stack (torch and tunecl frames), which a failure prints. The backend
-    module is imported first: from a source tree (no entry point) that is what registers its name."""
+    op's unused outputs are tensors, which the compiled graph saves for the backward). Each count of the
+    backward op keeps its caller's stack (torch and tunecl frames), whichever path counted it (the
+    registered kernel or the fallback), which a failure prints. The backend module is imported first: from
+    a source tree (no entry point) that is what registers its name."""
     from tunecl.backend import compile as compiled
-    from tunecl.backend.ops import sdpa
+    from tunecl.backend import counters
 
-    check_inputs, backward_calls = sdpa._check_inputs, []
+    backward_calls = []
 
-    def recording_check(name, *args):
-        if name.endswith("_backward"):
-            backward_calls.append("".join(
-                f"\n    {frame.filename.rsplit('/site-packages/', 1)[-1]}:{frame.lineno} {frame.name}"
-                for frame in traceback.extract_stack()[:-1]
-                if "/torch/" in frame.filename or "/tunecl/" in frame.filename))
-        return check_inputs(name, *args)
+    class RecordingCounter(collections.Counter):
+        def __setitem__(self, key, value):
+            if key == FUSED_BACKWARD:
+                backward_calls.append("".join(
+                    f"\n    {frame.filename.rsplit('/site-packages/', 1)[-1]}:{frame.lineno} {frame.name}"
+                    for frame in traceback.extract_stack()[:-1]
+                    if "/torch/" in frame.filename or "/tunecl/" in frame.filename))
+            super().__setitem__(key, value)
 
-    monkeypatch.setattr(sdpa, "_check_inputs", recording_check)
+    monkeypatch.setattr(counters.op_counts, "__class__", RecordingCounter)
 
     def attend(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True).square().sum()
