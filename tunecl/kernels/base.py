@@ -93,7 +93,10 @@ class Space:
 
     ``params`` maps each tunable to its candidate values; ``constraints`` (named) remove invalid
     combinations *before* anything is compiled, device limits (local memory, work-group size) included.
-    Families with huge raw products may pass ``generate`` to enumerate valid configs with early pruning.
+    Families with huge raw products may pass ``generate`` to enumerate valid configs with early pruning;
+    ``generated_valid`` says that it yields only configs that set every parameter to one of its values and
+    pass every constraint (as :func:`tunecl.kernels.gemm.core.make_space`'s walk does), so they are not
+    checked a second time.
 
     ``implied`` holds parameters a family gained after results were stored with its version: a config
     without one means the value given here, which must build the very kernel the old config built, so
@@ -103,6 +106,7 @@ class Space:
     params: dict[str, tuple[int, ...]]
     constraints: list[Constraint] = dataclasses.field(default_factory=list)
     generate: Callable[[], Iterable[Config]] | None = None
+    generated_valid: bool = False
     implied: dict[str, int] = dataclasses.field(default_factory=dict)
     _configs: list[Config] | None = dataclasses.field(default=None, repr=False)
     # an enumeration stopped early: the valid configs found so far and the iterator to go on with
@@ -178,7 +182,9 @@ class Space:
 
     def _enumerate(self) -> Iterator[Config]:
         """Every valid config, in order, computed afresh."""
-        if self.generate is not None:
+        if self.generate is not None and self.generated_valid:
+            yield from self.generate()
+        elif self.generate is not None:
             for config in self.generate():
                 config = dict(config)
                 if self.is_valid(config):

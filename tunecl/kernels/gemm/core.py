@@ -75,16 +75,21 @@ def enumerate_space(params: Mapping[str, Sequence[int]], rules: Sequence[Rule]) 
     checks: list[list[Callable[[Mapping[str, int]], bool]]] = [[] for _ in order]
     for _name, needs, check in rules:
         checks[max(order.index(p) for p in needs)].append(check)
+    levels = [(name, params[name], checks[depth]) for depth, name in enumerate(order)]
+    last = len(levels)
     config: dict[str, int] = {}
 
     def walk(depth: int) -> Iterator[Config]:
-        if depth == len(order):
+        if depth == last:
             yield dict(config)
             return
-        name = order[depth]
-        for value in params[name]:
+        name, values, level_checks = levels[depth]
+        for value in values:
             config[name] = value
-            if all(check(config) for check in checks[depth]):
+            for check in level_checks:
+                if not check(config):
+                    break
+            else:
                 yield from walk(depth + 1)
         del config[name]
 
@@ -99,7 +104,7 @@ def make_space(params: dict[str, tuple[int, ...]], constraints: Sequence[Rule],
     :class:`Space`."""
     return Space(params=params, constraints=[Constraint(name, check) for name, _, check in constraints],
                  generate=lambda: enumerate_space(params, list(constraints) + list(pruning)),
-                 implied=dict(implied or {}))
+                 generated_valid=True, implied=dict(implied or {}))
 
 
 def check_config(space: Space, config: Mapping[str, int], name: str) -> None:
