@@ -233,4 +233,4 @@ def test_compiled_attention_runs_fused_forward_and_backward(strict, fresh_stats,
         torch.testing.assert_close(got.grad.cpu(), want.grad, atol=1e-5, rtol=1e-5)
     ops = fresh_stats()["ops"]
     assert (ops[FUSED], ops[FUSED_BACKWARD]) == (1, 1), \
-        f"{compiled.stats()}; the backward kernel's callers:" + "\n  ---".join(backward_calls)
+        f"{compiled.stats()}; where the backward op was counted from:" + "\n  ---".join(backward_calls)
