@@ -35,9 +35,9 @@ def test_a_language_model_trains_one_step_on_the_device_as_on_the_cpu(net):
 
 def test_the_inputs_are_token_ids_and_the_labels_what_each_loss_compares():
     model, x, y = model_and_inputs("hf:gpt2", batch=3, image_size=5, train=True, seed=4)
-    assert x.dtype == torch.int64 and x.shape == (3, 5) and 0 <= x.min() and x.max() < language_models.VOCAB
+    assert x.dtype == torch.int64 and x.shape == (3, 5) and 0 <= x.min() and x.max() < language_models.SMALL.vocab
     assert torch.equal(y, x[:, 1:].reshape(-1))   # the next tokens
-    assert model(x).shape == (3 * 4, language_models.VOCAB)
+    assert model(x).shape == (3 * 4, language_models.SMALL.vocab)
     assert model.model.lm_head.weight is model.model.transformer.wte.weight   # GPT-2's tied head
     model, x, y = model_and_inputs("hf:bert", batch=3, image_size=5, train=False, seed=4)
     assert x.shape == (3, 5) and y.shape == (3,) and y.max() < language_models.LABELS
@@ -47,12 +47,29 @@ def test_the_inputs_are_token_ids_and_the_labels_what_each_loss_compares():
 
 
 def test_bad_language_model_names_and_lengths_are_clear_errors():
-    with pytest.raises(TuneclError, match="the hf: models are hf:bert, hf:gpt2"):
+    with pytest.raises(TuneclError, match="the hf: models are hf:bert, hf:gpt2, hf:bert-base, hf:gpt2-base"):
         load_model("hf:llama")
-    with pytest.raises(TuneclError, match="exceeds the models' 512 positions"):
+    with pytest.raises(TuneclError, match="exceeds the model's 512 positions"):
         model_and_inputs("hf:bert", batch=2, image_size=513, train=False)
     with pytest.raises(TuneclError, match="at least 2 tokens"):
         model_and_inputs("hf:gpt2", batch=2, image_size=1, train=True)
+
+
+@pytest.mark.parametrize("net, parameters, max_length", [
+    # the published parameter counts: BERT-base 109,482,240 with its pooler (+ a 768 x 3 classifier),
+    # GPT-2 124,439,808 (its LM head is the token embedding)
+    ("hf:bert-base", 109_482_240 + 768 * 3 + 3, 512),
+    ("hf:gpt2-base", 124_439_808, 1024),
+])
+def test_the_base_models_have_the_published_sizes(net, parameters, max_length):
+    with torch.device("meta"):   # (no weights to initialise)
+        model = load_model(net)
+    assert sum(p.numel() for p in model.parameters()) == parameters
+    assert model.max_length == max_length
+    ids, _ = model.example_batch(2, max_length, torch.Generator().manual_seed(0))
+    assert ids.shape == (2, max_length) and ids.max() < model.vocab_size
+    with pytest.raises(TuneclError, match=f"exceeds the model's {max_length} positions"):
+        model.example_batch(2, max_length + 1, torch.Generator())
 
 
 class _WrongRows(language_models.SequenceClassifier):

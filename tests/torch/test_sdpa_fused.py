@@ -234,3 +234,23 @@ def test_compiled_attention_runs_fused_forward_and_backward(strict, fresh_stats,
     ops = fresh_stats()["ops"]
     assert (ops[FUSED], ops[FUSED_BACKWARD]) == (1, 1), \
         f"{compiled.stats()}; where the backward op was counted from:" + "\n  ---".join(backward_calls)
+
+
+def test_the_backward_traces_on_the_meta_device_as_the_kernel_shapes_it(strict):
+    """torch.compile traces the fused backward on meta tensors: the op has a Meta kernel on every torch
+    (tunecl's where torch has none), whose outputs have the device kernel's shapes, dtypes and strides."""
+    from tunecl.backend.ops import sdpa
+
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(FUSED_BACKWARD, "Meta")
+    q, k, v = (t.to("opencl") for t in _qkv(2, 3, 7, 9, 8, ev=5))
+    out, lse, *rest = torch.ops.aten._scaled_dot_product_fused_attention_overrideable(q, k, v, is_causal=True)
+    grad_out = torch.randn(out.shape).to("opencl")
+    args = (grad_out, q, k, v, None, [True, True, True, False], out, lse, *rest[:2], 7, 9, 0.0, True, *rest[4:6])
+    real = torch.ops.aten._scaled_dot_product_fused_attention_overrideable_backward(*args)
+    meta_args = [a.to("meta") if isinstance(a, torch.Tensor) else a for a in args]
+    for shapes in (sdpa.fused_attention_backward_meta(*meta_args),
+                   torch.ops.aten._scaled_dot_product_fused_attention_overrideable_backward(*meta_args)):
+        assert shapes[3] is None and real[3] is None   # (no mask: no mask gradient)
+        for got, want in zip(shapes[:3], real[:3]):
+            assert got.device.type == "meta"
+            assert (got.shape, got.dtype, got.stride()) == (want.shape, want.dtype, want.stride())

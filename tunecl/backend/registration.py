@@ -182,6 +182,9 @@ def _register_kernels() -> None:
 
     for name, adapter in {**composite.AUTOGRAD_KERNELS, **sdpa.AUTOGRAD_KERNELS}.items():
         aten.impl(name, adapter, "AutogradPrivateUse1")
+    for name, shapes in sdpa.META_KERNELS.items():
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
+            aten.impl(name, shapes, "Meta")
     for base in fallback.CPU_AUTOGRAD_OPS:
         packet = getattr(torch.ops.aten, base)
         for overload in packet.overloads():

@@ -216,6 +216,14 @@ def _never_unsupported(fn: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+def fused_attention_backward_meta(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                                  value: torch.Tensor, *args: Any, **kwargs: Any) -> tuple:
+    """The backward's outputs as :func:`fused_attention_backward` shapes them, on the meta device: what
+    ``torch.compile`` traces with. torch releases without a Meta kernel for the op (2.11) otherwise trace by
+    running the device kernel on zero-filled inputs, which computes it once more per compile."""
+    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value), None
+
+
 KERNELS: dict[str, Callable[..., Any]] = {
     "_fused_sdp_choice": fused_sdp_choice,
     "_scaled_dot_product_fused_attention_overrideable": _never_unsupported(fused_attention),
@@ -223,4 +231,8 @@ KERNELS: dict[str, Callable[..., Any]] = {
 }
 AUTOGRAD_KERNELS: dict[str, Callable[..., Any]] = {
     "scaled_dot_product_attention": scaled_dot_product_attention,
+}
+# registered where torch has none of its own
+META_KERNELS: dict[str, Callable[..., Any]] = {
+    "_scaled_dot_product_fused_attention_overrideable_backward": fused_attention_backward_meta,
 }
