@@ -21,7 +21,6 @@ from tunecl.backend import plans
 from tunecl.kernels.gemm.gemm_mma import GemmMmaF16
 from tunecl.problems import GemmProblem
 
-pytestmark = pytest.mark.skipif(not plans.gemm_algorithms(), reason="no GEMM algorithm is registered")
 
 H200 = types.SimpleNamespace(
     local_mem_size=48 * 1024, max_work_group_size=1024, capabilities=frozenset({runtime.MMA_F16}),

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 from opcheck import Input, check_op, t
 
 from tunecl.backend import plans
 
-pytestmark = pytest.mark.skipif(not plans.gemm_algorithms(), reason="no GEMM algorithm is registered")
 
 
 def test_mm_with_transposed_and_offset_operands():

@@ -23,11 +23,10 @@ import torch
 from torch import nn
 
 import tunecl.backend
-from tunecl.backend import counters, memory, plans, state
+from tunecl.backend import counters, memory, state
 from tunecl.tools import coverage
 from tunecl.tools.coverage import BEYOND_CNNS, NETS, OPTIMIZERS, dry_run, walk
 
-pytestmark = pytest.mark.skipif(not plans.gemm_algorithms(), reason="no GEMM algorithm is registered")
 
 # the nets whose real training step (`tunecl validate --train`, batch 2, 32x32) took 20-35 s on a
 # 2-core PoCL with a cold compile cache (7-9 s warm); the others of the 18 take longer

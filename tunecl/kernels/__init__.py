@@ -6,8 +6,10 @@ kind; families register themselves in ``_REGISTRY`` below.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Collection
+from types import ModuleType
 
 from tunecl import precision
 from tunecl.kernels.base import Algorithm
@@ -40,11 +42,17 @@ _REGISTRY: dict[str, tuple[str, ...]] = {
 }
 
 
+@functools.cache
+def _family_modules(kind: str) -> tuple[ModuleType, ...]:
+    return tuple(importlib.import_module(name) for name in _REGISTRY.get(kind, ()))
+
+
 def algorithms(kind: str) -> list[Algorithm]:
-    """All algorithms that compute problems of ``kind`` (``"gemm"``, ``"conv"`` or ``"attention"``)."""
+    """All algorithms that compute problems of ``kind`` (``"gemm"``, ``"conv"`` or ``"attention"``). The
+    families are imported on first use (they import the registry); each call reads their ``ALGORITHMS``."""
     found: list[Algorithm] = []
-    for module_name in _REGISTRY.get(kind, ()):
-        found.extend(importlib.import_module(module_name).ALGORITHMS)
+    for module in _family_modules(kind):
+        found.extend(module.ALGORITHMS)
     return found
 
 
