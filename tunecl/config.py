@@ -9,14 +9,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import platformdirs
 
 _APP = "tunecl"
 # the shipped results are package data: <package>/tuning_db, in a checkout and in an installed wheel alike
 _DEFAULT_SHIPPED_DB = Path(__file__).resolve().parent / "tuning_db"
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +53,11 @@ class Config:
             (``TUNECL_OPTIM_SLOTS``): 8 (the default), 1-8, 16, 24 or 32, or ``None`` (``auto``: the most
             of 8, 16, 24 and 32 the device's kernel-argument bytes allow: 32 on NVIDIA, 8 on PoCL); see
             :func:`tunecl.kernels.ops.optim.slots_for`.
+        random: where dropout's masks and ``bernoulli_(p)`` on float32 tensors are drawn
+            (``TUNECL_RANDOM``): ``device`` (the default: Philox on the device, keyed by one number drawn
+            from torch's CPU generator per call, so ``torch.manual_seed`` reproduces them) or ``host``
+            (torch's CPU generator draws every number as the CPU kernels do, and the mask is uploaded:
+            the CPU's masks bit for bit, at the cost of the host's draw and upload).
     """
 
     device: str = "0"
@@ -65,6 +72,7 @@ class Config:
     launch_batch: int | None = None
     flush_every: int | None = None
     optim_slots: int | None = 8
+    random: str = "device"
 
     @staticmethod
     def from_env(env: dict[str, str] | None = None) -> Config:
@@ -85,11 +93,13 @@ class Config:
             launch_batch=_count(env.get("TUNECL_LAUNCH_BATCH") or "auto", "TUNECL_LAUNCH_BATCH", "launches"),
             flush_every=_count(env.get("TUNECL_FLUSH_EVERY") or "auto", "TUNECL_FLUSH_EVERY", "queue uses"),
             optim_slots=_slots(env.get("TUNECL_OPTIM_SLOTS") or "8"),
+            random=(env.get("TUNECL_RANDOM") or "device").lower(),
         )
 
 
 TUNE_MODES = ("off", "on-miss")
 WINOGRAD_CACHE_MODES = ("auto", "on", "off")
+RANDOM_MODES = ("device", "host")
 
 
 def _count(value: str, name: str, what: str) -> int | None:
@@ -161,6 +171,34 @@ def active_override() -> Config | None:
     """The configuration of the innermost :func:`override` block, or None outside one (lets hot paths
     cache what they derived from :func:`get`, which reads the environment each time, ~25 µs)."""
     return _override
+
+
+# os.environ's own dict (encoded keys and values; os.environ[...] = ... and putenv through it update it):
+# a lookup there costs ~0.1 µs, through os.environ.get ~1 µs
+_environ = getattr(os.environ, "_data", None)
+
+
+class Derived(Generic[T]):
+    """A value a hot path derives from :func:`get` (which reads the environment, ~25 µs): derived again
+    only when the active :func:`override` or one of the environment variables ``names`` changes, so a
+    read costs ~0.5 µs. ``derive`` may raise ``ValueError`` for a bad setting (raised at every read)."""
+
+    def __init__(self, derive: Callable[[Config], T], *names: str) -> None:
+        self._derive = derive
+        self._names = names
+        self._keys = tuple(os.environ.encodekey(name) for name in names) if _environ is not None else ()
+        self._source: tuple | None = None
+        self._value: T | None = None
+
+    def __call__(self) -> T:
+        if _environ is not None:
+            source = (_override, *(_environ.get(key) for key in self._keys))
+        else:
+            source = (_override, *(os.environ.get(name) for name in self._names))
+        if source != self._source:
+            self._value = self._derive(get())
+            self._source = source
+        return self._value   # type: ignore[return-value]
 
 
 @contextlib.contextmanager

@@ -1,9 +1,11 @@
-"""The device generator of graphs (random.cl): Philox4x32-10 against an independent reference, itself
-checked on Random123's known-answer vectors."""
+"""The device's random draws (random.cl): Philox4x32-10 against an independent reference, itself checked
+on Random123's known-answer vectors; a graph's generator (key and counter in a buffer) and eager draws
+(key by value)."""
 
 from __future__ import annotations
 
 import numpy as np
+import pyopencl as cl
 import pytest
 
 from tunecl import runtime
@@ -62,3 +64,25 @@ def test_bernoulli_draws_are_the_philox_stream_and_the_counter_advances(device):
     state_words = device.download(state, (4,), np.uint32)
     assert (int(state_words[3]) << 32 | int(state_words[2])) == n + (n - 2000)
     assert abs(got[3:3 + n].mean() - p) < 0.03
+
+
+@pytest.mark.parametrize("dtype, np_dtype, size", [("float32", np.float32, 4), ("bool", np.uint8, 1)])
+def test_keyed_bernoulli_draws_are_the_philox_stream_from_counter_zero(device, dtype, np_dtype, size):
+    """Eager dropout's draw: the key passed by value, counters 0 .. n - 1, at an element offset, into
+    float32 or bytes; nothing outside the range is written."""
+    random = Random(device)
+    key = 0x2F0E_1D2C_3B4A_5968
+    n, p, offset = 4099, 0.7, 5
+    out = device.alloc(size * (n + 2 * offset))
+    fill = np.full(n + 2 * offset, 7, dtype=np_dtype)
+    cl.enqueue_copy(device.queue, out, fill)
+    random.bernoulli_keyed(out, offset, n, p, key, dtype)
+    got = device.download(out, (n + 2 * offset,), np_dtype)
+    counter = np.arange(n, dtype=np.uint64)
+    bits = philox(counter & MASK, counter >> np.uint64(32), 0, 0, key & 0xFFFFFFFF, key >> 32)[0]
+    expected = ((bits >> np.uint64(8)).astype(np.float64) / 2.0**24 < p).astype(np_dtype)
+    np.testing.assert_array_equal(got[offset:offset + n], expected)
+    assert (got[:offset] == 7).all() and (got[offset + n:] == 7).all()
+    assert abs(float(got[offset:offset + n].mean()) - p) < 0.03
+    with pytest.raises(ValueError, match="float32 or bool elements, not int32"):
+        random.bernoulli_keyed(out, 0, n, p, key, "int32")

@@ -296,14 +296,22 @@ def test_gradients_over_one_storage_accumulate_as_eagerly():
         reference.zero_grad()
 
 
-def test_replays_draw_fresh_dropout_masks_the_ones_eager_draws():
-    """A replayed step draws its dropout masks from torch's CPU generator, as eager dropout does: new
-    masks each call, at the right keep rate, the backward scaling by the mask the forward used, and the
-    same masks as an eager run after the same ``torch.manual_seed``."""
-    def dropped(x: torch.Tensor) -> torch.Tensor:
-        return F.dropout(x, 0.3, training=True) * 2
+def _dropped(x: torch.Tensor) -> torch.Tensor:
+    return F.dropout(x, 0.3, training=True) * 2
 
-    run = torch.compile(dropped, backend="tunecl")
+
+@pytest.mark.parametrize("random", ["host", "device"])
+def test_replays_draw_fresh_dropout_masks(random):
+    """A replayed step draws new dropout masks each call, at the right keep rate, the backward scaling by
+    the mask the forward used. With host draws they are the masks an eager run draws after the same
+    ``torch.manual_seed`` (torch's CPU generator at their place in the replay); by default the graph's
+    device generator draws them (nothing uploaded)."""
+    with config.override(random=random):
+        _replays_draw_fresh_dropout_masks(same_as_eager=random == "host")
+
+
+def _replays_draw_fresh_dropout_masks(same_as_eager: bool):
+    run = torch.compile(_dropped, backend="tunecl")
     x = torch.rand(4096) + 0.5
     masks = []
     for seed in range(STEPS + 1):
@@ -312,10 +320,12 @@ def test_replays_draw_fresh_dropout_masks_the_ones_eager_draws():
         out = run(given)
         out.backward(torch.ones_like(out))
         torch.manual_seed(seed)
-        expected = dropped(x.to("opencl")).cpu()
+        expected = _dropped(x.to("opencl")).cpu()
         got, grad = out.detach().cpu(), given.grad.cpu()
-        torch.testing.assert_close(got, expected)
+        if same_as_eager:
+            torch.testing.assert_close(got, expected)
         mask = got != 0
+        torch.testing.assert_close(got, x * mask * 2 / 0.7)
         torch.testing.assert_close(grad, mask.float() * 2 / 0.7)
         assert abs(mask.float().mean().item() - 0.7) < 0.03   # 4096 draws: 4.5 standard deviations
         masks.append(mask)
@@ -323,6 +333,7 @@ def test_replays_draw_fresh_dropout_masks_the_ones_eager_draws():
     assert compile_backend.stats()["replays"] >= 2 * (STEPS - 1)
 
 
+@config.override(random="host")
 def test_replays_draw_the_bernoulli_numbers_eager_draws():
     def stochastic_depth(x: torch.Tensor) -> torch.Tensor:   # torchvision's: a kept/dropped flag per sample
         return x * torch.empty(x.shape[0], 1, device=x.device).bernoulli_(0.6) / 0.6
@@ -337,6 +348,7 @@ def test_replays_draw_the_bernoulli_numbers_eager_draws():
     assert compile_backend.stats()["replays"] == STEPS - 1
 
 
+@config.override(random="host")
 def test_a_net_with_dropout_trains_as_it_does_eagerly():
     model = nn.Sequential(nn.Linear(7, 32), nn.ReLU(), nn.Dropout(0.25), nn.Linear(32, 3))
     batches = [(torch.randn(4, 7), torch.randint(0, 3, (4,))) for _ in range(STEPS)]

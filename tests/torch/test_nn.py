@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 import torch.nn.functional as F
 from opcheck import Input, check_op, t
+
+from tunecl import config
+from tunecl.backend import copies
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
@@ -77,21 +82,88 @@ def test_cat_and_stack():
     check_op(lambda a, b: torch.cat([a, b.long()]), torch.randn(2), torch.arange(3))  # dtype promotion
 
 
-def test_dropout_matches_cpu_with_the_same_seed(strict):
+def test_dropout_with_host_draws_matches_cpu_with_the_same_seed(strict):
     x = torch.randn(64, 32)
-    for p in (0.2, 0.5):
-        torch.manual_seed(7)
-        expected = F.dropout(x, p)
-        torch.manual_seed(7)
-        xd = x.to("opencl").requires_grad_()
-        actual = F.dropout(xd, p)
-        torch.testing.assert_close(actual.cpu(), expected)
-        actual.sum().backward()
-        torch.testing.assert_close(xd.grad.cpu(), (expected != 0).float() / (1 - p))
+    with config.override(random="host"):
+        for p in (0.2, 0.5):
+            torch.manual_seed(7)
+            expected = F.dropout(x, p)
+            torch.manual_seed(7)
+            xd = x.to("opencl").requires_grad_()
+            actual = F.dropout(xd, p)
+            torch.testing.assert_close(actual.cpu(), expected)
+            actual.sum().backward()
+            torch.testing.assert_close(xd.grad.cpu(), (expected != 0).float() / (1 - p))
     assert torch.equal(F.dropout(x.to("opencl"), 0.5, training=False).cpu(), x)
 
 
+@pytest.mark.parametrize("p", [0.0, 0.1, 0.5, 0.9, 1.0])
+def test_dropout_draws_on_the_device_reproducibly_from_the_cpu_generator(strict, p):
+    """The default: the mask is drawn on the device (no upload) under a key from torch's CPU generator:
+    the same seed gives the same mask, successive calls new ones; the kept fraction is 1 - p, kept values
+    are scaled by 1 / (1 - p) and the gradient goes through the same mask."""
+    x = torch.rand(300, 101) + 0.5   # (no zeros: a zero output is a dropped element)
+    torch.manual_seed(11)
+    xd = x.to("opencl").requires_grad_()
+    upload = copies.upload
+    with mock.patch.object(copies, "upload", side_effect=AssertionError("a mask was uploaded")):
+        out = F.dropout(xd, p)
+    assert copies.upload is upload
+    again = F.dropout(xd, p)
+    torch.manual_seed(11)
+    replay = F.dropout(xd.detach(), p)
+    kept = (out != 0).cpu()
+    assert torch.equal(replay.cpu(), out.detach().cpu())
+    if 0 < p < 1:
+        assert not torch.equal((again != 0).cpu(), kept)
+        assert abs(kept.float().mean().item() - (1 - p)) < 4 * ((p * (1 - p)) / kept.numel()) ** 0.5
+    else:
+        assert kept.all() if p == 0 else not kept.any()
+    scale = 0.0 if p == 1 else 1 / (1 - p)
+    torch.testing.assert_close(out.detach().cpu(), x * kept * scale)
+    out.sum().backward()
+    torch.testing.assert_close(xd.grad.cpu(), kept.float() * scale)
+
+
+def test_dropout_masks_on_the_device_and_the_host_follow_torch_random_state(strict):
+    """get/set_rng_state of the CPU generator (a checkpoint's) reproduce device masks too; a bad
+    TUNECL_RANDOM is a clear error."""
+    x = torch.ones(1000, device="opencl")
+    state = torch.get_rng_state()
+    first = F.dropout(x, 0.5)
+    torch.set_rng_state(state)
+    assert torch.equal(F.dropout(x, 0.5).cpu(), first.cpu())
+    with config.override(random="sometimes"), pytest.raises(ValueError, match="TUNECL_RANDOM must be one of"):
+        F.dropout(x, 0.5)
+
+
+def test_bernoulli_of_float32_and_bool_draws_on_the_device_others_on_the_host(strict):
+    torch.manual_seed(5)
+    f = torch.empty(20_000, device="opencl").bernoulli_(0.25)
+    b = torch.empty(20_000, device="opencl", dtype=torch.bool).bernoulli_(0.25)
+    h = torch.empty(20_000, device="opencl", dtype=torch.float16).bernoulli_(0.25)
+    torch.manual_seed(5)
+    assert torch.equal(torch.empty(20_000, device="opencl").bernoulli_(0.25).cpu(), f.cpu())
+    for drawn in (f, b, h):
+        assert set(drawn.cpu().double().unique().tolist()) <= {0.0, 1.0}
+        assert abs(drawn.cpu().double().mean().item() - 0.25) < 0.02
+    with pytest.raises(RuntimeError, match="bernoulli_"):   # torch's own check of p
+        torch.empty(5, device="opencl").bernoulli_(1.5)
+
+
 def test_random_ops_use_the_cpu_generator(strict):
+    """With host draws, every random op draws the CPU's numbers (without: all but dropout's and
+    bernoulli_(p)'s, above)."""
+    with config.override(random="host"):
+        _random_ops_use_the_cpu_generator()
+    # a model initialised on the device matches one initialised on the CPU either way
+    torch.manual_seed(3)
+    expected = torch.empty(5).normal_(2, 3)
+    torch.manual_seed(3)
+    assert torch.equal(torch.empty(5, device="opencl").normal_(2, 3).cpu(), expected)
+
+
+def _random_ops_use_the_cpu_generator():
     torch.manual_seed(3)
     expected = [torch.randn(5), torch.rand(5), torch.randint(0, 10, (5,)), torch.empty(5).normal_(2, 3),
                 torch.empty(5).bernoulli_(0.3), torch.randperm(6)]

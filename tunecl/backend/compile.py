@@ -20,9 +20,11 @@ input the graph writes (``x.add_(y)`` in the compiled function) is copied back o
   backward. Where a replay would overwrite a tensor someone still holds (two forwards before a backward;
   a gradient kept from ``torch.autograd.grad``), that call runs eagerly instead, and such gradients are
   handed out as copies from then on.
-- Random numbers (dropout's masks, ``bernoulli_``) are drawn on the host from torch's CPU generator at
-  their place in every replay, as eager ops draw them: a compiled step draws what the eager one would
-  under the same seed (``Graph(random_on_host=True)``, :mod:`tunecl.backend.graphs`).
+- Random numbers (dropout's masks, ``bernoulli_``) are drawn anew by every replay: on the device from the
+  graph's own generator (keyed from torch's CPU generator at capture; the default), or with
+  ``TUNECL_RANDOM=host`` on the host from torch's CPU generator at their place in every replay, as eager
+  ops then draw them, so that a compiled step draws what the eager one would under the same seed
+  (``Graph(random_on_host=True)``, :mod:`tunecl.backend.graphs`, :mod:`tunecl.backend.random_draws`).
 - An input that is another captured graph's tensor (the gradients an optimizer step is given are the
   backward's) is used in place, so passing the same tensor again costs no copy.
 - What cannot be captured runs eagerly for that graph, with one warning naming why: a graph with CPU
@@ -60,7 +62,7 @@ from torch._dynamo.backends.debugging import boxed_nop
 from torch._inductor.utils import count_tangents
 
 import tunecl.backend  # noqa: F401  (registers the opencl device)
-from tunecl.backend import copy_backs, folding, foreach_fusion, fusion, graphs, reinplace
+from tunecl.backend import copy_backs, folding, foreach_fusion, fusion, graphs, random_draws, reinplace
 from tunecl.backend.ops import foreach
 
 _counts: collections.Counter[str] = collections.Counter()
@@ -171,7 +173,7 @@ class _Replayed:
                   _alias(a) if i in self.aliased or i in self.borrowed else _static_copy(a)
                   for i, a in enumerate(args)]
         folding.refresh_before_capture(self.gm)
-        graph = graphs.Graph(random_on_host=True)   # (a replay draws the random numbers eager ops would)
+        graph = graphs.Graph(random_on_host=random_draws.on_host())
         try:
             with graphs.graph(graph):
                 outputs = self.run_eagerly(list(static))

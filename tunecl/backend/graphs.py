@@ -43,7 +43,9 @@ captured when its step count lives on the device (``fused=True``, or ``capturabl
 before; otherwise the capture refuses it (a host-side count would freeze its bias correction). A learning
 rate given as a Python number is frozen like any other.
 
-Random numbers: outside graphs the backend draws them from torch's CPU generator and uploads them. Inside
+Random numbers: outside graphs the backend draws them from torch's CPU generator and uploads them (dropout's
+masks and ``bernoulli_(p)``: on the device under a key from that generator, see
+:mod:`tunecl.backend.random_draws`). Inside
 a capture, ``bernoulli_`` with a float probability on a contiguous float32 tensor (dropout's masks,
 stochastic depth) draws on the device instead, from the graph's own Philox generator (keyed from torch's
 CPU generator at capture, its counter advanced on the device), so every replay draws new masks; the

@@ -27,6 +27,7 @@ import re
 import time
 from typing import Any
 
+from tunecl import config
 from tunecl.errors import TuneclError
 from tunecl.tools import load_model, make_batch, use_device
 from tunecl.tools.step_checks import check_run, judge_perturbed
@@ -135,7 +136,8 @@ def validate_net(net: str, *, device: str | None = None, train: bool = False, ba
     if compiled:
         _reset_compiled()
     try:
-        result = _timed(report, "device", _run, dev_model.to("opencl"), x, y, "opencl", train, seed, compiled)
+        with config.override(random="host"):   # the CPU's dropout masks (tunecl.backend.random_draws)
+            result = _timed(report, "device", _run, dev_model.to("opencl"), x, y, "opencl", train, seed, compiled)
     except (RuntimeError, ValueError) as error:   # FallbackError is a RuntimeError
         report.error = f"{type(error).__name__}: {error}"
         match = re.search(r"\b(aten::[\w.]+)", str(error))
@@ -217,7 +219,7 @@ def _run(model: Any, x: Any, y: Any, device: str, train: bool, seed: int,
         model.eval()
         with torch.no_grad():
             for _ in range(calls):
-                torch.manual_seed(seed)   # the same dropout masks: the device draws them from the CPU generator
+                torch.manual_seed(seed)   # the same dropout masks: drawn on the host from the CPU generator
                 out = forward(x.to(device))
         return {"output": out.cpu()}
     model.train()

@@ -4,6 +4,8 @@ There is no device Generator in a Python backend (``torch.Generator(device="open
 made), so random ops draw from torch's CPU default generator (or the CPU generator passed in) with
 the same calls the CPU kernels make, then upload. ``torch.manual_seed`` therefore makes opencl
 randomness reproducible, and a model initialised on the device matches one initialised on the CPU.
+``bernoulli_(p)`` (stochastic depth's draw, as dropout's masks) on float32 or bool tensors draws on the
+device instead, under a key from that generator (:mod:`tunecl.backend.random_draws`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 import torch
 
-from tunecl.backend import copies, graphs, state
+from tunecl.backend import copies, graphs, random_draws, state
 from tunecl.backend.operands import is_device, operand
 from tunecl.backend.ops.pointwise import run
 
@@ -83,12 +85,15 @@ def _host_random(method: str) -> Callable[..., torch.Tensor]:
 def bernoulli_float_(self: torch.Tensor, p: float = 0.5, generator: torch.Generator | None = None,
                      **kwargs: Any) -> torch.Tensor:
     """``bernoulli_(p)``: in a graph capture (no explicit generator), drawn anew by every replay, on the
-    host or from the graph's device generator (see :mod:`tunecl.backend.graphs`); else drawn on the host."""
+    host or from the graph's device generator (see :mod:`tunecl.backend.graphs`); else on the device under
+    a key from the CPU generator where :mod:`tunecl.backend.random_draws` applies, or on the host."""
     generator = kwargs.pop("generator", generator)
     shape, dtype = self.shape, self.dtype
     if generator is None and (graphs.draw_on_host(self, lambda: torch.empty(shape, dtype=dtype).bernoulli_(p),
                                                   copies.write_bytes)
                               or graphs.bernoulli_(self, float(p))):
+        return self
+    if not graphs.capturing() and random_draws.bernoulli_(self, p, generator):
         return self
     return _host_bernoulli(self, p, generator=generator)
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from tunecl.backend import copies, graphs, half, memory, state
+from tunecl.backend import copies, graphs, half, memory, random_draws, state
 from tunecl.backend.copies import contiguous_on_device
 from tunecl.backend.allocator import buffers as _buffers
 from tunecl.backend.operands import kernel_dtype, operand
@@ -474,8 +474,9 @@ def cat_out(tensors: Sequence[torch.Tensor], dim: int = 0, *, out: torch.Tensor)
 
 
 def native_dropout(input: torch.Tensor, p: float, train: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dropout with the mask drawn on the CPU generator (as the CPU kernel draws it; in a graph capture on
-    the graph's device generator), stored as bool."""
+    """Dropout with its mask stored as bool, drawn where :mod:`tunecl.backend.random_draws` says (on the
+    device under a key from the CPU generator, or on the host as the CPU kernel draws it; in a graph
+    capture from the graph's device generator, or on the host at every replay)."""
     if train is False or input.numel() == 0:
         mask = new_like(input, torch.bool)
         state.get().pointwise("fill", mask.shape, operand(mask), (), (True,))
@@ -493,6 +494,10 @@ def native_dropout(input: torch.Tensor, p: float, train: bool | None) -> tuple[t
         if not graphs.draw_on_host(mask, host_mask, copies.write_bytes):
             drawn = memory.empty_contiguous(shape, torch.float32)
             mask = run("copy", mask, (drawn,)) if graphs.bernoulli_(drawn, keep) else None
+    else:
+        mask = memory.empty_contiguous(shape, torch.bool)
+        if not random_draws.bernoulli_(mask, keep):
+            mask = None
     if mask is None:
         mask = copies.upload(host_mask())
     return run("scale_mask", new_like(input), (input, mask), (scale,)), mask

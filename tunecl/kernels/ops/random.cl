@@ -1,13 +1,16 @@
-// random.cl — counter-based random numbers on the device (Philox4x32-10, Salmon et al., SC'11), for the
-// random ops a captured graph replays (tunecl/backend/graphs.py): the key and a 64-bit counter live in a
-// device buffer, so every replay draws new numbers without the host.
+// random.cl — counter-based random numbers on the device (Philox4x32-10, Salmon et al., SC'11): dropout's
+// masks and bernoulli_(p). Element i of a draw is the first of Philox's four outputs for counter base + i.
 //
-// state (uint[4]): key0, key1, counter low, counter high. Element i of a draw uses counter base + i
-// (the first of Philox's four outputs); `advance` then moves the base past the draw's n elements.
+// In a captured graph (tunecl/backend/graphs.py) the key and a 64-bit counter live in a device buffer, so
+// every replay draws new numbers without the host; state (uint[4]): key0, key1, counter low, counter
+// high, and `advance` moves the base past a draw's n elements. Eager draws pass a fresh key (drawn from
+// torch's CPU generator) by value and count from 0.
 //
 // Kernels:
-//   bernoulli_f32  out[i] = (u_i < p) ? 1 : 0 with u_i uniform in [0, 1) (24 bits)
-//   advance        counter += n (one work-item)
+//   bernoulli_f32        out[i] = (u_i < p) ? 1 : 0 with u_i uniform in [0, 1) (24 bits), from the state
+//   bernoulli_keyed_f32  the same from the key k0, k1
+//   bernoulli_keyed_u8   the same into bytes (a bool mask)
+//   advance              counter += n (one work-item)
 
 #define PHILOX_M0 0xD2511F53u
 #define PHILOX_M1 0xCD9E8D57u
@@ -29,16 +32,36 @@ uint philox_first(uint c0, uint c1, uint c2, uint c3, uint k0, uint k1)
   return c0;
 }
 
+// uniform in [0, 1) from 24 bits of counter's draw under key k0, k1
+float uniform24(const ulong counter, const uint k0, const uint k1)
+{
+  const uint bits = philox_first((uint)counter, (uint)(counter >> 32), 0u, 0u, k0, k1);
+  return (float)(bits >> 8) * (1.0f / 16777216.0f);
+}
+
 __kernel void bernoulli_f32(__global float *out, const long offset, const long n, const float p,
                             __global const uint *state)
 {
   const long i = get_global_id(0);
   if (i >= n) return;
   const ulong base = ((ulong)state[3] << 32) | state[2];
-  const ulong counter = base + (ulong)i;
-  const uint bits = philox_first((uint)counter, (uint)(counter >> 32), 0u, 0u, state[0], state[1]);
-  const float u = (float)(bits >> 8) * (1.0f / 16777216.0f);
-  out[offset + i] = u < p ? 1.0f : 0.0f;
+  out[offset + i] = uniform24(base + (ulong)i, state[0], state[1]) < p ? 1.0f : 0.0f;
+}
+
+__kernel void bernoulli_keyed_f32(__global float *out, const long offset, const long n, const float p,
+                                  const uint k0, const uint k1)
+{
+  const long i = get_global_id(0);
+  if (i >= n) return;
+  out[offset + i] = uniform24((ulong)i, k0, k1) < p ? 1.0f : 0.0f;
+}
+
+__kernel void bernoulli_keyed_u8(__global uchar *out, const long offset, const long n, const float p,
+                                 const uint k0, const uint k1)
+{
+  const long i = get_global_id(0);
+  if (i >= n) return;
+  out[offset + i] = uniform24((ulong)i, k0, k1) < p ? 1 : 0;
 }
 
 __kernel void advance(__global uint *state, const long n)

@@ -1,5 +1,6 @@
-"""The random family: Philox4x32-10 draws on the device from a key and counter held in a device buffer
-(``random.cl``), for the random ops inside a captured graph (see :mod:`tunecl.backend.graphs`)."""
+"""The random family: Philox4x32-10 draws on the device (``random.cl``): from a key and counter held in a
+device buffer, for the random ops inside a captured graph (see :mod:`tunecl.backend.graphs`), or from a
+key passed with the draw (eager dropout and ``bernoulli_``)."""
 
 from __future__ import annotations
 
@@ -28,3 +29,14 @@ class Random(StridedFamily):
             kernel = self._kernel("bernoulli_f32", [None, np.int64, np.int64, np.float32, None])
             kernel(self.device.queue, (-(-n // self.local) * self.local,), (self.local,), out, offset, n, p, state)
         self._kernel("advance", [None, np.int64])(self.device.queue, (1,), (1,), state, n)
+
+    def bernoulli_keyed(self, out: cl.Buffer, offset: int, n: int, p: float, key: int, dtype: str) -> None:
+        """``out[offset:offset + n]`` (``dtype`` "float32" or "bool" elements) = 1 with probability ``p``,
+        else 0: Philox counters 0 .. n - 1 under the 64-bit ``key``."""
+        if dtype not in ("float32", "bool"):
+            raise ValueError(f"a keyed Bernoulli draw fills float32 or bool elements, not {dtype}")
+        if n:
+            name = "bernoulli_keyed_f32" if dtype == "float32" else "bernoulli_keyed_u8"
+            kernel = self._kernel(name, [None, np.int64, np.int64, np.float32, np.uint32, np.uint32])
+            kernel(self.device.queue, (-(-n // self.local) * self.local,), (self.local,), out, offset, n, p,
+                   key & 0xFFFFFFFF, (key >> 32) & 0xFFFFFFFF)

@@ -1,0 +1,48 @@
+"""Where dropout's masks and ``bernoulli_(p)`` are drawn outside a graph capture (``TUNECL_RANDOM``).
+
+``device`` (the default): Philox on the device (``random.cl``) under a 64-bit key drawn from torch's CPU
+generator (or the CPU generator passed in), one key per call. ``torch.manual_seed`` and the CPU
+generator's state therefore reproduce every mask; the masks are not the CPU kernels' (as CUDA's are not).
+``host``: torch's CPU generator draws every number as the CPU kernels do and the result is uploaded, so
+the masks equal the CPU's bit for bit (``tunecl validate`` and the tests that compare with the CPU use
+it), at the cost of the host's draw and upload: for BERT-base's 25 dropouts of 2048 x 768 at batch 16
+that was most of the training step. Other random ops (``normal_``, ``uniform_``, ...) always draw on
+the host, so a model initialised on the device matches one initialised on the CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tunecl import config
+from tunecl.backend import memory, state
+
+_DTYPES = {torch.float32: "float32", torch.bool: "bool"}
+
+
+def _on_host(cfg: config.Config) -> bool:
+    if cfg.random not in config.RANDOM_MODES:
+        raise ValueError(f"TUNECL_RANDOM must be one of {', '.join(config.RANDOM_MODES)}, not {cfg.random!r}")
+    return cfg.random == "host"
+
+
+# whether random draws are made on the host (TUNECL_RANDOM=host); ~0.5 µs a call
+on_host = config.Derived(_on_host, "TUNECL_RANDOM")
+
+
+def key(generator: torch.Generator | None = None) -> int:
+    """A 62-bit Philox key drawn from ``generator`` (torch's CPU default generator when None)."""
+    return int(torch.randint(1 << 62, (), dtype=torch.int64, generator=generator))
+
+
+def bernoulli_(t: torch.Tensor, p: float, generator: torch.Generator | None = None) -> bool:
+    """Fill contiguous float32 or bool ``t`` with 1 (probability ``p``) or 0 on the device, under a key from
+    ``generator``; False (nothing done, nothing drawn) where that does not apply: host draws, other dtypes
+    or layouts, ``p`` outside [0, 1] (the host path gives torch's error), a generator not on the CPU."""
+    dtype = _DTYPES.get(t.dtype)
+    if dtype is None or not t.is_contiguous() or not 0.0 <= p <= 1.0 or on_host() \
+            or (generator is not None and generator.device.type != "cpu"):
+        return False
+    state.get().random.bernoulli_keyed(memory.buffer_of(t), t.storage_offset(), t.numel(), float(p),
+                                       key(generator), dtype)
+    return True
