@@ -53,11 +53,13 @@ class Config:
             (``TUNECL_OPTIM_SLOTS``): 8 (the default), 1-8, 16, 24 or 32, or ``None`` (``auto``: the most
             of 8, 16, 24 and 32 the device's kernel-argument bytes allow: 32 on NVIDIA, 8 on PoCL); see
             :func:`tunecl.kernels.ops.optim.slots_for`.
-        random: where dropout's masks and ``bernoulli_(p)`` on float32 tensors are drawn
-            (``TUNECL_RANDOM``): ``device`` (the default: Philox on the device, keyed by one number drawn
-            from torch's CPU generator per call, so ``torch.manual_seed`` reproduces them) or ``host``
-            (torch's CPU generator draws every number as the CPU kernels do, and the mask is uploaded:
-            the CPU's masks bit for bit, at the cost of the host's draw and upload).
+        random: where dropout's masks and ``bernoulli_(p)`` on float32 or bool tensors are drawn
+            (``TUNECL_RANDOM``): ``device`` (Philox on the device, keyed by one number drawn from torch's
+            CPU generator per call, so ``torch.manual_seed`` reproduces them), ``host`` (torch's CPU
+            generator draws every number as the CPU kernels do and the mask is uploaded: the CPU's
+            masks bit for bit, at the cost of the host's draw and upload) or ``auto`` (the default:
+            ``device`` on GPUs and other non-CPU devices, ``host`` on CPU devices, where the host's
+            draw is the faster); see :mod:`tunecl.backend.random_draws`.
     """
 
     device: str = "0"
@@ -72,7 +74,7 @@ class Config:
     launch_batch: int | None = None
     flush_every: int | None = None
     optim_slots: int | None = 8
-    random: str = "device"
+    random: str = "auto"
 
     @staticmethod
     def from_env(env: dict[str, str] | None = None) -> Config:
@@ -93,13 +95,13 @@ class Config:
             launch_batch=_count(env.get("TUNECL_LAUNCH_BATCH") or "auto", "TUNECL_LAUNCH_BATCH", "launches"),
             flush_every=_count(env.get("TUNECL_FLUSH_EVERY") or "auto", "TUNECL_FLUSH_EVERY", "queue uses"),
             optim_slots=_slots(env.get("TUNECL_OPTIM_SLOTS") or "8"),
-            random=(env.get("TUNECL_RANDOM") or "device").lower(),
+            random=(env.get("TUNECL_RANDOM") or "auto").lower(),
         )
 
 
 TUNE_MODES = ("off", "on-miss")
 WINOGRAD_CACHE_MODES = ("auto", "on", "off")
-RANDOM_MODES = ("device", "host")
+RANDOM_MODES = ("auto", "device", "host")
 
 
 def _count(value: str, name: str, what: str) -> int | None:

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from opcheck import Input, check_op, t
 
-from tunecl import config
-from tunecl.backend import copies
+from tunecl import config, runtime
+from tunecl.backend import copies, random_draws
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
@@ -98,10 +98,11 @@ def test_dropout_with_host_draws_matches_cpu_with_the_same_seed(strict):
 
 
 @pytest.mark.parametrize("p", [0.0, 0.1, 0.5, 0.9, 1.0])
+@config.override(random="device")
 def test_dropout_draws_on_the_device_reproducibly_from_the_cpu_generator(strict, p):
-    """The default: the mask is drawn on the device (no upload) under a key from torch's CPU generator:
-    the same seed gives the same mask, successive calls new ones; the kept fraction is 1 - p, kept values
-    are scaled by 1 / (1 - p) and the gradient goes through the same mask."""
+    """The default on GPUs: the mask is drawn on the device (no upload) under a key from torch's CPU
+    generator: the same seed gives the same mask, successive calls new ones; the kept fraction is 1 - p,
+    kept values are scaled by 1 / (1 - p) and the gradient goes through the same mask."""
     x = torch.rand(300, 101) + 0.5   # (no zeros: a zero output is a dropped element)
     torch.manual_seed(11)
     xd = x.to("opencl").requires_grad_()
@@ -125,18 +126,21 @@ def test_dropout_draws_on_the_device_reproducibly_from_the_cpu_generator(strict,
     torch.testing.assert_close(xd.grad.cpu(), kept.float() * scale)
 
 
-def test_dropout_masks_on_the_device_and_the_host_follow_torch_random_state(strict):
+@pytest.mark.parametrize("random", ["device", "host", "auto"])
+def test_dropout_masks_follow_torch_random_state(strict, random):
     """get/set_rng_state of the CPU generator (a checkpoint's) reproduce device masks too; a bad
     TUNECL_RANDOM is a clear error."""
     x = torch.ones(1000, device="opencl")
-    state = torch.get_rng_state()
-    first = F.dropout(x, 0.5)
-    torch.set_rng_state(state)
-    assert torch.equal(F.dropout(x, 0.5).cpu(), first.cpu())
+    with config.override(random=random):
+        state = torch.get_rng_state()
+        first = F.dropout(x, 0.5)
+        torch.set_rng_state(state)
+        assert torch.equal(F.dropout(x, 0.5).cpu(), first.cpu())
     with config.override(random="sometimes"), pytest.raises(ValueError, match="TUNECL_RANDOM must be one of"):
         F.dropout(x, 0.5)
 
 
+@config.override(random="device")
 def test_bernoulli_of_float32_and_bool_draws_on_the_device_others_on_the_host(strict):
     torch.manual_seed(5)
     f = torch.empty(20_000, device="opencl").bernoulli_(0.25)
@@ -152,15 +156,17 @@ def test_bernoulli_of_float32_and_bool_draws_on_the_device_others_on_the_host(st
 
 
 def test_random_ops_use_the_cpu_generator(strict):
-    """With host draws, every random op draws the CPU's numbers (without: all but dropout's and
-    bernoulli_(p)'s, above)."""
+    """With host draws (the default on CPU devices), every random op draws the CPU's numbers (with device
+    draws: all but dropout's and bernoulli_(p)'s, above)."""
     with config.override(random="host"):
         _random_ops_use_the_cpu_generator()
     # a model initialised on the device matches one initialised on the CPU either way
-    torch.manual_seed(3)
-    expected = torch.empty(5).normal_(2, 3)
-    torch.manual_seed(3)
-    assert torch.equal(torch.empty(5, device="opencl").normal_(2, 3).cpu(), expected)
+    with config.override(random="device"):
+        torch.manual_seed(3)
+        expected = torch.empty(5).normal_(2, 3)
+        torch.manual_seed(3)
+        assert torch.equal(torch.empty(5, device="opencl").normal_(2, 3).cpu(), expected)
+    assert random_draws.on_host() == (runtime.select_device().fingerprint.device_type == "cpu")   # auto
 
 
 def _random_ops_use_the_cpu_generator():

@@ -1,13 +1,15 @@
 """Where dropout's masks and ``bernoulli_(p)`` are drawn outside a graph capture (``TUNECL_RANDOM``).
 
-``device`` (the default): Philox on the device (``random.cl``) under a 64-bit key drawn from torch's CPU
-generator (or the CPU generator passed in), one key per call. ``torch.manual_seed`` and the CPU
-generator's state therefore reproduce every mask; the masks are not the CPU kernels' (as CUDA's are not).
-``host``: torch's CPU generator draws every number as the CPU kernels do and the result is uploaded, so
-the masks equal the CPU's bit for bit (``tunecl validate`` and the tests that compare with the CPU use
-it), at the cost of the host's draw and upload: for BERT-base's 25 dropouts of 2048 x 768 at batch 16
-that was most of the training step. Other random ops (``normal_``, ``uniform_``, ...) always draw on
-the host, so a model initialised on the device matches one initialised on the CPU.
+``device``: Philox on the device (``random.cl``) under a 64-bit key drawn from torch's CPU generator (or
+the CPU generator passed in), one key per call. ``torch.manual_seed`` and the CPU generator's state
+therefore reproduce every mask; the masks are not the CPU kernels' (as CUDA's are not). ``host``: torch's
+CPU generator draws every number as the CPU kernels do and the result is uploaded, so the masks equal the
+CPU's bit for bit (``tunecl validate`` and the tests that compare with the CPU use it), at the cost of
+the host's draw and upload: on an H100, BERT-base's 25 dropouts of 2048 x 768 at batch 16 took most of its
+training step that way. ``auto`` (the default): ``device`` on GPUs and other non-CPU devices, ``host`` on
+CPU devices, whose kernels share the host's cores (PoCL on 2 cores: 41 ms for a Philox draw of 2048 x 768
+against 11 ms for torch's). Other random ops (``normal_``, ``uniform_``, ...) always draw on the host, so
+a model initialised on the device matches one initialised on the CPU.
 """
 
 from __future__ import annotations
@@ -20,14 +22,19 @@ from tunecl.backend import memory, state
 _DTYPES = {torch.float32: "float32", torch.bool: "bool"}
 
 
-def _on_host(cfg: config.Config) -> bool:
+def _mode(cfg: config.Config) -> str:
     if cfg.random not in config.RANDOM_MODES:
         raise ValueError(f"TUNECL_RANDOM must be one of {', '.join(config.RANDOM_MODES)}, not {cfg.random!r}")
-    return cfg.random == "host"
+    return cfg.random
 
 
-# whether random draws are made on the host (TUNECL_RANDOM=host); ~0.5 µs a call
-on_host = config.Derived(_on_host, "TUNECL_RANDOM")
+_setting = config.Derived(_mode, "TUNECL_RANDOM")
+
+
+def on_host() -> bool:
+    """Whether random draws are made on the host (``TUNECL_RANDOM``, ``auto`` by the device's type)."""
+    mode = _setting()
+    return mode == "host" or (mode == "auto" and state.get().device.fingerprint.device_type == "cpu")
 
 
 def key(generator: torch.Generator | None = None) -> int:
