@@ -178,7 +178,10 @@ def _register_kernels() -> None:
     aten = torch.library.Library("aten", "IMPL")
     for name, adapter in kernel_table().items():
         aten.impl(name, _kernel(name, adapter), "PrivateUse1")
-    from tunecl.backend.ops import composite, sdpa
+    from tunecl.backend.ops import composite, core, sdpa
+
+    for name, view in core.VIEW_KERNELS.items():
+        aten.impl(name, view, "PrivateUse1")
 
     for name, adapter in {**composite.AUTOGRAD_KERNELS, **sdpa.AUTOGRAD_KERNELS}.items():
         aten.impl(name, adapter, "AutogradPrivateUse1")
