@@ -139,7 +139,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="every conv, GEMM and attention problem (linear layers, and the fused attention "
                            "of scaled_dot_product_attention, else its products) of a "
                            "torchvision model (resnet50, vit_b_16, swin_t), of hf:bert / hf:gpt2 (small "
-                           "configs; --image-size is then the sequence length) or of package.module:factory; "
+                           "configs) or hf:bert-base / hf:gpt2-base (--image-size is then the sequence "
+                           "length) or of package.module:factory; "
                            "a line on stderr as each problem starts (with the time "
                            "elapsed and an estimate of the time left) and one as it ends")
     parser.add_argument("--device", metavar="SEL",
