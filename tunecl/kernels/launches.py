@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -112,6 +112,31 @@ def preset_kernel(kernel: cl.Kernel, args: Sequence[Any]) -> cl.Kernel | None:
     except (cl.Error, TypeError, ValueError):
         return None
     return preset
+
+
+class RecordedRun:
+    """One plan's run on one route of a pre-built call: its launches, recorded on first use (see
+    :func:`recording`); False once a recording was refused (the plan runs itself from then on). Called
+    with the device, the call's buffers by role and the function that runs the plan."""
+
+    __slots__ = ("launches",)
+
+    def __init__(self) -> None:
+        self.launches: Any = None
+
+    def __call__(self, device: Any, buffers: tuple, run: Callable[[], Any]) -> None:
+        found = self.launches
+        if found:
+            found.enqueue(device.queue, buffers)
+            return
+        if found is None:
+            device.flush()   # launches deferred before this call are not part of its recording
+            with recording() as recorder:
+                run()
+            if recorder is not None:
+                self.launches = recorder.launches(buffers) or False
+            return
+        run()
 
 
 class Launches:

@@ -235,30 +235,6 @@ _FLOAT32 = torch.float32
 _DL_FLOAT32 = memory.DLPACK[_FLOAT32]
 
 
-class _Run:
-    """One plan's run on one route (the whole plan, or from a cached weight transform): its launches,
-    recorded on first use; False once a recording was refused (the plan runs itself from then on)."""
-
-    __slots__ = ("launches",)
-
-    def __init__(self) -> None:
-        self.launches: Any = None
-
-    def __call__(self, device: Any, buffers: tuple, run: Any) -> None:
-        found = self.launches
-        if found:
-            found.enqueue(device.queue, buffers)
-            return
-        if found is None:
-            device.flush()   # launches deferred before this call are not part of its recording
-            with launches.recording() as recorder:
-                run()
-            if recorder is not None:
-                self.launches = recorder.launches(buffers) or False
-            return
-        run()
-
-
 class _Direction:
     """A plan with a direction's output geometry, and its two runs (whole, from the cached transform)."""
 
@@ -271,7 +247,7 @@ class _Direction:
         self.strides = tuple(memory.contiguous_strides(shape))
         self.nbytes = memory.storage_nbytes(self.shape, self.strides, 4)
         self.transforms = weight_cache.can_transform(entry.plan)
-        self.full, self.transformed = _Run(), _Run()
+        self.full, self.transformed = launches.RecordedRun(), launches.RecordedRun()
 
     def empty(self) -> torch.Tensor:
         return memory.empty_sized(self.shape, self.strides, _DL_FLOAT32, self.nbytes)

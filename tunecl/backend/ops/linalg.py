@@ -16,11 +16,12 @@ from typing import Any
 
 import torch
 
-from tunecl.backend import copies, half, memory, plans, state
+from tunecl.backend import copies, counters, half, memory, plans, state
 from tunecl.backend.memory import buffer_of
 from tunecl.backend.operands import kernel_dtype, operand
 from tunecl.backend.ops.pointwise import run
 from tunecl.errors import Unsupported
+from tunecl.kernels import launches
 from tunecl.problems import DTYPES, GemmProblem
 
 
@@ -44,8 +45,75 @@ def _batch_stride(t: torch.Tensor) -> int | None:
     return t.stride(0)
 
 
+# -- pre-built calls ---------------------------------------------------------------------------------
+# As convolutions' (tunecl.backend.ops.conv): a float32 product's signature (each operand's shape, strides
+# and storage offset, alpha, beta, and the precisions torch's flags accept) fixes its problem, plan and
+# launches; the first call records them, later calls bind the three buffers and enqueue (no GemmProblem,
+# plan lookup, layout checks or kernel arguments set one by one). Operands that need a copy first and a
+# result that is not row-major take the general route.
+MAX_CALLS = 1024
+_calls: dict[tuple, Any] = {}        # signature -> _Call, or None: the general route
+_owner: list[Any] = [None, -1]       # the State and plans.generation the calls were built under
+_FLOAT32 = torch.float32
+
+
+class _Call:
+    __slots__ = ("args", "plan", "run", "source")
+
+    def __init__(self, entry: Any, args: dict[str, Any]) -> None:
+        self.plan, self.source, self.args = entry.plan, entry.source, args
+        self.run = launches.RecordedRun()
+
+
+def _fast_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, alpha: float, beta: float) -> bool:
+    """``_gemm`` by a pre-built call; False (nothing done) where the general route serves the call."""
+    if a.dtype is not _FLOAT32 or b.dtype is not _FLOAT32 or out.dtype is not _FLOAT32:
+        return False
+    key = (a.shape, a.stride(), a.storage_offset(), b.shape, b.stride(), b.storage_offset(), out.shape,
+           out.stride(), out.storage_offset(), alpha, beta, plans.accepted_precisions("gemm"))
+    owner = state.get()
+    if _owner[0] is not owner or _owner[1] != plans.generation:
+        _calls.clear()
+        _owner[0], _owner[1] = owner, plans.generation
+    call = _calls.get(key, _calls)
+    if call is _calls:
+        call = _prebuild(a, b, out, alpha, beta) if owner.plan is plans.plan else None
+        if len(_calls) >= MAX_CALLS:   # a safety valve for ever-changing signatures
+            _calls.clear()
+        _calls[key] = call
+    if call is None:
+        return False
+    ba, bb, bc = buffer_of(a), buffer_of(b), buffer_of(out)
+    counters.plan_sources[call.source] += 1
+    plan, args = call.plan, call.args
+    call.run(owner.device, (ba, bb, bc), lambda: plan.run(ba, bb, bc, **args))
+    return True
+
+
+def _prebuild(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, alpha: float, beta: float) -> _Call | None:
+    """The pre-built call of this signature, or None for the general route (a layout that needs a copy, a
+    result that is not row-major, an empty or float16 problem)."""
+    batch = a.shape[0] if a.dim() == 3 else 1
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    la, trans_a, lda = _layout(a)
+    lb, trans_b, ldb = _layout(b)
+    if la is not a or lb is not b or not m * n * k * batch or not _row_major(out, m, n, batch):
+        return None
+    entry = plans.plan_entry(GemmProblem(m, n, k, trans_a, trans_b, batch, "float32"), count=False)
+    return _Call(entry, dict(alpha=float(alpha), beta=float(beta), a_offset=a.storage_offset(),
+                             b_offset=b.storage_offset(), c_offset=out.storage_offset(), lda=lda, ldb=ldb,
+                             ldc=out.stride()[-2] if m > 1 else n, stride_a=_batch_stride(a),
+                             stride_b=_batch_stride(b), stride_c=_batch_stride(out)))
+
+
+def _row_major(out: torch.Tensor, m: int, n: int, batch: int) -> bool:
+    return out.stride()[-1] == 1 and (m == 1 or out.stride()[-2] >= n) and (batch == 1 or out.is_contiguous())
+
+
 def _gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, alpha: float, beta: float) -> None:
     """out = alpha * a @ b + beta * out for 2-d or batched 3-d device tensors (out already sized)."""
+    if _fast_gemm(a, b, out, alpha, beta):
+        return
     if a.dtype != b.dtype or a.dtype != out.dtype or kernel_dtype(a) not in DTYPES:
         raise Unsupported(f"matrix product of {a.dtype} and {b.dtype} into {out.dtype}")
     batch = a.shape[0] if a.dim() == 3 else 1
@@ -59,7 +127,7 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, alpha: float, bet
         _gemm(half.to_float32(a), half.to_float32(b), c, alpha, beta)
         copies.device_copy(out, c)
         return
-    row_major = out.stride()[-1] == 1 and (m == 1 or out.stride()[-2] >= n) and (batch == 1 or out.is_contiguous())
+    row_major = _row_major(out, m, n, batch)
     c = out if row_major else memory.empty_contiguous(out.shape, out.dtype)
     if not row_major and beta != 0:
         copies.device_copy(c, out)
