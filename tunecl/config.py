@@ -169,12 +169,6 @@ def get() -> Config:
     return _override if _override is not None else Config.from_env()
 
 
-def active_override() -> Config | None:
-    """The configuration of the innermost :func:`override` block, or None outside one (lets hot paths
-    cache what they derived from :func:`get`, which reads the environment each time, ~25 µs)."""
-    return _override
-
-
 # os.environ's own dict (encoded keys and values; os.environ[...] = ... and putenv through it update it):
 # a lookup there costs ~0.1 µs, through os.environ.get ~1 µs
 _environ = getattr(os.environ, "_data", None)

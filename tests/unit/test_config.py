@@ -40,3 +40,27 @@ def test_optimizer_slots_from_env():
         with pytest.raises(ValueError, match="TUNECL_OPTIM_SLOTS must be 'auto' or one of 1, 2, 3, 4, 5, 6, 7, 8, "
                                              "16, 24, 32"):
             config.Config.from_env({"TUNECL_OPTIM_SLOTS": bad})
+
+
+def test_derived_settings_follow_the_environment_and_overrides_and_are_cached(monkeypatch):
+    calls = []
+
+    def derive(cfg):
+        calls.append(cfg.random)
+        if cfg.random not in config.RANDOM_MODES:
+            raise ValueError(f"bad {cfg.random}")
+        return cfg.random
+
+    setting = config.Derived(derive, "TUNECL_RANDOM")
+    monkeypatch.delenv("TUNECL_RANDOM", raising=False)
+    assert setting() == setting() == "auto" and calls == ["auto"]   # derived once
+    monkeypatch.setenv("TUNECL_RANDOM", "HOST")
+    assert setting() == "host"
+    with config.override(random="device"):
+        assert setting() == "device"
+    assert setting() == "host" and calls == ["auto", "host", "device", "host"]
+    monkeypatch.setenv("TUNECL_RANDOM", "sometimes")
+    for _ in range(2):   # a bad value raises at every read
+        with pytest.raises(ValueError, match="bad sometimes"):
+            setting()
+    assert config.Config.from_env({}).random == "auto"
