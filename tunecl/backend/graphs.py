@@ -208,7 +208,7 @@ class Graph:
         """The device buffer of this graph's random numbers (Philox key and counter, ``random.cl``), keyed
         from torch's CPU generator when the capture first needs it."""
         if self._random is None:
-            seed = int(torch.randint(0, 2**62, (1,), dtype=torch.int64).item())
+            seed = int(torch.randint(0, 2**62, (1,), dtype=torch.int64, device="cpu").item())
             self._random = state.get().random.new_state(seed)
         return self._random
 

@@ -39,7 +39,8 @@ def on_host() -> bool:
 
 def key(generator: torch.Generator | None = None) -> int:
     """A 62-bit Philox key drawn from ``generator`` (torch's CPU default generator when None)."""
-    return int(torch.randint(1 << 62, (), dtype=torch.int64, generator=generator))
+    # (a CPU tensor, named so: reading a number back from the device would wait for it)
+    return int(torch.randint(1 << 62, (), dtype=torch.int64, generator=generator, device="cpu"))
 
 
 def bernoulli_(t: torch.Tensor, p: float, generator: torch.Generator | None = None) -> bool:
