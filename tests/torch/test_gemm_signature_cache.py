@@ -137,10 +137,10 @@ def test_cleared_plans_and_a_new_state_drop_the_calls(calls, monkeypatch):
     assert calls
     plans.clear()
     (a @ b).cpu()
-    assert len(calls) == 1 and linalg._owner[1] == plans.generation
+    assert len(calls) == 1 and linalg._calls.generation == plans.generation
     monkeypatch.setattr(linalg, "MAX_CALLS", 2)
     for n in range(1, 6):
         (torch.randn(n, 3).to("opencl") @ torch.randn(3, 2).to("opencl")).cpu()
     assert len(calls) <= 2
-    assert state.get() is linalg._owner[0]
+    assert state.get() is linalg._calls.owner
     assert tunecl.backend.stats()["plan_sources"]

@@ -91,7 +91,7 @@ _get_matmul_precision = getattr(torch._C, "_get_float32_matmul_precision", _unav
 _get_cudnn_tf32 = getattr(torch._C, "_get_cudnn_allow_tf32", _unavailable)
 # kind -> (its flags at the previous call, the precisions they accept, the plans cached for those)
 _current: dict[str, tuple[Any, frozenset[str], dict[Problem, PlanEntry]]] = {}
-generation = 0   # bumped by clear(): what callers derived from plans (ops/conv.py's pre-built calls) is stale
+generation = 0   # bumped by clear(): what callers derived from plans (the pre-built calls of SignatureCalls) is stale
 
 def gemm_algorithms() -> list[Any]:
     """The registered GEMM algorithms (``tunecl.kernels.algorithms("gemm")``)."""
@@ -192,6 +192,33 @@ def served_plan(problem: Problem) -> Any | None:
         return st.plan(problem)
     except Unsupported:
         return None
+
+
+class SignatureCalls(dict):
+    """Pre-built calls by call signature (ops/conv.py, ops/linalg.py): signature -> call, or None where the
+    general route serves it. Everything in it was derived from the plans of one backend State: a new State
+    or :func:`clear` (a new tuning DB, new algorithms) empties it at the next :meth:`lookup`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.owner: Any = None       # the State the calls were built under
+        self.generation = -1         # and the plans' generation
+
+    def lookup(self, key: tuple) -> Any:
+        """The call of ``key``, None (the general route), or the cache itself for a signature not seen yet."""
+        owner = state.get()
+        if self.owner is not owner or self.generation != generation:
+            self.clear()
+            self.owner, self.generation = owner, generation
+        return self.get(key, self)
+
+    def keep(self, key: tuple, call: Any, limit: int) -> Any:
+        """Store ``call`` for ``key`` (emptied first when it holds ``limit`` calls: a safety valve for
+        ever-changing signatures); returns ``call``."""
+        if len(self) >= limit:
+            self.clear()
+        self[key] = call
+        return call
 
 
 def clear() -> None:

@@ -229,8 +229,7 @@ def _backward(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tens
 # algorithms) and a new backend State drop every pre-built call; a State with a planner of its own (a dry
 # run's, tunecl.tools.coverage: no device) takes the general route.
 MAX_CALLS = 1024
-_calls: dict[tuple, Any] = {}        # signature -> _Forward / _Backward, or None: the general route
-_owner: list[Any] = [None, -1]       # the State and plans.generation the calls were built under
+_calls = plans.SignatureCalls()      # signature -> _Forward / _Backward, or None: the general route
 _FLOAT32 = torch.float32
 _DL_FLOAT32 = memory.DLPACK[_FLOAT32]
 
@@ -301,21 +300,6 @@ def _signature(t: torch.Tensor) -> tuple | None:
     return t.shape, t.stride(), t.storage_offset()
 
 
-def _lookup(key: tuple) -> Any:
-    owner = state.get()
-    if _owner[0] is not owner or _owner[1] != plans.generation:
-        _calls.clear()
-        _owner[0], _owner[1] = owner, plans.generation
-    return _calls.get(key, _calls)   # (_calls itself: not seen yet)
-
-
-def _keep(key: tuple, call: Any) -> Any:
-    if len(_calls) >= MAX_CALLS:   # a safety valve for ever-changing signatures
-        _calls.clear()
-    _calls[key] = call
-    return call
-
-
 def _fast_forward(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: Sequence[int],
                   padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int],
                   groups: int) -> torch.Tensor | None:
@@ -323,14 +307,15 @@ def _fast_forward(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     key = ("fwd", _signature(input), _signature(weight), None if bias is None else _signature(bias), tuple(stride),
            tuple(padding), tuple(dilation), transposed, tuple(output_padding), groups,
            plans.accepted_precisions("conv"))
-    call = _lookup(key)
+    call = _calls.lookup(key)
     if call is _calls:
         eligible = (state.get().plan is plans.plan and key[1] is not None and key[2] is not None
                     and (bias is None or key[3] is not None)
                     and input.dim() == 4 and weight.dim() == 4 and input.shape[0] > 0
                     and not (transposed and bias is not None))
-        call = _keep(key, _Forward(_problems(input, weight, stride, padding, dilation, transposed, output_padding,
-                                             groups, bias), input.shape[0], transposed) if eligible else None)
+        call = _calls.keep(key, _Forward(_problems(input, weight, stride, padding, dilation, transposed,
+                                                   output_padding, groups, bias), input.shape[0], transposed)
+                           if eligible else None, MAX_CALLS)
     if call is None:
         return None
     direction = call.direction
@@ -346,13 +331,14 @@ def _fast_backward(grad_output: torch.Tensor, input: torch.Tensor, weight: torch
     mask = (bool(output_mask[0]), bool(output_mask[1]), bool(output_mask[2]))
     key = ("bwd", _signature(grad_output), _signature(input), _signature(weight), tuple(stride), tuple(padding),
            tuple(dilation), transposed, tuple(output_padding), groups, mask, plans.accepted_precisions("conv"))
-    call = _lookup(key)
+    call = _calls.lookup(key)
     if call is _calls:
         eligible = (state.get().plan is plans.plan and None not in key[1:4] and input.dim() == 4
                     and weight.dim() == 4 and input.shape[0] > 0)
-        call = _keep(key, _Backward(_problems(input, weight, stride, padding, dilation, transposed,
-                                              output_padding, groups, grad_output), input, weight,
-                                    grad_output.shape[1], transposed, mask[0], mask[1]) if eligible else None)
+        call = _calls.keep(key, _Backward(_problems(input, weight, stride, padding, dilation, transposed,
+                                                    output_padding, groups, grad_output), input, weight,
+                                          grad_output.shape[1], transposed, mask[0], mask[1])
+                           if eligible else None, MAX_CALLS)
     if call is None:
         return None
     device = state.get().device

@@ -52,8 +52,7 @@ def _batch_stride(t: torch.Tensor) -> int | None:
 # plan lookup, layout checks or kernel arguments set one by one). Operands that need a copy first and a
 # result that is not row-major take the general route.
 MAX_CALLS = 1024
-_calls: dict[tuple, Any] = {}        # signature -> _Call, or None: the general route
-_owner: list[Any] = [None, -1]       # the State and plans.generation the calls were built under
+_calls = plans.SignatureCalls()      # signature -> _Call, or None: the general route
 _FLOAT32 = torch.float32
 
 
@@ -71,22 +70,16 @@ def _fast_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, alpha: float
         return False
     key = (a.shape, a.stride(), a.storage_offset(), b.shape, b.stride(), b.storage_offset(), out.shape,
            out.stride(), out.storage_offset(), alpha, beta, plans.accepted_precisions("gemm"))
-    owner = state.get()
-    if _owner[0] is not owner or _owner[1] != plans.generation:
-        _calls.clear()
-        _owner[0], _owner[1] = owner, plans.generation
-    call = _calls.get(key, _calls)
+    call = _calls.lookup(key)
     if call is _calls:
-        call = _prebuild(a, b, out, alpha, beta) if owner.plan is plans.plan else None
-        if len(_calls) >= MAX_CALLS:   # a safety valve for ever-changing signatures
-            _calls.clear()
-        _calls[key] = call
+        call = _calls.keep(key, _prebuild(a, b, out, alpha, beta) if _calls.owner.plan is plans.plan else None,
+                           MAX_CALLS)
     if call is None:
         return False
     ba, bb, bc = buffer_of(a), buffer_of(b), buffer_of(out)
     counters.plan_sources[call.source] += 1
     plan, args = call.plan, call.args
-    call.run(owner.device, (ba, bb, bc), lambda: plan.run(ba, bb, bc, **args))
+    call.run(_calls.owner.device, (ba, bb, bc), lambda: plan.run(ba, bb, bc, **args))
     return True
 
 

@@ -494,7 +494,7 @@ def native_dropout(input: torch.Tensor, p: float, train: bool | None) -> tuple[t
         if not graphs.draw_on_host(mask, host_mask, copies.write_bytes):
             drawn = memory.empty_contiguous(shape, torch.float32)
             mask = run("copy", mask, (drawn,)) if graphs.bernoulli_(drawn, keep) else None
-    else:
+    elif not random_draws.on_host():
         mask = memory.empty_contiguous(shape, torch.bool)
         if not random_draws.bernoulli_(mask, keep):
             mask = None
