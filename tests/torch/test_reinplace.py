@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 compile_backend = pytest.importorskip("tunecl.backend.compile")
-from tunecl.backend.reinplace import reinplace_input_mutations  # noqa: E402
+from tunecl.backend.reinplace import activations_in_place, reinplace_input_mutations  # noqa: E402
 from training_checks import assert_same_parameters_and_state  # noqa: E402
 
 aten = torch.ops.aten
@@ -115,6 +115,92 @@ def test_inputs_sharing_storage_are_left_functional():
     base = torch.randn(8)
     gm = _graph(build, base[:4], base[4:])   # two views of one storage
     assert reinplace_input_mutations(gm, [base[:4], base[4:]]) == 0
+
+
+def _batch_norm(g, x, w, b, mean, var, training=True):
+    """A training batch norm as AOT hands it over: the functional op and its five results."""
+    node = g.call_function(aten._native_batch_norm_legit_functional.default, (x, w, b, mean, var, training, 0.1, 1e-5))
+    return [g.call_function(operator.getitem, (node, k)) for k in range(5)]
+
+
+def _batch_norm_inputs() -> list[torch.Tensor]:
+    return [torch.randn(2, 3, 4, 5), torch.randn(3), torch.randn(3), torch.randn(3), torch.rand(3) + 0.5]
+
+
+@pytest.mark.parametrize("case", ["in place", "evaluation", "old mean read after", "mean not written back"])
+def test_a_batch_norm_updates_its_running_statistics_in_place(case):
+    # the functional op clones both statistics and the graph copies both back: four copies a layer
+    def build(g, x, w, b, mean, var):
+        y, saved_mean, saved_rstd, new_mean, new_var = _batch_norm(g, x, w, b, mean, var, case != "evaluation")
+        if case != "mean not written back":
+            g.call_function(aten.copy_.default, (mean, new_mean))
+        g.call_function(aten.copy_.default, (var, new_var))
+        later = [g.call_function(aten.sum.default, (mean,))] if case == "old mean read after" else []
+        return [y, saved_mean, saved_rstd, new_mean, new_var, *later]   # (the new statistics: saved, as AOT does)
+
+    gm = _check_rewrite(build, _batch_norm_inputs(), 1 if case == "in place" else 0)
+    if case == "in place":
+        assert _targets(gm) == [aten._native_batch_norm_legit.default] + [operator.getitem] * 3
+    else:
+        assert aten._native_batch_norm_legit_functional.default in _targets(gm)
+
+
+@pytest.mark.parametrize("case", ["relu", "relu6", "read elsewhere", "hardtanh(-1, 1)", "not a batch norm"])
+def test_an_activation_of_a_batch_norm_output_runs_in_place(case):
+    def build(g, x, w, b, mean, var):
+        y = _batch_norm(g, x, w, b, mean, var)[0]
+        source = g.call_function(aten.neg.default, (x,)) if case == "not a batch norm" else y
+        if case == "relu6":
+            out = g.call_function(aten.hardtanh.default, (source, 0.0, 6.0))
+        elif case == "hardtanh(-1, 1)":
+            out = g.call_function(aten.hardtanh.default, (source, -1.0, 1.0))
+        else:
+            out = g.call_function(aten.relu.default, (source,))
+        return [out, y] if case == "read elsewhere" else [out]
+
+    functional = _graph(build, *_batch_norm_inputs())
+    rewritten = copy.deepcopy(functional)
+    made = activations_in_place(rewritten)
+    assert made == (1 if case in ("relu", "relu6") else 0)
+    if made:
+        assert {aten.relu_.default, aten.hardtanh_.default} & set(_targets(rewritten))
+    inputs = _batch_norm_inputs()
+    for a, b in zip(functional(*[t.clone() for t in inputs]), rewritten(*[t.clone() for t in inputs])):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_a_compiled_conv_bn_relu_step_copies_nothing_and_trains_as_eagerly():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 36, 3))
+    x, y = torch.randn(2, 3, 8, 8), torch.randint(0, 3, (2,))
+    commands = {}
+    states = {}
+    for reinplace in (True, False):
+        compile_backend.reset_stats()
+        torch._dynamo.reset()
+        run = copy.deepcopy(model).to("opencl")
+        optimizer = torch.optim.SGD(run.parameters(), lr=0.1)
+        compiled = torch.compile(run, backend="tunecl", options={"reinplace": reinplace})
+        for _ in range(4):
+            torch.nn.functional.cross_entropy(compiled(x.to("opencl")), y.to("opencl")).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        stats = compile_backend.stats()
+        commands[reinplace] = stats["captured_commands"]
+        states[reinplace] = {k: v.cpu() for k, v in run.state_dict().items()}
+        if reinplace:   # the batch norm and its step count in place, the relu inside its launch
+            assert stats["reinplaced_ops"] >= 2 and stats["in_place_activations"] == 1, stats
+    eager = copy.deepcopy(model).to("opencl")
+    optimizer = torch.optim.SGD(eager.parameters(), lr=0.1)
+    for _ in range(4):
+        torch.nn.functional.cross_entropy(eager(x.to("opencl")), y.to("opencl")).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    for name, value in eager.state_dict().items():
+        for reinplace in (True, False):
+            torch.testing.assert_close(states[reinplace][name], value.cpu(), atol=1e-5, rtol=1e-5, msg=name)
+    # no clone of the statistics, no copy back, no relu launch of its own (the count includes the backward's)
+    assert commands[True] <= commands[False] - 4, commands
 
 
 @pytest.mark.parametrize("reinplace", [True, False], ids=["in place", "copied back"])

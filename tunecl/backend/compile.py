@@ -78,7 +78,8 @@ def stats() -> dict[str, int]:
     ``captured_commands`` (device commands the captures hold: what their replays enqueue), and the
     rewrites: ``folded_conv_bn`` (convolution + batch norm pairs folded), ``fused_chains`` (runs of
     pointwise ops fused into one kernel), ``fused_ops`` (the ops in them), ``reinplaced_ops`` (ops made in
-    place over a mutated input), ``fused_foreach_runs`` and ``fused_foreach_ops`` (runs of ``_foreach_*`` ops
+    place over a mutated input), ``in_place_activations`` (relu/relu6 of a batch norm's output made in place,
+    so that they run inside its launch), ``fused_foreach_runs`` and ``fused_foreach_ops`` (runs of ``_foreach_*`` ops
     made one multi-tensor kernel, and the ops in them) and ``grouped_copy_backs``
     (copies into mutated inputs made multi-tensor copies)."""
     return dict(_counts)
@@ -360,6 +361,7 @@ def _rewrite(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: d
         _counts["fused_ops"] += sum(runs)
     if options.get("reinplace", True):
         _counts["reinplaced_ops"] += reinplace.reinplace_input_mutations(gm, list(example_inputs))
+        _counts["in_place_activations"] += reinplace.activations_in_place(gm)
     if options.get("fuse_foreach", True):
         runs = foreach_fusion.fuse_foreach(gm)
         _counts["fused_foreach_runs"] += len(runs)

@@ -8,6 +8,10 @@ allocates 4n new tensors per op chain and copies 4n of them back. Here each such
 mutates, and is read by nothing after the op, becomes the op's in-place variant (``_foreach_add.Scalar`` ->
 ``_foreach_add_.Scalar``, ``add.Tensor`` -> ``add_.Tensor``): its result is written into the input's storage,
 later readers of the result read the input, and the final ``copy_`` of the input into itself goes.
+Batch norm in training arrives as ``_native_batch_norm_legit_functional``, which clones the running mean
+and variance to return their new values, copied back at the end: four copies per layer. Where those new
+values go back into the inputs they came from, it becomes ``_native_batch_norm_legit``, which updates them
+in place.
 
 An op stays functional unless all of these hold: every ``self`` tensor is a distinct input that the graph
 copies a new value into at its end (so its old value is the graph's to overwrite), that shares no storage
@@ -97,6 +101,9 @@ def reinplace_input_mutations(gm: torch.fx.GraphModule, example_inputs: list[Any
     position = {node: i for i, node in enumerate(nodes)}
     made = 0
     for node in nodes:
+        if node.op == "call_function" and node.target is aten._native_batch_norm_legit_functional.default:
+            made += _batch_norm_in_place(gm, node, mutable, copies, position, outputs)
+            continue
         variant = _in_place_variant(node.target) if node.op == "call_function" else None
         if variant is None or not node.args:
             continue
@@ -139,6 +146,43 @@ def reinplace_input_mutations(gm: torch.fx.GraphModule, example_inputs: list[Any
     return made
 
 
+def _batch_norm_in_place(gm: torch.fx.GraphModule, node: torch.fx.Node, mutable: set[torch.fx.Node],
+                         copies: dict[torch.fx.Node, torch.fx.Node], position: dict[torch.fx.Node, int],
+                         outputs: set[torch.fx.Node]) -> int:
+    """``_native_batch_norm_legit_functional`` -> ``_native_batch_norm_legit`` (which updates the running
+    statistics in place) when its new running mean and variance (results 3 and 4) are what the graph copies
+    back into the inputs it got them from, under the conditions of the module docstring; 1 if rewritten.
+    The functional op clones both statistics and the graph copies both back: four copies per layer."""
+    selves = node.args[3:5]
+    if len(node.args) != 8 or node.kwargs or not all(isinstance(s, torch.fx.Node) and s in mutable for s in selves) \
+            or selves[0] is selves[1] or any(copies[s].args[1] is s for s in selves):
+        return 0
+    if any(isinstance(a, torch.fx.Node) and a in selves for a in node.args[:3]):
+        return 0
+    results = _results(node, True, 5)
+    if results is None:
+        return 0
+    # (in training the new statistics are also outputs: saved for the backward, which reads them only
+    # in evaluation; from here on the saved tensors are the inputs, which hold the same values)
+    if node.args[5] is not True:
+        return 0
+    for index, s in zip((3, 4), selves):
+        result = results[index]
+        if result is None or copies[s].args[1] is not result or result in outputs:
+            return 0
+    if any(user is not node and user is not copies[s] and position[user] > position[node]
+           for s in selves for user in s.users):
+        return 0
+    for index, s in zip((3, 4), selves):
+        results[index].replace_all_uses_with(s)
+        gm.graph.erase_node(results[index])
+    node.target = aten._native_batch_norm_legit.default
+    value = node.meta.get("val")
+    if isinstance(value, (tuple, list)):
+        node.meta["val"] = tuple(value[:3])
+    return 1
+
+
 def _results(node: torch.fx.Node, foreach: bool, count: int) -> list[torch.fx.Node | None] | None:
     """The nodes holding ``node``'s results: itself, or for a foreach op its ``getitem`` users by index (None
     where no one reads a result); None when something else reads the list."""
@@ -151,3 +195,44 @@ def _results(node: torch.fx.Node, foreach: bool, count: int) -> list[torch.fx.No
             return None
         results[user.args[1]] = user
     return results
+
+
+# the batch norms whose normalising launch an in-place relu or relu6 of its output can run inside (see
+# tunecl.backend.ops.pointwise._folded)
+_NORMALISING = {aten._native_batch_norm_legit.default, aten._native_batch_norm_legit_functional.default,
+                aten._native_batch_norm_legit_no_training.default, aten.native_batch_norm.default}
+
+
+def activations_in_place(gm: torch.fx.GraphModule) -> int:
+    """``relu(y)`` and ``hardtanh(y, 0, 6)`` of a batch norm's output ``y`` that nothing else reads become
+    ``relu_(y)`` and ``hardtanh_(y, 0, 6)``: the backend then applies them inside the batch norm's
+    normalising launch, as it does eagerly for torchvision's ``ReLU(inplace=True)`` (a functional graph
+    has no in-place ops of its own). The number rewritten (``gm`` is recompiled if any)."""
+    outputs = {n for n in gm.graph.nodes if n.op == "output"}
+    made = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.kwargs:
+            continue
+        if node.target is aten.relu.default and len(node.args) == 1:
+            variant = aten.relu_.default
+        elif node.target is aten.hardtanh.default and tuple(node.args[1:]) == (0, 6):
+            variant = aten.hardtanh_.default
+        else:
+            continue
+        y = node.args[0]
+        if not (_normalised(y) and len(y.users) == 1 and y not in outputs
+                and _same_layout(node.meta.get("val"), y.meta.get("val"))):
+            continue
+        node.target = variant
+        made += 1
+    if made:
+        gm.graph.lint()
+        gm.recompile()
+    return made
+
+
+def _normalised(y: Any) -> bool:
+    """Whether ``y`` is the normalised output (a new tensor) of a batch norm."""
+    return (isinstance(y, torch.fx.Node) and y.op == "call_function" and y.target is operator.getitem
+            and y.args[1] == 0 and isinstance(y.args[0], torch.fx.Node) and y.args[0].target in _NORMALISING)
+
