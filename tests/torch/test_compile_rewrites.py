@@ -279,3 +279,60 @@ def test_the_rewrites_can_be_switched_off():
             torch.testing.assert_close(run(x).cpu(), model(x).cpu(), **TOL)
     stats = compile_backend.stats()
     assert stats["replays"] == 1 and not stats.get("folded_conv_bn") and not stats.get("fused_chains"), stats
+
+
+def _step_count_graph(read_one: bool, values=(1, 1, 1)) -> tuple[torch.fx.GraphModule, list[torch.Tensor]]:
+    """x -> x * 2 with increments add_(count_k, values[k]) of int64 inputs (a batch norm's step counts), as a
+    compiled forward graph holds them; ``read_one``: the first count is also read."""
+    aten = torch.ops.aten
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    counts = [graph.placeholder(f"count{k}") for k in range(len(values))]
+    doubled = graph.call_function(aten.mul.Tensor, (x, 2))
+    for count, value in zip(counts, values):
+        graph.call_function(aten.add_.Tensor, (count, value))
+    outputs = [doubled] + ([graph.call_function(aten.mul.Tensor, (counts[0], 3))] if read_one else [])
+    graph.output(tuple(outputs))
+    gm = torch.fx.GraphModule(nn.Module(), graph)
+    inputs = [torch.randn(4)] + [torch.tensor(5 * k, dtype=torch.int64) for k in range(len(values))]
+    for node, value in zip([n for n in graph.nodes if n.op == "placeholder"], inputs):
+        node.meta["val"] = value
+    return gm, inputs
+
+
+@pytest.mark.parametrize("case", ["grouped", "one read elsewhere", "two increments"])
+def test_step_count_increments_become_one_foreach_add(case):
+    from tunecl.backend.step_counts import group_step_counts
+
+    values = (1, 2, 1, 2) if case == "two increments" else (1, 1, 1)
+    gm, inputs = _step_count_graph(case == "one read elsewhere", values)
+    expected_inputs = [t.clone() for t in inputs]
+    expected = copy.deepcopy(gm)(*expected_inputs)
+    grouped = group_step_counts(gm)
+    assert grouped == {"grouped": 3, "one read elsewhere": 2, "two increments": 4}[case]
+    foreach = [n for n in gm.graph.nodes if n.target is torch.ops.aten._foreach_add_.Scalar]
+    assert len(foreach) == (2 if case == "two increments" else 1)
+    got = gm(*inputs)
+    for a, b in zip([*got, *inputs], [*expected, *expected_inputs]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_a_compiled_step_counts_its_batch_norms_in_one_launch_and_equals_eager():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 4, 3), nn.BatchNorm2d(4),
+                          nn.ReLU(), nn.Flatten(), nn.Linear(4 * 16, 3))
+    x, y = torch.randn(2, 3, 8, 8), torch.randint(0, 3, (2,))
+    runs = {}
+    for compiled in (True, False):
+        net = copy.deepcopy(model).to("opencl")
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+        run = torch.compile(net, backend="tunecl") if compiled else net
+        for _ in range(STEPS):
+            F.cross_entropy(run(x.to("opencl")), y.to("opencl")).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        runs[compiled] = {k: v.cpu() for k, v in net.state_dict().items()}
+    for name, value in runs[False].items():
+        torch.testing.assert_close(runs[True][name], value, **TOL, msg=name)
+    assert int(runs[True]["1.num_batches_tracked"]) == STEPS and int(runs[True]["4.num_batches_tracked"]) == STEPS
+    assert compile_backend.stats()["grouped_step_counts"] == 2, compile_backend.stats()

@@ -164,6 +164,46 @@ def test_copies_run_as_kernels_or_buffer_copies_as_set(kernels, strict, monkeypa
     assert launches == ({"foreach_map": 1} if kernels else {"copy device→device": 3}), launches
 
 
+def test_int64_counts_add_in_one_launch_per_slots(strict):
+    """Batch norms' step counts (0-dim int64), grouped by a compiled graph: odd sizes, an empty tensor (left
+    out), a view at an offset, more than a launch's slots, a negative increment."""
+    base = torch.arange(10, dtype=torch.int64) * 7
+    cpu = [torch.tensor(k, dtype=torch.int64) for k in range(2 * SLOTS + 3)]
+    cpu += [torch.zeros(0, dtype=torch.int64), torch.arange(5, dtype=torch.int64) - 2]
+    dev = _to(cpu) + [base.to("opencl")[3:8]]
+    cpu.append(base[3:8].clone())
+    for value in (1, -3):
+        with KernelProfile() as profile:
+            torch._foreach_add_(dev, value)
+            torch.opencl.synchronize()
+            launches = {row.name: row.launches for row in profile.summary()}
+        torch._foreach_add_(cpu, value)
+        _check(dev, cpu)
+        assert launches == {"foreach_add_long": -(-(len(cpu) - 1) // state.get().optim.slots)}, launches
+
+
+@pytest.mark.parametrize("case", ["float increment", "one storage twice", "strided"])
+def test_other_int64_adds_run_one_by_one_and_match_cpu(case, strict):
+    counts = [torch.tensor(3, dtype=torch.int64), torch.arange(6, dtype=torch.int64).reshape(2, 3)]
+    dev = _to(counts)
+    if case == "one storage twice":   # each added to as often as it is listed
+        dev, counts = [dev[0], dev[0], dev[1]], [counts[0], counts[0], counts[1]]
+    if case == "strided":
+        dev, counts = [dev[0], dev[1].t()], [counts[0], counts[1].t()]
+    if case == "float increment":   # torch's error, as on the CPU
+        for tensors in (counts, dev):
+            with pytest.raises(RuntimeError, match="can't be cast"):
+                torch._foreach_add_(tensors, 2.5)
+        return
+    with KernelProfile() as profile:
+        torch._foreach_add_(dev, 2)
+        torch.opencl.synchronize()
+        launches = {row.name for row in profile.summary()}
+    torch._foreach_add_(counts, 2)
+    _check(dev, counts)
+    assert "foreach_add_long" not in launches, launches
+
+
 def test_copies_of_other_dtypes_and_broadcasts_run_one_by_one_and_match_cpu(strict):
     destinations = [torch.zeros(5), torch.zeros(3, dtype=torch.int64), torch.zeros(2, 4), torch.zeros(4).half()]
     sources = [torch.randn(5), torch.tensor([4, -1, 7]), torch.randn(4), torch.randn(4)]

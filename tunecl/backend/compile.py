@@ -38,11 +38,12 @@ input the graph writes (``x.add_(y)`` in the compiled function) is copied back o
   run of pointwise ops becomes one generated kernel (:mod:`tunecl.backend.fusion`); ops whose results are
   written back into a mutated input are made in place where that is sound (:mod:`tunecl.backend.reinplace`:
   a compiled Adam step updates its parameters, moments and step counts where they are), each run of
-  ``_foreach_*`` ops becomes one multi-tensor kernel (:mod:`tunecl.backend.foreach_fusion`), and the copies
+  ``_foreach_*`` ops becomes one multi-tensor kernel (:mod:`tunecl.backend.foreach_fusion`), the batch
+  norms' step-count increments become one launch (:mod:`tunecl.backend.step_counts`), and the copies
   that still write mutated inputs back are grouped into multi-tensor copies
   (:mod:`tunecl.backend.copy_backs`). Options switch them off: ``torch.compile(m, backend="tunecl",
   options={"fold_conv_bn": False, "fuse_pointwise": False, "reinplace": False, "fuse_foreach": False,
-  "group_copy_backs": False})``.
+  "group_step_counts": False, "group_copy_backs": False})``.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ from torch._dynamo.backends.debugging import boxed_nop
 from torch._inductor.utils import count_tangents
 
 import tunecl.backend  # noqa: F401  (registers the opencl device)
-from tunecl.backend import copy_backs, folding, foreach_fusion, fusion, graphs, random_draws, reinplace
+from tunecl.backend import (copy_backs, folding, foreach_fusion, fusion, graphs, random_draws, reinplace,
+                            step_counts)
 from tunecl.backend.ops import foreach
 
 _counts: collections.Counter[str] = collections.Counter()
@@ -80,7 +82,8 @@ def stats() -> dict[str, int]:
     pointwise ops fused into one kernel), ``fused_ops`` (the ops in them), ``reinplaced_ops`` (ops made in
     place over a mutated input), ``in_place_activations`` (relu/relu6 of a batch norm's output made in place,
     so that they run inside its launch), ``fused_foreach_runs`` and ``fused_foreach_ops`` (runs of ``_foreach_*`` ops
-    made one multi-tensor kernel, and the ops in them) and ``grouped_copy_backs``
+    made one multi-tensor kernel, and the ops in them), ``grouped_step_counts`` (batch norms' step-count
+    increments made one multi-tensor launch) and ``grouped_copy_backs``
     (copies into mutated inputs made multi-tensor copies)."""
     return dict(_counts)
 
@@ -366,6 +369,8 @@ def _rewrite(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: d
         runs = foreach_fusion.fuse_foreach(gm)
         _counts["fused_foreach_runs"] += len(runs)
         _counts["fused_foreach_ops"] += sum(runs)
+    if options.get("group_step_counts", True):
+        _counts["grouped_step_counts"] += step_counts.group_step_counts(gm)
     if options.get("group_copy_backs", True):
         _counts["grouped_copy_backs"] += copy_backs.group_copy_backs(gm)
 
@@ -396,7 +401,8 @@ def _backward_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
 
 
 # the options, each True unless given False
-REWRITES = ("fold_conv_bn", "fuse_pointwise", "reinplace", "fuse_foreach", "group_copy_backs")
+REWRITES = ("fold_conv_bn", "fuse_pointwise", "reinplace", "fuse_foreach", "group_step_counts",
+            "group_copy_backs")
 
 
 def tunecl_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, options: dict[str, Any] | None = None,

@@ -153,6 +153,30 @@ def _foreach_copy_(self: list[torch.Tensor], src: list[torch.Tensor], non_blocki
             d.copy_(s, non_blocking)
 
 
+def _add_counts(self: list[torch.Tensor], scalar: Any) -> bool:
+    """``t.add_(scalar)`` for every t in one launch per ``Optim.slots`` of them, where every t is a contiguous
+    int64 opencl tensor over a storage of its own and ``scalar`` an int (a compiled graph's batch-norm step
+    counts, grouped by :mod:`tunecl.backend.step_counts`); False (nothing done) otherwise."""
+    if type(scalar) is not int or not self:
+        return False
+    pairs, numels, seen = [], [], set()
+    for t in self:
+        if not isinstance(t, torch.Tensor) or t.dtype is not torch.int64 or not t.is_contiguous():
+            return False
+        if not t.numel():
+            continue
+        address = t.untyped_storage().data_ptr()
+        buffer = _buffers.get(address, _MISSING)
+        if buffer is _MISSING or buffer is None or address in seen:
+            return False
+        seen.add(address)
+        pairs.append((buffer, t.storage_offset()))
+        numels.append(t.numel())
+    if pairs:
+        state.get().optim.add_counts(pairs, numels, scalar)
+    return True
+
+
 def _foreach_pow_scalar_and_tensor(self: Any, exponent: list[torch.Tensor]) -> list[torch.Tensor]:
     """``[self ** e for e in exponent]`` (a number to tensor powers: Adam's bias corrections from step
     counts kept on the device) in one launch per ``Optim.slots`` tensors where the path applies."""
@@ -297,6 +321,8 @@ def _table() -> dict[str, Callable[..., Any]]:
         base, dot, rest = overload.partition(".")
         for name in (f"_foreach_{base}_{dot}{rest}", f"_foreach_{base}{dot}{rest}"):
             table[name] = _adapter(name, expr, arrange)
+    float_add_ = table["_foreach_add_.Scalar"]
+    table["_foreach_add_.Scalar"] = lambda self, scalar: None if _add_counts(self, scalar) else float_add_(self, scalar)
     table["_foreach_zero_"] = _adapter("_foreach_zero_", "fill", _zero)
     table["_foreach_copy_"] = _foreach_copy_
     table["_foreach_pow.ScalarAndTensor"] = _foreach_pow_scalar_and_tensor

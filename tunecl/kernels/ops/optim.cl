@@ -19,6 +19,8 @@
 //              the pointwise family's float expressions). Each of a, b, c is a tensor of the slot or,
 //              with A_SCALAR / B_SCALAR / C_SCALAR, a number of the slot, or with A_ONE / B_ONE / C_ONE
 //              a tensor of one element read for every element; s0 and s1 are numbers of the slot.
+//   foreach_add_long  q += value over int64 tensors (a compiled graph's batch-norm step counts, one
+//              launch for many of them)
 //   foreach_chain  a chain of elementwise steps over NCOL columns (a compiled graph's run of _foreach_*
 //              ops, tunecl.backend.foreach_fusion): the host passes the steps as fused.cl's Fk/STEPk
 //              macros over the column values v0.. and earlier steps t0..; BEFORE the loop over a slot's
@@ -29,7 +31,7 @@
 //              ST(column, step) for the columns written back.
 //
 // meta (long): per slot, adam: n, offsets of p, g, m, v, vmax, step; sgd: n, offsets of p, g, buf;
-// foreach_map: n, offsets of o, a, b, c; foreach_chain: n, then each column's offset. foreach_map's
+// foreach_map: n, offsets of o, a, b, c; foreach_add_long: n, offset of q; foreach_chain: n, then each column's offset. foreach_map's
 // numbers (float): per slot a, b, c, s0, s1.
 
 #ifndef SLOTS
@@ -49,6 +51,8 @@
 #define MAP_SLOT(k)  , __global float *o##k, __global const float *ta##k, __global const float *tb##k, \
                        __global const float *tc##k
 #define MAP_PICK(k)  case k: o = o##k; ta = ta##k; tb = tb##k; tc = tc##k; break;
+#define COUNT_SLOT(k) , __global long *q##k
+#define COUNT_PICK(k) case k: q = q##k; break;
 
 // FOR_SLOTS(M) expands M(k) for every slot k < SLOTS: 1 .. 8, 16, 24 or 32 slots (above 8 only where the
 // device takes that many parameter bytes: the host picks SLOTS, tunecl.kernels.ops.optim.slots_for)
@@ -108,6 +112,7 @@ typedef struct { long v[7 * SLOTS]; } adam_meta_t;
 typedef struct { long v[4 * SLOTS]; } sgd_meta_t;
 typedef struct { long v[5 * SLOTS]; } map_meta_t;
 typedef struct { float v[5 * SLOTS]; } map_numbers_t;
+typedef struct { long v[2 * SLOTS]; } count_meta_t;
 
 // LR_TENSOR: the learning rate is read from lr_t[lr_offset] (a device tensor a scheduler may update between
 // steps, or between replays of a graph) instead of the lr_value argument.
@@ -321,3 +326,13 @@ __kernel void foreach_chain(const chain_meta_t m FOR_SLOTS(CHAIN_SLOT))
   }
 }
 #endif
+
+__kernel void foreach_add_long(const long value, const count_meta_t m FOR_SLOTS(COUNT_SLOT))
+{
+  const int slot = (int)get_global_id(1);
+  __global long *q = 0;
+  switch (slot) { FOR_SLOTS(COUNT_PICK) }
+  const long n = m.v[2 * slot];
+  q += m.v[2 * slot + 1];
+  for (long i = get_global_id(0); i < n; i += get_global_size(0)) q[i] += value;
+}

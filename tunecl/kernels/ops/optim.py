@@ -199,6 +199,20 @@ class Optim(StridedFamily):
             chunks.set_values(3 + index, column)
         chunks.launch(self.queue, buffers)
 
+    def add_counts(self, tensors: Sequence[tuple[cl.Buffer, int]], numels: Sequence[int], value: int) -> None:
+        """``q += value`` for every int64 tensor q (a (buffer, element offset) pair of contiguous data of
+        ``numels[k]`` elements), a launch per ``slots`` tensors."""
+        slots = self.slots
+        key = ("foreach_add_long", slots)
+        kernel = self.cache.get(key)
+        if kernel is None:
+            kernel = self.cache.build(key, [f"-DSLOTS={slots}"], "foreach_add_long",
+                                      [np.int64, meta_dtype(2 * slots, "long")] + [None] * slots)
+        chunks = Chunks(kernel, slots, self.local, self.items, numels, 1, head=(int(value),), head_types="q",
+                        empty_items=1)
+        chunks.set_offsets(0, [offset for _, offset in tensors])
+        chunks.launch(self.queue, [[buffer for buffer, _ in tensors]])
+
     def chain(self, chain: Chain, ones: Sequence[bool], writes: Sequence[tuple[int, int]],
               columns: Sequence[Sequence[tuple[cl.Buffer, int]]], numels: Sequence[int]) -> None:
         """For every tensor index k, ``chain`` over the k-th tensors of ``columns`` (its inputs ``v0``.. are
