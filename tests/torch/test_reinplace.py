@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 compile_backend = pytest.importorskip("tunecl.backend.compile")
-from tunecl.backend.reinplace import activations_in_place, reinplace_input_mutations  # noqa: E402
+from tunecl.backend.reinplace import activations_in_place, drop_clones, reinplace_input_mutations  # noqa: E402
 from training_checks import assert_same_parameters_and_state  # noqa: E402
 
 aten = torch.ops.aten
@@ -167,6 +167,49 @@ def test_an_activation_of_a_batch_norm_output_runs_in_place(case):
     inputs = _batch_norm_inputs()
     for a, b in zip(functional(*[t.clone() for t in inputs]), rewritten(*[t.clone() for t in inputs])):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("case", ["dropped", "of an input", "through a view", "written after", "other layout"])
+def test_a_clone_of_a_value_nothing_writes_is_dropped(case):
+    def build(g, x):
+        y = x if case == "of an input" else g.call_function(aten.mul.Tensor, (x, 2.0))
+        kwargs = {"memory_format": torch.channels_last} if case == "other layout" else {}
+        copy_ = g.call_function(aten.clone.default, (y,), kwargs)
+        out = g.call_function(aten.relu.default, (y,))
+        if case == "through a view":
+            g.call_function(aten.add_.Tensor, (g.call_function(aten.view.default, (y, [-1])), 1.0))
+        if case == "written after":
+            g.call_function(aten.mul_.Tensor, (y, 3.0))
+        return [copy_, out]
+
+    functional = _graph(build, torch.randn(2, 3, 4, 5))
+    rewritten = copy.deepcopy(functional)
+    assert drop_clones(rewritten) == (1 if case == "dropped" else 0)
+    inputs = torch.randn(2, 3, 4, 5)
+    for a, b in zip(functional(inputs.clone()), rewritten(inputs.clone())):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_a_compiled_relu6_in_place_block_copies_no_activations_and_trains_as_eagerly():
+    """``ReLU6(inplace=True)`` after a batch norm (mobilenet_v2's blocks) reaches the forward graph as a clone
+    kept for the backward and a functional hardtanh: the clone goes."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU6(inplace=True), nn.Conv2d(4, 4, 3),
+                          nn.BatchNorm2d(4), nn.ReLU6(inplace=True), nn.Flatten(), nn.Linear(4 * 16, 3))
+    x, y = torch.randn(2, 3, 8, 8) * 4, torch.randint(0, 3, (2,))
+    states = {}
+    for compiled in (True, False):
+        net = copy.deepcopy(model).to("opencl")
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+        run = torch.compile(net, backend="tunecl") if compiled else net
+        for _ in range(4):
+            torch.nn.functional.cross_entropy(run(x.to("opencl")), y.to("opencl")).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        states[compiled] = {k: v.cpu() for k, v in net.state_dict().items()}
+    for name, value in states[False].items():
+        torch.testing.assert_close(states[True][name], value, atol=1e-5, rtol=1e-5, msg=name)
+    assert compile_backend.stats()["dropped_clones"] == 2, compile_backend.stats()
 
 
 def test_a_compiled_conv_bn_relu_step_copies_nothing_and_trains_as_eagerly():

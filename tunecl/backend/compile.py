@@ -81,7 +81,7 @@ def stats() -> dict[str, int]:
     rewrites: ``folded_conv_bn`` (convolution + batch norm pairs folded), ``fused_chains`` (runs of
     pointwise ops fused into one kernel), ``fused_ops`` (the ops in them), ``reinplaced_ops`` (ops made in
     place over a mutated input), ``in_place_activations`` (relu/relu6 of a batch norm's output made in place,
-    so that they run inside its launch), ``fused_foreach_runs`` and ``fused_foreach_ops`` (runs of ``_foreach_*`` ops
+    so that they run inside its launch), ``dropped_clones`` (copies of values nothing writes), ``fused_foreach_runs`` and ``fused_foreach_ops`` (runs of ``_foreach_*`` ops
     made one multi-tensor kernel, and the ops in them), ``grouped_step_counts`` (batch norms' step-count
     increments made one multi-tensor launch) and ``grouped_copy_backs``
     (copies into mutated inputs made multi-tensor copies)."""
@@ -364,6 +364,7 @@ def _rewrite(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: d
         _counts["fused_ops"] += sum(runs)
     if options.get("reinplace", True):
         _counts["reinplaced_ops"] += reinplace.reinplace_input_mutations(gm, list(example_inputs))
+        _counts["dropped_clones"] += reinplace.drop_clones(gm)
         _counts["in_place_activations"] += reinplace.activations_in_place(gm)
     if options.get("fuse_foreach", True):
         runs = foreach_fusion.fuse_foreach(gm)

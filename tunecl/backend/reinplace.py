@@ -236,3 +236,52 @@ def _normalised(y: Any) -> bool:
     return (isinstance(y, torch.fx.Node) and y.op == "call_function" and y.target is operator.getitem
             and y.args[1] == 0 and isinstance(y.args[0], torch.fx.Node) and y.args[0].target in _NORMALISING)
 
+
+def _writes(node: torch.fx.Node) -> bool:
+    """Whether ``node`` may write one of its operands, now or later: an in-place or ``out=`` op, a view (a
+    later op may write through it), or an op we cannot tell."""
+    if node.op == "output":
+        return False
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return True
+    schema = node.target._schema
+    return schema.is_mutable or any(r.alias_info for r in schema.returns)
+
+
+def drop_clones(gm: torch.fx.GraphModule) -> int:
+    """``clone(y)`` of a new tensor ``y`` (an op's result, not an input or a view) where nothing in the graph
+    writes ``y`` or the clone: the clone's readers read ``y`` and the copy goes. Eager code that activates in
+    place (``ReLU6(inplace=True)``) reaches a functional graph as ``clone(y)``, kept for the backward, and
+    ``hardtanh(y)``: one copy of the activations per layer. The number dropped (``gm`` is recompiled if any)."""
+    dropped = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.clone.default or node.kwargs or len(node.args) != 1:
+            continue
+        y = node.args[0]
+        if not (isinstance(y, torch.fx.Node) and _fresh(y)
+                and _same_layout(node.meta.get("val"), y.meta.get("val"))):
+            continue
+        if any(_writes(user) for user in (*y.users, *node.users)):
+            continue
+        node.replace_all_uses_with(y)
+        gm.graph.erase_node(node)
+        dropped += 1
+    if dropped:
+        gm.graph.lint()
+        gm.recompile()
+    return dropped
+
+
+def _fresh(y: torch.fx.Node) -> bool:
+    """Whether ``y`` is a new tensor: the result of an op that returns no alias of its operands (or an
+    element of such results; the op may write other operands), not an input."""
+    if y.op != "call_function":
+        return False
+    if y.target is operator.getitem:
+        y = y.args[0]
+        if not isinstance(y, torch.fx.Node) or y.op != "call_function":
+            return False
+    target = y.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    return not any(r.alias_info for r in target._schema.returns)
