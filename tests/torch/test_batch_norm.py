@@ -467,3 +467,65 @@ def test_batch_norm_of_an_empty_input_matches_cpu(strict):
     expected = F.batch_norm(x, *[s.clone() for s in stats], w, b, training=True)
     actual = F.batch_norm(x.to(DEV), *[s.to(DEV) for s in stats], w.to(DEV), b.to(DEV), training=True)
     assert actual.device.type == "opencl" and torch.equal(actual.cpu(), expected)
+
+
+def _activation_input(shape: tuple[int, ...], mask: str) -> torch.Tensor:
+    """Values for the activation's tensor: both sides of the mask's bounds and exactly on them; for relu also
+    NaN, which passes the gradient (CPU torch's hardtanh_backward passes it in its scalar loop and zeroes it
+    in its vectorised one, so it is no reference for relu6 there; the kernels pass it, as CUDA's do)."""
+    a = torch.randn(shape, dtype=torch.float64) * 4
+    flat = a.view(-1)
+    flat[::7] = 0.0
+    if mask == "relu6":
+        flat[3::11] = 6.0
+        return a
+    a = a.clamp(min=0)   # a relu's output
+    a.view(-1)[5::13] = float("nan")
+    return a
+
+
+@pytest.mark.parametrize("mask", ["relu", "relu6"])
+@pytest.mark.parametrize("train", [True, False])
+@pytest.mark.parametrize("shape", [(4, 3, 5, 5), (2, 5, 4, 4), (3, 2, 1100), (2, 5, 1, 1), (37, 1)])
+def test_backward_through_an_activation_mask_matches_its_two_ops(shape, train, mask, parts):
+    """``batch_norm_backward_masked`` against CPU float64 ``threshold_backward`` / ``hardtanh_backward`` then
+    ``native_batch_norm_backward``; the float4 path (L a multiple of 4) and the scalar one."""
+    from tunecl.backend.ops.nn import batch_norm_backward_masked
+
+    torch.manual_seed(0)
+    c = shape[1]
+    x, grad = torch.randn(shape, dtype=torch.float64) + 1.5, torch.randn(shape, dtype=torch.float64)
+    act = _activation_input(shape, mask)
+    weight = torch.rand(c, dtype=torch.float64) + 0.5
+    rm, rv = torch.randn(c, dtype=torch.float64), torch.rand(c, dtype=torch.float64) + 0.5
+    dims = [0] + list(range(2, len(shape)))
+    mean = x.mean(dims)
+    invstd = 1 / (x.var(dims, unbiased=False) + 1e-5).sqrt()
+    masked = (torch.ops.aten.threshold_backward(grad, act, 0) if mask == "relu"
+              else torch.ops.aten.hardtanh_backward(grad, act, 0, 6))
+    expected = torch.ops.aten.native_batch_norm_backward(masked, x, weight, rm, rv, mean, invstd, train, 1e-5,
+                                                         [True, True, True])
+    on = [t.float().to(DEV) for t in (grad, act, x, weight, rm, rv, mean, invstd)]
+    got = batch_norm_backward_masked(on[0], on[1], mask, *on[2:], train, 1e-5, [True, True, True])
+    for g, e, name in zip(got, expected, ("grad_input", "grad_weight", "grad_bias")):
+        torch.testing.assert_close(g.cpu().double(), e, rtol=1e-4, atol=1e-4, msg=name)
+
+
+def test_backward_through_a_mask_of_another_layout_takes_the_two_ops():
+    """A non-contiguous activation tensor: the general route (the masked gradient, then the backward)."""
+    from tunecl.backend.ops.nn import batch_norm_backward_masked
+
+    x, grad = torch.randn(2, 3, 4, 4), torch.randn(2, 3, 4, 4)
+    act = torch.randn(2, 4, 4, 3).permute(0, 3, 1, 2)
+    weight, mean, invstd = torch.rand(3) + 0.5, x.mean([0, 2, 3]), torch.rand(3) + 0.5
+    masked = torch.ops.aten.threshold_backward(grad, act, 0)
+    expected = torch.ops.aten.native_batch_norm_backward(masked, x, weight, None, None, mean, invstd, True, 1e-5,
+                                                         [True, False, True])
+    got = batch_norm_backward_masked(grad.to(DEV), act.to(DEV), "relu", x.to(DEV), weight.to(DEV), None, None,
+                                     mean.to(DEV), invstd.to(DEV), True, 1e-5, [True, False, True])
+    assert got[1] is None
+    for g, e in ((got[0], expected[0]), (got[2], expected[2])):
+        torch.testing.assert_close(g.cpu(), e, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="relu"):
+        batch_norm_backward_masked(grad.to(DEV), act.to(DEV), "gelu", x.to(DEV), weight.to(DEV), None, None,
+                                   mean.to(DEV), invstd.to(DEV), True, 1e-5, [True, True, True])

@@ -209,7 +209,8 @@ def test_a_compiled_relu6_in_place_block_copies_no_activations_and_trains_as_eag
         states[compiled] = {k: v.cpu() for k, v in net.state_dict().items()}
     for name, value in states[False].items():
         torch.testing.assert_close(states[True][name], value, atol=1e-5, rtol=1e-5, msg=name)
-    assert compile_backend.stats()["dropped_clones"] == 2, compile_backend.stats()
+    stats = compile_backend.stats()   # (and the relu6 backward read through by the batch norm's)
+    assert stats["dropped_clones"] == 2 and stats["fused_norm_backward"] == 2, stats
 
 
 def test_a_compiled_conv_bn_relu_step_copies_nothing_and_trains_as_eagerly():
@@ -233,6 +234,7 @@ def test_a_compiled_conv_bn_relu_step_copies_nothing_and_trains_as_eagerly():
         states[reinplace] = {k: v.cpu() for k, v in run.state_dict().items()}
         if reinplace:   # the batch norm and its step count in place, the relu inside its launch
             assert stats["reinplaced_ops"] >= 2 and stats["in_place_activations"] == 1, stats
+        assert stats["fused_norm_backward"] == 1, stats   # the relu's backward read through by the norm's
     eager = copy.deepcopy(model).to("opencl")
     optimizer = torch.optim.SGD(eager.parameters(), lr=0.1)
     for _ in range(4):

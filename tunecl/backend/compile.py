@@ -34,7 +34,9 @@ input the graph writes (``x.add_(y)`` in the compiled function) is copied back o
 - Recompiles (a new shape, dtype, train/eval) get graphs of their own; the graphs go with the compiled
   code. :func:`stats` counts captures, replays and eager calls with their reasons.
 - Before a graph runs, it is rewritten: in an inference graph each convolution -> eval batch norm pair
-  becomes one convolution with folded weights (:mod:`tunecl.backend.folding`), and in every graph each
+  becomes one convolution with folded weights (:mod:`tunecl.backend.folding`), in a backward graph each
+  relu or relu6 backward that feeds a batch norm's backward alone is read through by it
+  (:mod:`tunecl.backend.norm_fusion`), and in every graph each
   run of pointwise ops becomes one generated kernel (:mod:`tunecl.backend.fusion`); ops whose results are
   written back into a mutated input are made in place where that is sound (:mod:`tunecl.backend.reinplace`:
   a compiled Adam step updates its parameters, moments and step counts where they are), each run of
@@ -42,8 +44,8 @@ input the graph writes (``x.add_(y)`` in the compiled function) is copied back o
   norms' step-count increments become one launch (:mod:`tunecl.backend.step_counts`), and the copies
   that still write mutated inputs back are grouped into multi-tensor copies
   (:mod:`tunecl.backend.copy_backs`). Options switch them off: ``torch.compile(m, backend="tunecl",
-  options={"fold_conv_bn": False, "fuse_pointwise": False, "reinplace": False, "fuse_foreach": False,
-  "group_step_counts": False, "group_copy_backs": False})``.
+  options={"fold_conv_bn": False, "fuse_norm_backward": False, "fuse_pointwise": False, "reinplace": False,
+  "fuse_foreach": False, "group_step_counts": False, "group_copy_backs": False})``.
 """
 
 from __future__ import annotations
@@ -63,8 +65,8 @@ from torch._dynamo.backends.debugging import boxed_nop
 from torch._inductor.utils import count_tangents
 
 import tunecl.backend  # noqa: F401  (registers the opencl device)
-from tunecl.backend import (copy_backs, folding, foreach_fusion, fusion, graphs, random_draws, reinplace,
-                            step_counts)
+from tunecl.backend import (copy_backs, folding, foreach_fusion, fusion, graphs, norm_fusion, random_draws,
+                            reinplace, step_counts)
 from tunecl.backend.ops import foreach
 
 _counts: collections.Counter[str] = collections.Counter()
@@ -78,7 +80,8 @@ def stats() -> dict[str, int]:
     inputs), ``output_copies``, ``eager_graphs`` (graphs that run eagerly for good),
     ``eager_calls:<reason>`` (calls of a captured graph run eagerly instead of replayed),
     ``captured_commands`` (device commands the captures hold: what their replays enqueue), and the
-    rewrites: ``folded_conv_bn`` (convolution + batch norm pairs folded), ``fused_chains`` (runs of
+    rewrites: ``folded_conv_bn`` (convolution + batch norm pairs folded), ``fused_norm_backward`` (relu or
+    relu6 backward + batch norm backward pairs made one call), ``fused_chains`` (runs of
     pointwise ops fused into one kernel), ``fused_ops`` (the ops in them), ``reinplaced_ops`` (ops made in
     place over a mutated input), ``in_place_activations`` (relu/relu6 of a batch norm's output made in place,
     so that they run inside its launch), ``dropped_clones`` (copies of values nothing writes), ``fused_foreach_runs`` and ``fused_foreach_ops`` (runs of ``_foreach_*`` ops
@@ -358,6 +361,8 @@ def _rewrite(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: d
     """The graph-level rewrites of ``gm`` the options allow (see the module docstring), counted."""
     if inference and options.get("fold_conv_bn", True):
         _counts["folded_conv_bn"] += folding.fold_conv_bn(gm)
+    if options.get("fuse_norm_backward", True):
+        _counts["fused_norm_backward"] += norm_fusion.fuse_norm_backward(gm)
     if options.get("fuse_pointwise", True):
         runs = fusion.fuse_pointwise(gm)
         _counts["fused_chains"] += len(runs)
@@ -402,8 +407,8 @@ def _backward_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
 
 
 # the options, each True unless given False
-REWRITES = ("fold_conv_bn", "fuse_pointwise", "reinplace", "fuse_foreach", "group_step_counts",
-            "group_copy_backs")
+REWRITES = ("fold_conv_bn", "fuse_norm_backward", "fuse_pointwise", "reinplace", "fuse_foreach",
+            "group_step_counts", "group_copy_backs")
 
 
 def tunecl_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, options: dict[str, Any] | None = None,

@@ -347,6 +347,43 @@ def native_batch_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, weig
             None if grad_bias is None else half.cast(grad_bias, param_dtype))
 
 
+def batch_norm_backward_masked(grad_out: torch.Tensor, act: torch.Tensor, mask: str, input: torch.Tensor,
+                               weight: torch.Tensor | None, running_mean: torch.Tensor | None,
+                               running_var: torch.Tensor | None, save_mean: torch.Tensor | None,
+                               save_invstd: torch.Tensor | None, train: bool, eps: float,
+                               output_mask: Sequence[bool]) -> tuple:
+    """``native_batch_norm_backward`` of the gradient that the backward of the activation after the batch
+    norm makes of ``grad_out``: ``mask`` "relu" for ``threshold_backward(grad_out, act, 0)`` (act: the relu's
+    output), "relu6" for ``hardtanh_backward(grad_out, act, 0, 6)`` (act: its input). Where every tensor is
+    contiguous float32 of one shape, the backward kernels read grad_out through that mask: no masked copy is
+    made or read. A compiled backward graph calls this (:mod:`tunecl.backend.norm_fusion`)."""
+    if (mask in ("relu", "relu6") and _plain(grad_out, input, act, weight, running_mean, running_var, save_mean,
+                                               save_invstd)
+            and act.shape == grad_out.shape == input.shape and act.device == grad_out.device):
+        shape = _ncl(input)
+        c = shape[1]
+        grad_input = memory.empty_dense(input) if output_mask[0] else None
+        grad_weight = memory.empty([c], [1], torch.float32) if output_mask[1] else None
+        grad_bias = memory.empty([c], [1], torch.float32) if output_mask[2] else None
+        ops = {"dy": _at(grad_out), "x": _at(input), "weight": _at(weight), "y": _at(grad_input),
+               "grad_weight": _at(grad_weight), "grad_bias": _at(grad_bias), "act": _at(act)}
+        if train:
+            ops.update(save_mean=_at(save_mean), save_invstd=_at(save_invstd))
+        else:
+            ops.update(running_mean=_at(running_mean), running_var=_at(running_var))
+        state.get().norm.backward(shape, ops, train, eps, grad_input is not None, mask=mask)
+        return grad_input, grad_weight, grad_bias
+    aten = torch.ops.aten
+    if mask == "relu":
+        grad = aten.threshold_backward.default(grad_out, act, 0)
+    elif mask == "relu6":
+        grad = aten.hardtanh_backward.default(grad_out, act, 0, 6)
+    else:
+        raise ValueError(f"mask must be 'relu' or 'relu6', not {mask!r}")
+    return aten.native_batch_norm_backward.default(grad, input, weight, running_mean, running_var, save_mean,
+                                                   save_invstd, train, eps, output_mask)
+
+
 # -- pooling ---------------------------------------------------------------------------------------------
 def _pair(values: Sequence[int] | int, default: Sequence[int] | None = None) -> tuple[int, int]:
     if isinstance(values, int):

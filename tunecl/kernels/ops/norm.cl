@@ -40,14 +40,18 @@
 //                     grad_weight = sum(dy * (x - mean)) * invstd, grad_bias = sum(dy)
 //   bn_backward_apply   train: gx = (dy - sum(dy)/M - (x - mean) invstd^2 sum(dy (x - mean))/M)
 //                     * invstd * weight; EVAL: gx = dy * invstd * weight
+// With MASK_RELU or MASK_RELU6 both backward kernels read dy through the mask of the activation that
+// followed the batch norm: dy where act (the relu's output, or relu6's input) is inside (0, inf) or (0, 6),
+// else 0, as threshold_backward and hardtanh_backward compute it (NaN passes); act is laid out as dy.
 // The elementwise kernels (bn_apply, bn_backward_apply) run on a 2-D grid: dim 1 over the rows
 // r = n * C + c (c = r % C once per row), dim 0 over the vectors l within the row.
 //
 // Variants (-D options): GROUP (work-group size of the partial kernels, a power of two), UNROLL
 // (vector loads per work-item per main-loop step), VW (1 or 4), IDX (int or long), HAS_WEIGHT,
-// HAS_BIAS, HAS_RUNNING, EVAL (statistics come from running_mean/var), HAS_GW, HAS_GB.
+// HAS_BIAS, HAS_RUNNING, EVAL (statistics come from running_mean/var), HAS_GW, HAS_GB, MASK_RELU,
+// MASK_RELU6.
 // meta (IDX): N, C, L, then element offsets of x, y (or grad_input), weight, bias, running_mean,
-// running_var, save_mean, save_invstd, dy, grad_weight, grad_bias, then P.
+// running_var, save_mean, save_invstd, dy, grad_weight, grad_bias, act, then P.
 
 #ifndef GROUP
   #define GROUP 256
@@ -72,7 +76,7 @@
   #error "VW must be 1 or 4"
 #endif
 
-typedef struct { IDX v[15]; } meta_t;
+typedef struct { IDX v[16]; } meta_t;
 #define N       m.v[0]
 #define C       m.v[1]
 #define L       m.v[2]
@@ -87,14 +91,30 @@ typedef struct { IDX v[15]; } meta_t;
 #define OFF_DY  m.v[11]
 #define OFF_GW  m.v[12]
 #define OFF_GB  m.v[13]
-#define PARTS   m.v[14]
+#define OFF_ACT m.v[14]
+#define PARTS   m.v[15]
 
 #define BN_ARGS __global const float *x, __global float *y, __global const float *weight,      \
                 __global const float *bias, __global float *running_mean,                     \
                 __global float *running_var, __global float *save_mean,                       \
                 __global float *save_invstd, __global const float *dy,                        \
                 __global float *grad_weight, __global float *grad_bias,                       \
-                __global float *scratch, const float eps, const float momentum, const meta_t m
+                __global const float *act, __global float *scratch, const float eps,          \
+                const float momentum, const meta_t m
+
+// dy at vector i of a tensor laid out as x, through the activation's mask (see the top)
+#if defined(MASK_RELU)
+  #define MASKED(g, a) select((g), (vec_t)(0.0f), (a) <= (vec_t)(0.0f))
+#elif defined(MASK_RELU6)
+  #define MASKED(g, a) select((g), (vec_t)(0.0f), ((a) <= (vec_t)(0.0f)) | ((a) >= (vec_t)(6.0f)))
+#else
+  #define MASKED(g, a) (g)
+#endif
+#if defined(MASK_RELU) || defined(MASK_RELU6)
+  #define DY_AT(i) MASKED(dyv[i], actv[i])
+#else
+  #define DY_AT(i) dyv[i]
+#endif
 
 // the partials of channel c, part p
 #define PART1(c, p) scratch[2 * C + (c) * PARTS + (p)]
@@ -310,6 +330,7 @@ __kernel void bn_backward_reduce(BN_ARGS)
   __local float part[2 * GROUP];
   __global const vec_t *xv = (__global const vec_t *)(x + OFF_X);
   __global const vec_t *dyv = (__global const vec_t *)(dy + OFF_DY);
+  __global const vec_t *actv = (__global const vec_t *)(act + OFF_ACT);
   for (IDX c = (IDX)get_group_id(1); c < C; c += (IDX)get_num_groups(1)) {
     const float mean = MEAN(c);
     vec_t acc_dy = (vec_t)(0.0f), acc_dy_xmu = (vec_t)(0.0f);
@@ -318,7 +339,7 @@ __kernel void bn_backward_reduce(BN_ARGS)
       vec_t g[UNROLL], v[UNROLL];
       #pragma unroll
       for (int u = 0; u < UNROLL; ++u) {
-        g[u] = dyv[off];
+        g[u] = DY_AT(off);
         v[u] = xv[off];
         PART_STEP
       }
@@ -329,7 +350,7 @@ __kernel void bn_backward_reduce(BN_ARGS)
       }
     }
     for (; j < end; j += GROUP) {
-      const vec_t g = dyv[off];
+      const vec_t g = DY_AT(off);
       acc_dy += g;
       acc_dy_xmu += g * (xv[off] - mean);
       PART_STEP
@@ -396,17 +417,18 @@ __kernel void bn_backward_apply(BN_ARGS)
     const IDX c = r % C;
     const float invstd = INVSTD(c);
     const float scale = invstd * W(c);
-    __global const vec_t *gr = (__global const vec_t *)(dy + OFF_DY) + r * LV;
+    __global const vec_t *dyv = (__global const vec_t *)(dy + OFF_DY) + r * LV;
+    __global const vec_t *actv = (__global const vec_t *)(act + OFF_ACT) + r * LV;
     __global vec_t *yr = (__global vec_t *)(y + OFF_Y) + r * LV;
 #ifdef EVAL
-    for (IDX l = l0; l < LV; l += lstep) yr[l] = gr[l] * scale;
+    for (IDX l = l0; l < LV; l += lstep) yr[l] = DY_AT(l) * scale;
 #else
     const float mean = MEAN(c);
     const float count = (float)(N * L);
     const float a = scratch[c] / count;
     const float b = invstd * invstd * scratch[C + c] / count;
     __global const vec_t *xr = (__global const vec_t *)(x + OFF_X) + r * LV;
-    for (IDX l = l0; l < LV; l += lstep) yr[l] = (gr[l] - a - (xr[l] - mean) * b) * scale;
+    for (IDX l = l0; l < LV; l += lstep) yr[l] = (DY_AT(l) - a - (xr[l] - mean) * b) * scale;
 #endif
   }
 }

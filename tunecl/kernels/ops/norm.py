@@ -30,9 +30,9 @@ from tunecl.runtime import Device
 # the tensors every batch-norm kernel takes, in argument order (then the scratch buffer, eps, momentum,
 # meta), each given as (buffer, element offset): contiguous float32 data
 _OFFSETS = ("x", "y", "weight", "bias", "running_mean", "running_var", "save_mean", "save_invstd", "dy",
-            "grad_weight", "grad_bias")
+            "grad_weight", "grad_bias", "act")
 Tensor = tuple  # (cl.Buffer | None, element offset)
-META_LENGTH = 15  # N, C, L, the 11 offsets, P
+META_LENGTH = 16  # N, C, L, the 12 offsets, P
 
 # -- launch geometry (tune here) --
 GROUP_SIZE = 256         # work-items per work-group of the partial kernels (rounded down to a power of two)
@@ -47,9 +47,11 @@ ELEMENTWISE_MAX_GROUPS_PER_UNIT = 0   # ... and at most, 0: no cap (past it, wor
                                       # on PoCL 256 helps short rows, 7x7, but slows long ones, 112x112)
 VECTOR = 4               # float4 loads when L and the big tensors' offsets allow (1 turns them off)
 MAX_LAUNCHES = 4096      # launch plans kept (see BatchNorm._launch)
-MAX_GRID_GROUPS = 65535
+MAX_GRID_GROUPS = 65535  # work-groups along dims 1 and 2 of a grid (CUDA's limit); the kernels loop past it
 # the in-place ops the normalising launch can apply as it writes (Device.replace_held), by their build flag
-FOLDS = {"relu": "RELU", "relu6": "RELU6"}  # work-groups along dims 1 and 2 of a grid (CUDA's limit); the kernels loop past it
+FOLDS = {"relu": "RELU", "relu6": "RELU6"}
+# the activations whose backward the backward kernels apply to dy as they read it, by their build flag
+MASKS = {"relu": "MASK_RELU", "relu6": "MASK_RELU6"}
 
 
 def _power_of_two_below(n: int) -> int:
@@ -92,7 +94,7 @@ class BatchNorm:
         boundary (L a multiple of it, the tensors' offsets too; buffers themselves are aligned), else 1.
         The finalize kernels must get the same VW as their partial kernel (it sets the parts' bounds)."""
         if VECTOR > 1 and length % VECTOR == 0 and all(
-                t is None or t[1] % VECTOR == 0 for t in (ops.get("x"), ops.get("y"), ops.get("dy"))):
+                t is None or t[1] % VECTOR == 0 for t in (ops.get("x"), ops.get("y"), ops.get("dy"), ops.get("act"))):
             return VECTOR
         return 1
 
@@ -115,7 +117,7 @@ class BatchNorm:
         if kernel is None:
             options = [f"-DGROUP={group}", f"-DUNROLL={UNROLL}", f"-DIDX={idx}"] + [f"-D{flag}" for flag in flags]
             kernel = self.cache.build(key, options, name,
-                                      [None] * 12 + [np.float32, np.float32, meta_dtype(META_LENGTH, idx)])
+                                      [None] * 13 + [np.float32, np.float32, meta_dtype(META_LENGTH, idx)])
         return kernel
 
     def _elementwise_grid(self, n: int, c: int, length: int) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -218,12 +220,14 @@ class BatchNorm:
         return steps
 
     def _backward_steps(self, shape: tuple[int, int, int], ops: Mapping[str, Tensor | None], training: bool,
-                        need_input_grad: bool) -> list[tuple]:
+                        need_input_grad: bool, mask: str | None = None) -> list[tuple]:
         """The backward's launches as (name, kind, flags, parts, scratch, held); with self._lock held."""
         n, c, length = shape
         if c == 0:
             return []
         base = (("HAS_WEIGHT",) if ops.get("weight") is not None else ()) + (("EVAL",) if not training else ())
+        if mask is not None:
+            base += (MASKS[mask],)
         reduce_flags = base + (("HAS_GW",) if ops.get("grad_weight") is not None else ()) + \
             (("HAS_GB",) if ops.get("grad_bias") is not None else ())
         steps: list[tuple] = []
@@ -244,12 +248,15 @@ class BatchNorm:
                 self._launch(name, kind, shape, ops, flags, eps, momentum, parts, scratch, held)
 
     def backward(self, shape: tuple[int, int, int], ops: Mapping[str, Tensor | None], training: bool,
-                 eps: float, need_input_grad: bool) -> None:
+                 eps: float, need_input_grad: bool, mask: str | None = None) -> None:
         """``ops`` names dy, x, weight, mean/invstd (saved or running), y (grad_input), grad_weight and
-        grad_bias."""
+        grad_bias; with ``mask`` ("relu" or "relu6", a key of :data:`MASKS`) also act, and dy is read through
+        that activation's mask (the backward of the activation that followed the batch norm, fused)."""
+        if (mask is None) != (ops.get("act") is None) or (mask is not None and mask not in MASKS):
+            raise ValueError(f"mask {mask!r} needs an act tensor and one of {sorted(MASKS)}")
         with self._lock:
             for name, kind, flags, parts, scratch, held in self._backward_steps(shape, ops, training,
-                                                                                need_input_grad):
+                                                                                need_input_grad, mask):
                 self._launch(name, kind, shape, ops, flags, eps, 0.0, parts, scratch, held)
 
     # -- pre-built calls ----------------------------------------------------------------------------
