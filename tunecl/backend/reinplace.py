@@ -19,6 +19,11 @@ with another input, and whose final value no earlier op has written in place alr
 reads that old value (other than the final ``copy_``); no other
 operand of the op is one of those inputs (``mul_(a, a)`` is not sound); each result has its input's shape,
 dtype and strides (an in-place op keeps them); and no result is a graph output.
+
+Two more rewrites here undo what functionalization does to eager code that works in place:
+:func:`drop_clones` drops a copy of a value that nothing in the graph writes (``ReLU6(inplace=True)`` in
+training leaves one per layer), and :func:`activations_in_place` makes a relu or relu6 of a batch norm's
+output in place again, so that it runs inside the batch norm's launch.
 """
 
 from __future__ import annotations
