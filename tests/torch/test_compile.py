@@ -155,6 +155,70 @@ def test_the_backend_is_found_by_name_in_a_fresh_process():
     assert "[3.0, 3.0, 3.0]" in done.stdout
 
 
+def test_the_default_backend_compiles_opencl_graphs_with_tunecls_and_says_so(monkeypatch):
+    """``torch.compile(model)`` without a backend: Inductor has no OpenCL code generator, so an opencl graph
+    compiles with backend="tunecl", trains as eagerly and replays, with one warning naming the choice."""
+    from tunecl.backend import default_compile
+
+    monkeypatch.setattr(default_compile, "_warned", False)
+    batches = [(torch.randn(2, 3, 8, 8), torch.randint(0, 5, (2,))) for _ in range(STEPS)]
+    reference = _conv_net()
+    model = copy.deepcopy(reference).to("opencl")
+    eager_model = copy.deepcopy(reference).to("opencl")
+    run = torch.compile(model, mode="max-autotune")   # (an Inductor mode: named in the warning, not used)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (model, eager_model)]
+    def train() -> None:
+        for x, y in batches:
+            for forward, optimizer in zip((run, eager_model), optimizers):
+                F.cross_entropy(forward(x.to("opencl")), y.to("opencl")).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+
+    with pytest.warns(UserWarning, match="compile with backend='tunecl' instead") as caught:
+        train()
+    messages = [str(w.message) for w in caught if "Inductor" in str(w.message)]
+    assert len(messages) == 1 and "max_autotune" in messages[0], messages
+    for (name, a), b in zip(model.state_dict().items(), eager_model.state_dict().values()):
+        torch.testing.assert_close(a.cpu(), b.cpu(), atol=1e-5, rtol=1e-5, msg=name)
+    stats = compile_backend.stats()
+    assert stats["captures"] == 2 and stats["replays"] == 2 * (STEPS - 2), stats
+
+
+def test_the_default_backend_still_compiles_cpu_graphs_with_inductor(monkeypatch):
+    import torch._inductor.compile_fx as inductor
+
+    from tunecl.backend import default_compile
+
+    monkeypatch.setattr(default_compile, "_warned", False)
+    seen = []
+    monkeypatch.setattr(inductor, "compile_fx", lambda model, inputs, **kwargs: seen.append(inputs) or model)
+    wrapper = torch._TorchCompileInductorWrapper("default", None, False)
+    graph = torch.fx.symbolic_trace(lambda x: x * 2)
+    assert wrapper(graph, [torch.ones(3)]) is graph and len(seen) == 1
+    ours = []
+    monkeypatch.setattr(default_compile, "_tunecl_backend",
+                        lambda: lambda model, inputs: ours.append(inputs) or model)
+    with pytest.warns(UserWarning, match="backend='tunecl'"):
+        assert wrapper(graph, [torch.ones(3, device="opencl")]) is graph
+    assert len(seen) == 1 and len(ours) == 1
+
+
+def test_the_default_backend_says_what_to_do_where_tunecls_is_not_registered(monkeypatch):
+    from torch._dynamo.backends import registry
+
+    from tunecl.backend import default_compile
+
+    def missing(name):
+        raise registry.InvalidBackend(name)
+
+    monkeypatch.setattr(registry, "lookup_backend", missing)
+    monkeypatch.setattr(default_compile, "_warned", False)
+    wrapper = torch._TorchCompileInductorWrapper("default", None, False)
+    graph = torch.fx.symbolic_trace(lambda x: x * 2)
+    with pytest.warns(UserWarning), pytest.raises(RuntimeError, match="import tunecl.backend.compile"):
+        wrapper(graph, [torch.ones(3, device="opencl")])
+
+
 def test_captures_count_in_memory_stats_and_are_freed_by_a_dynamo_reset():
     import gc
 

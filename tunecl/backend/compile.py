@@ -84,8 +84,9 @@ def stats() -> dict[str, int]:
     relu6 backward + batch norm backward pairs made one call), ``fused_chains`` (runs of
     pointwise ops fused into one kernel), ``fused_ops`` (the ops in them), ``reinplaced_ops`` (ops made in
     place over a mutated input), ``in_place_activations`` (relu/relu6 of a batch norm's output made in place,
-    so that they run inside its launch), ``dropped_clones`` (copies of values nothing writes), ``fused_foreach_runs`` and ``fused_foreach_ops`` (runs of ``_foreach_*`` ops
-    made one multi-tensor kernel, and the ops in them), ``grouped_step_counts`` (batch norms' step-count
+    so that they run inside its launch), ``dropped_clones`` (copies of values nothing writes),
+    ``fused_foreach_runs`` and ``fused_foreach_ops`` (runs of ``_foreach_*`` ops made one multi-tensor
+    kernel, and the ops in them), ``grouped_step_counts`` (batch norms' step-count
     increments made one multi-tensor launch) and ``grouped_copy_backs``
     (copies into mutated inputs made multi-tensor copies)."""
     return dict(_counts)

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from tunecl.backend import (accelerator, amp, autocast, autograd_engine, copies, counters, fallback, memory, modules,
-                            state, streams, weight_cache)
+from tunecl.backend import (accelerator, amp, autocast, autograd_engine, copies, counters, default_compile, fallback,
+                            memory, modules, state, streams, weight_cache)
 from tunecl.errors import Unsupported
 
 BACKEND = "opencl"
@@ -81,6 +81,7 @@ def register() -> None:
         accelerator.patch()
         amp.patch_torch_grad_scaler()
         autograd_engine.patch()
+        default_compile.patch()   # torch.compile's default backend on opencl graphs: tunecl's
         _registered = True
 
 

@@ -94,7 +94,8 @@ class BatchNorm:
         boundary (L a multiple of it, the tensors' offsets too; buffers themselves are aligned), else 1.
         The finalize kernels must get the same VW as their partial kernel (it sets the parts' bounds)."""
         if VECTOR > 1 and length % VECTOR == 0 and all(
-                t is None or t[1] % VECTOR == 0 for t in (ops.get("x"), ops.get("y"), ops.get("dy"), ops.get("act"))):
+                t is None or t[1] % VECTOR == 0
+                for t in (ops.get("x"), ops.get("y"), ops.get("dy"), ops.get("act"))):
             return VECTOR
         return 1
 
