@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tiny_nets import tiny_cnn
+from training_checks import assert_same_state, sgd_trained_state
 
 compile_backend = pytest.importorskip("tunecl.backend.compile")
 from tunecl.backend import fusion, memory, state  # noqa: E402
@@ -322,17 +323,7 @@ def test_a_compiled_step_counts_its_batch_norms_in_one_launch_and_equals_eager()
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 4, 3), nn.BatchNorm2d(4),
                           nn.ReLU(), nn.Flatten(), nn.Linear(4 * 16, 3))
     x, y = torch.randn(2, 3, 8, 8), torch.randint(0, 3, (2,))
-    runs = {}
-    for compiled in (True, False):
-        net = copy.deepcopy(model).to("opencl")
-        optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
-        run = torch.compile(net, backend="tunecl") if compiled else net
-        for _ in range(STEPS):
-            F.cross_entropy(run(x.to("opencl")), y.to("opencl")).backward()
-            optimizer.step()
-            optimizer.zero_grad()
-        runs[compiled] = {k: v.cpu() for k, v in net.state_dict().items()}
-    for name, value in runs[False].items():
-        torch.testing.assert_close(runs[True][name], value, **TOL, msg=name)
+    runs = {compiled: sgd_trained_state(model, x, y, STEPS, compiled=compiled) for compiled in (True, False)}
+    assert_same_state(runs[True], runs[False], **TOL)
     assert int(runs[True]["1.num_batches_tracked"]) == STEPS and int(runs[True]["4.num_batches_tracked"]) == STEPS
     assert compile_backend.stats()["grouped_step_counts"] == 2, compile_backend.stats()

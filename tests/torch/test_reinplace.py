@@ -13,7 +13,7 @@ from torch import nn
 
 compile_backend = pytest.importorskip("tunecl.backend.compile")
 from tunecl.backend.reinplace import activations_in_place, drop_clones, reinplace_input_mutations  # noqa: E402
-from training_checks import assert_same_parameters_and_state  # noqa: E402
+from training_checks import assert_same_parameters_and_state, assert_same_state, sgd_trained_state  # noqa: E402
 
 aten = torch.ops.aten
 
@@ -197,18 +197,7 @@ def test_a_compiled_relu6_in_place_block_copies_no_activations_and_trains_as_eag
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU6(inplace=True), nn.Conv2d(4, 4, 3),
                           nn.BatchNorm2d(4), nn.ReLU6(inplace=True), nn.Flatten(), nn.Linear(4 * 16, 3))
     x, y = torch.randn(2, 3, 8, 8) * 4, torch.randint(0, 3, (2,))
-    states = {}
-    for compiled in (True, False):
-        net = copy.deepcopy(model).to("opencl")
-        optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
-        run = torch.compile(net, backend="tunecl") if compiled else net
-        for _ in range(4):
-            torch.nn.functional.cross_entropy(run(x.to("opencl")), y.to("opencl")).backward()
-            optimizer.step()
-            optimizer.zero_grad()
-        states[compiled] = {k: v.cpu() for k, v in net.state_dict().items()}
-    for name, value in states[False].items():
-        torch.testing.assert_close(states[True][name], value, atol=1e-5, rtol=1e-5, msg=name)
+    assert_same_state(sgd_trained_state(model, x, y, 4), sgd_trained_state(model, x, y, 4, compiled=False))
     stats = compile_backend.stats()   # (and the relu6 backward read through by the batch norm's)
     assert stats["dropped_clones"] == 2 and stats["fused_norm_backward"] == 2, stats
 
@@ -217,33 +206,17 @@ def test_a_compiled_conv_bn_relu_step_copies_nothing_and_trains_as_eagerly():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 36, 3))
     x, y = torch.randn(2, 3, 8, 8), torch.randint(0, 3, (2,))
+    eager = sgd_trained_state(model, x, y, 4, compiled=False)
     commands = {}
-    states = {}
     for reinplace in (True, False):
         compile_backend.reset_stats()
         torch._dynamo.reset()
-        run = copy.deepcopy(model).to("opencl")
-        optimizer = torch.optim.SGD(run.parameters(), lr=0.1)
-        compiled = torch.compile(run, backend="tunecl", options={"reinplace": reinplace})
-        for _ in range(4):
-            torch.nn.functional.cross_entropy(compiled(x.to("opencl")), y.to("opencl")).backward()
-            optimizer.step()
-            optimizer.zero_grad()
+        assert_same_state(sgd_trained_state(model, x, y, 4, {"reinplace": reinplace}), eager)
         stats = compile_backend.stats()
         commands[reinplace] = stats["captured_commands"]
-        states[reinplace] = {k: v.cpu() for k, v in run.state_dict().items()}
         if reinplace:   # the batch norm and its step count in place, the relu inside its launch
             assert stats["reinplaced_ops"] >= 2 and stats["in_place_activations"] == 1, stats
         assert stats["fused_norm_backward"] == 1, stats   # the relu's backward read through by the norm's
-    eager = copy.deepcopy(model).to("opencl")
-    optimizer = torch.optim.SGD(eager.parameters(), lr=0.1)
-    for _ in range(4):
-        torch.nn.functional.cross_entropy(eager(x.to("opencl")), y.to("opencl")).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    for name, value in eager.state_dict().items():
-        for reinplace in (True, False):
-            torch.testing.assert_close(states[reinplace][name], value.cpu(), atol=1e-5, rtol=1e-5, msg=name)
     # no clone of the statistics, no copy back, no relu launch of its own (the count includes the backward's)
     assert commands[True] <= commands[False] - 4, commands
 

@@ -158,18 +158,18 @@ def _batch_norm_in_place(gm: torch.fx.GraphModule, node: torch.fx.Node, mutable:
     statistics in place) when its new running mean and variance (results 3 and 4) are what the graph copies
     back into the inputs it got them from, under the conditions of the module docstring; 1 if rewritten.
     The functional op clones both statistics and the graph copies both back: four copies per layer."""
+    # (training only: the new statistics are also outputs there, saved for the backward, which reads them
+    # only in evaluation; from here on the saved tensors are the inputs, which hold the same values)
+    if len(node.args) != 8 or node.kwargs or node.args[5] is not True:
+        return 0
     selves = node.args[3:5]
-    if len(node.args) != 8 or node.kwargs or not all(isinstance(s, torch.fx.Node) and s in mutable for s in selves) \
-            or selves[0] is selves[1] or any(copies[s].args[1] is s for s in selves):
+    if not all(isinstance(s, torch.fx.Node) and s in mutable for s in selves) or selves[0] is selves[1] \
+            or any(copies[s].args[1] is s for s in selves):
         return 0
     if any(isinstance(a, torch.fx.Node) and a in selves for a in node.args[:3]):
         return 0
     results = _results(node, True, 5)
     if results is None:
-        return 0
-    # (in training the new statistics are also outputs: saved for the backward, which reads them only
-    # in evaluation; from here on the saved tensors are the inputs, which hold the same values)
-    if node.args[5] is not True:
         return 0
     for index, s in zip((3, 4), selves):
         result = results[index]

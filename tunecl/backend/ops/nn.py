@@ -324,6 +324,17 @@ def native_batch_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, weig
         grads = None
     if grads is not None:
         return grads
+    return _batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train,
+                                eps, output_mask)
+
+
+def _batch_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor | None,
+                         running_mean: torch.Tensor | None, running_var: torch.Tensor | None,
+                         save_mean: torch.Tensor | None, save_invstd: torch.Tensor | None, train: bool, eps: float,
+                         output_mask: Sequence[bool], act: torch.Tensor | None = None,
+                         mask: str | None = None) -> tuple:
+    """The backward's general route; with ``act`` and ``mask`` (contiguous float32 operands only) dy is read
+    through that activation's mask (see :func:`batch_norm_backward_masked`)."""
     shape = _ncl(input)
     c = shape[1]
     plain = _plain(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd)
@@ -336,12 +347,12 @@ def native_batch_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, weig
     grad_bias = memory.empty([c], [1], torch.float32) if output_mask[2] else None
     at = _at if plain else _at32
     ops = {"dy": _at(dy), "x": _at(x), "weight": at(weight), "y": _at(grad_input),
-           "grad_weight": _at(grad_weight), "grad_bias": _at(grad_bias)}
+           "grad_weight": _at(grad_weight), "grad_bias": _at(grad_bias), "act": _at(act)}
     if train:
         ops.update(save_mean=at(save_mean), save_invstd=at(save_invstd))
     else:
         ops.update(running_mean=at(running_mean), running_var=at(running_var))
-    state.get().norm.backward(shape, ops, train, eps, grad_input is not None)
+    state.get().norm.backward(shape, ops, train, eps, grad_input is not None, mask=mask)
     return (None if grad_input is None else half.cast(grad_input, input.dtype),
             None if grad_weight is None else half.cast(grad_weight, param_dtype),
             None if grad_bias is None else half.cast(grad_bias, param_dtype))
@@ -360,19 +371,8 @@ def batch_norm_backward_masked(grad_out: torch.Tensor, act: torch.Tensor, mask: 
     if (mask in ("relu", "relu6") and _plain(grad_out, input, act, weight, running_mean, running_var, save_mean,
                                                save_invstd)
             and act.shape == grad_out.shape == input.shape and act.device == grad_out.device):
-        shape = _ncl(input)
-        c = shape[1]
-        grad_input = memory.empty_dense(input) if output_mask[0] else None
-        grad_weight = memory.empty([c], [1], torch.float32) if output_mask[1] else None
-        grad_bias = memory.empty([c], [1], torch.float32) if output_mask[2] else None
-        ops = {"dy": _at(grad_out), "x": _at(input), "weight": _at(weight), "y": _at(grad_input),
-               "grad_weight": _at(grad_weight), "grad_bias": _at(grad_bias), "act": _at(act)}
-        if train:
-            ops.update(save_mean=_at(save_mean), save_invstd=_at(save_invstd))
-        else:
-            ops.update(running_mean=_at(running_mean), running_var=_at(running_var))
-        state.get().norm.backward(shape, ops, train, eps, grad_input is not None, mask=mask)
-        return grad_input, grad_weight, grad_bias
+        return _batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd,
+                                    train, eps, output_mask, act, mask)
     aten = torch.ops.aten
     if mask == "relu":
         grad = aten.threshold_backward.default(grad_out, act, 0)
