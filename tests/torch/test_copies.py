@@ -98,7 +98,7 @@ def test_device_index_other_than_zero_is_refused():
 def test_large_uploads_go_through_the_pinned_buffer_back_to_back_and_as_it_grows(monkeypatch):
     from tunecl.backend import copies
 
-    monkeypatch.setattr(copies, "STAGING_LIMIT", 1024)   # every upload below is "large"
+    monkeypatch.setattr(copies, "PINNED_LIMIT", 1024)    # every upload below is "large"
     monkeypatch.setattr(copies, "PINNED_UPLOADS", True)  # (the GPU path, on any device)
     monkeypatch.setattr(copies, "_pinned", copies._PinnedStaging())
     monkeypatch.setattr(copies, "STAGING_CHUNK", 1000)   # several chunks, the last one partial

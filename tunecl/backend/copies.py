@@ -1,15 +1,17 @@
 """Copies host→device, device→host and device→device, contiguous or strided, with dtype conversion.
 
-- Host→device: up to ``STAGING_LIMIT`` bytes are copied into a fresh buffer at creation
-  (``COPY_HOST_PTR``, which copies before returning) and then moved by an enqueued device copy, so the
-  host never waits. Larger uploads (a training batch) on a GPU are copied into a page-locked host
-  buffer (``ALLOC_HOST_PTR``, mapped once) in chunks, by a few threads, each chunk read by a
+- Host→device on a GPU (or any non-CPU device): up to ``PINNED_LIMIT`` bytes are copied into a fresh
+  buffer at creation (``COPY_HOST_PTR``, which copies before returning) and then moved by an enqueued device
+  copy, so the host never waits for the queue. Larger uploads (a training batch) are copied into a
+  page-locked host buffer (``ALLOC_HOST_PTR``, mapped once) in chunks, by a few threads, each chunk read by a
   non-blocking write submitted at once (the DMA of one chunk overlaps the copies of the next): drivers move
-  page-locked memory by DMA where pageable memory goes through their own staging (NVIDIA's OpenCL
-  guide recommends this), and the host goes on enqueueing meanwhile; the buffer is reused once its
-  last write has finished and grows when an upload needs more. On CPU devices, which read host
-  memory themselves, a larger upload is one blocking write. Non-contiguous or broadcast host data is
-  staged contiguously and scattered on the device by the pointwise ``copy`` kernel.
+  page-locked memory by DMA where pageable memory goes through their own staging (NVIDIA's OpenCL guide
+  recommends this), and the host goes on enqueueing meanwhile; the buffer is reused once its last write has
+  finished and grows when an upload needs more. ``benchmarks/upload.py`` times the routes against each other
+  and torch CUDA's copy.
+- Host→device on a CPU device, which reads host memory itself: up to ``STAGING_LIMIT`` bytes as above,
+  larger uploads by one blocking write (a page-locked copy would only add a copy). Non-contiguous or
+  broadcast host data is staged contiguously and scattered on the device by the pointwise ``copy`` kernel.
 - Device→host blocks (the data must be in host memory on return), so ``non_blocking`` is accepted
   but synchronous.
 - Device→device uses ``clEnqueueCopyBuffer`` for same-dtype contiguous copies, else the pointwise
@@ -35,10 +37,10 @@ from tunecl.backend.memory import buffer_of, contiguous_strides, storage_nbytes
 from tunecl.backend.operands import broadcast_operand, dense_strides_like, is_dense, operand, same_storage
 from tunecl.errors import Unsupported
 
-STAGING_LIMIT = 16 << 20
-# larger uploads through the page-locked buffer: None = on GPUs and accelerators (a CPU device reads host
-# memory itself: there the extra copy only costs, 2.0 -> 4.4 ms for a 38.5 MB batch on PoCL); True or False
-# forces it
+STAGING_LIMIT = 16 << 20   # CPU devices: larger uploads are one blocking write
+PINNED_LIMIT = 1 << 20     # GPUs: larger uploads go through the page-locked buffer
+# the page-locked route: None = on GPUs and accelerators (a CPU device reads host memory itself: there the
+# extra copy only costs, 2.0 -> 4.4 ms for a 38.5 MB batch on PoCL); True or False forces it
 PINNED_UPLOADS: bool | None = None
 STAGING_CHUNK = 4 << 20   # bytes staged (then written) at a time by the page-locked path
 STAGING_THREADS = min(4, os.cpu_count() or 1)   # threads that copy the chunks into it
@@ -69,18 +71,19 @@ def write_bytes(buffer: cl.Buffer, offset: int, data: np.ndarray) -> None:
     # with this call's bytes frozen in it)
     graphs.check_not_capturing("a host→device copy (random numbers are drawn on the host and uploaded)")
     st = state.get()
-    if nbytes <= STAGING_LIMIT:
+    pinned = PINNED_UPLOADS if PINNED_UPLOADS is not None else st.device.fingerprint.device_type != "cpu"
+    if pinned and nbytes > PINNED_LIMIT:
+        _pinned.write(st, buffer, offset, data)
+    elif nbytes <= STAGING_LIMIT:
         staging = cl.Buffer(st.device.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
                             hostbuf=data)
         cl.enqueue_copy(st.queue, buffer, staging, byte_count=nbytes, dst_offset=offset)
-    elif PINNED_UPLOADS or (PINNED_UPLOADS is None and st.device.fingerprint.device_type != "cpu"):
-        _pinned.write(st, buffer, offset, data)
     else:
         cl.enqueue_copy(st.queue, buffer, data, dst_offset=offset, is_blocking=True)
 
 
 class _PinnedStaging:
-    """One page-locked host buffer, mapped for its lifetime, for uploads above ``STAGING_LIMIT``."""
+    """One page-locked host buffer, mapped for its lifetime, for large uploads."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
