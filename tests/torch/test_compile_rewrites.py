@@ -183,7 +183,33 @@ def test_inference_folds_every_conv_bn_pair_and_equals_eager(factory, pairs):
         torch.testing.assert_close(got.cpu(), want.cpu(), **TOL)
     stats = compile_backend.stats()
     assert stats["folded_conv_bn"] == pairs and stats["replays"] == STEPS - 2, stats
+    # every folded convolution here feeds a relu or a residual add: its bias goes into that op's chain
+    assert stats["biases_into_chains"] == pairs, stats
     assert "_native_batch_norm" not in str(next(iter(_captured_graph_modules())).code)
+
+
+def test_a_folded_bias_moved_into_a_chain_reads_the_current_fold_and_stays_without_a_fusible_user():
+    """The bias added by the chain is the fold's: a fold after a weight write reaches the replays; a folded
+    convolution whose user is not pointwise (a pool) keeps its bias."""
+    from tunecl.backend.folding import FoldedConv
+
+    torch.manual_seed(0)
+    model = _randomise_batch_norms(nn.Sequential(nn.Conv2d(3, 5, 3), nn.BatchNorm2d(5), nn.ReLU(),
+                                                 nn.Conv2d(5, 4, 1, bias=True), nn.BatchNorm2d(4),
+                                                 nn.MaxPool2d(2))).to("opencl").eval()
+    run = torch.compile(model, backend="tunecl")
+    x = torch.randn(2, 3, 9, 9, device="opencl")
+    with torch.no_grad():
+        for _ in range(STEPS):
+            torch.testing.assert_close(run(x).cpu(), model(x).cpu(), **TOL)
+        model[1].bias.add_(0.75)   # the first fold's bias, read by the chain
+        model[3].bias.sub_(0.5)    # the second's, still inside its convolution
+        torch.testing.assert_close(run(x).cpu(), model(x).cpu(), **TOL)
+    stats = compile_backend.stats()
+    assert stats["folded_conv_bn"] == 2 and stats["biases_into_chains"] == 1, stats
+    assert stats["replays"] == STEPS - 1 and not any(key.startswith("eager") for key in stats), stats
+    folds = [m for gm in _captured_graph_modules() for m in gm.modules() if isinstance(m, FoldedConv)]
+    assert sorted(f.bias_apart for f in folds) == [False, True]
 
 
 def _captured_graph_modules() -> list[torch.fx.GraphModule]:

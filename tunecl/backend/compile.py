@@ -362,6 +362,8 @@ def _rewrite(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: d
     """The graph-level rewrites of ``gm`` the options allow (see the module docstring), counted."""
     if inference and options.get("fold_conv_bn", True):
         _counts["folded_conv_bn"] += folding.fold_conv_bn(gm)
+        if options.get("fuse_pointwise", True):
+            _counts["biases_into_chains"] += folding.biases_into_pointwise(gm)
     if options.get("fuse_norm_backward", True):
         _counts["fused_norm_backward"] += norm_fusion.fuse_norm_backward(gm)
     if options.get("fuse_pointwise", True):

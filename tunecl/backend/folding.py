@@ -19,6 +19,12 @@ folded convolution only, at the cost of one batch norm less). "May have changed"
 - a replay of another captured graph that uses a source's buffer (a compiled optimizer step: replays
   pass no torch op, so they move no counter).
 
+Where the folded convolution's only user is a pointwise op that the elementwise fusion takes
+(:mod:`tunecl.backend.fusion`: a relu, a residual add), :func:`biases_into_pointwise` moves the folded bias
+out of the convolution into an add before that op, which the fusion then makes part of the op's generated
+kernel: the convolution runs without a bias (several algorithms add it in a kernel of its own), and the
+bias costs the chain one broadcast read.
+
 Inference tensors keep no version counter: with one among the sources the fold runs on every call, and
 a capture records it, so every replay folds too. Before a capture the folds are brought up to date
 (:func:`refresh_before_capture`), so a capture that still finds them stale (a source written during the
@@ -32,6 +38,7 @@ from __future__ import annotations
 import operator
 import weakref
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.fx
@@ -76,6 +83,43 @@ def fold_conv_bn(gm: torch.fx.GraphModule) -> int:
         gm.graph.lint()
         gm.recompile()
     return folded
+
+
+def biases_into_pointwise(gm: torch.fx.GraphModule) -> int:
+    """Move the folded bias of each :class:`FoldedConv` node of ``gm`` whose only user is a fusible
+    pointwise op out of the convolution, into ``add(conv, bias)`` before that op (see the module
+    docstring); returns how many were moved (``gm`` is recompiled if any). Run it after
+    :func:`fold_conv_bn` and before :func:`tunecl.backend.fusion.fuse_pointwise`."""
+    from tunecl.backend import fusion
+
+    moved = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_module" or not isinstance(gm.get_submodule(node.target), FoldedConv):
+            continue
+        value = node.meta.get("val")
+        fake_mode = getattr(value, "fake_mode", None)
+        if len(node.users) != 1 or fake_mode is None:
+            continue
+        user = next(iter(node.users))
+        if fusion.pointwise(user) is None:
+            continue
+        gm.get_submodule(node.target).bias_apart = True
+        with fake_mode:
+            bias_value = torch.empty((value.shape[1], 1, 1), dtype=value.dtype, device=value.device)
+        with gm.graph.inserting_after(node):
+            out = gm.graph.call_function(operator.getitem, (node, 0))
+        with gm.graph.inserting_after(out):
+            bias = gm.graph.call_function(operator.getitem, (node, 1))
+        with gm.graph.inserting_after(bias):
+            added = gm.graph.call_function(aten.add.Tensor, (out, bias))
+        out.meta["val"], bias.meta["val"], added.meta["val"] = value, bias_value, value
+        node.meta["val"] = (value, bias_value)
+        user.replace_input_with(node, added)
+        moved += 1
+    if moved:
+        gm.graph.lint()
+        gm.recompile()
+    return moved
 
 
 def _foldable(bn: torch.fx.Node, eps_index: int) -> torch.fx.Node | None:
@@ -131,6 +175,7 @@ class FoldedConv(nn.Module):
         self.eps = eps
         self.weight: torch.Tensor | None = None   # w' and b', the targets of every fold
         self.bias: torch.Tensor | None = None
+        self.bias_apart = False                   # return (convolution without b', b' as (K, 1, 1))
         self.written = False                      # set by a write into a source's storage
         self.folds = 0                            # how many times it folded (its tests read it)
         self._stamp: tuple | None = None
@@ -141,7 +186,7 @@ class FoldedConv(nn.Module):
         weakref.finalize(self, _unwatch, self._watched, self._listener)
 
     def forward(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gamma: torch.Tensor | None,
-                beta: torch.Tensor | None, mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
+                beta: torch.Tensor | None, mean: torch.Tensor, var: torch.Tensor) -> Any:
         sources = self._sources = (weight, bias, gamma, beta, mean, var)
         if graphs.capturing():
             if self._stale(sources, own=graphs.active()):
@@ -150,6 +195,9 @@ class FoldedConv(nn.Module):
                 graphs.before_each_replay(_Refresh(self, sources, graphs.active()))
         else:
             self.refresh(sources)
+        if self.bias_apart:
+            return (aten.convolution.default(x, self.weight, None, *self.conv_args),
+                    self.bias.view(-1, 1, 1))
         return aten.convolution.default(x, self.weight, self.bias, *self.conv_args)
 
     def refresh(self, sources: Sequence[torch.Tensor | None], own: graphs.Graph | None = None) -> None:

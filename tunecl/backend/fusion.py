@@ -101,7 +101,7 @@ def fuse_pointwise(gm: torch.fx.GraphModule) -> list[int]:
     submodule; returns the number of ops of each run fused (``gm`` is recompiled if any)."""
     nodes = list(gm.graph.nodes)
     position = {node: i for i, node in enumerate(nodes)}
-    computes = {node: _pointwise(node) for node in nodes}
+    computes = {node: pointwise(node) for node in nodes}
     taken: set[torch.fx.Node] = set()
     runs = []
     for root in reversed(nodes):   # consumers first: each run grows from its output towards its inputs
@@ -131,8 +131,8 @@ def fuse_pointwise(gm: torch.fx.GraphModule) -> list[int]:
     return [len(run) for run in runs]
 
 
-def _pointwise(node: torch.fx.Node) -> Pointwise | None:
-    """What ``node`` computes as a pointwise expression, where it can be fused."""
+def pointwise(node: torch.fx.Node) -> Pointwise | None:
+    """What ``node`` computes as a pointwise expression, where it can be fused (None: not fusible)."""
     if node.op != "call_function" or node.target not in OPS or not _float32_opencl(node):
         return None
     try:
