@@ -134,6 +134,35 @@ def test_inference_capture_sees_weights_updated_between_replays(cleanup):
     torch.testing.assert_close(out.cpu(), expected, rtol=1e-4, atol=1e-4)
 
 
+def test_a_transform_made_during_the_capture_is_recorded_and_guarded_by_nothing_else(cleanup):
+    """A cached Winograd transform that is stale when the capture reaches it (the weight written after the
+    warm-up, as an optimizer step does) is made inside the capture: every replay transforms at that point,
+    so no version guard transforms it a second time before the replay."""
+    dev = nn.Sequential(nn.Conv2d(4, 6, 3, padding=1), nn.ReLU(), nn.Conv2d(6, 6, 3, padding=1)).eval()
+    dev.to("opencl")
+    sx = torch.randn(2, 4, 9, 9).to("opencl")
+    g = torch.opencl.Graph()
+    cleanup.append(g)
+    with torch.no_grad():
+        dev(sx)                       # warm-up: both transforms cached
+        dev[2].weight.mul_(2)         # the second one is stale now
+        with torch.opencl.graph(g):
+            out = dev(sx)
+    assert len(g._before_replay) == 1   # the first weight's guard only
+    x = torch.randn(2, 4, 9, 9)
+    for scale in (-0.5, 3.0):
+        with torch.no_grad():
+            sx.copy_(x)
+            dev[2].weight.mul_(scale)   # read by the recorded transform of every replay
+            with KernelProfile() as profile:
+                g.replay()
+                profile.summary()
+            assert profile.commands == g.commands
+            expected = F.conv2d(F.relu(F.conv2d(x, dev[0].weight.cpu(), dev[0].bias.cpu(), padding=1)),
+                                dev[2].weight.cpu(), dev[2].bias.cpu(), padding=1)
+        torch.testing.assert_close(out.cpu(), expected, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("what", ["to_device", "item", "cpu", "random", "print"])
 def test_host_copies_and_random_ops_fail_the_capture_and_leave_nothing_behind(what):
     a = torch.randn(5, 5).to("opencl")

@@ -61,8 +61,10 @@ other random ops (they draw on the host and upload: a replay would repeat the sa
 capture or while a :class:`tunecl.profiling.KernelProfile` is active (both swap pyopencl's launch and
 copy functions process-wide). Nothing else may use the device while a block is captured. Weights'
 A Winograd convolution that reads its weight's cached transform records that read only; every replay
-first checks the weight's version counter and transforms it again if it was written since (an inference
-tensor, which has no counter, gets its transform recorded in the graph instead).
+first checks the weight's version counter and transforms it again if it was written since. A transform
+made during the capture (the weight was written after it was cached, as by an optimizer step between the
+warm-up and the capture; or an inference tensor, which has no counter) is recorded in the graph instead,
+and every replay makes it at that point, with no check before.
 """
 
 from __future__ import annotations

@@ -140,11 +140,13 @@ def run_conv(plan: Any, a: torch.Tensor, weight: torch.Tensor, out: torch.Tensor
 def cached_transform(plan: Any, weight: torch.Tensor, backward: bool = False) -> torch.Tensor | None:
     """The transform of ``weight`` for a ``plan`` that splits its run (:func:`can_transform`), from the
     cache, when the policy allows it (:func:`allowed`) and it fits; None: run the whole plan. In a graph
-    capture, every replay first transforms the weight again if it was written since."""
+    capture: where the transform was made now (a miss or a stale entry), the graph records it and every
+    replay transforms again at that point; otherwise every replay first transforms the weight again if it
+    was written since (the weight's version counter)."""
     if not allowed(weight, backward):
         return None
-    u = transformed(plan, weight)
-    if u is not None and graphs.capturing():
+    u, made_now = _transformed(plan, weight)
+    if u is not None and not made_now and graphs.capturing():
         graphs.before_each_replay(_VersionGuard(plan, weight, u).refresh)
     return u
 
@@ -152,6 +154,11 @@ def cached_transform(plan: Any, weight: torch.Tensor, backward: bool = False) ->
 def transformed(plan: Any, weight: torch.Tensor) -> torch.Tensor | None:
     """The float32 tensor holding ``plan``'s transform of ``weight``'s current contents (transformed now
     on a miss or a stale entry), or None when it is larger than the cap."""
+    return _transformed(plan, weight)[0]
+
+
+def _transformed(plan: Any, weight: torch.Tensor) -> tuple[torch.Tensor | None, bool]:
+    """:func:`transformed`, and whether the transform was enqueued by this call."""
     global _bytes
     storage = weight.untyped_storage()
     address = storage.data_ptr()
@@ -162,13 +169,13 @@ def transformed(plan: Any, weight: torch.Tensor) -> torch.Tensor | None:
         if entry is not None and entry.version == version:
             _entries.move_to_end(key)
             counts["hits"] += 1
-            return entry.u
+            return entry.u, False
         if entry is None:
             nbytes = plan.u_floats * FLOAT_BYTES
             cap = settings()[1]
             if nbytes > cap:
                 counts["too_large"] += 1
-                return None
+                return None, False
             _sweep()
             while _entries and _bytes + nbytes > cap:
                 _drop(next(iter(_entries.values())))
@@ -184,7 +191,7 @@ def transformed(plan: Any, weight: torch.Tensor) -> torch.Tensor | None:
             counts["stale"] += 1   # the version moved on: transform again into the same buffer
         transform_into(plan, weight, entry.u)
         entry.version = version
-        return entry.u
+        return entry.u, True
 
 
 def transform_into(plan: Any, weight: torch.Tensor, u: torch.Tensor) -> None:
