@@ -116,6 +116,45 @@ def test_large_uploads_go_through_the_pinned_buffer_back_to_back_and_as_it_grows
     assert torch.equal(uploaded.cpu(), before)
 
 
+def test_a_large_upload_does_not_wait_for_the_write_of_the_one_before(monkeypatch):
+    """The page-locked writes wait on the device's queue behind the work before them; a second upload must
+    take another staging buffer instead of waiting for the first one's write (here held back by a user
+    event the queue waits on) and the third, with no buffer left, waits for the oldest write."""
+    import threading
+
+    import pyopencl as cl
+
+    from tunecl.backend import copies, state
+
+    monkeypatch.setattr(copies, "PINNED_LIMIT", 1024)
+    monkeypatch.setattr(copies, "PINNED_UPLOADS", True)
+    monkeypatch.setattr(copies, "STAGING_BUFFERS", 2)
+    monkeypatch.setattr(copies, "_pinned", copies._PinnedStaging())
+    st = state.get()
+    st.device.flush()
+    gate = cl.UserEvent(st.device.context)
+    cl.enqueue_marker(st.queue, wait_for=[gate])   # the queue waits for the gate from here on
+    hosts = [torch.randn(3000) for _ in range(3)]
+    devices = []
+    second = threading.Thread(target=lambda: devices.extend(h.to("opencl") for h in hosts[:2]), daemon=True)
+    second.start()
+    second.join(timeout=20)
+    alive = second.is_alive()
+    third = threading.Thread(target=lambda: devices.append(hosts[2].to("opencl")), daemon=True)
+    if not alive:
+        third.start()
+        third.join(timeout=1)
+        waited = third.is_alive()   # both buffers are read by writes behind the gate
+    gate.set_status(cl.command_execution_status.COMPLETE)
+    second.join(timeout=20)
+    third.join(timeout=20) if not alive else None
+    assert not alive, "the second upload waited for the first one's write"
+    assert waited, "the third upload did not wait for a staging buffer"
+    assert len(devices) == 3
+    for h, d in zip(hosts, devices):
+        assert torch.equal(d.cpu(), h)
+
+
 def test_a_forked_child_stages_large_uploads_with_its_own_threads(monkeypatch):
     """The staging threads do not survive a fork; a child that uploads through the page-locked path must not
     wait for them (it gets a pool of its own). The child only copies on the host: OpenCL is not fork-safe,

@@ -6,9 +6,10 @@
   page-locked host buffer (``ALLOC_HOST_PTR``, mapped once) in chunks, by a few threads, each chunk read by a
   non-blocking write submitted at once (the DMA of one chunk overlaps the copies of the next): drivers move
   page-locked memory by DMA where pageable memory goes through their own staging (NVIDIA's OpenCL guide
-  recommends this), and the host goes on enqueueing meanwhile; the buffer is reused once its last write has
-  finished and grows when an upload needs more. ``benchmarks/upload.py`` times the routes against each other
-  and torch CUDA's copy.
+  recommends this), and the host goes on enqueueing meanwhile. An upload takes a staging buffer whose last
+  write has finished (up to ``STAGING_BUFFERS`` of them, each grown when an upload needs more), so uploads
+  back to back do not wait for each other's write, which waits on the queue for the work before it.
+  ``benchmarks/upload.py`` times the routes against each other and torch CUDA's copy.
 - Host→device on a CPU device, which reads host memory itself: up to ``STAGING_LIMIT`` bytes as above,
   larger uploads by one blocking write (a page-locked copy would only add a copy). Non-contiguous or
   broadcast host data is staged contiguously and scattered on the device by the pointwise ``copy`` kernel.
@@ -44,6 +45,7 @@ PINNED_LIMIT = 1 << 20     # GPUs: larger uploads go through the page-locked buf
 PINNED_UPLOADS: bool | None = None
 STAGING_CHUNK = 4 << 20   # bytes staged (then written) at a time by the page-locked path
 STAGING_THREADS = min(4, os.cpu_count() or 1)   # threads that copy the chunks into it
+STAGING_BUFFERS = 4   # page-locked staging buffers at most (each of at least 2 * STAGING_LIMIT bytes)
 
 
 def _bytes_of(host: torch.Tensor) -> np.ndarray:
@@ -82,38 +84,75 @@ def write_bytes(buffer: cl.Buffer, offset: int, data: np.ndarray) -> None:
         cl.enqueue_copy(st.queue, buffer, data, dst_offset=offset, is_blocking=True)
 
 
+class _Staging:
+    """One page-locked host buffer, mapped for its lifetime, and the write that reads it last."""
+
+    __slots__ = ("buffer", "last", "view")
+
+    def __init__(self, st: state.State, nbytes: int, map_queue: cl.CommandQueue) -> None:
+        size = max(nbytes, 2 * STAGING_LIMIT)
+        self.buffer = cl.Buffer(st.device.context, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR, size)
+        # (mapped on a queue of its own: on the device's queue the map would wait for the work enqueued there)
+        self.view, _ = cl.enqueue_map_buffer(map_queue, self.buffer, cl.map_flags.WRITE, 0, (size,), np.uint8)
+        self.last: cl.Event | None = None
+
+    def idle(self) -> bool:
+        """Whether no write still reads the bytes (a failed write reads nothing more either)."""
+        return self.last is None or self.last.command_execution_status <= cl.command_execution_status.COMPLETE
+
+
 class _PinnedStaging:
-    """One page-locked host buffer, mapped for its lifetime, for large uploads."""
+    """Page-locked host buffers for large uploads, at most ``STAGING_BUFFERS``. An upload takes one that no
+    write still reads: the writes wait on the device's in-order queue behind the work enqueued before them,
+    so a second upload that waited for the first one's write would wait for all of that work."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._buffer: cl.Buffer | None = None
-        self._view: np.ndarray | None = None   # the mapped bytes
-        self._last: cl.Event | None = None     # the write that reads them last
+        self._stagings: list[_Staging] = []   # the least recently used first
+        self._map_queue: cl.CommandQueue | None = None
 
     def write(self, st: state.State, buffer: cl.Buffer, offset: int, data: np.ndarray) -> None:
         with self._lock:
             self._write(st, buffer, offset, data)
 
+    def _new(self, st: state.State, nbytes: int) -> _Staging:
+        if self._map_queue is None or self._map_queue.context != st.device.context:
+            self._map_queue = cl.CommandQueue(st.device.context, st.device.cl_device)
+        return _Staging(st, nbytes, self._map_queue)
+
+    def _take(self, st: state.State, nbytes: int) -> _Staging:
+        stagings = self._stagings
+        idle = [s for s in stagings if s.idle()]
+        staging = next((s for s in idle if s.view.nbytes >= nbytes), None)
+        if staging is None:
+            if idle or len(stagings) >= STAGING_BUFFERS:
+                # an idle one that is too small, else the least recently used, once its write has read it
+                staging = idle[0] if idle else stagings[0]
+                if staging.last is not None:
+                    staging.last.wait()
+                stagings.remove(staging)
+                if staging.view.nbytes < nbytes:
+                    staging = self._new(st, nbytes)   # (the old mapping goes with its buffer)
+            else:
+                staging = self._new(st, nbytes)
+        else:
+            stagings.remove(staging)
+        stagings.append(staging)
+        return staging
+
     def _write(self, st: state.State, buffer: cl.Buffer, offset: int, data: np.ndarray) -> None:
         nbytes = data.nbytes
-        if self._last is not None:
-            self._last.wait()   # the previous upload's write has read the bytes (long done, as a rule)
-        if self._view is None or self._view.nbytes < nbytes:
-            self._buffer = self._view = None   # (the old mapping goes with its buffer)
-            size = max(nbytes, 2 * STAGING_LIMIT)
-            self._buffer = cl.Buffer(st.device.context, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR, size)
-            self._view, _ = cl.enqueue_map_buffer(st.queue, self._buffer, cl.map_flags.WRITE, 0, (size,), np.uint8)
+        staging = self._take(st, nbytes)
         # In chunks copied by a few threads (numpy releases the GIL while it copies), each written and
         # submitted as soon as it is staged, so the DMA of one chunk overlaps the copies of the next.
         # (Not torch's copy_ on all its OpenMP threads: 4x faster alone, but 16x slower than one thread
         # when another process keeps the cores busy too, its threads waiting on each other.)
-        src, view = data.reshape(-1).view(np.uint8), self._view
+        src, view = data.reshape(-1).view(np.uint8), staging.view
         spans = [(start, min(start + STAGING_CHUNK, nbytes)) for start in range(0, nbytes, STAGING_CHUNK)]
         copied = _copy_pool().map(lambda span: np.copyto(view[span[0]:span[1]], src[span[0]:span[1]]), spans)
         for (start, stop), _ in zip(spans, copied):
-            self._last = cl.enqueue_copy(st.queue, buffer, view[start:stop], dst_offset=offset + start,
-                                         is_blocking=False)
+            staging.last = cl.enqueue_copy(st.queue, buffer, view[start:stop], dst_offset=offset + start,
+                                           is_blocking=False)
             st.queue.flush()
 
 
