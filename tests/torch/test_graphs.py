@@ -101,11 +101,21 @@ def test_replay_is_bitwise_the_eager_step(cleanup):
         assert torch.equal(a, b)
 
 
-def test_inference_capture_sees_weights_updated_between_replays(cleanup):
-    # 3x3 stride-1 convolutions: the kind whose transformed weights the Winograd cache may serve
+def _winograd_pair() -> tuple[nn.Module, torch.Tensor]:
+    """Two 3x3 stride-1 convolutions on the device (the kind whose transformed weights the Winograd cache may
+    serve) in evaluation, and a device input for them."""
     dev = nn.Sequential(nn.Conv2d(4, 6, 3, padding=1), nn.ReLU(), nn.Conv2d(6, 6, 3, padding=1)).eval()
-    dev.to("opencl")
-    sx = torch.randn(2, 4, 9, 9).to("opencl")
+    return dev.to("opencl"), torch.randn(2, 4, 9, 9).to("opencl")
+
+
+def _winograd_pair_on_cpu(dev: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """:func:`_winograd_pair`'s model with its current weights, run by CPU torch on ``x``."""
+    return F.conv2d(F.relu(F.conv2d(x, dev[0].weight.cpu(), dev[0].bias.cpu(), padding=1)),
+                    dev[2].weight.cpu(), dev[2].bias.cpu(), padding=1)
+
+
+def test_inference_capture_sees_weights_updated_between_replays(cleanup):
+    dev, sx = _winograd_pair()
     g = torch.opencl.Graph()
     cleanup.append(g)
     with torch.no_grad():
@@ -129,8 +139,7 @@ def test_inference_capture_sees_weights_updated_between_replays(cleanup):
         # earlier test had left the device profiling by default; the names say what ran)
         assert profile.commands == g.commands + 1 and "winograd_filter" in names, (profile.commands, g.commands,
                                                                                    names)
-        expected = F.conv2d(F.relu(F.conv2d(x, dev[0].weight.cpu(), dev[0].bias.cpu(), padding=1)),
-                            dev[2].weight.cpu(), dev[2].bias.cpu(), padding=1)
+        expected = _winograd_pair_on_cpu(dev, x)
     torch.testing.assert_close(out.cpu(), expected, rtol=1e-4, atol=1e-4)
 
 
@@ -138,9 +147,7 @@ def test_a_transform_made_during_the_capture_is_recorded_and_guarded_by_nothing_
     """A cached Winograd transform that is stale when the capture reaches it (the weight written after the
     warm-up, as an optimizer step does) is made inside the capture: every replay transforms at that point,
     so no version guard transforms it a second time before the replay."""
-    dev = nn.Sequential(nn.Conv2d(4, 6, 3, padding=1), nn.ReLU(), nn.Conv2d(6, 6, 3, padding=1)).eval()
-    dev.to("opencl")
-    sx = torch.randn(2, 4, 9, 9).to("opencl")
+    dev, sx = _winograd_pair()
     g = torch.opencl.Graph()
     cleanup.append(g)
     with torch.no_grad():
@@ -158,8 +165,7 @@ def test_a_transform_made_during_the_capture_is_recorded_and_guarded_by_nothing_
                 g.replay()
                 profile.summary()
             assert profile.commands == g.commands
-            expected = F.conv2d(F.relu(F.conv2d(x, dev[0].weight.cpu(), dev[0].bias.cpu(), padding=1)),
-                                dev[2].weight.cpu(), dev[2].bias.cpu(), padding=1)
+            expected = _winograd_pair_on_cpu(dev, x)
         torch.testing.assert_close(out.cpu(), expected, rtol=1e-4, atol=1e-4)
 
 
