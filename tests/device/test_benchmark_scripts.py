@@ -1,5 +1,6 @@
 """Smoke tests of the benchmark scripts: they run end to end on a tiny shape and write what they claim."""
 
+import ast
 import importlib.util
 import itertools
 import json
@@ -243,9 +244,12 @@ def test_compile_warmup_prints_each_call_by_phase(capsys, monkeypatch):
     phase = {name: float(rows["1"][2 + k]) for k, name in enumerate(("dynamo", "aot", "rewrites", "compilers",
                                                                      "warmup", "captures", "replays"))}
     assert phase["dynamo"] > 0 and phase["aot"] > 0 and phase["warmup"] > 0 and phase["captures"] == 0
-    assert float(rows["2"][2 + 5]) > 0 and float(rows["3"][2 + 6]) > 0   # the capture, then a replay
+    # the second call captures; the third replays (a tiny net's replay may print as 0.000 s: its count says)
+    assert float(rows["2"][2 + 5]) > 0 and float(rows["3"][2 + 5]) == 0 and float(rows["3"][2 + 6]) >= 0
     assert all(float(rows[c][1]) > 0 for c in rows)
-    assert any(line.startswith("warm-up (the first call to the third") for line in lines)
+    summary = next(line for line in lines if line.startswith("warm-up (the first call to the third"))
+    counts = ast.literal_eval(summary.split("; ", 1)[1])
+    assert counts["captures"] >= 2 and counts["replays"] >= 2, counts   # forward and backward, at least
 
 
 def test_attention_benchmark_times_fused_math_and_peer(tmp_path, capsys):
