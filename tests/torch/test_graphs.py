@@ -437,6 +437,11 @@ def test_dropout_in_a_graph_draws_new_masks_on_the_device_at_every_replay(cleanu
     with torch.opencl.graph(g):
         y = F.dropout(x, 0.3, training=True)
         z = torch.empty(200_000, device="opencl").bernoulli_(0.25)   # stochastic depth's draw
+        b = torch.empty(1000, dtype=torch.bool, device="opencl").bernoulli_(0.5)
+    # each draw and its counter's advance; dropout's mask drawn as bool, then applied: no conversion between
+    names = [command[1].function_name for command in g._commands]
+    assert names == ["bernoulli_u8", "advance", "pointwise", "bernoulli_f32", "advance", "bernoulli_u8",
+                     "advance"], names
     masks = []
     for replay in range(3):
         if replay:
@@ -446,6 +451,7 @@ def test_dropout_in_a_graph_draws_new_masks_on_the_device_at_every_replay(cleanu
         torch.testing.assert_close(out[kept], torch.full_like(out[kept], 1 / 0.7))
         assert abs(kept.float().mean().item() - 0.7) < 0.01   # ~10 standard deviations
         assert abs(z.cpu().mean().item() - 0.25) < 0.01
+        assert 350 < b.cpu().sum().item() < 650   # ~10 standard deviations
         masks.append(kept)
     assert not torch.equal(masks[0], masks[1]) and not torch.equal(masks[1], masks[2])
     # the draw is keyed from torch's generator at capture: the same seed, the same masks

@@ -288,12 +288,16 @@ def captured_graphs() -> list[Graph]:
 
 
 def bernoulli_(t: Any, p: float) -> bool:
-    """In a capture, fill float32 contiguous ``t`` with 1 (probability ``p``) or 0 from the graph's device
-    generator, so every replay draws anew; False (nothing done) where that does not apply."""
-    if _active is None or t.dtype != torch.float32 or not t.is_contiguous() or not 0.0 <= p <= 1.0:
+    """In a capture, fill float32 or bool contiguous ``t`` with 1 (probability ``p``) or 0 from the graph's
+    device generator, so every replay draws anew; False (nothing done) where that does not apply."""
+    if _active is None or t.dtype not in _DRAWN or not t.is_contiguous() or not 0.0 <= p <= 1.0:
         return False
-    state.get().random.bernoulli(memory.buffer_of(t), t.storage_offset(), t.numel(), p, _active.random_state())
+    state.get().random.bernoulli(memory.buffer_of(t), t.storage_offset(), t.numel(), p, _active.random_state(),
+                                 _DRAWN[t.dtype])
     return True
+
+
+_DRAWN = {torch.float32: "float32", torch.bool: "bool"}   # the dtypes a capture's Bernoulli draw fills
 
 
 def draw_on_host(t: torch.Tensor, draw: Callable[[], torch.Tensor],

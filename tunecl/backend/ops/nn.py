@@ -528,9 +528,8 @@ def native_dropout(input: torch.Tensor, p: float, train: bool | None) -> tuple[t
     mask = None
     if graphs.capturing():   # each replay draws anew: on the host, or from the graph's device generator
         mask = memory.empty_contiguous(shape, torch.bool)
-        if not graphs.draw_on_host(mask, host_mask, copies.write_bytes):
-            drawn = memory.empty_contiguous(shape, torch.float32)
-            mask = run("copy", mask, (drawn,)) if graphs.bernoulli_(drawn, keep) else None
+        if not graphs.draw_on_host(mask, host_mask, copies.write_bytes) and not graphs.bernoulli_(mask, keep):
+            mask = None
     elif not random_draws.on_host():
         mask = memory.empty_contiguous(shape, torch.bool)
         if not random_draws.bernoulli_(mask, keep):

@@ -8,6 +8,7 @@
 //
 // Kernels:
 //   bernoulli_f32        out[i] = (u_i < p) ? 1 : 0 with u_i uniform in [0, 1) (24 bits), from the state
+//   bernoulli_u8         the same into bytes (a bool mask)
 //   bernoulli_keyed_f32  the same from the key k0, k1
 //   bernoulli_keyed_u8   the same into bytes (a bool mask)
 //   advance              counter += n (one work-item)
@@ -46,6 +47,15 @@ __kernel void bernoulli_f32(__global float *out, const long offset, const long n
   if (i >= n) return;
   const ulong base = ((ulong)state[3] << 32) | state[2];
   out[offset + i] = uniform24(base + (ulong)i, state[0], state[1]) < p ? 1.0f : 0.0f;
+}
+
+__kernel void bernoulli_u8(__global uchar *out, const long offset, const long n, const float p,
+                           __global const uint *state)
+{
+  const long i = get_global_id(0);
+  if (i >= n) return;
+  const ulong base = ((ulong)state[3] << 32) | state[2];
+  out[offset + i] = uniform24(base + (ulong)i, state[0], state[1]) < p ? 1 : 0;
 }
 
 __kernel void bernoulli_keyed_f32(__global float *out, const long offset, const long n, const float p,

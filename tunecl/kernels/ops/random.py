@@ -22,11 +22,15 @@ class Random(StridedFamily):
         words = np.array([seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF, 0, 0], dtype=np.uint32)
         return cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=words)
 
-    def bernoulli(self, out: cl.Buffer, offset: int, n: int, p: float, state: cl.Buffer) -> None:
-        """``out[offset:offset + n]`` (float32 elements) = 1 with probability ``p``, else 0; then the
-        state's counter moves past the ``n`` numbers drawn."""
+    def bernoulli(self, out: cl.Buffer, offset: int, n: int, p: float, state: cl.Buffer,
+                  dtype: str = "float32") -> None:
+        """``out[offset:offset + n]`` (``dtype`` "float32" or "bool" elements) = 1 with probability ``p``,
+        else 0; then the state's counter moves past the ``n`` numbers drawn."""
+        if dtype not in ("float32", "bool"):
+            raise ValueError(f"a Bernoulli draw fills float32 or bool elements, not {dtype}")
         if n:
-            kernel = self._kernel("bernoulli_f32", [None, np.int64, np.int64, np.float32, None])
+            name = "bernoulli_f32" if dtype == "float32" else "bernoulli_u8"
+            kernel = self._kernel(name, [None, np.int64, np.int64, np.float32, None])
             kernel(self.device.queue, (-(-n // self.local) * self.local,), (self.local,), out, offset, n, p, state)
         self._kernel("advance", [None, np.int64])(self.device.queue, (1,), (1,), state, n)
 
