@@ -42,28 +42,35 @@ def device():
     return runtime.select_device()
 
 
-def test_bernoulli_draws_are_the_philox_stream_and_the_counter_advances(device):
+@pytest.mark.parametrize("dtype, np_dtype, size", [("float32", np.float32, 4), ("bool", np.uint8, 1)])
+def test_bernoulli_draws_are_the_philox_stream_and_the_counter_advances(device, dtype, np_dtype, size):
+    """A captured graph's draw: key and counter in the state buffer, into float32 or bytes (dropout's bool
+    mask); nothing outside the range is written."""
     random = Random(device)
     seed = 0x1234_5678_9ABC_DEF0 + (0x5 << 60)
     state = random.new_state(seed)
     n, p = 5000, 0.3
-    out = device.alloc(4 * (n + 7))
-    random.bernoulli(out, 3, n, p, state)   # at an element offset
-    random.bernoulli(out, 3 + 2000, n - 2000, p, state)   # the next draw continues the counter
-    got = device.download(out, (n + 7,))
+    out = device.alloc(size * (n + 7))
+    cl.enqueue_copy(device.queue, out, np.full(n + 7, 7, dtype=np_dtype))
+    random.bernoulli(out, 3, n, p, state, dtype)   # at an element offset
+    random.bernoulli(out, 3 + 2000, n - 2000, p, state, dtype)   # the next draw continues the counter
+    got = device.download(out, (n + 7,), np_dtype)
     k0, k1 = seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
 
     def expected(first: int, count: int) -> np.ndarray:
         counter = np.arange(first, first + count, dtype=np.uint64)
         bits = philox(counter & MASK, counter >> np.uint64(32), 0, 0, k0, k1)[0]
         u = (bits >> np.uint64(8)).astype(np.float64) / 2.0**24
-        return (u < p).astype(np.float32)
+        return (u < p).astype(np_dtype)
 
     np.testing.assert_array_equal(got[3:3 + 2000], expected(0, 2000))
     np.testing.assert_array_equal(got[3 + 2000:3 + n], expected(n, n - 2000))
+    assert (got[:3] == 7).all() and (got[3 + n:] == 7).all()
     state_words = device.download(state, (4,), np.uint32)
     assert (int(state_words[3]) << 32 | int(state_words[2])) == n + (n - 2000)
-    assert abs(got[3:3 + n].mean() - p) < 0.03
+    assert abs(float(got[3:3 + n].mean()) - p) < 0.03
+    with pytest.raises(ValueError, match="float32 or bool elements, not int32"):
+        random.bernoulli(out, 0, n, p, state, "int32")
 
 
 @pytest.mark.parametrize("dtype, np_dtype, size", [("float32", np.float32, 4), ("bool", np.uint8, 1)])
