@@ -40,39 +40,27 @@ float uniform24(const ulong counter, const uint k0, const uint k1)
   return (float)(bits >> 8) * (1.0f / 16777216.0f);
 }
 
-__kernel void bernoulli_f32(__global float *out, const long offset, const long n, const float p,
-                            __global const uint *state)
-{
-  const long i = get_global_id(0);
-  if (i >= n) return;
-  const ulong base = ((ulong)state[3] << 32) | state[2];
-  out[offset + i] = uniform24(base + (ulong)i, state[0], state[1]) < p ? 1.0f : 0.0f;
+// bernoulli_<suffix> (from the state) and bernoulli_keyed_<suffix> (from k0, k1) into elements of type T
+#define BERNOULLI_KERNELS(suffix, T)                                                                      \
+__kernel void bernoulli_##suffix(__global T *out, const long offset, const long n, const float p,        \
+                                 __global const uint *state)                                             \
+{                                                                                                        \
+  const long i = get_global_id(0);                                                                       \
+  if (i >= n) return;                                                                                    \
+  const ulong base = ((ulong)state[3] << 32) | state[2];                                                 \
+  out[offset + i] = (T)(uniform24(base + (ulong)i, state[0], state[1]) < p);                             \
+}                                                                                                        \
+                                                                                                         \
+__kernel void bernoulli_keyed_##suffix(__global T *out, const long offset, const long n, const float p,  \
+                                       const uint k0, const uint k1)                                     \
+{                                                                                                        \
+  const long i = get_global_id(0);                                                                       \
+  if (i >= n) return;                                                                                    \
+  out[offset + i] = (T)(uniform24((ulong)i, k0, k1) < p);                                                \
 }
 
-__kernel void bernoulli_u8(__global uchar *out, const long offset, const long n, const float p,
-                           __global const uint *state)
-{
-  const long i = get_global_id(0);
-  if (i >= n) return;
-  const ulong base = ((ulong)state[3] << 32) | state[2];
-  out[offset + i] = uniform24(base + (ulong)i, state[0], state[1]) < p ? 1 : 0;
-}
-
-__kernel void bernoulli_keyed_f32(__global float *out, const long offset, const long n, const float p,
-                                  const uint k0, const uint k1)
-{
-  const long i = get_global_id(0);
-  if (i >= n) return;
-  out[offset + i] = uniform24((ulong)i, k0, k1) < p ? 1.0f : 0.0f;
-}
-
-__kernel void bernoulli_keyed_u8(__global uchar *out, const long offset, const long n, const float p,
-                                 const uint k0, const uint k1)
-{
-  const long i = get_global_id(0);
-  if (i >= n) return;
-  out[offset + i] = uniform24((ulong)i, k0, k1) < p ? 1 : 0;
-}
+BERNOULLI_KERNELS(f32, float)
+BERNOULLI_KERNELS(u8, uchar)
 
 __kernel void advance(__global uint *state, const long n)
 {
