@@ -151,14 +151,10 @@ def cached_transform(plan: Any, weight: torch.Tensor, backward: bool = False) ->
     return u
 
 
-def transformed(plan: Any, weight: torch.Tensor) -> torch.Tensor | None:
-    """The float32 tensor holding ``plan``'s transform of ``weight``'s current contents (transformed now
-    on a miss or a stale entry), or None when it is larger than the cap."""
-    return _transformed(plan, weight)[0]
-
-
 def _transformed(plan: Any, weight: torch.Tensor) -> tuple[torch.Tensor | None, bool]:
-    """:func:`transformed`, and whether the transform was enqueued by this call."""
+    """The float32 tensor holding ``plan``'s transform of ``weight``'s current contents (transformed now
+    on a miss or a stale entry), or None when it is larger than the cap; and whether this call enqueued
+    the transform."""
     global _bytes
     storage = weight.untyped_storage()
     address = storage.data_ptr()
