@@ -223,6 +223,27 @@ def test_spaces_are_consistent(device, name):
             assert all(not space.violations(c) for c in configs[:: max(1, len(configs) // 50)])
 
 
+GEMM_BACKED = sorted(n for n, a in ALGORITHMS.items() if isinstance(a, conv_common.GemmBackedAlgorithm))
+
+
+@pytest.mark.parametrize("name", GEMM_BACKED)
+def test_configs_stored_before_gemm_parameters_existed_stay_valid(device, name):
+    """A stored config without the GEMM parameters added since (``Space.implied``: SPLITK, STREAMK,
+    ASYNC, each under the ``g_`` prefix) is valid, means their implied values and computes correctly:
+    the shipped results of GPUs hold such configs, which must not fall back to the default plan."""
+    algorithm = ALGORITHMS[name]
+    p = next(p for p in (problem(shape, "fwd") for shape in ("3x3_s1_odd", "1x1_s2"))
+             if algorithm.applies(p, device))
+    space = algorithm.space(p, device)
+    implied = {k: v for k, v in space.implied.items() if k.startswith(conv_common.GEMM_PREFIX)}
+    assert implied, f"{name}: the GEMM parameters' implied values are lost"
+    default = algorithm.default(p, device)
+    old = {k: v for k, v in default.items() if k not in implied}
+    assert space.violations(old) == [] and space.is_valid(old)
+    assert space.complete(old) == {**default, **implied}
+    check(device, algorithm, p, old)
+
+
 def test_results_are_deterministic(device):
     """Split reductions and everything else give bit-identical results run to run."""
     for name, algorithm in sorted(ALGORITHMS.items()):

@@ -417,9 +417,11 @@ class GemmBackedAlgorithm(ConvAlgorithm):
                     for g in gemm_space_.iter_configs():
                         yield {**mine, **{GEMM_PREFIX + k: v for k, v in g.items()}}
 
-        # GEMM parameters added after results were stored (SPLITK) keep those results valid here too
+        # GEMM parameters added after results were stored (SPLITK, STREAMK, ASYNC) keep those results
+        # valid here too; ``generate`` yields only valid configs (the GEMM space's, with own values that
+        # pass the own constraints)
         implied = {GEMM_PREFIX + k: v for k, v in gemm_space_.implied.items()}
-        return Space(params, constraints, generate, implied)
+        return Space(params, constraints, generate, generated_valid=True, implied=implied)
 
     def default(self, problem: ConvProblem, device: Device) -> Config:
         gemm_default = gemm_algorithm(self.gemm_name).default(self.gemm_problem(problem), device)
