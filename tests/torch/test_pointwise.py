@@ -314,3 +314,84 @@ def test_relu_after_an_add_runs_inside_it(strict, monkeypatch):
         want = op(a.clone(), b.clone(), bias.clone())
         assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num())
         assert folded == expected, op
+
+
+# -- hardtanh_ under autograd: the backward reads the result ----------------------------------------------
+def _hardtanh_runs(device: str, make, bounds=(0.0, 6.0), create_graph: bool = False, nan: bool = False):
+    """``make(leaf)`` gives the tensor hardtanh_ overwrites; returns the output, the leaf's gradient and
+    (with ``create_graph``) the gradient of that gradient's weighted sum by the upstream gradient."""
+    torch.manual_seed(0)
+    base = 4 * torch.randn(3, 5, 7)   # hardtanh and its mask are exact: float32 on both sides
+    base[0, 0, :6] = torch.tensor([0.0, 6.0, -0.0, -0.5, 0.7, float("nan") if nan else 1.0])
+    leaf = base.to(device).requires_grad_()
+    target = make(leaf)
+    up = torch.randn(target.shape).to(device).requires_grad_(create_graph)
+    out = torch.ops.aten.hardtanh_(target, *bounds)
+    (grad,) = torch.autograd.grad(out, leaf, up, create_graph=create_graph)
+    second = None
+    if create_graph:
+        (second,) = torch.autograd.grad((grad * grad.detach()).sum(), up)
+        second = second.cpu()
+    return out.detach().cpu(), grad.detach().cpu(), second
+
+
+@pytest.mark.parametrize("make", [lambda x: x * 2, lambda x: (x * 2)[1:, ::2], lambda x: (x * 2).transpose(0, 2),
+                                  lambda x: (x + 0)[:, 1]], ids=["dense", "strided view", "transposed", "slice"])
+@pytest.mark.parametrize("bounds", [(0.0, 6.0), (-0.5, 0.7), (1.0, 1.0)])
+def test_hardtanh_inplace_gradients_match_cpu(make, bounds):
+    """Values and gradients as CPU torch gives them (whose backward reads a copy of the input), views
+    included (their base gets the gradient through the view), the bounds themselves included."""
+    got, want = _hardtanh_runs("opencl", make, bounds), _hardtanh_runs("cpu", make, bounds)
+    for a, b in zip(got[:2], want[:2]):
+        torch.testing.assert_close(a, b, equal_nan=True)
+
+
+def test_hardtanh_inplace_passes_the_gradient_of_nan_as_the_formula_on_the_input_does():
+    """A NaN input: its result is NaN, so the mask read from the result passes its gradient where the
+    device's hardtanh_backward of the input passes it (as CUDA's kernels do; CPU torch's vectorised loop
+    zeroes it, so it is no reference here)."""
+    _, grad, _ = _hardtanh_runs("opencl", lambda x: x * 2, nan=True)
+    torch.manual_seed(0)
+    base = 4 * torch.randn(3, 5, 7)
+    base[0, 0, :6] = torch.tensor([0.0, 6.0, -0.0, -0.5, 0.7, float("nan")])
+    upstream = torch.randn(3, 5, 7).to("opencl")
+    want = 2 * torch.ops.aten.hardtanh_backward(upstream, base.to("opencl") * 2, 0.0, 6.0)
+    assert torch.equal(grad, want.cpu())
+
+
+def test_hardtanh_inplace_double_backward_matches_cpu():
+    got, want = (_hardtanh_runs(d, lambda x: x * 2, create_graph=True) for d in ("opencl", "cpu"))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, equal_nan=True)
+
+
+def test_hardtanh_inplace_keeps_autograd_errors():
+    leaf = torch.randn(4, device="opencl", requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        F.relu6(leaf, inplace=True)
+    out = F.relu6(leaf * 2, inplace=True)
+    out.add_(1)   # the result the backward reads is overwritten
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+    with torch.no_grad():   # nothing recorded: no graph, the version still moves
+        y = leaf * 1
+        version = y._version
+        F.relu6(y, inplace=True)
+    assert y.grad_fn is None and y._version > version
+
+
+def test_hardtanh_inplace_records_no_clone():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        seen: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(2, 3, device="opencl", requires_grad=True)
+    y = x * 2
+    with Ops() as ops:
+        F.relu6(y, inplace=True).sum().backward()
+    assert torch.ops.aten.clone.default not in ops.seen and torch.ops.aten.hardtanh_.default in ops.seen

@@ -13,6 +13,15 @@ every given parameter and statistic of one element per channel, the running stat
 evaluation): torch's route through ``_batch_norm_impl_index`` gives the same output, after a second trip
 through Python and an allocation of a reserve tensor that ``batch_norm`` drops (about 20 µs per call). Any
 other call takes that route, which raises torch's own errors.
+
+``hardtanh_`` (``ReLU6(inplace=True)``, ``F.relu6(x, inplace=True)``, ``Hardtanh(inplace=True)``) where
+autograd records it: torch's formula reads the input, so autograd first clones the input to keep it, a
+copy of the activations and one allocation per call. Its backward here reads the result instead, which
+gives the same mask: ``min < input < max`` exactly where ``min < hardtanh(input) < max`` (a NaN stays NaN,
+and is passed or not alike). Without the clone the in-place op also reaches the launch that produced its
+input while that launch is still held, so relu6 after a batch norm folds into the batch norm's launch in
+training as it does in inference. On a traced tensor (``torch.compile``: fake and functional tensors) the
+input is kept as torch keeps it, so compiled graphs are the ones torch's own formula gives.
 """
 
 from __future__ import annotations
@@ -52,7 +61,40 @@ def batch_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: torch.Ten
                                  cudnn_enabled)[0]
 
 
+_hardtanh_ = torch.ops.aten.hardtanh_.default
+_hardtanh_backward = torch.ops.aten.hardtanh_backward.default
+
+
+class _HardtanhInPlace(torch.autograd.Function):
+    """``hardtanh_`` recorded with a backward that reads the result (``keep_input`` False) or a copy of the
+    input made before it is overwritten (True, torch's formula)."""
+
+    @staticmethod
+    def forward(ctx: Any, input: torch.Tensor, min_val: float, max_val: float,
+                keep_input: bool) -> torch.Tensor:
+        kept = input.clone() if keep_input else None
+        _hardtanh_(input, min_val, max_val)   # grad mode is off here: hardtanh_ below goes to the device
+        ctx.mark_dirty(input)
+        ctx.save_for_backward(kept if keep_input else input)
+        ctx.bounds = (min_val, max_val)
+        return input
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        (mask_source,) = ctx.saved_tensors
+        return _hardtanh_backward(grad, mask_source, *ctx.bounds), None, None, None
+
+
+def hardtanh_(self: torch.Tensor, min_val: float = -1, max_val: float = 1) -> torch.Tensor:
+    if torch.is_grad_enabled() and self.requires_grad:
+        traced = type(self) not in (torch.Tensor, torch.nn.Parameter)
+        return _HardtanhInPlace.apply(self, min_val, max_val, traced)
+    with torch._C._AutoDispatchBelowAutograd():
+        return _hardtanh_(self, min_val, max_val)
+
+
 AUTOGRAD_KERNELS: dict[str, Callable[..., Any]] = {
     "_batch_norm_impl_index": batch_norm_impl_index,
     "batch_norm": batch_norm,
+    "hardtanh_": hardtanh_,
 }
