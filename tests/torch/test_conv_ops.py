@@ -299,7 +299,7 @@ def test_an_unusable_entry_falls_back_to_the_default_with_one_warning(fresh_plan
     TuningDB(config.get().db_url).record(_device().fingerprint, PROBLEM, direct.name, direct.version,
                                          {**params, "TP": 3}, time_s=1e-4)  # 3 is not a TP value
     x, w = torch.randn(PROBLEM.input_shape).to(DEVICE), torch.randn(PROBLEM.weight_shape).to(DEVICE)
-    with pytest.warns(UserWarning, match="cannot be used .*TP=3"):
+    with pytest.warns(UserWarning, match="cannot be used: .*TP=3.*running the default plan instead"):
         conv(x, w, padding=1)
     plan = _plan_of(fresh_stats, PROBLEM)
     first = next(a for a in plans.conv_algorithms() if a.applies(PROBLEM, _device()))
@@ -309,6 +309,24 @@ def test_an_unusable_entry_falls_back_to_the_default_with_one_warning(fresh_plan
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         conv(x, w, padding=1)  # the cached plan: no second warning
+
+
+def test_an_unusable_entry_falls_back_to_the_next_fastest_stored_result(fresh_plans, fresh_stats):
+    """The fastest stored result cannot be built; the next fastest, of another algorithm, serves instead
+    of the default, with one warning naming both."""
+    direct, params = _non_default_direct_config(PROBLEM)
+    db = TuningDB(config.get().db_url)
+    db.record(_device().fingerprint, PROBLEM, direct.name, direct.version, {**params, "TP": 3}, time_s=1e-5)
+    implicit = algorithm("conv_implicit_gemm")
+    runner_up = implicit.default(PROBLEM, _device())
+    db.record(_device().fingerprint, PROBLEM, implicit.name, implicit.version, runner_up, time_s=2e-5)
+    x, w = torch.randn(PROBLEM.input_shape), torch.randn(PROBLEM.weight_shape)
+    with pytest.warns(UserWarning, match=r"cannot be used: user conv_direct .*TP=3.*running the user "
+                                         r"conv_implicit_gemm result instead"):
+        got = conv(x.to(DEVICE), w.to(DEVICE), padding=1).cpu()
+    plan = _plan_of(fresh_stats, PROBLEM)
+    assert (plan["source"], plan["algorithm"], plan["config"]) == ("user", implicit.name, runner_up)
+    torch.testing.assert_close(got, conv(x, w, padding=1), **TOL)
 
 
 def test_plans_are_chosen_once_per_shape(fresh_plans, fresh_stats, monkeypatch, caplog):

@@ -247,7 +247,7 @@ def _choose_plan(problem: Problem, accepted: frozenset[str] = precision.at_least
     hit = _lookup(device, problem, versions, accepted, chain)
     entry = None
     if hit is not None:
-        entry = _build_stored(problem, device, by_name, hit.algorithm, hit.params, hit.source, chain)
+        entry = _build_stored_in_order(problem, device, by_name, hit, versions, accepted, chain)
     elif _tune_mode() == "on-miss":
         applicable = [a for a in registered if a.applies(problem, device)]
         if applicable:
@@ -338,6 +338,28 @@ def _near_batch(problem: Problem, device: Device, by_name: dict[str, Any], versi
         if entry is not None:
             return entry
     return None
+
+
+def _build_stored_in_order(problem: Problem, device: Device, by_name: dict[str, Any], hit: Hit,
+                           versions: dict[str, int], accepted: frozenset[str], chain: list[str]) -> PlanEntry | None:
+    """The stored result ``hit`` built; where it cannot be (a config this device's compiler refuses, one
+    that a change of the family made invalid), the fastest stored result of another algorithm, and so on,
+    with one warning naming what was refused and what runs instead; None (the default plan) when none
+    builds."""
+    refused: list[str] = []
+    entry = None
+    while hit is not None:
+        entry = _build_stored(problem, device, by_name, hit.algorithm, hit.params, hit.source, chain, quiet=True)
+        if entry is not None:
+            break
+        refused.append(f"{hit.source} {hit.algorithm} {hit.params} ({chain[-1].rsplit('unusable: ', 1)[-1]})")
+        versions = {name: version for name, version in versions.items() if name != hit.algorithm}
+        hit = _lookup(device, problem, versions, accepted, chain) if versions else None
+    if refused:
+        instead = f"the {entry.source} {entry.algorithm} result" if entry is not None else "the default plan"
+        warnings.warn(f"tunecl: stored tuning results for {problem.key} cannot be used: {'; '.join(refused)}; "
+                      f"running {instead} instead", stacklevel=3)
+    return entry
 
 
 def _build_stored(problem: Problem, device: Device, by_name: dict[str, Any], algorithm: str,
