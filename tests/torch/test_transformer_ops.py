@@ -86,6 +86,55 @@ def test_layer_norm_of_strided_inputs_and_partial_masks():
     check_op(lambda v, w, b: F.layer_norm(v, (6,), w, b), Input(torch.randn(3, 6), grad=False), w, b, atol=2e-5)
 
 
+@pytest.mark.parametrize("params", ["both", "weight", "bias", "none"])
+@pytest.mark.parametrize("shape,normalized", LAYER_NORM_CASES)
+def test_native_layer_norm_op_directly(shape, normalized, params):
+    """The output and the saved statistics (torch's shapes: the leading dims, then ones) against float64
+    CPU torch; rows far from zero (mean 100, deviation 3) check that the variance is not taken as
+    E[x^2] - mean^2."""
+    x = torch.randn(shape) * 3 + 100
+    w = torch.rand(normalized) + 0.5 if params in ("both", "weight") else None
+    b = torch.randn(normalized) if params in ("both", "bias") else None
+    expected = torch.ops.aten.native_layer_norm(x.double(), list(normalized),
+                                                *(None if v is None else v.double() for v in (w, b)), 1e-5)
+    actual = torch.ops.aten.native_layer_norm(x.to("opencl"), list(normalized),
+                                              *(None if v is None else v.to("opencl") for v in (w, b)), 1e-5)
+    for e, a, tol in zip(expected, actual, (2e-5, 2e-4, 2e-4)):
+        assert a.shape == e.shape and a.dtype == torch.float32 and a.device.type == "opencl"
+        torch.testing.assert_close(a.cpu().double(), e, atol=tol, rtol=tol, equal_nan=True)  # (rstd of 0 columns)
+
+
+def test_native_layer_norm_other_calls_take_torchs_route(strict):
+    """A non-contiguous input, float16, parameters of another layout: torch's composite, same results."""
+    x = torch.randn(6, 10)
+    w, b = torch.rand(10) + 0.5, torch.randn(10)
+    cases = [(x.t().contiguous().t(), w, b), (x.half(), w.half(), b.half()), (x, w[None].expand(2, 10)[0], b),
+             (x, torch.rand(20)[::2], b)]
+    for xi, wi, bi in cases:
+        expected = torch.ops.aten.native_layer_norm(xi.float(), [10], wi.float(), bi.float(), 1e-5)
+        actual = torch.ops.aten.native_layer_norm(xi.to("opencl"), [10], wi.to("opencl"), bi.to("opencl"), 1e-5)
+        for e, a in zip(expected, actual):
+            assert a.shape == e.shape
+            torch.testing.assert_close(a.cpu().float(), e, atol=2e-3 if xi.dtype == torch.half else 2e-5,
+                                       rtol=1e-3 if xi.dtype == torch.half else 1e-5)
+
+
+def test_native_layer_norm_is_one_launch_and_the_same_run_to_run(strict, monkeypatch):
+    from tunecl.backend import state
+
+    family = state.get().transformer
+    launches = []
+    real = family._ln_kernel
+    monkeypatch.setattr(family, "_ln_kernel", lambda name, *a: launches.append(name) or real(name, *a))
+    x = torch.randn(4, 7, 300).to("opencl")
+    w, b = (torch.rand(300) + 0.5).to("opencl"), torch.randn(300).to("opencl")
+    first = [v.cpu() for v in torch.ops.aten.native_layer_norm(x, [300], w, b, 1e-5)]
+    second = [v.cpu() for v in torch.ops.aten.native_layer_norm(x, [300], w, b, 1e-5)]
+    assert launches == ["ln_forward", "ln_forward"]
+    for a, c in zip(first, second):
+        assert torch.equal(a, c)
+
+
 def test_layer_norm_backward_op_directly(strict):
     x, dy = torch.randn(4, 3, 10), torch.randn(4, 3, 10)
     w, b = torch.rand(10) + 0.5, torch.randn(10)
@@ -171,7 +220,8 @@ class TinyGPT(nn.Module):
         return self.ln_f(x) @ self.tokens.weight.t()
 
 
-MY_OPS = ("aten::tril.out", "aten::triu.out", "aten::native_layer_norm_backward", "aten::embedding_dense_backward")
+MY_OPS = ("aten::tril.out", "aten::triu.out", "aten::native_layer_norm", "aten::native_layer_norm_backward",
+          "aten::embedding_dense_backward")
 
 
 def test_tiny_gpt_trains_one_step_on_the_device(fresh_stats):

@@ -1,8 +1,10 @@
-"""Transformer ops: the triangle masks (tril/triu, causal attention masks), layer norm's backward and
-the embedding's.
+"""Transformer ops: the triangle masks (tril/triu, causal attention masks), layer norm forward and
+backward, and the embedding's backward.
 
-Layer norm's forward needs no kernel of its own: torch's composite ``native_layer_norm`` runs it as a
-batch norm over the rows (on the device's batch-norm kernels)."""
+Layer norm's forward is one launch for contiguous float32 tensors: the statistics of each row and the
+normalised, weighted and biased output together (torch's composite ``native_layer_norm``, which serves
+every other call, runs a batch norm over the rows and then ``addcmul``: three launches, and two more passes
+over the activations)."""
 
 from __future__ import annotations
 
@@ -59,6 +61,36 @@ def _plain(t: torch.Tensor | None) -> Operand | None:
     return None if t is None else operand(t)
 
 
+_native_layer_norm = torch.ops.aten.native_layer_norm.default
+_COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutograd
+_FLOAT32 = torch.float32
+
+
+def _layer_norm_param(t: torch.Tensor | None, normalized_shape: Sequence[int], device: torch.device) -> bool:
+    return t is None or (t.dtype is _FLOAT32 and t.device == device and t.is_contiguous()
+                         and list(t.shape) == list(normalized_shape))
+
+
+def native_layer_norm(input: torch.Tensor, normalized_shape: Sequence[int], weight: torch.Tensor | None,
+                      bias: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(output, mean, rstd), the statistics shaped as torch's (the input's leading dims, then ones)."""
+    axis = input.dim() - len(normalized_shape)
+    if (input.dtype is not _FLOAT32 or axis < 0 or list(input.shape[axis:]) != list(normalized_shape)
+            or not input.is_contiguous() or not _layer_norm_param(weight, normalized_shape, input.device)
+            or not _layer_norm_param(bias, normalized_shape, input.device)):
+        return _native_layer_norm._op_dk(_COMPOSITE, input, normalized_shape, weight, bias, eps)
+    out = memory.empty_contiguous(input.shape, _FLOAT32)
+    stat_shape = [*input.shape[:axis], *([1] * len(normalized_shape))]
+    mean, rstd = memory.empty_contiguous(stat_shape, _FLOAT32), memory.empty_contiguous(stat_shape, _FLOAT32)
+    cols = math.prod(normalized_shape)
+    if not cols:  # empty rows: CPU torch's statistics (a mean of 0, an rstd of NaN)
+        return out, mean.fill_(0.0), rstd.fill_(math.nan)
+    rows = input.numel() // cols
+    state.get().transformer.layer_norm_forward(rows, cols, operand(input), _plain(weight), _plain(bias), eps,
+                                               operand(out), operand(mean), operand(rstd))
+    return out, mean, rstd
+
+
 def native_layer_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, normalized_shape: Sequence[int],
                                mean: torch.Tensor, rstd: torch.Tensor, weight: torch.Tensor | None,
                                bias: torch.Tensor | None, output_mask: Sequence[bool]):
@@ -111,6 +143,7 @@ def embedding_dense_backward(grad_output: torch.Tensor, indices: torch.Tensor, n
 KERNELS: dict[str, Callable[..., Any]] = {
     "tril.out": tril_out,
     "triu.out": triu_out,
+    "native_layer_norm": native_layer_norm,
     "native_layer_norm_backward": native_layer_norm_backward,
     "embedding_dense_backward": embedding_dense_backward,
 }

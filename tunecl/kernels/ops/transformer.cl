@@ -7,6 +7,12 @@
 //                 the element's size), so one kernel serves every dtype (zero is all bits clear in each).
 //                 meta (IDX): count, R, C, K, then offset and the three strides of in, then of out.
 //
+// ln_forward      layer norm, one work-group of GROUP items per row r of N elements: mean[r] = sum(x) / N,
+//                 then rstd[r] = 1 / sqrt(sum((x - mean)^2) / N + eps) (two passes over the row, each sum
+//                 by a tree in local memory: the same result run to run), y = (x - mean) rstd, times
+//                 weight[j] (HAS_WEIGHT), plus bias[j] (HAS_BIAS). Contiguous float32: x and y (M, N), weight
+//                 and bias (N,), mean and rstd (M,). meta (IDX): the backward's, with bias in dy's place
+//                 and y in dx's (OFF_B, OFF_Y).
 // ln_backward_input   layer norm's input gradient, one work-group of GROUP items per row r of N
 //                 elements: with xhat = (x - mean[r]) rstd[r] and g = dy * weight (dy without a weight),
 //                 dx = rstd[r] (g - sum(g) / N - xhat sum(g xhat) / N), the two sums by a tree in local
@@ -26,7 +32,7 @@
 //                 Both take meta (IDX): V, L, D, padding_idx (-1: none), then the element offsets of the
 //                 indices, grad and grad_weight. TIDX: the indices' type (long or int).
 //
-// Variants (-D options): T, IDX (int or long), LOWER; GROUP (a power of two), HAS_WEIGHT, HAS_GW, HAS_GB,
+// Variants (-D options): T, IDX (int or long), LOWER; GROUP (a power of two), HAS_WEIGHT, HAS_BIAS, HAS_GW, HAS_GB,
 // PCOLS, PROWS; TIDX, SCALE.
 
 #ifndef IDX
@@ -75,6 +81,8 @@ typedef struct { IDX v[10]; } ln_meta_t;
 #define OFF_DX   m.v[7]
 #define OFF_GW   m.v[8]
 #define OFF_GB   m.v[9]
+#define OFF_B    OFF_DY   // (the forward's bias and output)
+#define OFF_Y    OFF_DX
 // the gradient reaching the normalised value x-hat at column j: dy, times the weight if there is one
 #ifdef HAS_WEIGHT
   #define WEIGHTED_DY(j) dyr[j] * weight[OFF_W + j]
@@ -82,6 +90,44 @@ typedef struct { IDX v[10]; } ln_meta_t;
   #define WEIGHTED_DY(j) dyr[j]
 #endif
 #include "local_sums.cl"  // GROUP_SUMS
+
+__kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
+void ln_forward(__global float *y, __global float *mean, __global float *rstd, __global const float *x,
+                __global const float *weight, __global const float *bias, const float eps, const ln_meta_t m)
+{
+  __local float s1[GROUP], s2[GROUP];
+  const IDX r = (IDX)get_group_id(0);
+  const int lid = get_local_id(0);
+  const IDX n = LN_N;
+  __global const float *xr = x + OFF_X + r * n;
+  float a = 0.0f;
+  for (IDX j = lid; j < n; j += GROUP) { a += xr[j]; }
+  GROUP_SUMS(s1, s2, a, 0.0f)
+  const float mu = s1[0] / (float)n;
+  barrier(CLK_LOCAL_MEM_FENCE);   // every item has read s1[0] before the next sums overwrite it
+  float b = 0.0f;
+  for (IDX j = lid; j < n; j += GROUP) {
+    const float d = xr[j] - mu;
+    b = fma(d, d, b);
+  }
+  GROUP_SUMS(s1, s2, b, 0.0f)
+  const float inv = 1.0f / sqrt(s1[0] / (float)n + eps);
+  if (lid == 0) {
+    mean[OFF_MEAN + r] = mu;
+    rstd[OFF_RSTD + r] = inv;
+  }
+  __global float *yr = y + OFF_Y + r * n;
+  for (IDX j = lid; j < n; j += GROUP) {
+    float v = (xr[j] - mu) * inv;
+#ifdef HAS_WEIGHT
+    v *= weight[OFF_W + j];
+#endif
+#ifdef HAS_BIAS
+    v += bias[OFF_B + j];
+#endif
+    yr[j] = v;
+  }
+}
 
 __kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
 void ln_backward_input(__global float *dx, __global const float *x, __global const float *dy,

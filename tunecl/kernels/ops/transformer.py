@@ -1,12 +1,14 @@
 """The ops transformers need beyond a CNN's (``transformer.cl``): the triangle masks (tril/triu), layer
-norm's backward and the embedding's.
+norm forward and backward, and the embedding's backward.
 
-Layer norm's launch geometry is set by LN_GROUP (work-items per row of the input gradient) and
+Layer norm's launch geometry is set by LN_GROUP (work-items per row of the output and of the input gradient) and
 LN_PARAM_TILE (columns x rows of a parameter-gradient work-group)."""
 
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 from tunecl.errors import Unsupported
 from tunecl.kernels.strided import (BIT_TYPES, CTYPES, INT32_MAX, Operand, StridedFamily,
@@ -49,6 +51,23 @@ class Transformer(StridedFamily):
         kernel(self.device.queue, (round_up(count, self.local),), (self.local,), out.buffer, src.buffer,
                pack_meta(meta, idx))
 
+    def layer_norm_forward(self, rows: int, cols: int, x: Operand, weight: Operand | None, bias: Operand | None,
+                           eps: float, y: Operand, mean: Operand, rstd: Operand) -> None:
+        """Layer norm over ``rows`` rows of ``cols`` elements: ``y``, and each row's ``mean`` and ``rstd``
+        (1 / sqrt(variance + eps)). Every operand is contiguous float32 (only its buffer and offset are
+        read); a weight or bias given as None is left out."""
+        if not rows * cols:
+            return
+        span = max(o.offset for o in (x, weight, bias, y, mean, rstd) if o is not None) + rows * cols + rows + cols
+        idx = "long" if span > INT32_MAX else "int"
+        meta = pack_meta([rows, cols] + [0 if o is None else o.offset for o in (
+            x, bias, weight, mean, rstd, y, None, None)], idx)
+        flags = ("HAS_WEIGHT",) * (weight is not None) + ("HAS_BIAS",) * (bias is not None)
+        kernel = self._ln_kernel("ln_forward", flags, idx)
+        kernel(self.device.queue, (rows * self.ln_group,), (self.ln_group,), y.buffer, mean.buffer, rstd.buffer,
+               x.buffer, None if weight is None else weight.buffer, None if bias is None else bias.buffer,
+               np.float32(eps), meta)
+
     def layer_norm_backward(self, rows: int, cols: int, x: Operand, dy: Operand, weight: Operand | None,
                             mean: Operand, rstd: Operand, dx: Operand | None, grad_weight: Operand | None,
                             grad_bias: Operand | None) -> None:
@@ -80,8 +99,9 @@ class Transformer(StridedFamily):
         if kernel is None:
             cols, rows = self.ln_tile
             options = [f"-DIDX={idx}", f"-DGROUP={self.ln_group}", f"-DPCOLS={cols}", f"-DPROWS={rows}"]
+            scalars = [np.float32] if name == "ln_forward" else []
             kernel = self.cache.build(key, options + [f"-D{f}" for f in flags], name,
-                                      [None] * 6 + [meta_dtype(10, idx)])
+                                      [None] * 6 + scalars + [meta_dtype(10, idx)])
         return kernel
 
     def embedding_backward(self, rows: int, positions: int, dims: int, index: Operand, grad: Operand,
