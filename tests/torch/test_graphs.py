@@ -8,6 +8,7 @@ import gc
 import threading
 import weakref
 
+import numpy as np
 import pyopencl as cl
 import pytest
 import torch
@@ -198,6 +199,34 @@ def test_host_copies_and_random_ops_fail_the_capture_and_leave_nothing_behind(wh
     g.replay()
     torch.testing.assert_close(c.cpu(), a.cpu() * 4)
     g.reset()
+
+
+def test_work_of_another_context_during_a_capture_runs_and_is_not_recorded(cleanup):
+    """A capability probe runs the first time a plan is chosen, which may be inside a capture: it builds,
+    launches and reads back in a context of its own, which the capture leaves alone."""
+    from tunecl.backend import state
+
+    a = torch.randn(6).to("opencl")
+    cl_device = state.get().device.cl_device
+    context = cl.Context([cl_device])
+    queue = cl.CommandQueue(context, cl_device)
+    program = cl.Program(context, "__kernel void twice(__global float *x) { x[get_global_id(0)] *= 2.0f; }").build()
+    host = np.arange(4, dtype=np.float32)
+    buffer = cl.Buffer(context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
+    g = torch.opencl.Graph()
+    cleanup.append(g)
+    with torch.opencl.graph(g):
+        b = a + 1
+        program.twice(queue, (4,), None, buffer)
+        out = np.empty_like(host)
+        cl.enqueue_copy(queue, out, buffer, is_blocking=True)
+    np.testing.assert_array_equal(out, host * 2)
+    g.replay()
+    g.replay()
+    check = np.empty_like(host)
+    cl.enqueue_copy(queue, check, buffer, is_blocking=True)
+    np.testing.assert_array_equal(check, host * 2)   # the replays did not run the other context's kernel
+    torch.testing.assert_close(b.cpu(), a.cpu() + 1)
 
 
 def test_no_capture_inside_a_capture_or_a_profile_and_no_second_capture_without_reset(cleanup):

@@ -147,10 +147,13 @@ class Graph:
         self._saved = cl.Kernel.__call__, cl.enqueue_copy
         call, copy = self._saved
         commands = self._commands
+        context = device.context.int_ptr
 
         def recording_call(kernel: cl.Kernel, queue: cl.CommandQueue, global_size: Any, local_size: Any,
                            *args: Any, **kwargs: Any) -> Any:
             event = call(kernel, queue, global_size, local_size, *args, **kwargs)
+            if queue.context.int_ptr != context:   # another context's work (a capability probe's): not ours
+                return event
             kwargs.pop("wait_for", None)   # the queue is in order; events of the capture are long gone
             # by-value structs may be numpy arrays a caller reuses: keep their bytes as they were
             args = tuple(a.copy() if isinstance(a, np.ndarray) else a for a in args)
@@ -158,6 +161,8 @@ class Graph:
             return event
 
         def recording_copy(queue: cl.CommandQueue, dest: Any, src: Any, **kwargs: Any) -> Any:
+            if queue.context.int_ptr != context:
+                return copy(queue, dest, src, **kwargs)
             if not (isinstance(dest, cl.MemoryObjectHolder) and isinstance(src, cl.MemoryObjectHolder)):
                 raise GraphCaptureError("a copy between host memory and the device (.to(), .cpu(), .item(), "
                                         "printing, the CPU fallback) cannot be captured in a graph; copy "
