@@ -352,7 +352,7 @@ def _build_stored_in_order(problem: Problem, device: Device, by_name: dict[str, 
         entry = _build_stored(problem, device, by_name, hit.algorithm, hit.params, hit.source, chain, quiet=True)
         if entry is not None:
             break
-        refused.append(f"{hit.source} {hit.algorithm} {hit.params} ({chain[-1].rsplit('unusable: ', 1)[-1]})")
+        refused.append(chain[-1])   # (_build_stored's entry: source, algorithm, params and why)
         versions = {name: version for name, version in versions.items() if name != hit.algorithm}
         hit = _lookup(device, problem, versions, accepted, chain) if versions else None
     if refused:
