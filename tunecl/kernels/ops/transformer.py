@@ -63,7 +63,7 @@ class Transformer(StridedFamily):
         meta = pack_meta([rows, cols] + [0 if o is None else o.offset for o in (
             x, bias, weight, mean, rstd, y, None, None)], idx)
         flags = ("HAS_WEIGHT",) * (weight is not None) + ("HAS_BIAS",) * (bias is not None)
-        kernel = self._ln_kernel("ln_forward", flags, idx)
+        kernel = self._ln_kernel("ln_forward", flags, idx, (np.float32,))   # (eps before the meta)
         kernel(self.device.queue, (rows * self.ln_group,), (self.ln_group,), y.buffer, mean.buffer, rstd.buffer,
                x.buffer, None if weight is None else weight.buffer, None if bias is None else bias.buffer,
                np.float32(eps), meta)
@@ -93,15 +93,14 @@ class Transformer(StridedFamily):
                    None if grad_bias is None else grad_bias.buffer, x.buffer, dy.buffer, mean.buffer, rstd.buffer,
                    meta)
 
-    def _ln_kernel(self, name: str, flags: tuple[str, ...], idx: str):
+    def _ln_kernel(self, name: str, flags: tuple[str, ...], idx: str, scalars: tuple = ()):
         key = (name, flags, idx)
         kernel = self.cache.get(key)
         if kernel is None:
             cols, rows = self.ln_tile
             options = [f"-DIDX={idx}", f"-DGROUP={self.ln_group}", f"-DPCOLS={cols}", f"-DPROWS={rows}"]
-            scalars = [np.float32] if name == "ln_forward" else []
             kernel = self.cache.build(key, options + [f"-D{f}" for f in flags], name,
-                                      [None] * 6 + scalars + [meta_dtype(10, idx)])
+                                      [None] * 6 + list(scalars) + [meta_dtype(10, idx)])
         return kernel
 
     def embedding_backward(self, rows: int, positions: int, dims: int, index: Operand, grad: Operand,
