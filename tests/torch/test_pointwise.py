@@ -384,7 +384,9 @@ def test_hardtanh_inplace_records_no_clone():
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Ops(TorchDispatchMode):
-        seen: list = []
+        def __init__(self):
+            super().__init__()
+            self.seen = []
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             self.seen.append(func)
