@@ -53,6 +53,10 @@ class Config:
             (``TUNECL_OPTIM_SLOTS``): 8 (the default), 1-8, 16, 24 or 32, or ``None`` (``auto``: the most
             of 8, 16, 24 and 32 the device's kernel-argument bytes allow: 32 on NVIDIA, 8 on PoCL); see
             :func:`tunecl.kernels.ops.optim.slots_for`.
+        addresses: whether the multi-tensor kernels may take their tensors' device addresses by value
+            instead of a pointer argument per tensor (``TUNECL_ADDRESSES``): ``auto`` (the default:
+            where a probe finds the device keeps buffers at their addresses) or ``off``; see
+            :mod:`tunecl.runtime.addresses`.
         random: where dropout's masks and ``bernoulli_(p)`` on float32 or bool tensors are drawn
             (``TUNECL_RANDOM``): ``device`` (Philox on the device, keyed by one number drawn from torch's
             CPU generator per call, so ``torch.manual_seed`` reproduces them), ``host`` (torch's CPU
@@ -74,6 +78,7 @@ class Config:
     launch_batch: int | None = None
     flush_every: int | None = None
     optim_slots: int | None = 8
+    addresses: str = "auto"
     random: str = "auto"
 
     @staticmethod
@@ -95,6 +100,7 @@ class Config:
             launch_batch=_count(env.get("TUNECL_LAUNCH_BATCH") or "auto", "TUNECL_LAUNCH_BATCH", "launches"),
             flush_every=_count(env.get("TUNECL_FLUSH_EVERY") or "auto", "TUNECL_FLUSH_EVERY", "queue uses"),
             optim_slots=_slots(env.get("TUNECL_OPTIM_SLOTS") or "8"),
+            addresses=_choice(env, "TUNECL_ADDRESSES", ADDRESS_MODES),
             random=(env.get("TUNECL_RANDOM") or "auto").lower(),
         )
 
@@ -102,6 +108,15 @@ class Config:
 TUNE_MODES = ("off", "on-miss")
 WINOGRAD_CACHE_MODES = ("auto", "on", "off")
 RANDOM_MODES = ("auto", "device", "host")
+ADDRESS_MODES = ("auto", "off")
+
+
+def _choice(env: dict[str, str], name: str, choices: tuple[str, ...]) -> str:
+    """The environment variable ``name``, one of ``choices`` (unset or empty: the first)."""
+    value = (env.get(name) or choices[0]).strip().lower()
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}, not {env.get(name)!r}")
+    return value
 
 
 def _count(value: str, name: str, what: str) -> int | None:

@@ -76,12 +76,30 @@ def _train(make, options, steps: int, between=None) -> list[torch.Tensor]:
     return _host(params) + [t.cpu() for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
 
 
+@pytest.fixture(params=["by address", "by pointer arguments"])
+def binding(request, monkeypatch):
+    """The pre-built calls' kernel copies reach their tensors by address (where the device allows it, as
+    PoCL does) or through a pointer argument per tensor (``TUNECL_ADDRESSES=off``)."""
+    by_address = request.param == "by address"
+    optim = state.get().optim
+    assert optim.by_address()   # (the probe passes on the test device)
+    monkeypatch.setattr(optim, "_by_address", by_address)
+    monkeypatch.setattr(optim, "calls", {})
+    return by_address
+
+
 @pytest.mark.parametrize("impl", ["fused", "foreach"])
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
-def test_steps_equal_the_general_route_bit_for_bit(name, impl, general, strict):
+def test_steps_equal_the_general_route_bit_for_bit(name, impl, binding, general, strict):
     options = {"fused": True} if impl == "fused" else {"foreach": True}
     fast = _train(OPTIMIZERS[name], options, 5)
-    assert state.get().optim.calls   # the steps went through pre-built calls
+    calls = state.get().optim.calls
+    assert calls   # the steps went through pre-built calls ...
+    for call in calls.values():   # ... whose copies take their tensors as the binding says
+        assert call.chunks.presets and (call.chunks.address_kernel is not None) == binding
+        assert {p.function_name for p in call.chunks.presets} == {call.chunks.kernel.function_name}
+        assert all(p.num_args == call.chunks.address_kernel.num_args if binding else
+                   p.num_args == call.chunks.kernel.num_args for p in call.chunks.presets)
     general(True)
     _same(fast, _train(OPTIMIZERS[name], options, 5))
 
@@ -111,14 +129,14 @@ def _change_lr(step, params, opt):
 @pytest.mark.parametrize("impl", ["fused", "foreach"])
 @pytest.mark.parametrize("between", [_swap_storage, _add_param, _change_lr], ids=lambda f: f.__name__[1:])
 @pytest.mark.parametrize("name", ["adam_amsgrad_maximize_wd", "sgd_momentum"])
-def test_changes_between_steps_are_bound(name, between, impl, general, strict):
+def test_changes_between_steps_are_bound(name, between, impl, binding, general, strict):
     options = {"fused": True} if impl == "fused" else {"foreach": True}
     fast = _train(OPTIMIZERS[name], options, 6, between)
     general(True)
     _same(fast, _train(OPTIMIZERS[name], options, 6, between))
 
 
-def test_gradients_written_in_place_keep_their_binding(general, strict):
+def test_gradients_written_in_place_keep_their_binding(binding, general, strict):
     def run():
         params = _params()
         grads = [torch.zeros(p.shape, device="opencl") for p in params]
@@ -140,7 +158,7 @@ def test_gradients_written_in_place_keep_their_binding(general, strict):
     lambda p, lr: torch.optim.AdamW(p, lr=lr, fused=True, amsgrad=True),
     lambda p, lr: torch.optim.SGD(p, lr=lr, momentum=0.9, fused=True),
 ])
-def test_a_device_learning_rate_changed_in_place_or_replaced_is_read(make, general, strict):
+def test_a_device_learning_rate_changed_in_place_or_replaced_is_read(make, binding, general, strict):
     def run():
         params = _params()
         lr = torch.tensor(0.01, device="opencl")
@@ -159,7 +177,7 @@ def test_a_device_learning_rate_changed_in_place_or_replaced_is_read(make, gener
 
 
 @pytest.mark.parametrize("adamw", [False, True])
-def test_grad_scale_and_found_inf_are_read_each_call(adamw, general, strict):
+def test_grad_scale_and_found_inf_are_read_each_call(adamw, binding, general, strict):
     """torch.amp.GradScaler's tensors of a fused step: the scale divides the gradients (written back), a
     found inf skips the step; both change in place between calls, and are replaced."""
     step_op = torch._fused_adamw_ if adamw else torch._fused_adam_
@@ -189,7 +207,7 @@ def test_grad_scale_and_found_inf_are_read_each_call(adamw, general, strict):
     _same(fast, run())
 
 
-def test_a_tensor_resized_in_place_is_seen(general, strict):
+def test_a_tensor_resized_in_place_is_seen(binding, general, strict):
     def run():
         a = [torch.ones(s, device="opencl") for s in [(12,), (5,), (9,)]]
         b = [torch.full(s, 2.0, device="opencl") for s in [(12,), (5,), (9,)]]
@@ -204,7 +222,7 @@ def test_a_tensor_resized_in_place_is_seen(general, strict):
     _same(fast, run())
 
 
-def test_a_number_list_changed_by_its_caller_is_seen(general, strict):
+def test_a_number_list_changed_by_its_caller_is_seen(binding, general, strict):
     def run():
         a = [torch.ones(s, device="opencl") for s in SHAPES]
         numbers = [float(i) for i in range(len(SHAPES))]
@@ -286,7 +304,7 @@ def test_the_table_is_bounded(monkeypatch, strict):
         assert len(state.get().optim.calls) <= 4
 
 
-def test_views_at_offsets_into_one_storage_bind_their_offsets(general, strict):
+def test_views_at_offsets_into_one_storage_bind_their_offsets(binding, general, strict):
     """Flat-buffer lists (every tensor a view at an offset into one storage) next to tensors of their own, in
     columns bound anew each call (fresh inputs): the offsets are found, as the general route finds them."""
     sizes = [3, 7, 1, 5]
@@ -398,3 +416,36 @@ def test_another_view_at_the_same_data_ptrs_is_not_taken_for_the_bound_list(stri
     with torch.no_grad():
         torch._foreach_mul_(ints, 1)
     _same(_host(base), cpu)
+
+
+@pytest.mark.parametrize("release", ["empty_cache", "graph reset"])
+def test_buffers_go_back_to_the_driver_only_after_the_launches_that_reached_them_by_address(release, monkeypatch):
+    """A launch that reaches a buffer by its address does not hold it: the allocator waits for the queue
+    before the driver gets buffers back, once such launches ran (tunecl.runtime.addresses)."""
+    import pyopencl as cl
+
+    from tunecl.runtime import addresses
+
+    params = _params()
+    opt = torch.optim.Adam(params, lr=1e-2, fused=True)
+    for step in range(3):
+        _grads(params, step)
+        opt.step()
+    assert addresses.launched and any(c.chunks.address_kernel is not None for c in state.get().optim.calls.values())
+    if release == "graph reset":
+        g = torch.opencl.Graph()
+        with torch.opencl.graph(g):
+            opt.step()
+    finished = []
+    finish = cl.CommandQueue.finish
+    monkeypatch.setattr(cl.CommandQueue, "finish", lambda queue: (finished.append(queue), finish(queue))[1])
+    _grads(params, 3)   # the old gradients' buffers go to the cache
+    if release == "graph reset":
+        g.reset()
+    else:
+        torch.opencl.empty_cache()
+    assert finished
+    monkeypatch.setattr(addresses, "launched", False)
+    finished.clear()
+    torch.opencl.empty_cache()   # (nothing reached buffers by address: no wait)
+    assert not finished

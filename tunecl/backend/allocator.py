@@ -31,6 +31,7 @@ import torch
 
 from tunecl.backend import state
 from tunecl.backend.dlpack import Slot
+from tunecl.runtime import addresses
 
 KIB, MIB = 1 << 10, 1 << 20
 SMALL_LIMIT = 1 * MIB      # up to here: 512-byte granules
@@ -214,6 +215,8 @@ class CachingAllocator:
             release()
 
     def _release_cache(self) -> None:
+        if any(block.buffer is not None for idle in self._idle.values() for block in idle):
+            _wait_for_addressed_launches()
         for idle in self._idle.values():
             for block in idle:
                 if block.buffer is not None:
@@ -353,6 +356,7 @@ class CachingAllocator:
         tensors return to the cache when those die; the others are freed with the graph's references."""
         with self._lock:
             self._drain_graph_releases()
+            _wait_for_addressed_launches()   # (the graph lets go of its buffers after this)
             self._release_from_graph(buffers)
 
     def release_from_graph_soon(self, buffers: Sequence[cl.MemoryObjectHolder]) -> None:
@@ -365,6 +369,8 @@ class CachingAllocator:
     # called with the lock held
     def _drain_graph_releases(self) -> None:
         pending = self._pending_graph_releases
+        if pending:   # (the list holds the graphs' buffers: they go to the driver after this)
+            _wait_for_addressed_launches()
         while pending:
             self._release_from_graph(pending.pop())
 
@@ -412,6 +418,15 @@ class CachingAllocator:
             self._bury()
             self.peak_allocated = self.allocated
             self.peak_reserved = self.reserved
+
+
+def _wait_for_addressed_launches() -> None:
+    """Wait for the device's queue where launches reached buffers by their addresses, before buffers go
+    back to the driver: such a launch does not hold its buffers (see :mod:`tunecl.runtime.addresses`)."""
+    if addresses.launched:
+        st = state.get()
+        if st.allocates:
+            st.device.queue.finish()
 
 
 def _fmt(nbytes: int) -> str:

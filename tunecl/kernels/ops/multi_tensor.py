@@ -13,13 +13,20 @@ scalars, numbers), never the buffers (a call passes its own, so no buffer outliv
 chunk also has a copy of the kernel with its arguments set (:func:`tunecl.kernels.launches.preset_kernel`),
 and a call binds only what changed (:meth:`bind`, :meth:`bind_tail`; offsets and numbers are set at the
 next :meth:`enqueue`) and enqueues the copies without argument conversion: the same launches, bit for bit.
+
+*By address*: where the device lets kernels reach buffers by their addresses
+(:mod:`tunecl.runtime.addresses`), the copies are of the kernel's ``ADDRESSES`` variant, which has no pointer
+arguments: each meta entry holds its tensor's address (the buffer's address plus the offset in bytes), so
+binding a column writes numbers into the meta and a launch sets one by-value argument however many tensors
+it updates. The tail stays pointer arguments. :meth:`launch` (a graph capture, a profile, a signature's
+first call) keeps the pointer variant.
 """
 
 from __future__ import annotations
 
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import chain
 from typing import Any
 
@@ -27,6 +34,7 @@ import numpy as np
 import pyopencl as cl
 
 from tunecl.kernels.launches import preset_kernel
+from tunecl.runtime import addresses as _addresses
 
 _enqueue = cl.enqueue_nd_range_kernel
 _INT64 = struct.Struct("q")
@@ -36,14 +44,20 @@ class Chunks:
     """One multi-tensor call signature's launches (see the module docstring)."""
 
     __slots__ = (
+        "_addresses_of",
+        "_by_address",
         "_dirty",
         "_lock",
+        "_pointers",
         "_positions",
+        "address_kernel",
+        "bases",
         "columns",
         "count",
         "global_sizes",
         "head",
         "head_types",
+        "itemsize",
         "kernel",
         "local",
         "meta",
@@ -55,11 +69,16 @@ class Chunks:
 
     def __init__(self, kernel: cl.Kernel, slots: int, local: int, items: int, numels: Sequence[int], columns: int,
                  head: Sequence[float | int] = (), head_types: str = "", values: int = 0, tail: int = 0,
-                 empty_items: int = 0) -> None:
+                 empty_items: int = 0, itemsize: int = 4,
+                 by_address: Callable[[], tuple[cl.Kernel, Callable[[Sequence[Any]], list[int]]] | None] | None = None
+                 ) -> None:
         """``head``/``head_types``: the shared scalars and their struct type characters ('f', 'i'); ``values``:
         numbers per slot of a per-chunk head struct of floats instead (foreach_map: 5); ``tail``: one-element
         tensors read by the kernel; ``items``: work-items per slot at most; ``empty_items``: the work-items of
-        a chunk whose tensors are all empty."""
+        a chunk whose tensors are all empty; ``itemsize``: bytes per element of the columns' tensors;
+        ``by_address``: a function giving the kernel's ADDRESSES variant and the function giving buffers'
+        addresses (None where the device does not allow it), asked by :meth:`prebuild` (see the module
+        docstring)."""
         self.kernel, self.slots, self.local, self.columns = kernel, slots, local, columns
         self.count = count = len(numels)
         chunks = -(-count // slots)
@@ -73,6 +92,13 @@ class Chunks:
         self.head, self.head_types = list(head), head_types
         self.values = np.zeros((chunks * slots, values), np.float32) if values else None
         self.tail = [0] * tail             # the tail tensors' offsets
+        self.itemsize = itemsize
+        self._by_address = by_address
+        self.address_kernel: cl.Kernel | None = None
+        self._addresses_of: Callable[[Sequence[Any]], list[int]] | None = None
+        # by address (from prebuild): each tensor's buffer address per column (0: none)
+        self.bases: np.ndarray | None = None
+        self._pointers = slots * columns   # the copies' pointer arguments
         self.presets: list[cl.Kernel] | None = None
         self._dirty = False                # by-value arguments changed since the presets were set
         self._positions: dict[tuple, list[int]] = {}   # columns -> their pointers' argument positions
@@ -115,6 +141,25 @@ class Chunks:
             args += (buffer, offset)
         return args
 
+    def _preset_arguments(self, chunk: int, buffers: Sequence[Sequence[Any]], tail: Sequence[Any]) -> list:
+        """A copy's arguments: :meth:`arguments`, or by address the head, the meta of addresses and the tail."""
+        if self.address_kernel is None:
+            return self.arguments(chunk, buffers, tail)
+        slots = self.slots
+        start = chunk * slots
+        args = list(self.head) if self.values is None else [self.values[start:start + slots].tobytes()]
+        args.append(self._address_meta()[start:start + slots].tobytes())
+        for buffer, offset in zip(tail, self.tail):
+            args += (buffer, offset)
+        return args
+
+    def _address_meta(self) -> np.ndarray:
+        """The meta with each tensor's address (its buffer's, plus its offset in bytes; 0 for none)."""
+        meta = self.meta.copy()
+        bases = self.bases
+        meta[:, 1:] = np.where(bases != 0, bases + meta[:, 1:] * self.itemsize, 0)
+        return meta
+
     def launch(self, queue_of: Any, buffers: Sequence[Sequence[Any]], tail: Sequence[Any] = ()) -> None:
         """Launch every chunk through the kernel's invoker (``queue_of()`` gives the queue for each)."""
         kernel, local = self.kernel, (self.local, 1)
@@ -125,9 +170,20 @@ class Chunks:
     def prebuild(self, buffers: Sequence[Sequence[Any]], tail: Sequence[Any] = ()) -> bool:
         """Give each chunk a kernel copy with its arguments set (``buffers`` and ``tail`` as for
         :meth:`arguments`); False (nothing built) for a kernel that cannot be copied so."""
+        if self._by_address is not None:
+            found, self._by_address = self._by_address(), None
+            if found is not None:
+                self.address_kernel, self._addresses_of = found
+                self.bases = np.zeros((len(self.meta), self.columns), np.int64)
+                self._pointers = 0
+        if self.address_kernel is not None:
+            for column, column_buffers in enumerate(buffers):
+                self.bases[:self.count, column] = self._addresses_of(column_buffers)
+            _addresses.launched = True
+        kernel = self.kernel if self.address_kernel is None else self.address_kernel
         presets = []
         for chunk in range(len(self.global_sizes)):
-            preset = preset_kernel(self.kernel, self.arguments(chunk, buffers, tail))
+            preset = preset_kernel(kernel, self._preset_arguments(chunk, buffers, tail))
             if preset is None:
                 return False
             presets.append(preset)
@@ -140,6 +196,13 @@ class Chunks:
         copy to ``buffers`` (one per tensor)."""
         slots, width, count = self.slots, self.columns, self.count
         columns = tuple(columns)
+        if self.bases is not None:
+            found = self._addresses_of(buffers)
+            with self._lock:
+                for column in columns:
+                    self.bases[:count, column] = found
+                self._dirty = True
+            return
         positions = self._positions.get(columns)
         if positions is None:   # per tensor, per column
             head = (1 if self.values is not None else len(self.head)) + 1
@@ -157,7 +220,7 @@ class Chunks:
 
     def bind_tail(self, index: int, buffer: Any) -> None:
         """Set tail tensor ``index``'s pointer of every copy."""
-        position = (1 if self.values is not None else len(self.head)) + 1 + self.slots * self.columns + 2 * index
+        position = (1 if self.values is not None else len(self.head)) + 1 + self._pointers + 2 * index
         with self._lock:
             for preset in self.presets:
                 preset._set_arg_multi((position, buffer))
@@ -174,9 +237,10 @@ class Chunks:
             head = 1
         tail = []
         for index, offset in enumerate(self.tail):
-            tail += (head + 2 + slots * self.columns + 2 * index, _INT64.pack(offset))
+            tail += (head + 2 + self._pointers + 2 * index, _INT64.pack(offset))
         tail = tuple(tail)
-        meta, values = self.meta, self.values
+        meta = self.meta if self.bases is None else self._address_meta()
+        values = self.values
         for chunk, preset in enumerate(self.presets):
             start = chunk * slots
             if values is None:

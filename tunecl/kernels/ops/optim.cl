@@ -30,6 +30,12 @@
 //              LOADS as LD(column, i), STEPS as SV(k) for the other steps, and STORES as
 //              ST(column, step) for the columns written back.
 //
+// Pointers: each slot's tensors are pointer arguments (FOR_SLOTS(*_SLOT)), each offset by its meta entry
+// (in elements); or with ADDRESSES there are no pointer arguments and each meta entry is the tensor's
+// device address (its buffer's address plus the offset, in bytes; tunecl.runtime.addresses), so a launch
+// sets one by-value argument however many tensors it updates (NVIDIA: a launch's cost grows with its
+// pointer arguments) and SLOTS is bounded only by the device's parameter bytes.
+//
 // meta (long): per slot, adam: n, offsets of p, g, m, v, vmax, step; sgd: n, offsets of p, g, buf;
 // foreach_map: n, offsets of o, a, b, c; foreach_add_long: n, offset of q; foreach_chain: n, then each column's offset. foreach_map's
 // numbers (float): per slot a, b, c, s0, s1.
@@ -43,20 +49,35 @@
 #else
   #define GRAD_T __global const float
 #endif
-#define ADAM_SLOT(k) , __global float *p##k, GRAD_T *g##k, __global float *m##k, \
-                       __global float *v##k, __global float *vmax##k, __global const float *step##k
-#define ADAM_PICK(k) case k: p = p##k; g = g##k; mo = m##k; ve = v##k; vmax = vmax##k; st = step##k; break;
-#define SGD_SLOT(k)  , __global float *p##k, GRAD_T *g##k, __global float *buf##k
-#define SGD_PICK(k)  case k: p = p##k; g = g##k; buf = buf##k; break;
-#define MAP_SLOT(k)  , __global float *o##k, __global const float *ta##k, __global const float *tb##k, \
-                       __global const float *tc##k
-#define MAP_PICK(k)  case k: o = o##k; ta = ta##k; tb = tb##k; tc = tc##k; break;
-#define COUNT_SLOT(k) , __global long *q##k
-#define COUNT_PICK(k) case k: q = q##k; break;
+#ifdef ADDRESSES
+  // the pointers travel in the meta as device addresses (see the header): no pointer arguments
+  #define ADAM_SLOT(k)
+  #define ADAM_PICK(k)
+  #define SGD_SLOT(k)
+  #define SGD_PICK(k)
+  #define MAP_SLOT(k)
+  #define MAP_PICK(k)
+  #define COUNT_SLOT(k)
+  #define COUNT_PICK(k)
+  // AT(T, base, v): a column's pointer, from the meta entry v of its slot
+  #define AT(T, base, v) ((T *)(v))
+#else
+  #define ADAM_SLOT(k) , __global float *p##k, GRAD_T *g##k, __global float *m##k, \
+                         __global float *v##k, __global float *vmax##k, __global const float *step##k
+  #define ADAM_PICK(k) case k: p = p##k; g = g##k; mo = m##k; ve = v##k; vmax = vmax##k; st = step##k; break;
+  #define SGD_SLOT(k)  , __global float *p##k, GRAD_T *g##k, __global float *buf##k
+  #define SGD_PICK(k)  case k: p = p##k; g = g##k; buf = buf##k; break;
+  #define MAP_SLOT(k)  , __global float *o##k, __global const float *ta##k, __global const float *tb##k, \
+                         __global const float *tc##k
+  #define MAP_PICK(k)  case k: o = o##k; ta = ta##k; tb = tb##k; tc = tc##k; break;
+  #define COUNT_SLOT(k) , __global long *q##k
+  #define COUNT_PICK(k) case k: q = q##k; break;
+  #define AT(T, base, v) ((base) + (v))
+#endif
 
 // FOR_SLOTS(M) expands M(k) for every slot k < SLOTS: 1 .. 8, 16, 24 or 32 slots (above 8 only where the
 // device takes that many parameter bytes: the host picks SLOTS, tunecl.kernels.ops.optim.slots_for)
-#if SLOTS > 8 && (SLOTS % 8 != 0 || SLOTS > 32)
+#if !defined(ADDRESSES) && SLOTS > 8 && (SLOTS % 8 != 0 || SLOTS > 32)
   #error "SLOTS is 1 .. 8, 16, 24 or 32"
 #endif
 #define S1(M) M(0)
@@ -154,7 +175,7 @@ __kernel void adam_step(const float lr_value, const float beta1, const float bet
 #ifdef GROUP_CORRECTIONS
   __local float corrections[2];   // one pow() pair per work-group rather than per work-item
   if (get_local_id(0) == 0 && n != 0) {
-    const float step = st[m.v[7 * slot + 6]];
+    const float step = AT(__global const float, st, m.v[7 * slot + 6])[0];
     corrections[0] = LR_VALUE / (1.0f - pow(beta1, step));
     corrections[1] = sqrt(1.0f - pow(beta2, step));
   }
@@ -162,15 +183,18 @@ __kernel void adam_step(const float lr_value, const float beta1, const float bet
 #endif
   if (n == 0) return;
   const float lr = LR_VALUE;
-  p += m.v[7 * slot + 1]; g += m.v[7 * slot + 2]; mo += m.v[7 * slot + 3]; ve += m.v[7 * slot + 4];
+  p = AT(__global float, p, m.v[7 * slot + 1]);
+  g = AT(GRAD_T, g, m.v[7 * slot + 2]);
+  mo = AT(__global float, mo, m.v[7 * slot + 3]);
+  ve = AT(__global float, ve, m.v[7 * slot + 4]);
 #ifdef AMSGRAD
-  vmax += m.v[7 * slot + 5];
+  vmax = AT(__global float, vmax, m.v[7 * slot + 5]);
 #endif
 #ifdef GROUP_CORRECTIONS
   const float step_size = corrections[0];
   const float bc2_sqrt = corrections[1];
 #else
-  const float step = st[m.v[7 * slot + 6]];
+  const float step = AT(__global const float, st, m.v[7 * slot + 6])[0];
   const float step_size = lr / (1.0f - pow(beta1, step));
   const float bc2_sqrt = sqrt(1.0f - pow(beta2, step));
 #endif
@@ -214,9 +238,10 @@ __kernel void sgd_step(const float lr_value, const float weight_decay, const flo
   switch (slot) { FOR_SLOTS(SGD_PICK) }
   const long n = m.v[4 * slot];
   if (n == 0) return;
-  p += m.v[4 * slot + 1]; g += m.v[4 * slot + 2];
+  p = AT(__global float, p, m.v[4 * slot + 1]);
+  g = AT(GRAD_T, g, m.v[4 * slot + 2]);
 #ifdef MOMENTUM
-  buf += m.v[4 * slot + 3];
+  buf = AT(__global float, buf, m.v[4 * slot + 3]);
 #endif
   for (long i = get_global_id(0); i < n; i += get_global_size(0)) {
     float grad = g[i];
@@ -246,10 +271,10 @@ __kernel void foreach_map(const map_numbers_t s, const map_meta_t m FOR_SLOTS(MA
   __global const float *ta = 0, *tb = 0, *tc = 0;
   switch (slot) { FOR_SLOTS(MAP_PICK) }
   const long n = m.v[5 * slot];
-  o += m.v[5 * slot + 1];
-  ta += m.v[5 * slot + 2];
-  tb += m.v[5 * slot + 3];
-  tc += m.v[5 * slot + 4];
+  o = AT(__global float, o, m.v[5 * slot + 1]);
+  ta = AT(__global const float, ta, m.v[5 * slot + 2]);
+  tb = AT(__global const float, tb, m.v[5 * slot + 3]);
+  tc = AT(__global const float, tc, m.v[5 * slot + 4]);
   const float s0 = s.v[5 * slot + 3], s1 = s.v[5 * slot + 4];
   for (long i = get_global_id(0); i < n; i += get_global_size(0)) {
   #ifdef A_SCALAR
@@ -291,12 +316,17 @@ __kernel void foreach_map(const map_numbers_t s, const map_meta_t m FOR_SLOTS(MA
 #define COLS__(n, X, k) CR_##n(X, k)
 #define COLS_(n, X, k) COLS__(n, X, k)
 #define COLS(X, k) COLS_(NCOL, X, k)
-#define CHAIN_ARG(j, k) , __global float *c##j##_##k
-#define CHAIN_SLOT(k) COLS(CHAIN_ARG, k)
-#define CHAIN_PICK_COLUMN(j, k) p##j = c##j##_##k;
-#define CHAIN_PICK(k) case k: COLS(CHAIN_PICK_COLUMN, k) break;
+#ifdef ADDRESSES
+  #define CHAIN_SLOT(k)
+  #define CHAIN_PICK(k)
+#else
+  #define CHAIN_ARG(j, k) , __global float *c##j##_##k
+  #define CHAIN_SLOT(k) COLS(CHAIN_ARG, k)
+  #define CHAIN_PICK_COLUMN(j, k) p##j = c##j##_##k;
+  #define CHAIN_PICK(k) case k: COLS(CHAIN_PICK_COLUMN, k) break;
+#endif
 #define CHAIN_DECLARE(j, k) __global float *p##j = 0;
-#define CHAIN_OFFSET(j, k) p##j += m.v[(NCOL + 1) * slot + 1 + j];
+#define CHAIN_OFFSET(j, k) p##j = AT(__global float, p##j, m.v[(NCOL + 1) * slot + 1 + j]);
 #define LD(j, index) const float v##j = p##j[index];
 #define LD1(j) const float v##j = n > 0 ? p##j[0] : 0.0f;   // (a slot of empty tensors may have no buffers)
 #define SHARE(k, value) shared[k] = value;
@@ -333,6 +363,6 @@ __kernel void foreach_add_long(const long value, const count_meta_t m FOR_SLOTS(
   __global long *q = 0;
   switch (slot) { FOR_SLOTS(COUNT_PICK) }
   const long n = m.v[2 * slot];
-  q += m.v[2 * slot + 1];
+  q = AT(__global long, q, m.v[2 * slot + 1]);
   for (long i = get_global_id(0); i < n; i += get_global_size(0)) q[i] += value;
 }

@@ -8,7 +8,7 @@ parameter.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,7 +19,7 @@ from tunecl.errors import Unsupported
 from tunecl.kernels.ops.fused import Chain
 from tunecl.kernels.ops.multi_tensor import Chunks
 from tunecl.kernels.strided import Operand, StridedFamily, meta_dtype
-from tunecl.runtime import Device
+from tunecl.runtime import Device, addresses
 
 SLOTS = 8            # tensors per launch where the device's parameter bytes are not known to allow more
 SLOT_CHOICES = config.OPTIM_SLOTS   # what optim.cl's FOR_SLOTS expands: 1 .. 8, 16, 24, 32
@@ -78,19 +78,45 @@ class Optim(StridedFamily):
         self.calls: dict[tuple, Any] = {}
         # tensor lists those calls found valid: their data_ptrs -> (element offsets, storage addresses)
         self.lists: dict[tuple, Any] = {}
+        self._by_address: bool | None = None   # see by_address()
 
     def _kernel(self, name: str, flags: tuple[str, ...], scalars: int, per_slot_buffers: int, meta_len: int
-                ) -> cl.Kernel:
-        slots = self.slots
-        key = (name, flags, slots)
+                ) -> tuple[cl.Kernel, Callable[[], tuple | None]]:
+        """The step kernel ``name`` with ``flags``, and its by-address variant (see :meth:`_build`)."""
+        head = [np.float32] * scalars + ([np.int32] if name == "sgd_step" else []) + [meta_dtype(meta_len, "long")]
+        tail = [None, np.int64] * sum(f in flags for f in TENSOR_ARGUMENTS)
+        return self._build((name, flags, self.slots), [f"-DSLOTS={self.slots}"] + [f"-D{f}" for f in flags], name,
+                           head, per_slot_buffers * self.slots, tail)
+
+    def _build(self, key: tuple, options: list[str], name: str, head: list, pointers: int, tail: list = ()
+               ) -> tuple[cl.Kernel, Callable[[], tuple | None]]:
+        """Kernel ``name`` built with ``options`` (arguments: ``head`` dtypes, ``pointers`` pointer arguments,
+        ``tail`` dtypes), and Chunks' ``by_address``: a function giving, where :meth:`by_address`, its
+        ``ADDRESSES`` variant (no pointer arguments; built when first asked for) and the function giving
+        buffers' addresses."""
         kernel = self.cache.get(key)
         if kernel is None:
-            options = [f"-DSLOTS={slots}"] + [f"-D{f}" for f in flags]
-            dtypes = [np.float32] * scalars + ([np.int32] if name == "sgd_step" else []) + \
-                [meta_dtype(meta_len, "long")] + [None] * (per_slot_buffers * slots) + \
-                [None, np.int64] * sum(f in flags for f in TENSOR_ARGUMENTS)
-            kernel = self.cache.build(key, options, name, dtypes)
-        return kernel
+            kernel = self.cache.build(key, options, name, [*head, *[None] * pointers, *tail])
+
+        def by_address() -> tuple | None:
+            if not self.by_address():
+                return None
+            variant = self.cache.get(key + ("ADDRESSES",))
+            if variant is None:
+                variant = self.cache.build(key + ("ADDRESSES",), [*options, "-DADDRESSES"], name, [*head, *tail])
+            return variant, self._addresses_of
+
+        return kernel, by_address
+
+    def by_address(self) -> bool:
+        """Whether the pre-built launches reach tensors by address (:mod:`tunecl.runtime.addresses`; probed
+        when first asked, by the first pre-built launch: never inside a graph capture or a profile)."""
+        if self._by_address is None:
+            self._by_address = addresses.usable(self.device)
+        return self._by_address
+
+    def _addresses_of(self, buffers: Sequence[cl.Buffer | None]) -> list[int]:
+        return addresses.addresses(self.device, buffers)
 
     def queue(self) -> cl.CommandQueue:
         """The device's queue, taken once per launch (see :attr:`tunecl.runtime.Device.queue`)."""
@@ -140,10 +166,10 @@ class Optim(StridedFamily):
         flags = tuple(f for f, on in (("AMSGRAD", amsgrad), ("MAXIMIZE", maximize), ("ADAMW", adamw),
                                       ("GROUP_CORRECTIONS", self.cpu_layout),
                                       *zip(TENSOR_ARGUMENTS, tensors)) if on)
-        kernel = self._kernel("adam_step", flags, 5, 6, 7 * self.slots)
+        kernel, by_address = self._kernel("adam_step", flags, 5, 6, 7 * self.slots)
         return Chunks(kernel, self.slots, self.local, self.items, numels, 6,
                       head=[0.0 if tensors[0] else lr, beta1, beta2, weight_decay, eps], head_types="fffff",
-                      tail=sum(tensors))
+                      tail=sum(tensors), by_address=by_address)
 
     def sgd(self, rows: Sequence[tuple[Operand, Operand, Operand | None]], numels: Sequence[int], *,
             lr: float | Operand, weight_decay: float, momentum: float, dampening: float, nesterov: bool,
@@ -165,10 +191,10 @@ class Optim(StridedFamily):
         ``tensors`` as for :meth:`adam_chunks`."""
         flags = tuple(f for f, on in (("MOMENTUM", momentum != 0), ("NESTEROV", nesterov), ("MAXIMIZE", maximize),
                                       *zip(TENSOR_ARGUMENTS, tensors)) if on)
-        kernel = self._kernel("sgd_step", flags, 4, 3, 4 * self.slots)
+        kernel, by_address = self._kernel("sgd_step", flags, 4, 3, 4 * self.slots)
         return Chunks(kernel, self.slots, self.local, self.items, numels, 3,
                       head=[0.0 if tensors[0] else lr, weight_decay, momentum, dampening, int(first_step)],
-                      head_types="ffffi", tail=sum(tensors))
+                      head_types="ffffi", tail=sum(tensors), by_address=by_address)
 
     def map(self, expr: str, outs: Sequence[tuple[cl.Buffer, int]],
             inputs: Sequence[Sequence[tuple[cl.Buffer, int]] | Sequence[float]],
@@ -278,10 +304,8 @@ class Optim(StridedFamily):
                       if not is_tensor) \
             + tuple(f"-D{letter}_ONE" for letter, one, is_tensor in zip("ABC", single, tensor) if one and is_tensor)
         slots = self.slots
-        key = ("foreach_map", expr, flags, slots)
-        kernel = self.cache.get(key)
-        if kernel is None:
-            options = [f"-DSLOTS={slots}", f"-DMAP_EXPR={spec.code}", *flags]
-            dtypes = [meta_dtype(5 * slots, "int"), meta_dtype(5 * slots, "long")] + [None] * (4 * slots)
-            kernel = self.cache.build(key, options, "foreach_map", dtypes)
-        return Chunks(kernel, slots, self.local, self.items, numels, 4, values=5, empty_items=1)
+        kernel, by_address = self._build(("foreach_map", expr, flags, slots),
+                                         [f"-DSLOTS={slots}", f"-DMAP_EXPR={spec.code}", *flags], "foreach_map",
+                                         [meta_dtype(5 * slots, "int"), meta_dtype(5 * slots, "long")], 4 * slots)
+        return Chunks(kernel, slots, self.local, self.items, numels, 4, values=5, empty_items=1,
+                      by_address=by_address)
