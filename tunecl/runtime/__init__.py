@@ -11,7 +11,8 @@ types set, and times launches with device events.
 The modules: ``devices`` (the device list, selectors, fingerprints), ``selection`` (the one ``Device``
 per device), ``device`` (``Device``), ``build`` (build options, kept binaries, the PTX retargeting) and
 ``probes`` (capability probes, with their kernels in ``capabilities.cl``). This package re-exports their
-public names.
+public names; ``addresses`` (buffers' device addresses, for kernels that take pointers by value) is used
+as a module.
 """
 
 from tunecl.runtime.build import (
