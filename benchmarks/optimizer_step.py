@@ -135,9 +135,14 @@ def main(argv: list[str] | None = None) -> int:
             p.grad = q.grad.to("cuda")
         peer = time_steps(make_optimizer(cuda_params, args.optimizer, args.impl), torch.cuda.synchronize,
                           args.steps, args.repeats)
+    from tunecl.backend import state
+
+    optim = state.get().optim
+    binding = (f"{optim.slots} tensors per launch, "
+               + ("by address" if optim.by_address() else "a pointer argument per tensor"))
     print(f"{args.net}: {len(params)} parameter tensors, {sum(p.numel() for p in params) / 1e6:.1f}M elements; "
           f"{args.optimizer} {args.impl} on {torch.opencl.get_device_name()}, launches "
-          f"{'stubbed' if args.stub_launches else 'real'}; {args.repeats} rounds of {args.steps} steps"
+          f"{'stubbed' if args.stub_launches else 'real'}, {binding}; {args.repeats} rounds of {args.steps} steps"
           + (f"; torch CUDA on {torch.cuda.get_device_name()} in the same run" if peer else ""))
     for measure, label in zip(MEASURES, ("host µs per step", "thread CPU µs per step",
                                          "wall µs per step (synchronized per round)")):
@@ -153,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         pstats.Stats(profile).sort_stats("tottime").print_stats(args.profile)
     if args.record:
         case = (f"{args.net} ({len(params)} tensors) {args.optimizer} {args.impl}, launches "
-                f"{'stubbed' if args.stub_launches else 'real'}")
+                f"{'stubbed' if args.stub_launches else 'real'}, {binding}")
         rows = host_rows(measured, case, device=torch.opencl.get_device_name(), load=load, peer=peer,
                          command=record.script_command(__file__, argv),
                          commit=record.code_version())
