@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import operator
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,7 +38,7 @@ __kernel void write_by_address(const probe_t t) {
 }
 """
 _address = operator.attrgetter("_tunecl_address")
-_verdicts: dict[int, str] = {}   # id(device) -> "" (usable) or why not
+_verdicts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # device -> "" (usable) or why not
 launched = False   # whether some launch reached buffers by their addresses (set by its caller)
 _lock = threading.Lock()
 
@@ -82,12 +83,12 @@ def reason_unusable(device: Any) -> str:
     """"" where :func:`usable`, else why not."""
     if config.get().addresses == "off":
         return "TUNECL_ADDRESSES is off"
-    verdict = _verdicts.get(id(device))
+    verdict = _verdicts.get(device)
     if verdict is None:
         with _lock:
-            verdict = _verdicts.get(id(device))
+            verdict = _verdicts.get(device)
             if verdict is None:
-                verdict = _verdicts[id(device)] = _probe(device)
+                verdict = _verdicts[device] = _probe(device)
     return verdict
 
 
