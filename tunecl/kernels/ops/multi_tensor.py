@@ -122,9 +122,11 @@ class Chunks:
         self._dirty = True
 
     # -- launching through the invoker ----------------------------------------------------------------
-    def arguments(self, chunk: int, buffers: Sequence[Sequence[Any]], tail: Sequence[Any] = ()) -> list:
+    def arguments(self, chunk: int, buffers: Sequence[Sequence[Any]], tail: Sequence[Any] = (),
+                  meta: np.ndarray | None = None) -> list:
         """Chunk ``chunk``'s full argument list with ``buffers`` (one list per column, one buffer or None per
-        tensor) and ``tail`` (the tail tensors' buffers)."""
+        tensor) and ``tail`` (the tail tensors' buffers); with ``meta`` (the meta of addresses, see
+        :meth:`_address_meta`) the by-address variant's: that meta and no pointers."""
         slots, columns = self.slots, self.columns
         start = chunk * slots
         stop = min(start + slots, self.count)
@@ -132,23 +134,12 @@ class Chunks:
             args = list(self.head)
         else:
             args = [self.values[start:start + slots].tobytes()]
-        args.append(self.meta[start:start + slots].tobytes())
-        pointers = [None] * (slots * columns)
-        for column, column_buffers in enumerate(buffers):
-            pointers[column:(stop - start) * columns:columns] = column_buffers[start:stop]
-        args += pointers
-        for buffer, offset in zip(tail, self.tail):
-            args += (buffer, offset)
-        return args
-
-    def _preset_arguments(self, chunk: int, buffers: Sequence[Sequence[Any]], tail: Sequence[Any]) -> list:
-        """A copy's arguments: :meth:`arguments`, or by address the head, the meta of addresses and the tail."""
-        if self.address_kernel is None:
-            return self.arguments(chunk, buffers, tail)
-        slots = self.slots
-        start = chunk * slots
-        args = list(self.head) if self.values is None else [self.values[start:start + slots].tobytes()]
-        args.append(self._address_meta()[start:start + slots].tobytes())
+        args.append((self.meta if meta is None else meta)[start:start + slots].tobytes())
+        if meta is None:
+            pointers = [None] * (slots * columns)
+            for column, column_buffers in enumerate(buffers):
+                pointers[column:(stop - start) * columns:columns] = column_buffers[start:stop]
+            args += pointers
         for buffer, offset in zip(tail, self.tail):
             args += (buffer, offset)
         return args
@@ -176,14 +167,15 @@ class Chunks:
                 self.address_kernel, self._addresses_of = found
                 self.bases = np.zeros((len(self.meta), self.columns), np.int64)
                 self._pointers = 0
+        kernel, meta = self.kernel, None
         if self.address_kernel is not None:
             for column, column_buffers in enumerate(buffers):
                 self.bases[:self.count, column] = self._addresses_of(column_buffers)
             _addresses.launched = True
-        kernel = self.kernel if self.address_kernel is None else self.address_kernel
+            kernel, meta = self.address_kernel, self._address_meta()
         presets = []
         for chunk in range(len(self.global_sizes)):
-            preset = preset_kernel(kernel, self._preset_arguments(chunk, buffers, tail))
+            preset = preset_kernel(kernel, self.arguments(chunk, buffers, tail, meta))
             if preset is None:
                 return False
             presets.append(preset)
