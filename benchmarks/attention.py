@@ -10,18 +10,23 @@ on GPUs, for training) and ``math`` (under ``sdpa_kernel([SDPBackend.MATH])``: w
 (timed by CUDA events; flash or memory-efficient kernels, as torch picks) where torch sees CUDA, else on
 the CPU (wall time). It is measured in a child process that never imports ``tunecl.backend``: a CUDA
 backward fails inside torch in a process where a PrivateUse1 device is registered (pytorch/pytorch#161129). ``--backward`` times
-the forward and backward of ``out.backward(grad)`` instead of the forward alone. Each figure is the median
-over rounds of the round medians; ``spread`` is (slowest - fastest round median) / median. The fused and
-math results are checked against CPU float64 before timing.
+the forward and backward of ``out.backward(grad)`` instead of the forward alone. ``--dropout P`` passes
+``dropout_p=P`` to every call, the peer's too: the fused kernels then draw the dropout decisions themselves
+(device draws, ``TUNECL_RANDOM=device``, as on GPUs by default), the math route stores its scores and draws
+a mask. Each figure is the median over rounds of the round medians; ``spread`` is (slowest - fastest round
+median) / median. The fused and math results are checked against CPU float64 before timing (with
+``--dropout``, the fused route's against CPU float64 computing the keep decisions its key draws).
 
     python benchmarks/attention.py --seq 128 512 --iterations 3           # PoCL
     python benchmarks/attention.py --device nvidia --backward --record benchmarks/results/results.csv
+    python benchmarks/attention.py --device nvidia --backward --dropout 0.1 --batch 16 --heads 12 --seq 128 512
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -47,7 +52,7 @@ def _inputs(device: str, args: argparse.Namespace, seq: int, grad: bool) -> list
 
 
 def _call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad: torch.Tensor, args: argparse.Namespace) -> None:
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=args.causal)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=args.causal, dropout_p=args.dropout)
     if args.backward:
         out.backward(grad)
 
@@ -87,21 +92,44 @@ def _peers_in_child(argv: list[str]) -> dict[int, tuple[str, list[float]]]:
 
 
 def _check(seq: int, args: argparse.Namespace) -> None:
-    """The fused and the math route against CPU float64, forward and (with --backward) gradients."""
+    """The fused and the math route against CPU float64, forward and (with --backward) gradients; with
+    --dropout also the fused route's dropout against CPU float64 computing its key's keep decisions."""
     q, k, v, g = _inputs("cpu", args, min(seq, 256), True)
-    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    expected = F.scaled_dot_product_attention(*leaves, is_causal=args.causal)
-    expected.backward(g.detach().double())
-    for route in ("fused", "math"):
+    for route, dropout in (("fused", 0.0), ("math", 0.0)) + ((("fused", args.dropout),) if args.dropout else ()):
+        leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
         dev = [t.detach().to("opencl").requires_grad_() for t in (q, k, v)]
+        torch.manual_seed(args.seed)
         with sdpa_kernel([SDPBackend.OVERRIDEABLE if route == "fused" else SDPBackend.MATH]):
-            out = F.scaled_dot_product_attention(*dev, is_causal=args.causal)
+            out = F.scaled_dot_product_attention(*dev, is_causal=args.causal, dropout_p=dropout)
             out.backward(g.detach().to("opencl"))
+        keep = None
+        if dropout:
+            from tunecl.backend import memory, random_draws, state
+
+            torch.manual_seed(args.seed)   # the key the call drew
+            mask = memory.empty_contiguous((q.shape[0], q.shape[1], q.shape[2], k.shape[2]), torch.bool)
+            state.get().random.bernoulli_keyed(memory.buffer_of(mask), mask.storage_offset(), mask.numel(),
+                                               1.0 - dropout, random_draws.key(), "bool")
+            keep = mask.cpu().double() / (1.0 - dropout)
+        expected = _reference(*leaves, args.causal, keep)
+        expected.backward(g.detach().double())
         pairs = [(out, expected)] + [(d.grad, c.grad) for d, c in zip(dev, leaves)]
         for got, want in pairs:
             error = (got.detach().cpu().double() - want.detach()).abs().max().item()
             if error > 1e-3:
-                raise SystemExit(f"seq {seq}: the {route} route is off by {error:.2e} from CPU float64")
+                raise SystemExit(f"seq {seq}: the {route} route{' with dropout' if dropout else ''} is off by "
+                                 f"{error:.2e} from CPU float64")
+
+
+def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+               keep: torch.Tensor | None) -> torch.Tensor:
+    """Attention in float64 on the CPU, the probabilities times ``keep`` (kept / (1 - p), else 0) if given."""
+    if keep is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    if causal:
+        scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    return (torch.softmax(scores, -1) * keep) @ v
 
 
 def opencl_seconds(seq: int, route: str, args: argparse.Namespace) -> tuple[list[float], list[float]]:
@@ -139,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--backward", action="store_true", help="time forward + backward")
+    parser.add_argument("--dropout", type=float, default=0.0, metavar="P", help="dropout_p of every call (default 0)")
     parser.add_argument("--iterations", type=int, default=10, help="timed calls per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
@@ -157,13 +186,15 @@ def main(argv: list[str] | None = None) -> int:
         record.check_argument(parser.prog, args.record)
     peers = _peers_in_child(sys.argv[1:] if argv is None else list(argv))
     if args.device is not None:
-        import os
         os.environ["TUNECL_DEVICE"] = args.device
+    if args.dropout:
+        os.environ["TUNECL_RANDOM"] = "device"   # (the fused kernels draw dropout where draws are on the device)
     import tunecl.backend  # noqa: F401  (after TUNECL_DEVICE is set)
 
     what = "forward + backward" if args.backward else "forward"
+    dropout = f", dropout {args.dropout}" if args.dropout else ""
     print(f"scaled_dot_product_attention {what}, batch {args.batch}, {args.heads} heads, head dim {args.head_dim}"
-          f"{', causal' if args.causal else ''}, float32; median of {args.iterations} x {args.rounds} rounds; "
+          f"{', causal' if args.causal else ''}{dropout}, float32; median of {args.iterations} x {args.rounds} rounds; "
           f"device {torch.opencl.get_device_name()}")
     print(f"{'seq':>5}  {'fused dev ms':>12}  {'wall ms':>8}  {'spread':>6}  {'math dev ms':>11}  {'wall ms':>8}  "
           f"{'math/fused':>10}  {'peer':>10}  {'peer ms':>8}  {'spread':>6}  {'fused/peer':>10}")
@@ -185,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
                      "peer": peer, "peer_s": theirs, "peer_spread": _spread(peer_rounds)})
     if args.json:
         Path(args.json).write_text(json.dumps({"batch": args.batch, "heads": args.heads, "head_dim": args.head_dim,
-                                               "causal": args.causal, "backward": args.backward, "rows": rows},
+                                               "causal": args.causal, "backward": args.backward,
+                                               "dropout": args.dropout, "rows": rows},
                                               indent=1))
     if args.record:
         command = record.script_command(__file__, argv)
@@ -194,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
         recorded = []
         for r in rows:
             workload = (f"sdpa b{args.batch} h{args.heads} L{r['seq']} d{args.head_dim}"
-                        f"{' causal' if args.causal else ''} {'fwd+bwd' if args.backward else 'fwd'}")
+                        f"{' causal' if args.causal else ''}{f' dropout {args.dropout}' if args.dropout else ''}"
+                        f" {'fwd+bwd' if args.backward else 'fwd'}")
             ours = r["fused_device_s"] if r["peer"] == "torch cuda" else r["fused_wall_s"]
             recorded.append(record.row(device=device, benchmark="attention", workload=workload, precision="fp32",
                                        unit="ms", ours=ours * 1e3, peer=r["peer_s"] * 1e3, peer_name=r["peer"],

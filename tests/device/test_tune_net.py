@@ -60,10 +60,13 @@ def test_workload_records_the_fused_attention_problems_instead_of_their_products
 
 
 def test_workload_records_the_products_of_attention_the_fused_kernels_do_not_compute():
-    """Dropout and grouped-query heads take torch's math path on the device: their products are recorded."""
+    """Grouped-query heads, and dropout where it is drawn on the host (CPU devices, ``TUNECL_RANDOM=host``),
+    take torch's math path on the device: their products are recorded. Dropout drawn on the device (a
+    GPU's default) runs on the fused kernels: their problems are recorded."""
     import torch
     from torch import nn
 
+    from tunecl import config
     from tunecl.search.workload import extract
 
     class Attention(nn.Module):
@@ -76,10 +79,16 @@ def test_workload_records_the_products_of_attention_the_fused_kernels_do_not_com
             key = t[:, :1] if self.options.get("enable_gqa") else t
             return nn.functional.scaled_dot_product_attention(t, key, key, **self.options).sum()
 
-    for options in ({"dropout_p": 0.5}, {"enable_gqa": True}):
-        found = extract(Attention(**options), batch=2, image_size=3, train=True)
+    math_routes = [({"enable_gqa": True}, "gpu", "auto"), ({"dropout_p": 0.5}, "cpu", "auto"),
+                   ({"dropout_p": 0.5}, "gpu", "host")]
+    for options, device_type, random in math_routes:
+        with config.override(random=random):
+            found = extract(Attention(**options), batch=2, image_size=3, train=True, device_type=device_type)
         assert not any(isinstance(p, AttentionProblem) for p in found), options
         assert any(isinstance(p, GemmProblem) and p.batch > 1 for p in found), options
+    found = extract(Attention(dropout_p=0.5), batch=2, image_size=3, train=True, device_type="gpu")
+    assert sorted(p.direction for p in found if isinstance(p, AttentionProblem)) == ["bwd", "fwd"]
+    assert not any(isinstance(p, GemmProblem) and p.batch > 1 for p in found)
     assert torch.nn.functional.scaled_dot_product_attention.__name__ == "scaled_dot_product_attention"
 
 

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import tunecl.backend
+from tunecl import config
 
 FUSED = "aten::_scaled_dot_product_fused_attention_overrideable"
 FUSED_BACKWARD = "aten::_scaled_dot_product_fused_attention_overrideable_backward"
@@ -134,7 +135,10 @@ def test_empty_inputs(strict, b, length, keys):
         torch.testing.assert_close(got, want)
 
 
+@config.override(random="host")
 def test_math_path_keeps_dropout_grouped_heads_and_a_trainable_mask(strict, fresh_stats):
+    """Dropout drawn on the host (a CPU device's default) takes the math path; with device draws it runs
+    fused (tests/torch/test_sdpa_dropout.py)."""
     q, k, v = _qkv(2, 4, 7, 9, 8)
     dq, dk, dv = (t.to("opencl") for t in (q, k, v))
     out = F.scaled_dot_product_attention(dq, dk, dv, dropout_p=0.5)
@@ -171,7 +175,7 @@ def test_overrideable_op_errors_are_clear(strict):
     with pytest.raises(RuntimeError, match="4-D"):
         fused(q[0], q[0], q[0])
     with pytest.raises(RuntimeError, match="dropout"):
-        fused(q, q, q, dropout_p=0.5)
+        fused(q, q, q, dropout_p=-0.5)
     with pytest.raises(RuntimeError, match="does not broadcast"):
         fused(q, q, q, torch.zeros(1, 2, 7, 8, 1, device="opencl")[..., 0][:, :, :3])
     with pytest.raises(RuntimeError, match="head dims"):

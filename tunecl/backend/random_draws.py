@@ -31,6 +31,11 @@ def _mode(cfg: config.Config) -> str:
 _setting = config.Derived(_mode, "TUNECL_RANDOM")
 
 
+def mode() -> str:
+    """``TUNECL_RANDOM``'s value: ``device``, ``host`` or ``auto``."""
+    return _setting()
+
+
 def on_host() -> bool:
     """Whether random draws are made on the host (``TUNECL_RANDOM``, ``auto`` by the device's type)."""
     mode = _setting()

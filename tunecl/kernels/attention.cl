@@ -5,6 +5,11 @@
 // where bias is -inf for a key a boolean mask excludes (false) or causality excludes (j > i: torch's
 // top-left aligned lower triangle), the float mask's value when an additive mask is given, else 0.
 // A row with every key excluded gives O = 0 and zero gradients, as torch's math path does.
+// With dropout (DROPOUT 1), O[i] = sum_j P[i, j] Z[i, j] V[j] with Z[i, j] = 1 / keep where the uniform draw
+// of score (bh, i, j) under the key (k0, k1) is below keep, else 0 (philox.cl: counter (bh*L + i)*S + j,
+// the element a Bernoulli draw of the contiguous (B*H, L, S) mask would hold); the row log-sum-exp is the
+// softmax's, before dropout. The backward draws the same numbers again: dV = (P Z)^T dO,
+// dS = P * (Z dP - delta), with delta = dO . O as without dropout.
 // The score matrix is never stored: a work-group takes BM query rows and loops over tiles of BN keys,
 // keeping its rows' running maximum and sum (the online softmax) and the output in registers. Scores
 // are kept in base 2 (scaled by log2(e)), so exp2 serves every exponential.
@@ -30,6 +35,7 @@
 //   MASK        0 none, 1 boolean (uchar, nonzero keeps), 2 additive (of the data type)
 //   CAUSAL      1: keys after the query row are excluded (and their tiles skipped)
 //   IDX         index type (int or long)
+//   DROPOUT     1: dropout as above; the kernels (but attn_bwd_delta) take keep, k0, k1 after scale
 #ifndef HD
   #define HD 64       // head dim of queries and keys
 #endif
@@ -47,6 +53,9 @@
 #endif
 #ifndef IDX
   #define IDX int     // index type
+#endif
+#ifndef DROPOUT
+  #define DROPOUT 0   // 1: dropout on the probabilities, drawn on the device (philox.cl)
 #endif
 // tunables
 #ifndef BM
@@ -88,6 +97,16 @@
   #define MT uchar
 #else
   #define MT T
+#endif
+
+#if DROPOUT
+  #include "philox.cl"
+  #define DROPOUT_ARGS , const float keep, const uint k0, const uint k1
+  // the dropout factor of score (bh, qr, kc): 1 / keep where kept, else 0
+  #define DROP(qr, kc) \
+    (uniform24((ulong)(bh * L + (qr)) * (ulong)S + (ulong)(kc), k0, k1) < keep ? 1.0f / keep : 0.0f)
+#else
+  #define DROPOUT_ARGS
 #endif
 
 typedef struct { IDX v[50]; } attn_meta_t;
@@ -195,7 +214,7 @@ inline float masked_score(const float s, const IDX qr, const IDX kc, __global co
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void attn_fwd(__global const T *q, __global const T *k, __global const T *v, __global const MT *mask,
-              __global T *o, __global float *lse, const float scale, const attn_meta_t m)
+              __global T *o, __global float *lse, const float scale DROPOUT_ARGS, const attn_meta_t m)
 {
 #define RM (BM / TM)
 #define RN (BN / TN)
@@ -255,7 +274,11 @@ void attn_fwd(__global const T *q, __global const T *k, __global const T *v, __g
       for (int j = 0; j < RN; ++j) {
         const float p = exp2(s[i][j] - base);
         sum += p;
+#if DROPOUT
+        Ps[r * LDP + tn + TN * j] = p == 0.0f ? 0.0f : p * DROP(qb + r, kb + tn + TN * j);
+#else
         Ps[r * LDP + tn + TN * j] = p;
+#endif
       }
       lpart[i] = lpart[i] * alpha + sum;
       for (int j = 0; j < VCH; ++j) acc[i][j] *= alpha;
@@ -304,7 +327,7 @@ __kernel void attn_bwd_delta(__global const T *dout, __global const T *o, __glob
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void attn_bwd_dq(__global const T *q, __global const T *k, __global const T *v, __global const MT *mask,
                  __global const T *dout, __global const float *lse, __global const float *delta, __global T *dq,
-                 const float scale, const attn_meta_t m)
+                 const float scale DROPOUT_ARGS, const attn_meta_t m)
 {
 #define RM (BM / TM)
 #define RN (BN / TN)
@@ -338,7 +361,11 @@ void attn_bwd_dq(__global const T *q, __global const T *k, __global const T *v, 
       for (int j = 0; j < RN; ++j) {
         const float x = masked_score(s[i][j], qb + r, kb + tn + TN * j, mask, mbase, msr, msc, L, S);
         const float p = x == -INFINITY ? 0.0f : exp2(x - lrow[r]);
+#if DROPOUT
+        Ds[r * LDP + tn + TN * j] = p == 0.0f ? 0.0f : p * (dp[i][j] * DROP(qb + r, kb + tn + TN * j) - drow[r]);
+#else
         Ds[r * LDP + tn + TN * j] = p * (dp[i][j] - drow[r]);
+#endif
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -362,7 +389,7 @@ void attn_bwd_dq(__global const T *q, __global const T *k, __global const T *v, 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void attn_bwd_dkdv(__global const T *q, __global const T *k, __global const T *v, __global const MT *mask,
                    __global const T *dout, __global const float *lse, __global const float *delta,
-                   __global T *dk, __global T *dv, const float scale, const attn_meta_t m)
+                   __global T *dk, __global T *dv, const float scale DROPOUT_ARGS, const attn_meta_t m)
 {
 #define RK (BN / TM)   // keys per thread
 #define RQ (BM / TN)   // query rows per thread
@@ -407,8 +434,14 @@ void attn_bwd_dkdv(__global const T *q, __global const T *k, __global const T *v
         const int r = tn + TN * j;
         const float x = masked_score(s[i][j] * qmul, qb + r, kb + c, mask, mbase, msr, msc, L, S);
         const float p = x == -INFINITY ? 0.0f : exp2(x - lrow[r]);
+#if DROPOUT
+        const float z = p == 0.0f ? 0.0f : DROP(qb + r, kb + c);
+        Pt[c * LDT + r] = p * z;
+        Dt[c * LDT + r] = p * (dp[i][j] * z - drow[r]);
+#else
         Pt[c * LDT + r] = p;
         Dt[c * LDT + r] = p * (dp[i][j] - drow[r]);
+#endif
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);

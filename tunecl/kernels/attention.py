@@ -19,6 +19,11 @@ KVSHARE  0 1                    forward only: V is loaded into K's local tile on
 The problem (:class:`~tunecl.problems.AttentionProblem`) fixes the head dims, the mask kind, causality,
 the dtype (float16 is loaded and stored as half, computed in float32) and the direction; its lengths,
 batch and heads only size the launch.
+
+Dropout on the attention probabilities is a variant of the same config (``run(..., dropout=(p, key))``,
+compiled with ``-DDROPOUT=1``): the forward and both backward kernels draw each score's keep decision
+from Philox under ``key`` (``philox.cl``), so no mask is stored; the draw of score (b*h, i, j) is element
+``(b*h*L + i)*S + j`` of a keyed Bernoulli draw (``Random.bernoulli_keyed``) under the same key.
 """
 
 from __future__ import annotations
@@ -168,10 +173,11 @@ def unsupported(query: Sequence[int], key: Sequence[int], value: Sequence[int], 
                 dropout_p: float = 0.0, is_causal: bool = False) -> str | None:
     """Why the fused kernels do not compute ``scaled_dot_product_attention`` of these operands, or None
     when they do: the shapes of query, key, value and the mask (rows x head dim last, batch dims before),
-    the dtype names of query, key and value (``float32`` ...) and the mask's. The backend
+    the dtype names of query, key and value (``float32`` ...) and the mask's. A dropout probability in
+    [0, 1] is computed (where the caller can draw on the device: :func:`dropout_on_device`). The backend
     (``tunecl/backend/ops/sdpa.py``) and ``tunecl tune --net``'s workload extraction both ask this."""
-    if dropout_p > 0.0:
-        return "dropout"
+    if not 0.0 <= dropout_p <= 1.0:
+        return f"a dropout probability of {dropout_p}"
     if dtypes[0] not in DTYPES or dtypes[1] != dtypes[0] or dtypes[2] != dtypes[0]:
         return f"dtypes {'/'.join(dtypes)}"
     if len(query) < 2 or not len(query) == len(key) == len(value):
@@ -195,6 +201,14 @@ def unsupported(query: Sequence[int], key: Sequence[int], value: Sequence[int], 
         if not _broadcasts(mask, (*batch, query[-2], key[-2])):
             return "a mask that does not broadcast"
     return None
+
+
+def dropout_on_device(device_type: str, random_mode: str) -> bool:
+    """Whether a call with dropout takes the fused kernels (their Philox draw) on a device of
+    ``device_type`` under ``TUNECL_RANDOM`` = ``random_mode``: where random numbers are drawn on the device
+    (``device``, or ``auto`` off CPU devices); with host draws dropout keeps the math path, whose mask
+    torch's CPU generator draws as the CPU kernels do."""
+    return random_mode == "device" or (random_mode == "auto" and device_type != "cpu")
 
 
 def batch_and_heads(shape: Sequence[int]) -> tuple[int, int]:
@@ -229,24 +243,25 @@ class AttentionPlan:
         self.workspace_bytes = 4 * p.batch * p.heads * p.l if p.direction == "bwd" else 0
         self.source = read_source(__package__, "attention.cl")
         self.threads = config["TM"] * config["TN"]
-        self._kernels: dict[tuple[str, str], cl.Kernel] = {}
+        self._kernels: dict[tuple[str, str, bool], cl.Kernel] = {}
         dtype = 1 if p.dtype == "float16" else 0
         mask = ("none", "bool", "float").index(p.mask)
         self._options = build_options({k: v for k, v in config.items() if p.direction == "fwd" or k != "KVSHARE"},
                                       [f"-DHD={p.e}", f"-DVD={p.ev}", f"-DDT={dtype}", f"-DMASK={mask}",
                                        f"-DCAUSAL={int(p.causal)}"])
 
-    def program(self, idx: str = "int") -> cl.Program:
-        """The config's kernels compiled for the index type ``idx`` (``int`` or ``long``; built once per
-        process, see :meth:`Device.build`)."""
-        return self.device.build(self.source, self._options + [f"-DIDX={idx}"])
+    def program(self, idx: str = "int", dropout: bool = False) -> cl.Program:
+        """The config's kernels compiled for the index type ``idx`` (``int`` or ``long``), with dropout or
+        not (built once per process, see :meth:`Device.build`)."""
+        return self.device.build(self.source, self._options + [f"-DIDX={idx}"] + (["-DDROPOUT=1"] if dropout else []))
 
-    def _kernel(self, name: str, idx: str, scalars: list[Any]) -> cl.Kernel:
-        kernel = self._kernels.get((name, idx))
+    def _kernel(self, name: str, idx: str, scalars: list[Any], dropout: bool = False) -> cl.Kernel:
+        kernel = self._kernels.get((name, idx, dropout))
         if kernel is None:
-            program = self.program(idx)
+            program = self.program(idx, dropout)
+            scalars = scalars + [np.float32, np.uint32, np.uint32] if dropout else scalars
             kernel = self.device.kernel(program, name, scalars + [meta_dtype(META_LENGTH, idx)])
-            self._kernels[(name, idx)] = kernel
+            self._kernels[(name, idx, dropout)] = kernel
         return kernel
 
     def _meta(self, ops: AttentionOperands) -> tuple[str, bytes]:
@@ -266,29 +281,39 @@ class AttentionPlan:
         values += [ops.lse.offset, ops.delta.offset if ops.delta else 0]
         return idx, pack_meta(values, idx)
 
-    def run(self, ops: AttentionOperands, scale: float) -> list[cl.Event]:
-        """Enqueue the problem's direction on ``ops`` with the score scale ``scale``; the events enqueued."""
+    def run(self, ops: AttentionOperands, scale: float, dropout: tuple[float, int] | None = None) -> list[cl.Event]:
+        """Enqueue the problem's direction on ``ops`` with the score scale ``scale`` and, if given, dropout
+        ``(p, key)``: each probability zeroed with probability ``p``, the rest scaled by 1 / (1 - p), drawn
+        under the 64-bit ``key`` (the backward of a forward must get the same); the events enqueued."""
         p, queue, wg = self.problem, self.device.queue, self.threads
         idx, meta = self._meta(ops)
         mask = (ops.mask or ops.q).buffer   # (a kernel without a mask never reads it)
         bh, c = p.batch * p.heads, self.config
         scale = np.float32(scale)
+        drop = dropout is not None
+        tail: tuple = (scale, meta)
+        if drop:
+            probability, key = dropout
+            if not 0.0 <= probability <= 1.0:
+                raise ValueError(f"a dropout probability must be in [0, 1], not {probability}")
+            tail = (scale, np.float32(1.0 - probability), np.uint32(key & 0xFFFFFFFF),
+                    np.uint32((key >> 32) & 0xFFFFFFFF), meta)
         if p.direction == "fwd":
-            kernel = self._kernel("attn_fwd", idx, [None] * 6 + [np.float32])
+            kernel = self._kernel("attn_fwd", idx, [None] * 6 + [np.float32], drop)
             return [kernel(queue, (-(-p.l // c["BM"]) * wg, bh), (wg, 1), ops.q.buffer, ops.k.buffer, ops.v.buffer,
-                           mask, ops.out.buffer, ops.lse.buffer, scale, meta)]
+                           mask, ops.out.buffer, ops.lse.buffer, *tail)]
         if ops.dout is None or ops.delta is None or ops.dq is None or ops.dk is None or ops.dv is None:
             raise ValueError("the attention backward needs dout, delta, dq, dk and dv")
         rows = bh * p.l
         delta = self._kernel("attn_bwd_delta", idx, [None] * 3 + [np.int64 if idx == "long" else np.int32])
-        dq = self._kernel("attn_bwd_dq", idx, [None] * 8 + [np.float32])
-        dkdv = self._kernel("attn_bwd_dkdv", idx, [None] * 9 + [np.float32])
+        dq = self._kernel("attn_bwd_dq", idx, [None] * 8 + [np.float32], drop)
+        dkdv = self._kernel("attn_bwd_dkdv", idx, [None] * 9 + [np.float32], drop)
         common = (ops.q.buffer, ops.k.buffer, ops.v.buffer, mask, ops.dout.buffer, ops.lse.buffer, ops.delta.buffer)
         return [
             delta(queue, (-(-rows // DELTA_GROUP) * DELTA_GROUP,), (DELTA_GROUP,), ops.dout.buffer, ops.out.buffer,
                   ops.delta.buffer, rows, meta),
-            dq(queue, (-(-p.l // c["BM"]) * wg, bh), (wg, 1), *common, ops.dq.buffer, scale, meta),
-            dkdv(queue, (-(-p.s // c["BN"]) * wg, bh), (wg, 1), *common, ops.dk.buffer, ops.dv.buffer, scale, meta),
+            dq(queue, (-(-p.l // c["BM"]) * wg, bh), (wg, 1), *common, ops.dq.buffer, *tail),
+            dkdv(queue, (-(-p.s // c["BN"]) * wg, bh), (wg, 1), *common, ops.dk.buffer, ops.dv.buffer, *tail),
         ]
 
 

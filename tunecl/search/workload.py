@@ -17,9 +17,9 @@ N=in, K=out) and dW = dY.T @ X (M=out, N=in, K=rows, A transposed).
 A ``scaled_dot_product_attention`` call that the backend's fused kernels compute
 (:func:`tunecl.kernels.attention.unsupported` says which) becomes their :class:`AttentionProblem`, and with
 ``train=True`` (where the query, key or value needs a gradient) also its backward; its products are then not
-recorded (the call runs as a shape-only stand-in on the meta device). Any other call (dropout,
-grouped-query heads, a mask that needs a gradient) records the matrix products of torch's math path, which
-the backend runs for it.
+recorded (the call runs as a shape-only stand-in on the meta device). Any other call (grouped-query heads,
+a mask that needs a gradient, dropout where the backend draws it on the host: CPU devices or
+``TUNECL_RANDOM=host``) records the matrix products of torch's math path, which the backend runs for it.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import textwrap
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from tunecl import config
 from tunecl.kernels import attention
 from tunecl.problems import AttentionProblem, ConvProblem, GemmProblem, Problem
 
@@ -239,7 +240,9 @@ def _attention_recorder(found: collections.Counter[Problem], device_type: str = 
         problem = attention_of(args, kwargs)
         if problem is None:
             return original(*args, **kwargs)
-        query, key, value = _sdpa_call(*args, **kwargs)[:3]
+        query, key, value, _, dropout = _sdpa_call(*args, **kwargs)[:5]
+        if dropout > 0.0 and not attention.dropout_on_device(device_type, config.get().random):
+            return original(*args, **kwargs)   # the math path, as the backend draws dropout on the host
         backward = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
         if backward and attention.math_for_training(device_type, query.shape, key.shape):
             return original(*args, **kwargs)   # the math path, as the backend trains there

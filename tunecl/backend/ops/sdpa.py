@@ -7,13 +7,23 @@ calls ``_scaled_dot_product_fused_attention_overrideable`` (torch's op for a bac
 attention, with its autograd formula calling the ``_backward`` op) when :func:`fused_reason` finds
 nothing against it, else torch's own decomposition. The fused path takes float32 or float16 q/k/v with
 equal batch dims and head dims up to 256, any strides, ``is_causal``, a boolean or additive mask that
-broadcasts to (..., L, S) and does not need a gradient, and ``scale``. Dropout (``dropout_p > 0``),
-grouped-query heads (``enable_gqa`` with fewer key heads), nested tensors, a mask that requires grad,
-and ``torch.nn.attention.sdpa_kernel`` without ``SDPBackend.OVERRIDEABLE`` take the math path; so does a
+broadcasts to (..., L, S) and does not need a gradient, ``scale``, and dropout where random numbers are
+drawn on the device (``TUNECL_RANDOM``, :func:`tunecl.kernels.attention.dropout_on_device`) outside a
+graph capture and a compiler's trace. Grouped-query heads (``enable_gqa`` with fewer key heads), nested
+tensors, a mask that requires grad, dropout with host draws (the CPU's masks) or inside a capture or a
+trace (where the graph's device generator draws each replay's mask), and
+``torch.nn.attention.sdpa_kernel`` without ``SDPBackend.OVERRIDEABLE`` take the math path; so does a
 call that needs gradients on a device where the fused backward is the slower one
 (:func:`tunecl.kernels.attention.math_for_training`: CPU devices, scores of up to 256 MiB) unless
 ``sdpa_kernel`` leaves out ``SDPBackend.MATH``.
-``_fused_sdp_choice`` answers the same choice for callers that ask it directly.
+``_fused_sdp_choice`` answers the same choice for callers that ask it directly; it gives MATH for dropout,
+since such callers (a compiler's trace) may replay the call from a graph.
+
+Dropout's keep decisions are drawn inside the kernels (Philox under a 64-bit key drawn from torch's CPU
+generator, as eager dropout's masks are: ``torch.manual_seed`` reproduces them) and drawn again by the
+backward, so no mask is stored. The key travels from the forward to the backward as the op's
+``philox_seed`` output, a 0-dim int64 CPU tensor (as CUDA's fused attention keeps it outside a capture), so
+the backward reads it without waiting for the device.
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ from typing import Any
 import torch
 from torch.nn.attention import SDPBackend
 
-from tunecl.backend import memory, state
+from tunecl.backend import graphs, memory, random_draws, state
 from tunecl.backend.operands import operand
 from tunecl.errors import Unsupported
 from tunecl.kernels import attention as family
@@ -65,6 +75,18 @@ def _as_4d(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, *t.shape[-3:])
 
 
+def _dropout_fused(query: torch.Tensor) -> bool:
+    """Whether a call with dropout may take the fused kernels now: draws on the device, and neither a graph
+    capture (its replays draw from the graph's generator) nor a compiler's trace (fake tensors) running."""
+    return (family.dropout_on_device(state.get().device.fingerprint.device_type, random_draws.mode())
+            and not graphs.capturing() and not _fake(query))
+
+
+def _fake(t: torch.Tensor) -> bool:
+    return torch._subclasses.fake_tensor.is_fake(t) or torch._C._functorch.is_functorch_wrapped_tensor(t) \
+        or torch._is_functional_tensor(t)
+
+
 def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                  attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale: float | None = None,
@@ -72,6 +94,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     """torch's op on ``AutogradPrivateUse1``: the fused kernels through the overrideable op (whose
     autograd formula runs the fused backward), or torch's decomposition."""
     if fused_reason(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) is not None or (
+            dropout_p > 0.0 and not _dropout_fused(query)) or (
             torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
             and torch._C._get_math_sdp_enabled()
             and family.math_for_training(state.get().device.fingerprint.device_type, query.shape, key.shape)):
@@ -81,16 +104,17 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     mask = None
     if attn_mask is not None:
         mask = _as_4d(attn_mask.expand(*query.shape[:-1], key.shape[-2]))
-    out = _fused(_as_4d(query), _as_4d(key), _as_4d(value), mask, 0.0, is_causal, False, scale=scale)[0]
+    out = _fused(_as_4d(query), _as_4d(key), _as_4d(value), mask, dropout_p, is_causal, False, scale=scale)[0]
     return out if query.dim() == 4 else out.reshape(shape)
 
 
 def fused_sdp_choice(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False, *,
                      scale: float | None = None, enable_gqa: bool = False) -> int:
-    """``_fused_sdp_choice``: OVERRIDEABLE where the fused kernels apply, else MATH."""
+    """``_fused_sdp_choice``: OVERRIDEABLE where the fused kernels apply, else MATH (and MATH for dropout:
+    see the module docstring)."""
     reason = fused_reason(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
-    return int(SDPBackend.MATH if reason is not None else SDPBackend.OVERRIDEABLE)
+    return int(SDPBackend.MATH if reason is not None or dropout_p > 0.0 else SDPBackend.OVERRIDEABLE)
 
 
 # -- the overrideable ops ----------------------------------------------------------------------------
@@ -144,25 +168,33 @@ def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     dropout_p: float = 0.0, is_causal: bool = False, return_debug_mask: bool = False, *,
                     scale: float | None = None) -> tuple:
     """``_scaled_dot_product_fused_attention_overrideable`` on 4-D float32/float16 tensors: (output, row
-    log-sum-exp (B, H, L) float32, then the op's unused outputs)."""
+    log-sum-exp (B, H, L) float32, then the op's other outputs: with dropout, ``philox_seed`` holds the key
+    the backward draws the same decisions under, as a 0-dim int64 CPU tensor)."""
     name = "_scaled_dot_product_fused_attention_overrideable"
     _check_inputs(name, query, key, value, attn_bias, dropout_p, is_causal)
+    if dropout_p > 0.0 and graphs.capturing():
+        raise RuntimeError(f"{name}: the opencl fused attention draws no dropout inside a graph capture "
+                           "(scaled_dot_product_attention takes the math path there)")
     batch, heads, length, e = query.shape
     keys = key.shape[2]
     out = _like_query(query, value.shape[3])
     lse = memory.empty_contiguous((batch, heads, length), torch.float32)
+    # (cum_seq_q/k, philox seed/offset and the debug mask are unused without dropout: empty tensors, since
+    # a compiled graph saves them for the backward and wants tensors there)
+    unused = [memory.empty_contiguous((0,), torch.int64) for _ in range(5)]
+    dropout = None
+    if dropout_p > 0.0:
+        dropout = (float(dropout_p), random_draws.key())
+        unused[2], unused[3] = torch.tensor(dropout[1], dtype=torch.int64), torch.tensor(0, dtype=torch.int64)
     if out.numel() and keys:
         problem = _problem(query, key, value, attn_bias, is_causal, "fwd")
         mask = None if attn_bias is None else _strided(attn_bias, (batch, heads, length, keys))
         ops = AttentionOperands(q=operand(query), k=operand(key), v=operand(value), out=operand(out),
                                 lse=operand(lse), mask=mask)
-        state.get().plan(problem).run(ops, _scale(scale, e))
+        state.get().plan(problem).run(ops, _scale(scale, e), dropout)
     elif out.numel():   # no keys: every row attends to nothing (torch's math path gives 0)
         out.zero_()
         lse.fill_(float("-inf"))
-    # (cum_seq_q/k, philox seed/offset and the debug mask are unused: empty tensors, since a compiled
-    # graph saves them for the backward and wants tensors there)
-    unused = [memory.empty_contiguous((0,), torch.int64) for _ in range(5)]
     return out, lse, unused[0], unused[1], length, keys, unused[2], unused[3], unused[4]
 
 
@@ -190,13 +222,18 @@ def fused_attention_backward(grad_out: torch.Tensor, query: torch.Tensor, key: t
     if logsumexp.dtype != torch.float32 or tuple(logsumexp.shape) != (batch, heads, length) \
             or not logsumexp.is_contiguous():
         raise RuntimeError(f"{name}: logsumexp must be the forward's contiguous float32 (batch, heads, length)")
+    dropout = None
+    if dropout_p > 0.0:
+        if not isinstance(philox_seed, torch.Tensor) or philox_seed.numel() != 1:
+            raise RuntimeError(f"{name}: with dropout, philox_seed must be the forward's one-element key tensor")
+        dropout = (float(dropout_p), int(philox_seed))
     problem = _problem(query, key, value, attn_bias, is_causal, "bwd")
     delta = memory.empty_contiguous((batch, heads, length), torch.float32)
     mask = None if attn_bias is None else _strided(attn_bias, (batch, heads, length, keys))
     ops = AttentionOperands(q=operand(query), k=operand(key), v=operand(value), out=operand(out),
                             lse=operand(logsumexp), mask=mask, dout=operand(grad_out), delta=operand(delta),
                             dq=operand(grads[0]), dk=operand(grads[1]), dv=operand(grads[2]))
-    state.get().plan(problem).run(ops, _scale(scale, e))
+    state.get().plan(problem).run(ops, _scale(scale, e), dropout)
     return (*grads, None)
 
 

@@ -13,32 +13,7 @@
 //   bernoulli_keyed_u8   the same into bytes (a bool mask)
 //   advance              counter += n (one work-item)
 
-#define PHILOX_M0 0xD2511F53u
-#define PHILOX_M1 0xCD9E8D57u
-#define PHILOX_W0 0x9E3779B9u
-#define PHILOX_W1 0xBB67AE85u
-
-uint philox_first(uint c0, uint c1, uint c2, uint c3, uint k0, uint k1)
-{
-  for (int round = 0; round < 10; ++round) {
-    const uint hi0 = mul_hi(PHILOX_M0, c0), lo0 = PHILOX_M0 * c0;
-    const uint hi1 = mul_hi(PHILOX_M1, c2), lo1 = PHILOX_M1 * c2;
-    c0 = hi1 ^ c1 ^ k0;
-    c1 = lo1;
-    c2 = hi0 ^ c3 ^ k1;
-    c3 = lo0;
-    k0 += PHILOX_W0;
-    k1 += PHILOX_W1;
-  }
-  return c0;
-}
-
-// uniform in [0, 1) from 24 bits of counter's draw under key k0, k1
-float uniform24(const ulong counter, const uint k0, const uint k1)
-{
-  const uint bits = philox_first((uint)counter, (uint)(counter >> 32), 0u, 0u, k0, k1);
-  return (float)(bits >> 8) * (1.0f / 16777216.0f);
-}
+#include "philox.cl"
 
 // bernoulli_<suffix> (from the state) and bernoulli_keyed_<suffix> (from k0, k1) into elements of type T
 #define BERNOULLI_KERNELS(suffix, T)                                                                      \
