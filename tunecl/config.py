@@ -64,6 +64,10 @@ class Config:
             masks bit for bit, at the cost of the host's draw and upload) or ``auto`` (the default:
             ``device`` on GPUs and other non-CPU devices, ``host`` on CPU devices, where the host's
             draw is the faster); see :mod:`tunecl.backend.random_draws`.
+        backward_thread: which thread runs the backward passes of opencl tensors
+            (``TUNECL_BACKWARD_THREAD``): ``caller`` (the thread that called ``backward``, as torch does for
+            CPU tensors), ``worker`` (torch's autograd thread for the device) or ``auto`` (the default:
+            ``worker``); see :mod:`tunecl.backend.autograd_engine`.
     """
 
     device: str = "0"
@@ -80,6 +84,7 @@ class Config:
     optim_slots: int | None = 8
     addresses: str = "auto"
     random: str = "auto"
+    backward_thread: str = "auto"
 
     @staticmethod
     def from_env(env: dict[str, str] | None = None) -> Config:
@@ -102,6 +107,7 @@ class Config:
             optim_slots=_slots(env.get("TUNECL_OPTIM_SLOTS") or "8"),
             addresses=_choice(env, "TUNECL_ADDRESSES", ADDRESS_MODES),
             random=(env.get("TUNECL_RANDOM") or "auto").lower(),
+            backward_thread=_choice(env, "TUNECL_BACKWARD_THREAD", BACKWARD_THREADS),
         )
 
 
@@ -109,6 +115,7 @@ TUNE_MODES = ("off", "on-miss")
 WINOGRAD_CACHE_MODES = ("auto", "on", "off")
 RANDOM_MODES = ("auto", "device", "host")
 ADDRESS_MODES = ("auto", "off")
+BACKWARD_THREADS = ("auto", "caller", "worker")
 
 
 def _choice(env: dict[str, str], name: str, choices: tuple[str, ...]) -> str:

@@ -1,9 +1,12 @@
-"""A backward on the CPU before the backend is imported starts torch's autograd engine without a queue for
-the opencl device; later opencl backward passes must still run (on their calling thread) and be right."""
+"""Which thread runs the backward of opencl tensors (TUNECL_BACKWARD_THREAD), and a backward on the CPU before the
+backend is imported, which starts torch's autograd engine without a queue for the opencl device: later opencl
+backward passes must still run (on their calling thread) and be right."""
 
 import subprocess
 import sys
 import textwrap
+
+import torch
 
 SCRIPT = textwrap.dedent("""
     import threading
@@ -70,3 +73,58 @@ def test_a_cuda_backward_that_torch_refuses_beside_the_device_says_what_to_do():
 
     with pytest.raises(RuntimeError, match="^element 0 of tensors does not require grad$"):
         autograd_engine.wrap(other)()
+
+
+class _Thread(torch.autograd.Function):
+    """Identity whose backward notes the thread it runs on."""
+    threads: list = []
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1
+
+    @staticmethod
+    def backward(ctx, grad):
+        import threading
+
+        _Thread.threads.append(threading.get_ident())
+        return grad
+
+
+def _step(seed: int):
+    import tunecl.backend  # noqa: F401
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                                torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 5)).to("opencl")
+    x = torch.randn(2, 3, 8, 8, device="opencl", requires_grad=True)
+    loss = torch.nn.functional.cross_entropy(model(_Thread.apply(x)), torch.tensor([1, 3], device="opencl"))
+    loss.backward()
+    return [p.grad.cpu() for p in model.parameters()]
+
+
+def test_backward_thread_setting_picks_the_thread_and_changes_no_result():
+    """``TUNECL_BACKWARD_THREAD=caller`` runs the device's backward on the thread that called ``backward``,
+    ``worker`` on torch's autograd thread; both compute the same gradients, bit for bit."""
+    import threading
+
+    from tunecl import config
+
+    results = {}
+    for mode in ("worker", "caller"):
+        _Thread.threads.clear()
+        with config.override(backward_thread=mode):
+            results[mode] = _step(0)
+        assert len(_Thread.threads) == 1
+        assert (_Thread.threads[0] == threading.get_ident()) == (mode == "caller"), mode
+    for a, b in zip(results["worker"], results["caller"]):
+        assert torch.equal(a, b)
+
+
+def test_backward_thread_setting_rejects_an_unknown_value():
+    import pytest
+
+    from tunecl import config
+
+    with pytest.raises(ValueError, match="TUNECL_BACKWARD_THREAD must be one of auto, caller, worker"):
+        config.Config.from_env({"TUNECL_BACKWARD_THREAD": "main"})

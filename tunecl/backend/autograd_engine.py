@@ -1,4 +1,10 @@
-"""Backward passes of opencl tensors when torch's autograd engine started before the backend was registered.
+"""Which thread runs the backward passes of opencl tensors (``TUNECL_BACKWARD_THREAD``), and backward passes
+when torch's autograd engine started before the backend was registered.
+
+torch's engine runs an accelerator's backward on a worker thread of its own while the calling thread waits
+(``worker``); ``caller`` runs it on the calling thread, as torch does for CPU tensors
+(``torch.autograd.set_multithreading_enabled(False)`` around the engine's entry). Either way the same nodes
+run in the same order on one thread at a time.
 
 torch's engine gives each accelerator device a worker thread, sized once, at the process's first backward,
 by the device counts known then. A backward on the CPU before ``import tunecl.backend`` therefore leaves the
@@ -18,6 +24,8 @@ from typing import Any
 import torch
 import torch.autograd
 from torch.autograd import graph
+
+from tunecl import config
 
 _ENGINE_ASSERT = "device_ready_queues_"
 _CUDA_STREAM_ASSERT = "opt_ready_stream && opt_parent_stream"
@@ -57,9 +65,16 @@ def wrap(original: Any) -> Any:
     return engine_run_backward
 
 
+def _on_caller(cfg: config.Config) -> bool:
+    return cfg.backward_thread == "caller"
+
+
+_caller_setting = config.Derived(_on_caller, "TUNECL_BACKWARD_THREAD")
+
+
 def _run(original: Any, *args: Any, **kwargs: Any) -> Any:
     global _on_calling_thread
-    if not _on_calling_thread:
+    if not _on_calling_thread and not _caller_setting():
         try:
             return original(*args, **kwargs)
         except RuntimeError as error:
