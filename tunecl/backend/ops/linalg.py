@@ -135,11 +135,17 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, alpha: float, bet
 def _product(self: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, beta: float, alpha: float,
              out: torch.Tensor) -> torch.Tensor:
     """out = beta * self + alpha * a @ b (self broadcast; ignored when beta == 0)."""
+    for x in (a, b, out) if self is None else (self, a, b, out):
+        if x.is_cpu:   # (torch's message: the structured wrapper does not check devices)
+            raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
+                               f"{a.device if not a.is_cpu else b.device} and cpu!")
     shape = [*a.shape[:-1], b.shape[-1]]
     if list(out.shape) != shape:
         out.resize_(shape)
     if out.numel() == 0:
         return out
+    if self is not None and not _broadcasts_to(self, shape):
+        self.expand(shape)   # (raises torch's error: the structured wrapper does not check self's shape)
     if self is None or beta == 0:
         beta = 0.0
     elif not (self is out or (self.shape == out.shape and copies.same_storage(self, out)
@@ -154,7 +160,74 @@ def _product(self: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, beta: 
     return out
 
 
+# -- functional forms ----------------------------------------------------------------------------------
+# ``mm(a, b)`` and the others without ``out=`` reach the backend through torch's structured wrapper (its
+# shape and dtype checks in C++, then ``aten::empty`` through the dispatcher into Python for the result, then
+# the ``.out`` kernel): ~16 µs of the wrapper's allocation per call. They are registered as themselves here:
+# for operands of one floating dtype on one device whose shapes fit, the result is allocated directly and
+# the ``.out`` route runs; every other call (a mismatch, another rank or dtype: torch's errors) goes to the
+# wrapper unchanged, reached by redispatching to a backend key without kernels of its own (PrivateUse3).
+_STRUCTURED_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse3)
+_PRODUCT_DTYPES = frozenset({torch.float32, torch.float16})
+_aten = torch.ops.aten
+
+
+def _same_kind(*tensors: torch.Tensor) -> bool:
+    """One product dtype and one opencl device for every tensor."""
+    first = tensors[0]
+    dtype, device = first.dtype, first.device
+    return dtype in _PRODUCT_DTYPES and device.type == "opencl" and all(
+        t.dtype is dtype and t.device == device for t in tensors[1:])
+
+
+def _broadcasts_to(t: torch.Tensor, shape: tuple[int, ...]) -> bool:
+    """Whether ``t``'s shape broadcasts to ``shape`` (right-aligned, without adding leading dims to it)."""
+    return t.dim() <= len(shape) and all(n == 1 or n == m for n, m in zip(reversed(t.shape), reversed(shape)))
+
+
+def mm(self: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
+    if self.dim() == 2 and mat2.dim() == 2 and self.shape[1] == mat2.shape[0] and _same_kind(self, mat2):
+        out = memory.empty_contiguous((self.shape[0], mat2.shape[1]), self.dtype)
+        return _product(None, self, mat2, 0.0, 1.0, out)
+    return _aten.mm.default.redispatch(_STRUCTURED_KEYS, self, mat2)
+
+
+def bmm(self: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
+    if (self.dim() == 3 and mat2.dim() == 3 and self.shape[0] == mat2.shape[0] and self.shape[2] == mat2.shape[1]
+            and _same_kind(self, mat2)):
+        out = memory.empty_contiguous((self.shape[0], self.shape[1], mat2.shape[2]), self.dtype)
+        return _product(None, self, mat2, 0.0, 1.0, out)
+    return _aten.bmm.default.redispatch(_STRUCTURED_KEYS, self, mat2)
+
+
+def addmm(self: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta: Any = 1, alpha: Any = 1) -> torch.Tensor:
+    if mat1.dim() == 2 and mat2.dim() == 2 and mat1.shape[1] == mat2.shape[0]:
+        shape = (mat1.shape[0], mat2.shape[1])
+        if _broadcasts_to(self, shape) and _same_kind(mat1, mat2, self) and _real(beta) and _real(alpha):
+            return _product(self, mat1, mat2, beta, alpha, memory.empty_contiguous(shape, mat1.dtype))
+    return _aten.addmm.default.redispatch(_STRUCTURED_KEYS, self, mat1, mat2, beta=beta, alpha=alpha)
+
+
+def baddbmm(self: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tensor, *, beta: Any = 1,
+            alpha: Any = 1) -> torch.Tensor:
+    if (batch1.dim() == 3 and batch2.dim() == 3 and batch1.shape[0] == batch2.shape[0]
+            and batch1.shape[2] == batch2.shape[1]):
+        shape = (batch1.shape[0], batch1.shape[1], batch2.shape[2])
+        if _broadcasts_to(self, shape) and _same_kind(batch1, batch2, self) and _real(beta) and _real(alpha):
+            return _product(self, batch1, batch2, beta, alpha, memory.empty_contiguous(shape, batch1.dtype))
+    return _aten.baddbmm.default.redispatch(_STRUCTURED_KEYS, self, batch1, batch2, beta=beta, alpha=alpha)
+
+
+def _real(number: Any) -> bool:
+    """A Python int or float (not a bool or complex: the wrapper checks those against the dtype)."""
+    return type(number) is float or type(number) is int
+
+
 KERNELS: dict[str, Callable[..., Any]] = {
+    "mm": mm,
+    "bmm": bmm,
+    "addmm": addmm,
+    "baddbmm": baddbmm,
     "mm.out": lambda self, mat2, *, out: _product(None, self, mat2, 0.0, 1.0, out),
     "addmm.out": lambda self, mat1, mat2, *, beta=1, alpha=1, out: _product(self, mat1, mat2, beta, alpha, out),
     "bmm.out": lambda self, mat2, *, out: _product(None, self, mat2, 0.0, 1.0, out),

@@ -244,14 +244,42 @@ def masked_fill_tensor(self: torch.Tensor, mask: torch.Tensor, value: torch.Tens
     return run("masked_fill_tensor", self, (self, mask, value))
 
 
+def _gelu_tanh(approximate: str) -> bool:
+    """Whether ``approximate`` asks for the tanh form; torch's error for a value it does not know."""
+    if approximate == "tanh":
+        return True
+    if approximate != "none":
+        raise RuntimeError("approximate argument must be either none or tanh.")
+    return False
+
+
 def gelu(self: torch.Tensor, *, approximate: str = "none", out: torch.Tensor) -> torch.Tensor:
-    return run_out("gelu_tanh" if approximate == "tanh" else "gelu", out, (self,))
+    return run_out("gelu_tanh" if _gelu_tanh(approximate) else "gelu", out, (self,))
 
 
 def gelu_backward(grad_output: torch.Tensor, self: torch.Tensor, *, approximate: str = "none",
                   grad_input: torch.Tensor) -> torch.Tensor:
-    expr = "gelu_tanh_backward" if approximate == "tanh" else "gelu_backward"
+    expr = "gelu_tanh_backward" if _gelu_tanh(approximate) else "gelu_backward"
     return run_out(expr, grad_input, (grad_output, self))
+
+
+def gelu_new(self: torch.Tensor, *, approximate: str = "none") -> torch.Tensor:
+    """``gelu(x)`` for a contiguous floating ``x`` (a transformer's every feed-forward): the result allocated
+    here; anything else through torch's structured wrapper (see the functional fast paths below)."""
+    if self.dtype.is_floating_point and self.is_contiguous() and approximate in ("none", "tanh"):
+        return run("gelu_tanh" if approximate == "tanh" else "gelu", memory.empty_dense(self), (self,))
+    return torch.ops.aten.gelu.default.redispatch(_STRUCTURED_KEYS, self, approximate=approximate)
+
+
+def gelu_backward_new(grad_output: torch.Tensor, self: torch.Tensor, *, approximate: str = "none") -> torch.Tensor:
+    """``gelu_backward`` for contiguous floating operands of one shape and dtype, as :func:`gelu_new`."""
+    if (self.dtype.is_floating_point and grad_output.dtype is self.dtype and grad_output.shape == self.shape
+            and self.is_contiguous() and grad_output.is_contiguous() and not grad_output.is_cpu and not self.is_cpu
+            and approximate in ("none", "tanh")):
+        expr = "gelu_tanh_backward" if approximate == "tanh" else "gelu_backward"
+        return run(expr, memory.empty_dense(self), (grad_output, self))
+    return torch.ops.aten.gelu_backward.default.redispatch(_STRUCTURED_KEYS, grad_output, self,
+                                                            approximate=approximate)
 
 
 # -- functional fast paths ------------------------------------------------------------------------------
@@ -447,6 +475,8 @@ KERNELS: dict[str, Callable[..., Any]] = {
     "leaky_relu.out": lambda self, negative_slope=0.01, *, out: run_out("leaky_relu", out, (self,),
                                                                    (negative_slope,)),
     "gelu.out": gelu,
+    "gelu": gelu_new,
+    "gelu_backward": gelu_backward_new,
     # activation backward
     "threshold_backward.grad_input": lambda grad_output, self, threshold, *, grad_input: run_out(
         "threshold_backward", grad_input, (grad_output, self), (threshold,)),
