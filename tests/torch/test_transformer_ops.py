@@ -119,20 +119,47 @@ def test_native_layer_norm_other_calls_take_torchs_route(strict):
                                        rtol=1e-3 if xi.dtype == torch.half else 1e-5)
 
 
-def test_native_layer_norm_is_one_launch_and_the_same_run_to_run(strict, monkeypatch):
-    from tunecl.backend import state
+def test_native_layer_norm_is_one_launch_and_the_same_run_to_run(strict):
+    """One launch per call; the pre-built calls after a signature's first (its launches recorded, then
+    replayed with each call's buffers) compute what the first did, on new inputs and at new storage offsets."""
+    from tunecl.profiling import KernelProfile
 
-    family = state.get().transformer
-    launches = []
-    real = family._ln_kernel
-    monkeypatch.setattr(family, "_ln_kernel", lambda name, *a: launches.append(name) or real(name, *a))
-    x = torch.randn(4, 7, 300).to("opencl")
-    w, b = (torch.rand(300) + 0.5).to("opencl"), torch.randn(300).to("opencl")
-    first = [v.cpu() for v in torch.ops.aten.native_layer_norm(x, [300], w, b, 1e-5)]
-    second = [v.cpu() for v in torch.ops.aten.native_layer_norm(x, [300], w, b, 1e-5)]
-    assert launches == ["ln_forward", "ln_forward"]
-    for a, c in zip(first, second):
+    xs = [torch.randn(4, 7, 300) for _ in range(3)]
+    w, b = torch.rand(300) + 0.5, torch.randn(300)
+    dw, db = w.to("opencl"), b.to("opencl")
+    for x in xs + [xs[0]]:
+        expected = torch.ops.aten.native_layer_norm(x, [300], w, b, 1e-5)
+        for dx in (x.to("opencl"), torch.cat([torch.randn(5), x.flatten()]).to("opencl")[5:].view(4, 7, 300)):
+            got = torch.ops.aten.native_layer_norm(dx, [300], dw, db, 1e-5)
+            for g, e in zip(got, expected):
+                torch.testing.assert_close(g.cpu(), e, atol=2e-5, rtol=1e-5)
+    first = [v.cpu() for v in torch.ops.aten.native_layer_norm(xs[1].to("opencl"), [300], dw, db, 1e-5)]
+    again = [v.cpu() for v in torch.ops.aten.native_layer_norm(xs[1].to("opencl"), [300], dw, db, 1e-5)]
+    for a, c in zip(first, again):
         assert torch.equal(a, c)
+    with KernelProfile() as profile:
+        torch.ops.aten.native_layer_norm(xs[2].to("opencl"), [300], dw, db, 1e-5)
+        torch.opencl.synchronize()
+        launches = {row.name: row.launches for row in profile.summary()}
+    assert launches.get("ln_forward") == 1 and len([n for n in launches if n.startswith("ln_")]) == 1, launches
+
+
+def test_layer_norm_backward_replays_with_each_calls_buffers(strict):
+    """The backward's pre-built calls (after a signature's first) read each call's tensors: gradients of new
+    inputs and upstream gradients match the CPU's, with and without weight and bias."""
+    for affine in (True, False):
+        ln_cpu = torch.nn.LayerNorm(48, elementwise_affine=affine)
+        ln_dev = torch.nn.LayerNorm(48, elementwise_affine=affine).to("opencl")
+        ln_dev.load_state_dict(ln_cpu.state_dict())
+        for _ in range(3):
+            x, g = torch.randn(6, 5, 48), torch.randn(6, 5, 48)
+            cx, dx = x.clone().requires_grad_(), x.to("opencl").requires_grad_()
+            ln_cpu(cx).backward(g)
+            ln_dev(dx).backward(g.to("opencl"))
+            torch.testing.assert_close(dx.grad.cpu(), cx.grad, atol=1e-5, rtol=1e-5)
+            for pc, pd in zip(ln_cpu.parameters(), ln_dev.parameters()):
+                torch.testing.assert_close(pd.grad.cpu(), pc.grad, atol=1e-4, rtol=1e-4)
+                pc.grad = pd.grad = None
 
 
 def test_layer_norm_backward_op_directly(strict):

@@ -4,7 +4,12 @@ backward, and the embedding's backward.
 Layer norm's forward is one launch for contiguous float32 tensors: the statistics of each row and the
 normalised, weighted and biased output together (torch's composite ``native_layer_norm``, which serves
 every other call, runs a batch norm over the rows and then ``addcmul``: three launches, and two more passes
-over the activations)."""
+over the activations).
+
+Layer norm's float32 calls are pre-built per signature (the operands' shapes, strides and storage offsets,
+eps, which of weight and bias are given, the backward's output mask): the first call of a signature runs
+the kernels' route and records its launches (:class:`tunecl.kernels.launches.RecordedRun`), later calls
+allocate the outputs, bind the buffers and enqueue."""
 
 from __future__ import annotations
 
@@ -14,9 +19,11 @@ from typing import Any
 
 import torch
 
-from tunecl.backend import copies, half, memory, state
+from tunecl.backend import copies, half, memory, plans, state
+from tunecl.backend.memory import buffer_of
 from tunecl.backend.operands import operand
 from tunecl.errors import Unsupported
+from tunecl.kernels import launches
 from tunecl.kernels.strided import Operand, merge_dims
 
 
@@ -61,6 +68,8 @@ def _plain(t: torch.Tensor | None) -> Operand | None:
     return None if t is None else operand(t)
 
 
+MAX_CALLS = 512
+_calls = plans.SignatureCalls()   # signature -> RecordedRun (every layer-norm signature can be pre-built)
 _native_layer_norm = torch.ops.aten.native_layer_norm.default
 _COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutograd
 _FLOAT32 = torch.float32
@@ -69,6 +78,24 @@ _FLOAT32 = torch.float32
 def _layer_norm_param(t: torch.Tensor | None, normalized_shape: Sequence[int], device: torch.device) -> bool:
     return t is None or (t.dtype is _FLOAT32 and t.device == device and t.is_contiguous()
                          and list(t.shape) == list(normalized_shape))
+
+
+def _where(t: torch.Tensor | None) -> tuple | None:
+    """What a recorded launch fixed of an operand: its layout and storage offset (None: absent)."""
+    return None if t is None else (t.shape, t.stride(), t.storage_offset())
+
+
+def _recorded(key: tuple) -> launches.RecordedRun | None:
+    """The recorded run of a signature (made on its first call); None where none applies (a State whose
+    plans are not the backend's own, e.g. a dry run's)."""
+    run = _calls.lookup(key)
+    if run is _calls:
+        run = _calls.keep(key, launches.RecordedRun() if _calls.owner.plan is plans.plan else None, MAX_CALLS)
+    return run
+
+
+def _buffer(t: torch.Tensor | None) -> Any:
+    return None if t is None else buffer_of(t)
 
 
 def native_layer_norm(input: torch.Tensor, normalized_shape: Sequence[int], weight: torch.Tensor | None,
@@ -86,8 +113,18 @@ def native_layer_norm(input: torch.Tensor, normalized_shape: Sequence[int], weig
     if not cols:  # empty rows: CPU torch's statistics (a mean of 0, an rstd of NaN)
         return out, mean.fill_(0.0), rstd.fill_(math.nan)
     rows = input.numel() // cols
-    state.get().transformer.layer_norm_forward(rows, cols, operand(input), _plain(weight), _plain(bias), eps,
-                                               operand(out), operand(mean), operand(rstd))
+    st = state.get()
+
+    def run() -> None:
+        st.transformer.layer_norm_forward(rows, cols, operand(input), _plain(weight), _plain(bias), eps,
+                                          operand(out), operand(mean), operand(rstd))
+
+    recorded = _recorded(("fwd", _where(input), _where(weight), _where(bias), eps))
+    if recorded is None:
+        run()
+    else:
+        recorded(st.device, (buffer_of(input), _buffer(weight), _buffer(bias), buffer_of(out), buffer_of(mean),
+                             buffer_of(rstd)), run)
     return out, mean, rstd
 
 
@@ -112,9 +149,22 @@ def native_layer_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, norm
     grad_input = memory.empty_contiguous(input.shape, torch.float32) if output_mask[0] else None
     grad_weight = memory.empty_contiguous(param_shape, torch.float32) if output_mask[1] else None
     grad_bias = memory.empty_contiguous(param_shape, torch.float32) if output_mask[2] else None
-    state.get().transformer.layer_norm_backward(rows, cols, operand(x), operand(dy), _plain(w), operand(mu),
-                                                operand(inv), _plain(grad_input), _plain(grad_weight),
-                                                _plain(grad_bias))
+    st = state.get()
+
+    def run() -> None:
+        st.transformer.layer_norm_backward(rows, cols, operand(x), operand(dy), _plain(w), operand(mu),
+                                           operand(inv), _plain(grad_input), _plain(grad_weight),
+                                           _plain(grad_bias))
+
+    recorded = None
+    if all(t is None or t.dtype is _FLOAT32 for t in (grad_out, input, mean, rstd, weight)):
+        recorded = _recorded(("bwd", _where(x), _where(dy), _where(w), _where(mu), _where(inv),
+                              tuple(bool(m) for m in output_mask)))
+    if recorded is None:
+        run()
+    else:
+        recorded(st.device, (buffer_of(x), buffer_of(dy), _buffer(w), buffer_of(mu), buffer_of(inv),
+                             _buffer(grad_input), _buffer(grad_weight), _buffer(grad_bias)), run)
     return (None if grad_input is None else half.cast(grad_input, input.dtype),
             None if grad_weight is None else half.cast(grad_weight, param_dtype),
             None if grad_bias is None else half.cast(grad_bias, param_dtype))
