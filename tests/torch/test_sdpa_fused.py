@@ -258,3 +258,33 @@ def test_the_backward_traces_on_the_meta_device_as_the_kernel_shapes_it(strict):
         for got, want in zip(shapes[:3], real[:3]):
             assert got.device.type == "meta"
             assert (got.shape, got.dtype, got.stride()) == (want.shape, want.dtype, want.stride())
+
+
+@pytest.mark.parametrize("kind", ["none", "causal", "bool", "float"])
+def test_repeated_signatures_replay_with_each_calls_tensors(strict, kind):
+    """A signature's later calls replay its recorded launches with their own tensors bound: new inputs
+    (and a new mask), forward and gradients, match CPU float64 each time. Every call's tensors stay alive,
+    so no call's buffers are recycled into the next."""
+    alive = []
+    for _ in range(3):
+        q, k, v = _qkv(2, 3, 37, 29, 16)
+        mask = None
+        if kind == "bool":
+            mask = torch.rand(37, 29) > 0.3
+            mask[:, 0] = True
+        elif kind == "float":
+            mask = torch.randn(2, 1, 37, 29)
+        leaves64 = [t.double().requires_grad_() for t in (q, k, v)]
+        expected = F.scaled_dot_product_attention(*leaves64, is_causal=kind == "causal", attn_mask=(
+            mask.double() if kind == "float" else mask))
+        upstream = torch.randn(expected.shape, dtype=torch.float64)
+        expected.backward(upstream)
+        dev = [t.to("opencl").requires_grad_() for t in (q, k, v)]
+        dev_mask = None if mask is None else mask.to("opencl")
+        got = F.scaled_dot_product_attention(*dev, is_causal=kind == "causal", attn_mask=dev_mask)
+        grad = upstream.float().to("opencl")
+        got.backward(grad)
+        alive += [*dev, dev_mask, got, grad]
+        torch.testing.assert_close(got.detach().cpu().double(), expected.detach(), atol=1e-5, rtol=1e-5)
+        for d, c in zip(dev, leaves64):
+            torch.testing.assert_close(d.grad.cpu().double(), c.grad, atol=4e-5, rtol=4e-5)

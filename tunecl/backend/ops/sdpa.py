@@ -34,10 +34,12 @@ from typing import Any
 import torch
 from torch.nn.attention import SDPBackend
 
-from tunecl.backend import graphs, memory, random_draws, state
+from tunecl.backend import graphs, memory, plans, random_draws, state
+from tunecl.backend.memory import buffer_of
 from tunecl.backend.operands import operand
 from tunecl.errors import Unsupported
 from tunecl.kernels import attention as family
+from tunecl.kernels import launches
 from tunecl.kernels.attention import AttentionOperands
 from tunecl.kernels.strided import Operand
 from tunecl.problems import AttentionProblem
@@ -187,11 +189,14 @@ def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         dropout = (float(dropout_p), random_draws.key())
         unused[2], unused[3] = torch.tensor(dropout[1], dtype=torch.int64), torch.tensor(0, dtype=torch.int64)
     if out.numel() and keys:
-        problem = _problem(query, key, value, attn_bias, is_causal, "fwd")
-        mask = None if attn_bias is None else _strided(attn_bias, (batch, heads, length, keys))
-        ops = AttentionOperands(q=operand(query), k=operand(key), v=operand(value), out=operand(out),
-                                lse=operand(lse), mask=mask)
-        state.get().plan(problem).run(ops, _scale(scale, e), dropout)
+        def operands() -> AttentionOperands:
+            mask = None if attn_bias is None else _strided(attn_bias, (batch, heads, length, keys))
+            return AttentionOperands(q=operand(query), k=operand(key), v=operand(value), out=operand(out),
+                                     lse=operand(lse), mask=mask)
+
+        _run_plan("fwd", lambda: _problem(query, key, value, attn_bias, is_causal, "fwd"), operands,
+                  _scale(scale, e), dropout, (_where(query), _where(key), _where(value), _where(attn_bias),
+                                              is_causal), (query, key, value, attn_bias, out, lse))
     elif out.numel():   # no keys: every row attends to nothing (torch's math path gives 0)
         out.zero_()
         lse.fill_(float("-inf"))
@@ -227,14 +232,50 @@ def fused_attention_backward(grad_out: torch.Tensor, query: torch.Tensor, key: t
         if not isinstance(philox_seed, torch.Tensor) or philox_seed.numel() != 1:
             raise RuntimeError(f"{name}: with dropout, philox_seed must be the forward's one-element key tensor")
         dropout = (float(dropout_p), int(philox_seed))
-    problem = _problem(query, key, value, attn_bias, is_causal, "bwd")
     delta = memory.empty_contiguous((batch, heads, length), torch.float32)
-    mask = None if attn_bias is None else _strided(attn_bias, (batch, heads, length, keys))
-    ops = AttentionOperands(q=operand(query), k=operand(key), v=operand(value), out=operand(out),
-                            lse=operand(logsumexp), mask=mask, dout=operand(grad_out), delta=operand(delta),
-                            dq=operand(grads[0]), dk=operand(grads[1]), dv=operand(grads[2]))
-    state.get().plan(problem).run(ops, _scale(scale, e), dropout)
+
+    def operands() -> AttentionOperands:
+        mask = None if attn_bias is None else _strided(attn_bias, (batch, heads, length, keys))
+        return AttentionOperands(q=operand(query), k=operand(key), v=operand(value), out=operand(out),
+                                 lse=operand(logsumexp), mask=mask, dout=operand(grad_out), delta=operand(delta),
+                                 dq=operand(grads[0]), dk=operand(grads[1]), dv=operand(grads[2]))
+
+    signature = (_where(query), _where(key), _where(value), _where(attn_bias), is_causal, _where(grad_out),
+                 _where(out), _where(logsumexp), *(_where(g) for g in grads))
+    _run_plan("bwd", lambda: _problem(query, key, value, attn_bias, is_causal, "bwd"), operands,
+              _scale(scale, e), dropout, signature,
+              (query, key, value, attn_bias, grad_out, out, logsumexp, delta, *grads))
     return (*grads, None)
+
+
+# -- pre-built calls ----------------------------------------------------------------------------------
+# A call without dropout whose signature (each operand's shape, strides, storage offset and dtype, causality,
+# scale, and the precisions torch's flags accept) was seen before runs its plan's launches as recorded then,
+# with this call's buffers bound (kernels.launches.RecordedRun): no problem, plan lookup, operands or meta
+# built again. Dropout's key changes every call, so such calls run the plan.
+MAX_CALLS = 256
+_calls = plans.SignatureCalls()
+
+
+def _where(t: torch.Tensor | None) -> tuple | None:
+    return None if t is None else (t.shape, t.stride(), t.storage_offset(), t.dtype)
+
+
+def _run_plan(direction: str, problem_of: Callable[[], AttentionProblem], operands: Callable[[], AttentionOperands],
+              scale: float, dropout: tuple[float, int] | None, signature: tuple, roles: tuple) -> None:
+    """Run the problem's plan on the operands, by the signature's recorded launches where it has them."""
+    if dropout is None:
+        key = (direction, *signature, scale, plans.accepted_precisions("attention"))
+        call = _calls.lookup(key)
+        if call is _calls:
+            call = _calls.keep(key, (state.get().plan(problem_of()), launches.RecordedRun())
+                               if _calls.owner.plan is plans.plan else None, MAX_CALLS)
+        if call is not None:
+            plan, recorded = call
+            recorded(_calls.owner.device, tuple(None if t is None else buffer_of(t) for t in roles),
+                     lambda: plan.run(operands(), scale))
+            return
+    state.get().plan(problem_of()).run(operands(), scale, dropout)
 
 
 def _scale(scale: float | None, head_dim: int) -> float:
