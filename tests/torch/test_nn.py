@@ -97,6 +97,30 @@ def test_dropout_with_host_draws_matches_cpu_with_the_same_seed(strict):
     assert torch.equal(F.dropout(x.to("opencl"), 0.5, training=False).cpu(), x)
 
 
+@config.override(random="device")
+def test_eager_dropout_is_one_launch_drawing_the_keyed_bernoulli_mask(strict):
+    """A contiguous float32 dropout is one launch that writes the mask and the output; its mask is the keyed
+    Bernoulli draw under the call's key (the first number drawn after the seed), and its output is the
+    pointwise scale_mask of the input by that mask, bit for bit."""
+    from tunecl.backend import memory, random_draws, state
+    from tunecl.profiling import KernelProfile
+
+    x = torch.randn(37, 101)
+    xd = torch.cat([torch.randn(3), x.flatten()]).to("opencl")[3:].view(37, 101)   # at a storage offset
+    torch.manual_seed(5)
+    with KernelProfile() as profile:
+        out, mask = torch.ops.aten.native_dropout(xd, 0.3, True)
+        torch.opencl.synchronize()
+        launches = {row.name: row.launches for row in profile.summary()}
+    assert launches == {"dropout_keyed_f32": 1}, launches
+    torch.manual_seed(5)
+    key = random_draws.key()
+    drawn = memory.empty_contiguous((37, 101), torch.bool)
+    state.get().random.bernoulli_keyed(memory.buffer_of(drawn), 0, drawn.numel(), 0.7, key, "bool")
+    assert torch.equal(mask.cpu(), drawn.cpu())
+    assert torch.equal(out.cpu(), torch.ops.aten.native_dropout_backward(xd, mask, 1 / 0.7).cpu())
+
+
 @pytest.mark.parametrize("p", [0.0, 0.1, 0.5, 0.9, 1.0])
 @config.override(random="device")
 def test_dropout_draws_on_the_device_reproducibly_from_the_cpu_generator(strict, p):

@@ -9,7 +9,9 @@ the host's draw and upload: on an H100, BERT-base's 25 dropouts of 2048 x 768 at
 training step that way. ``auto`` (the default): ``device`` on GPUs and other non-CPU devices, ``host`` on
 CPU devices, whose kernels share the host's cores (PoCL on 2 cores: 41 ms for a Philox draw of 2048 x 768
 against 11 ms for torch's). Other random ops (``normal_``, ``uniform_``, ...) always draw on the host, so
-a model initialised on the device matches one initialised on the CPU.
+a model initialised on the device matches one initialised on the CPU. With device draws, eager dropout of a
+contiguous float32 tensor draws its mask and applies it in one launch (:func:`dropout`); the fused attention
+draws its dropout inside its kernels under such a key (:mod:`tunecl.backend.ops.sdpa`).
 """
 
 from __future__ import annotations
@@ -59,3 +61,16 @@ def bernoulli_(t: torch.Tensor, p: float, generator: torch.Generator | None = No
     state.get().random.bernoulli_keyed(memory.buffer_of(t), t.storage_offset(), t.numel(), float(p),
                                        key(generator), dtype)
     return True
+
+
+def dropout(input: torch.Tensor, keep: float, scale: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Eager dropout of a contiguous float32 ``input`` in one launch on the device: (output, bool mask), the
+    mask the keyed Bernoulli draw of :func:`bernoulli_` would give under the call's key; None (nothing
+    done, nothing drawn) for host draws and other dtypes or layouts."""
+    if input.dtype is not torch.float32 or not input.is_contiguous() or not 0.0 <= keep <= 1.0 or on_host():
+        return None
+    out = memory.empty_contiguous(input.shape, torch.float32)
+    mask = memory.empty_contiguous(input.shape, torch.bool)
+    state.get().random.dropout_keyed(memory.buffer_of(out), 0, memory.buffer_of(mask), 0, memory.buffer_of(input),
+                                     input.storage_offset(), input.numel(), float(keep), float(scale), key())
+    return out, mask

@@ -530,6 +530,8 @@ def native_dropout(input: torch.Tensor, p: float, train: bool | None) -> tuple[t
         mask = memory.empty_contiguous(shape, torch.bool)
         if not graphs.draw_on_host(mask, host_mask, copies.write_bytes) and not graphs.bernoulli_(mask, keep):
             mask = None
+    elif (done := random_draws.dropout(input, keep, scale)) is not None:
+        return done
     elif not random_draws.on_host():
         mask = memory.empty_contiguous(shape, torch.bool)
         if not random_draws.bernoulli_(mask, keep):

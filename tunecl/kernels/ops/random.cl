@@ -11,6 +11,8 @@
 //   bernoulli_u8         the same into bytes (a bool mask)
 //   bernoulli_keyed_f32  the same from the key k0, k1
 //   bernoulli_keyed_u8   the same into bytes (a bool mask)
+//   dropout_keyed_f32    eager dropout in one pass: mask[i] = (u_i < keep) as bernoulli_keyed_u8 draws it, and
+//                        out[i] = x[i] * mask[i] * scale (the same arithmetic as the pointwise scale_mask)
 //   advance              counter += n (one work-item)
 
 #include "philox.cl"
@@ -36,6 +38,17 @@ __kernel void bernoulli_keyed_##suffix(__global T *out, const long offset, const
 
 BERNOULLI_KERNELS(f32, float)
 BERNOULLI_KERNELS(u8, uchar)
+
+__kernel void dropout_keyed_f32(__global float *out, const long out_offset, __global uchar *mask,
+                                const long mask_offset, __global const float *x, const long x_offset, const long n,
+                                const float keep, const float scale, const uint k0, const uint k1)
+{
+  const long i = get_global_id(0);
+  if (i >= n) return;
+  const uchar kept = uniform24((ulong)i, k0, k1) < keep;
+  mask[mask_offset + i] = kept;
+  out[out_offset + i] = x[x_offset + i] * (float)kept * scale;
+}
 
 __kernel void advance(__global uint *state, const long n)
 {

@@ -44,3 +44,14 @@ class Random(StridedFamily):
             kernel = self._kernel(name, [None, np.int64, np.int64, np.float32, np.uint32, np.uint32])
             kernel(self.device.queue, (-(-n // self.local) * self.local,), (self.local,), out, offset, n, p,
                    key & 0xFFFFFFFF, (key >> 32) & 0xFFFFFFFF)
+
+    def dropout_keyed(self, out: cl.Buffer, out_offset: int, mask: cl.Buffer, mask_offset: int, x: cl.Buffer,
+                      x_offset: int, n: int, keep: float, scale: float, key: int) -> None:
+        """Dropout of ``n`` contiguous float32 elements in one launch: ``mask`` (bytes) as
+        :meth:`bernoulli_keyed` draws it with probability ``keep`` under ``key``, and ``out = x * mask *
+        scale`` (offsets in elements)."""
+        if n:
+            kernel = self._kernel("dropout_keyed_f32", [None, np.int64, None, np.int64, None, np.int64, np.int64,
+                                                        np.float32, np.float32, np.uint32, np.uint32])
+            kernel(self.device.queue, (-(-n // self.local) * self.local,), (self.local,), out, out_offset, mask,
+                   mask_offset, x, x_offset, n, keep, scale, key & 0xFFFFFFFF, (key >> 32) & 0xFFFFFFFF)
