@@ -259,6 +259,11 @@ def _pointwise_suite(full: bool) -> None:
     with case("random bernoulli_dropout", "random"):
         torch.empty(37, device="opencl").bernoulli_(0.3).cpu()
         F.dropout(torch.ones(5, 7, device="opencl"), 0.4).cpu()
+    from tunecl import config
+
+    with case("random device_draws", "random"), config.override(random="device"):   # the Philox kernels
+        torch.empty(37, device="opencl").bernoulli_(0.3).cpu()
+        F.dropout(torch.ones(41, device="opencl")[4:], 0.4).cpu()   # one launch, at a storage offset
     if full:
         big = torch.randn(2, 3, 33, 17)
         _op("pointwise broadcast4d", lambda a, b: a * b[:, :, :1] + b.mean(), big, big[:1], grad=True)
@@ -311,6 +316,17 @@ def _nn_suite(full: bool) -> None:
     # the fused attention kernels: lengths past one 32-row tile, odd head dims
     q, k, v = torch.randn(1, 2, 37, 6), torch.randn(1, 2, 41, 6), torch.randn(1, 2, 41, 3)
     _op("attention sdpa_fused", lambda a, b, c: F.scaled_dot_product_attention(a, b, c), q, k, v, grad=True)
+    from tunecl import config
+    from tunecl.kernels import attention
+
+    with case("attention sdpa_dropout", "attention"), config.override(random="device"):
+        trained_on_math, attention.math_for_training = attention.math_for_training, lambda *args: False
+        try:   # the fused kernels' dropout variant, forward and backward (values are checked by the tests)
+            leaves = [t.to("opencl").requires_grad_() for t in (q, k, v)]
+            F.scaled_dot_product_attention(*leaves, dropout_p=0.3).sum().backward()
+            torch.stack([t.grad.sum() for t in leaves]).cpu()
+        finally:
+            attention.math_for_training = trained_on_math
     if full:
         keep = torch.rand(37, 41) > 0.3
         _op("attention sdpa_causal", lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True),
