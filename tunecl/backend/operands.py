@@ -23,6 +23,17 @@ def kernel_dtype(t: torch.Tensor) -> str:
         raise Unsupported(f"no kernels for {t.dtype}") from None
 
 
+def layout_key(t: torch.Tensor | None) -> tuple | None:
+    """What a recorded launch fixed of an operand (``kernels.launches.RecordedRun``): its shape, strides,
+    storage offset and dtype; None for an absent one. Part of a pre-built call's signature."""
+    return None if t is None else (t.shape, t.stride(), t.storage_offset(), t.dtype)
+
+
+def buffers_of(tensors: Sequence[torch.Tensor | None]) -> tuple:
+    """The ``cl.Buffer`` of each tensor (None for an absent one): a pre-built call's buffers by role."""
+    return tuple(None if t is None else _buffers[t.untyped_storage().data_ptr()] for t in tensors)
+
+
 def operand(t: torch.Tensor) -> Operand:
     """``t`` with its own strides (the iteration shape is ``t.shape``)."""
     try:

@@ -12,6 +12,14 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
+# A key no kernel is registered for: redispatching an op to it runs torch's composite kernel of the op (for
+# a structured op its CompositeExplicitAutogradNonFunctional wrapper: shape and dtype checks, the result
+# allocated through the backend's empty_strided, then the backend's ``.out`` kernel). The op modules send the
+# calls their own fast paths do not take there.
+COMPOSITE_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse3)
+
 _MODULES = ("core", "creation", "pointwise", "reduction", "nn", "indexing", "optim", "foreach", "linalg", "conv",
             "transformer", "attention", "sdpa", "upsample", "group_norm", "scan", "reorder", "loss2d", "dot", "index_nd", "sort")
 

@@ -19,6 +19,7 @@ import torch
 from tunecl.backend import copies, counters, half, memory, plans, state
 from tunecl.backend.memory import buffer_of
 from tunecl.backend.operands import kernel_dtype, operand
+from tunecl.backend.ops import COMPOSITE_KEYS
 from tunecl.backend.ops.pointwise import run
 from tunecl.errors import Unsupported
 from tunecl.kernels import launches
@@ -134,18 +135,13 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, alpha: float, bet
 
 def _product(self: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, beta: float, alpha: float,
              out: torch.Tensor) -> torch.Tensor:
-    """out = beta * self + alpha * a @ b (self broadcast; ignored when beta == 0)."""
-    for x in (a, b, out) if self is None else (self, a, b, out):
-        if x.is_cpu:   # (torch's message: the structured wrapper does not check devices)
-            raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
-                               f"{a.device if not a.is_cpu else b.device} and cpu!")
+    """out = beta * self + alpha * a @ b (self broadcast; ignored when beta == 0) for operands on the device
+    whose shapes fit (see :func:`_product_out`)."""
     shape = [*a.shape[:-1], b.shape[-1]]
     if list(out.shape) != shape:
         out.resize_(shape)
     if out.numel() == 0:
         return out
-    if self is not None and not _broadcasts_to(self, shape):
-        self.expand(shape)   # (raises torch's error: the structured wrapper does not check self's shape)
     if self is None or beta == 0:
         beta = 0.0
     elif not (self is out or (self.shape == out.shape and copies.same_storage(self, out)
@@ -160,6 +156,21 @@ def _product(self: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, beta: 
     return out
 
 
+def _product_out(self: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, beta: float, alpha: float,
+                 out: torch.Tensor) -> torch.Tensor:
+    """:func:`_product` for the ``out=`` overloads, with the checks torch's structured wrapper leaves to the
+    kernel: every operand on the device and ``self`` broadcasting to the product (torch's errors)."""
+    for x in (a, b, out) if self is None else (self, a, b, out):
+        if x.is_cpu:
+            raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
+                               f"{a.device if not a.is_cpu else b.device} and cpu!")
+    if self is not None:
+        shape = (*a.shape[:-1], b.shape[-1])
+        if not _broadcasts_to(self, shape):
+            self.expand(shape)   # (raises torch's error)
+    return _product(self, a, b, beta, alpha, out)
+
+
 # -- functional forms ----------------------------------------------------------------------------------
 # ``mm(a, b)`` and the others without ``out=`` reach the backend through torch's structured wrapper (its
 # shape and dtype checks in C++, then ``aten::empty`` through the dispatcher into Python for the result, then
@@ -167,7 +178,6 @@ def _product(self: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, beta: 
 # for operands of one floating dtype on one device whose shapes fit, the result is allocated directly and
 # the ``.out`` route runs; every other call (a mismatch, another rank or dtype: torch's errors) goes to the
 # wrapper unchanged, reached by redispatching to a backend key without kernels of its own (PrivateUse3).
-_STRUCTURED_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse3)
 _PRODUCT_DTYPES = frozenset({torch.float32, torch.float16})
 _aten = torch.ops.aten
 
@@ -189,7 +199,7 @@ def mm(self: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
     if self.dim() == 2 and mat2.dim() == 2 and self.shape[1] == mat2.shape[0] and _same_kind(self, mat2):
         out = memory.empty_contiguous((self.shape[0], mat2.shape[1]), self.dtype)
         return _product(None, self, mat2, 0.0, 1.0, out)
-    return _aten.mm.default.redispatch(_STRUCTURED_KEYS, self, mat2)
+    return _aten.mm.default.redispatch(COMPOSITE_KEYS, self, mat2)
 
 
 def bmm(self: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
@@ -197,7 +207,7 @@ def bmm(self: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
             and _same_kind(self, mat2)):
         out = memory.empty_contiguous((self.shape[0], self.shape[1], mat2.shape[2]), self.dtype)
         return _product(None, self, mat2, 0.0, 1.0, out)
-    return _aten.bmm.default.redispatch(_STRUCTURED_KEYS, self, mat2)
+    return _aten.bmm.default.redispatch(COMPOSITE_KEYS, self, mat2)
 
 
 def addmm(self: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta: Any = 1, alpha: Any = 1) -> torch.Tensor:
@@ -205,7 +215,7 @@ def addmm(self: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta: A
         shape = (mat1.shape[0], mat2.shape[1])
         if _broadcasts_to(self, shape) and _same_kind(mat1, mat2, self) and _real(beta) and _real(alpha):
             return _product(self, mat1, mat2, beta, alpha, memory.empty_contiguous(shape, mat1.dtype))
-    return _aten.addmm.default.redispatch(_STRUCTURED_KEYS, self, mat1, mat2, beta=beta, alpha=alpha)
+    return _aten.addmm.default.redispatch(COMPOSITE_KEYS, self, mat1, mat2, beta=beta, alpha=alpha)
 
 
 def baddbmm(self: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tensor, *, beta: Any = 1,
@@ -215,7 +225,7 @@ def baddbmm(self: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tensor, *, b
         shape = (batch1.shape[0], batch1.shape[1], batch2.shape[2])
         if _broadcasts_to(self, shape) and _same_kind(batch1, batch2, self) and _real(beta) and _real(alpha):
             return _product(self, batch1, batch2, beta, alpha, memory.empty_contiguous(shape, batch1.dtype))
-    return _aten.baddbmm.default.redispatch(_STRUCTURED_KEYS, self, batch1, batch2, beta=beta, alpha=alpha)
+    return _aten.baddbmm.default.redispatch(COMPOSITE_KEYS, self, batch1, batch2, beta=beta, alpha=alpha)
 
 
 def _real(number: Any) -> bool:
@@ -228,8 +238,8 @@ KERNELS: dict[str, Callable[..., Any]] = {
     "bmm": bmm,
     "addmm": addmm,
     "baddbmm": baddbmm,
-    "mm.out": lambda self, mat2, *, out: _product(None, self, mat2, 0.0, 1.0, out),
-    "addmm.out": lambda self, mat1, mat2, *, beta=1, alpha=1, out: _product(self, mat1, mat2, beta, alpha, out),
-    "bmm.out": lambda self, mat2, *, out: _product(None, self, mat2, 0.0, 1.0, out),
-    "baddbmm.out": lambda self, b1, b2, *, beta=1, alpha=1, out: _product(self, b1, b2, beta, alpha, out),
+    "mm.out": lambda self, mat2, *, out: _product_out(None, self, mat2, 0.0, 1.0, out),
+    "addmm.out": lambda self, mat1, mat2, *, beta=1, alpha=1, out: _product_out(self, mat1, mat2, beta, alpha, out),
+    "bmm.out": lambda self, mat2, *, out: _product_out(None, self, mat2, 0.0, 1.0, out),
+    "baddbmm.out": lambda self, b1, b2, *, beta=1, alpha=1, out: _product_out(self, b1, b2, beta, alpha, out),
 }

@@ -12,6 +12,7 @@ from tunecl.backend import copies, graphs, half, memory, random_draws, state
 from tunecl.backend.copies import contiguous_on_device
 from tunecl.backend.allocator import buffers as _buffers
 from tunecl.backend.operands import kernel_dtype, operand
+from tunecl.backend.ops import COMPOSITE_KEYS
 from tunecl.backend.ops.pointwise import new_like, run
 from tunecl.errors import Unsupported
 from tunecl.kernels.ops.pool import Window
@@ -545,15 +546,12 @@ def native_dropout_backward(grad_output: torch.Tensor, mask: torch.Tensor, scale
     return run("scale_mask", new_like(grad_output), (grad_output, mask), (scale,))
 
 
-_COMPOSITE_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse3)   # no kernels: the composite ones
-
-
 def native_group_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, n: int, c: int,
                       hxw: int, group: int, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """torch's composite group norm (reached by redispatching to a key without kernels) on a contiguous
     input: it reshapes the input with ``view``, which fails for a non-contiguous one."""
     return torch.ops.aten.native_group_norm.default.redispatch(
-        _COMPOSITE_KEYS, input.contiguous(), weight, bias, n, c, hxw, group, eps)
+        COMPOSITE_KEYS, input.contiguous(), weight, bias, n, c, hxw, group, eps)
 
 
 KERNELS: dict[str, Callable[..., Any]] = {

@@ -17,6 +17,7 @@ import torch
 from tunecl.backend import memory, state
 from tunecl.backend.allocator import buffers as _buffers
 from tunecl.backend.operands import dense_strides_like, operand, scalar_or_operand
+from tunecl.backend.ops import COMPOSITE_KEYS
 from tunecl.errors import Unsupported
 from tunecl.kernels.strided import Operand, relu_tag
 
@@ -244,41 +245,44 @@ def masked_fill_tensor(self: torch.Tensor, mask: torch.Tensor, value: torch.Tens
     return run("masked_fill_tensor", self, (self, mask, value))
 
 
-def _gelu_tanh(approximate: str) -> bool:
-    """Whether ``approximate`` asks for the tanh form; torch's error for a value it does not know."""
-    if approximate == "tanh":
-        return True
-    if approximate != "none":
+# gelu's expressions (forward, backward) by ``approximate``
+_GELU = {"none": ("gelu", "gelu_backward"), "tanh": ("gelu_tanh", "gelu_tanh_backward")}
+
+
+def _gelu_exprs(approximate: str) -> tuple[str, str]:
+    """gelu's expressions for ``approximate``; torch's error for a value it does not know."""
+    exprs = _GELU.get(approximate)
+    if exprs is None:
         raise RuntimeError("approximate argument must be either none or tanh.")
-    return False
+    return exprs
 
 
 def gelu(self: torch.Tensor, *, approximate: str = "none", out: torch.Tensor) -> torch.Tensor:
-    return run_out("gelu_tanh" if _gelu_tanh(approximate) else "gelu", out, (self,))
+    return run_out(_gelu_exprs(approximate)[0], out, (self,))
 
 
 def gelu_backward(grad_output: torch.Tensor, self: torch.Tensor, *, approximate: str = "none",
                   grad_input: torch.Tensor) -> torch.Tensor:
-    expr = "gelu_tanh_backward" if _gelu_tanh(approximate) else "gelu_backward"
-    return run_out(expr, grad_input, (grad_output, self))
+    return run_out(_gelu_exprs(approximate)[1], grad_input, (grad_output, self))
 
 
 def gelu_new(self: torch.Tensor, *, approximate: str = "none") -> torch.Tensor:
     """``gelu(x)`` for a contiguous floating ``x`` (a transformer's every feed-forward): the result allocated
     here; anything else through torch's structured wrapper (see the functional fast paths below)."""
-    if self.dtype.is_floating_point and self.is_contiguous() and approximate in ("none", "tanh"):
-        return run("gelu_tanh" if approximate == "tanh" else "gelu", memory.empty_dense(self), (self,))
-    return torch.ops.aten.gelu.default.redispatch(_STRUCTURED_KEYS, self, approximate=approximate)
+    exprs = _GELU.get(approximate)
+    if exprs is not None and self.dtype.is_floating_point and self.is_contiguous():
+        return run(exprs[0], memory.empty_dense(self), (self,))
+    return torch.ops.aten.gelu.default.redispatch(COMPOSITE_KEYS, self, approximate=approximate)
 
 
 def gelu_backward_new(grad_output: torch.Tensor, self: torch.Tensor, *, approximate: str = "none") -> torch.Tensor:
     """``gelu_backward`` for contiguous floating operands of one shape and dtype, as :func:`gelu_new`."""
-    if (self.dtype.is_floating_point and grad_output.dtype is self.dtype and grad_output.shape == self.shape
-            and self.is_contiguous() and grad_output.is_contiguous() and not grad_output.is_cpu and not self.is_cpu
-            and approximate in ("none", "tanh")):
-        expr = "gelu_tanh_backward" if approximate == "tanh" else "gelu_backward"
-        return run(expr, memory.empty_dense(self), (grad_output, self))
-    return torch.ops.aten.gelu_backward.default.redispatch(_STRUCTURED_KEYS, grad_output, self,
+    exprs = _GELU.get(approximate)
+    if (exprs is not None and self.dtype.is_floating_point and grad_output.dtype is self.dtype
+            and grad_output.shape == self.shape and self.is_contiguous() and grad_output.is_contiguous()
+            and not grad_output.is_cpu and not self.is_cpu):
+        return run(exprs[1], memory.empty_dense(self), (grad_output, self))
+    return torch.ops.aten.gelu_backward.default.redispatch(COMPOSITE_KEYS, grad_output, self,
                                                             approximate=approximate)
 
 
@@ -289,7 +293,6 @@ def gelu_backward_new(grad_output: torch.Tensor, self: torch.Tensor, *, approxim
 # goes to that wrapper unchanged, reached by redispatching to a backend key with no kernel of its
 # own (PrivateUse3), where the shared CompositeExplicitAutogradNonFunctional kernel runs; it then
 # allocates through our empty_strided and calls our ``.out`` kernel.
-_STRUCTURED_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse3)
 
 
 def _number_result_type(expr: str, a: torch.Tensor | Number, b: torch.Tensor | Number) -> torch.dtype:
@@ -332,8 +335,8 @@ def _fast_binary(expr: str, op: torch._ops.OpOverload, with_alpha: bool) -> Call
             dtype = _number_result_type(expr, self, other)
             return run(expr, new_like(tensor, dtype), (self, other), (alpha,) if with_alpha else ())
         if with_alpha:
-            return op.redispatch(_STRUCTURED_KEYS, self, other, alpha=alpha)
-        return op.redispatch(_STRUCTURED_KEYS, self, other)
+            return op.redispatch(COMPOSITE_KEYS, self, other, alpha=alpha)
+        return op.redispatch(COMPOSITE_KEYS, self, other)
     return kernel
 
 
@@ -358,8 +361,8 @@ def _fast_inplace(expr: str, op: torch._ops.OpOverload, with_alpha: bool) -> Cal
                 dense = self.is_contiguous() and other.is_contiguous()
                 return run(expr, self, (self, other), params, (_DENSE, expr, self.shape, dtype, True) if dense else None)
             if with_alpha:
-                return op.redispatch(_STRUCTURED_KEYS, self, other, alpha=alpha)
-            return op.redispatch(_STRUCTURED_KEYS, self, other)
+                return op.redispatch(COMPOSITE_KEYS, self, other, alpha=alpha)
+            return op.redispatch(COMPOSITE_KEYS, self, other)
         number = type(other)
         # a float or int into a floating tensor, an int into an integer one (a step counter): its own dtype
         if not (number is float or number is int) or not (
@@ -383,7 +386,7 @@ def _fast_threshold_backward(grad_output: torch.Tensor, self: torch.Tensor, thre
             and not self.is_cpu and not grad_output.is_cpu and grad_output.is_contiguous() and self.is_contiguous()):
         return run("threshold_backward", memory.empty_dense(grad_output), (grad_output, self), (threshold,),
                    (_DENSE, "threshold_backward", grad_output.shape, grad_output.dtype, True))
-    return torch.ops.aten.threshold_backward.default.redispatch(_STRUCTURED_KEYS, grad_output, self, threshold)
+    return torch.ops.aten.threshold_backward.default.redispatch(COMPOSITE_KEYS, grad_output, self, threshold)
 
 
 FAST_FUNCTIONAL = {

@@ -11,6 +11,7 @@ import torch
 from tunecl.backend import half, memory, state
 from tunecl.backend.allocator import buffers as _buffers
 from tunecl.backend.operands import kernel_dtype, operand
+from tunecl.backend.ops import COMPOSITE_KEYS
 from tunecl.errors import Unsupported
 from tunecl.kernels.strided import Operand
 
@@ -89,7 +90,6 @@ def _new(self: torch.Tensor, dims: Sequence[int], keepdim: bool, dtype: torch.dt
 MAX_CALLS = 1024
 _FLOAT32 = torch.float32
 _DL_FLOAT32 = memory.DLPACK[_FLOAT32]
-_COMPOSITE_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse3)
 _MISSING = object()
 
 
@@ -150,8 +150,8 @@ def _fast_reduction(op: str, overload: torch._ops.OpOverload) -> Callable[..., t
                     call.prepared.enqueue(_buffers[out.untyped_storage().data_ptr()], buffer)
                     return out
         if overload._schema.arguments[1].name == "dim":
-            return overload.redispatch(_COMPOSITE_KEYS, self, dim, keepdim, dtype=dtype)
-        return overload.redispatch(_COMPOSITE_KEYS, self, dtype=dtype)
+            return overload.redispatch(COMPOSITE_KEYS, self, dim, keepdim, dtype=dtype)
+        return overload.redispatch(COMPOSITE_KEYS, self, dtype=dtype)
     return kernel
 
 

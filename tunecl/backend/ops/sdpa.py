@@ -35,8 +35,7 @@ import torch
 from torch.nn.attention import SDPBackend
 
 from tunecl.backend import graphs, memory, plans, random_draws, state
-from tunecl.backend.memory import buffer_of
-from tunecl.backend.operands import operand
+from tunecl.backend.operands import buffers_of, layout_key, operand
 from tunecl.errors import Unsupported
 from tunecl.kernels import attention as family
 from tunecl.kernels import launches
@@ -195,8 +194,7 @@ def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                      lse=operand(lse), mask=mask)
 
         _run_plan("fwd", lambda: _problem(query, key, value, attn_bias, is_causal, "fwd"), operands,
-                  _scale(scale, e), dropout, (_where(query), _where(key), _where(value), _where(attn_bias),
-                                              is_causal), (query, key, value, attn_bias, out, lse))
+                  _scale(scale, e), dropout, is_causal, (query, key, value, attn_bias, out, lse))
     elif out.numel():   # no keys: every row attends to nothing (torch's math path gives 0)
         out.zero_()
         lse.fill_(float("-inf"))
@@ -240,11 +238,9 @@ def fused_attention_backward(grad_out: torch.Tensor, query: torch.Tensor, key: t
                                  lse=operand(logsumexp), mask=mask, dout=operand(grad_out), delta=operand(delta),
                                  dq=operand(grads[0]), dk=operand(grads[1]), dv=operand(grads[2]))
 
-    signature = (_where(query), _where(key), _where(value), _where(attn_bias), is_causal, _where(grad_out),
-                 _where(out), _where(logsumexp), *(_where(g) for g in grads))
     _run_plan("bwd", lambda: _problem(query, key, value, attn_bias, is_causal, "bwd"), operands,
-              _scale(scale, e), dropout, signature,
-              (query, key, value, attn_bias, grad_out, out, logsumexp, delta, *grads))
+              _scale(scale, e), dropout, is_causal, (query, key, value, attn_bias, grad_out, out, logsumexp, delta,
+                                                     *grads))
     return (*grads, None)
 
 
@@ -257,22 +253,19 @@ MAX_CALLS = 256
 _calls = plans.SignatureCalls()
 
 
-def _where(t: torch.Tensor | None) -> tuple | None:
-    return None if t is None else (t.shape, t.stride(), t.storage_offset(), t.dtype)
-
-
 def _run_plan(direction: str, problem_of: Callable[[], AttentionProblem], operands: Callable[[], AttentionOperands],
-              scale: float, dropout: tuple[float, int] | None, signature: tuple, roles: tuple) -> None:
-    """Run the problem's plan on the operands, by the signature's recorded launches where it has them."""
+              scale: float, dropout: tuple[float, int] | None, is_causal: bool, roles: tuple) -> None:
+    """Run the problem's plan on the operands, by the recorded launches of the call's signature (the layouts
+    of ``roles``, the call's tensors in the order the recording binds them) where it has them."""
     if dropout is None:
-        key = (direction, *signature, scale, plans.accepted_precisions("attention"))
+        key = (direction, is_causal, scale, plans.accepted_precisions("attention"), *map(layout_key, roles))
         call = _calls.lookup(key)
         if call is _calls:
             call = _calls.keep(key, (state.get().plan(problem_of()), launches.RecordedRun())
                                if _calls.owner.plan is plans.plan else None, MAX_CALLS)
         if call is not None:
             plan, recorded = call
-            recorded(_calls.owner.device, tuple(None if t is None else buffer_of(t) for t in roles),
+            recorded(_calls.owner.device, buffers_of(roles),
                      lambda: plan.run(operands(), scale))
             return
     state.get().plan(problem_of()).run(operands(), scale, dropout)

@@ -20,8 +20,7 @@ from typing import Any
 import torch
 
 from tunecl.backend import copies, half, memory, plans, state
-from tunecl.backend.memory import buffer_of
-from tunecl.backend.operands import operand
+from tunecl.backend.operands import buffers_of, layout_key, operand
 from tunecl.errors import Unsupported
 from tunecl.kernels import launches
 from tunecl.kernels.strided import Operand, merge_dims
@@ -80,11 +79,6 @@ def _layer_norm_param(t: torch.Tensor | None, normalized_shape: Sequence[int], d
                          and list(t.shape) == list(normalized_shape))
 
 
-def _where(t: torch.Tensor | None) -> tuple | None:
-    """What a recorded launch fixed of an operand: its layout and storage offset (None: absent)."""
-    return None if t is None else (t.shape, t.stride(), t.storage_offset())
-
-
 def _recorded(key: tuple) -> launches.RecordedRun | None:
     """The recorded run of a signature (made on its first call); None where none applies (a State whose
     plans are not the backend's own, e.g. a dry run's)."""
@@ -92,10 +86,6 @@ def _recorded(key: tuple) -> launches.RecordedRun | None:
     if run is _calls:
         run = _calls.keep(key, launches.RecordedRun() if _calls.owner.plan is plans.plan else None, MAX_CALLS)
     return run
-
-
-def _buffer(t: torch.Tensor | None) -> Any:
-    return None if t is None else buffer_of(t)
 
 
 def native_layer_norm(input: torch.Tensor, normalized_shape: Sequence[int], weight: torch.Tensor | None,
@@ -119,12 +109,11 @@ def native_layer_norm(input: torch.Tensor, normalized_shape: Sequence[int], weig
         st.transformer.layer_norm_forward(rows, cols, operand(input), _plain(weight), _plain(bias), eps,
                                           operand(out), operand(mean), operand(rstd))
 
-    recorded = _recorded(("fwd", _where(input), _where(weight), _where(bias), eps))
+    recorded = _recorded(("fwd", layout_key(input), layout_key(weight), layout_key(bias), eps))
     if recorded is None:
         run()
     else:
-        recorded(st.device, (buffer_of(input), _buffer(weight), _buffer(bias), buffer_of(out), buffer_of(mean),
-                             buffer_of(rstd)), run)
+        recorded(st.device, buffers_of((input, weight, bias, out, mean, rstd)), run)
     return out, mean, rstd
 
 
@@ -158,13 +147,11 @@ def native_layer_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, norm
 
     recorded = None
     if all(t is None or t.dtype is _FLOAT32 for t in (grad_out, input, mean, rstd, weight)):
-        recorded = _recorded(("bwd", _where(x), _where(dy), _where(w), _where(mu), _where(inv),
-                              tuple(bool(m) for m in output_mask)))
+        recorded = _recorded(("bwd", *map(layout_key, (x, dy, w, mu, inv)), tuple(bool(m) for m in output_mask)))
     if recorded is None:
         run()
     else:
-        recorded(st.device, (buffer_of(x), buffer_of(dy), _buffer(w), buffer_of(mu), buffer_of(inv),
-                             _buffer(grad_input), _buffer(grad_weight), _buffer(grad_bias)), run)
+        recorded(st.device, buffers_of((x, dy, w, mu, inv, grad_input, grad_weight, grad_bias)), run)
     return (None if grad_input is None else half.cast(grad_input, input.dtype),
             None if grad_weight is None else half.cast(grad_weight, param_dtype),
             None if grad_bias is None else half.cast(grad_bias, param_dtype))
