@@ -26,6 +26,13 @@ says something, and the CPU peer's time is mostly its arithmetic.
 
     python benchmarks/overhead.py --layers --only conv    # the layer cases whose name contains "conv"
 
+``--transformer`` adds a transformer block's ops on 2 sequences of 16 tokens of width 64 (4 heads of 16):
+``F.linear`` on a 3-D input with bias, GELU, layer norm forward and backward, dropout in training, and
+scaled dot-product attention forward alone and forward plus backward (through autograd, the same on both
+sides). BERT-base calls each of them 12 to 74 times per training step.
+
+    python benchmarks/overhead.py --transformer --ops 100
+
 On CPU devices the backend's elementwise launches and reductions are enqueued in batches
 (``TUNECL_LAUNCH_BATCH``, ``Device.defer``); the header says which batch this run used, and with a
 batch the ``unbatched`` column times each case with batching off in rounds interleaved with the others.
@@ -144,11 +151,54 @@ def _layer_cases() -> dict[str, Callable[[torch.device], Callable[[], object]]]:
     }
 
 
+def _transformer_cases() -> dict[str, Callable[[torch.device], Callable[[], object]]]:
+    """A transformer block's ops on 2 sequences of 16 tokens of width 64, 4 heads (the ``--transformer``
+    cases)."""
+    aten = torch.ops.aten
+    F = torch.nn.functional
+
+    def tensors(device: torch.device) -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(0)
+        made = {"x": (2, 16, 64), "dx": (2, 16, 64), "w": (256, 64), "b": (256,), "h": (2, 16, 256),
+                "gamma": (64,), "beta": (64,), "q": (2, 4, 16, 16), "k": (2, 4, 16, 16), "v": (2, 4, 16, 16),
+                "do": (2, 4, 16, 16)}
+        t = {k: torch.randn(shape, generator=g).to(device) for k, shape in made.items()}
+        _, t["mean"], t["rstd"] = aten.native_layer_norm(t["x"], [64], t["gamma"], t["beta"], 1e-12)
+        for name in ("qg", "kg", "vg"):
+            t[name] = t[name[0]].clone().requires_grad_()
+        return t
+
+    def case(op: Callable[[dict[str, torch.Tensor]], object]) -> Callable[[torch.device], Callable]:
+        def make(device: torch.device) -> Callable[[], object]:
+            t = tensors(device)
+            return lambda: op(t)
+        return make
+
+    def attention_step(t: dict[str, torch.Tensor]) -> None:
+        out = F.scaled_dot_product_attention(t["qg"], t["kg"], t["vg"])
+        torch.autograd.backward(out, t["do"])
+        for name in ("qg", "kg", "vg"):
+            t[name].grad = None
+
+    return {
+        "linear 64->256 (3-D)": case(lambda t: F.linear(t["x"], t["w"], t["b"])),
+        "gelu": case(lambda t: F.gelu(t["h"])),
+        "layer_norm": case(lambda t: aten.native_layer_norm(t["x"], [64], t["gamma"], t["beta"], 1e-12)),
+        "layer_norm backward": case(lambda t: aten.native_layer_norm_backward(
+            t["dx"], t["x"], [64], t["mean"], t["rstd"], t["gamma"], t["beta"], [True, True, True])),
+        "dropout (train)": case(lambda t: F.dropout(t["x"], 0.1, training=True)),
+        "sdpa forward": case(lambda t: F.scaled_dot_product_attention(t["q"], t["k"], t["v"])),
+        "sdpa forward+backward": case(attention_step),
+    }
+
+
 def _selected(args: argparse.Namespace) -> list[tuple[str, Callable[[torch.device], Callable[[], object]], int]]:
     """(name, make, calls per round) of every case this run times."""
     cases = [(name, make, args.ops) for name, make in _cases(args.size).items()]
     if args.layers:
         cases += [(name, make, args.layer_ops) for name, make in _layer_cases().items()]
+    if args.transformer:
+        cases += [(name, make, args.layer_ops) for name, make in _transformer_cases().items()]
     return [case for case in cases if not args.only or args.only in case[0]]
 
 
@@ -228,7 +278,7 @@ def host_rows(measured: dict[str, dict[str, list[float]]], breakdown: dict[str, 
 
     rows = []
     for name, times in measured.items():
-        case = name if name in _layer_cases() else f"{name}, {size} floats"
+        case = name if name in _layer_cases() or name in _transformer_cases() else f"{name}, {size} floats"
         cpu = statistics.median(times["cpu"])
         rows.append(row(case, "to completion", times["opencl"], cpu, "torch CPU"))
         rows.append(row(case, "host (enqueue)", times["host"], *((cuda[name], "torch CUDA host") if cuda else ())))
@@ -247,7 +297,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", default="", help="run only the cases whose name contains this text")
     parser.add_argument("--layers", action="store_true",
                         help="also time convolution and batch norm, forward and backward (2x64x8x8)")
-    parser.add_argument("--layer-ops", type=int, default=500, help="calls per round of a layer case (default 500)")
+    parser.add_argument("--transformer", action="store_true",
+                        help="also time a transformer block's ops: linear, gelu, layer norm and its backward, "
+                             "dropout, attention forward and forward+backward (2x16 tokens of width 64, 4 heads)")
+    parser.add_argument("--layer-ops", type=int, default=500,
+                        help="calls per round of a --layers or --transformer case (default 500)")
     parser.add_argument("--record", metavar="FILE.csv",
                         help="append the figures to a host-time results CSV (benchmarks/results/host.csv)")
     parser.add_argument("--peer-device", help=argparse.SUPPRESS)   # the child that times a torch device
