@@ -50,8 +50,8 @@ class Config:
             the queue (``TUNECL_FLUSH_EVERY``): ``None`` (``auto``: 16 on GPUs and other non-CPU devices,
             off on CPU devices) or a number (0: never); see :attr:`tunecl.runtime.Device.queue`.
         optim_slots: tensors per launch of the multi-tensor optimizer and ``_foreach_*`` kernels
-            (``TUNECL_OPTIM_SLOTS``): 8 (the default), 1-8, 16, 24 or 32, or ``None`` (``auto``: the most
-            of 8, 16, 24 and 32 the device's kernel-argument bytes allow: 32 on NVIDIA, 8 on PoCL); see
+            (``TUNECL_OPTIM_SLOTS``): ``None`` (``auto``, the default: the most of 8, 16, 24 and 32 the
+            device's kernel-argument bytes allow: 32 on NVIDIA, 8 on PoCL) or 1-8, 16, 24 or 32; see
             :func:`tunecl.kernels.ops.optim.slots_for`.
         addresses: whether the multi-tensor kernels may take their tensors' device addresses by value
             instead of a pointer argument per tensor (``TUNECL_ADDRESSES``): ``auto`` (the default:
@@ -81,7 +81,7 @@ class Config:
     winograd_cache_mb: int = 512
     launch_batch: int | None = None
     flush_every: int | None = None
-    optim_slots: int | None = 8
+    optim_slots: int | None = None
     addresses: str = "auto"
     random: str = "auto"
     backward_thread: str = "auto"
@@ -104,7 +104,7 @@ class Config:
             winograd_cache_mb=_int(env, "TUNECL_WINOGRAD_CACHE_MB", 512),
             launch_batch=_count(env.get("TUNECL_LAUNCH_BATCH") or "auto", "TUNECL_LAUNCH_BATCH", "launches"),
             flush_every=_count(env.get("TUNECL_FLUSH_EVERY") or "auto", "TUNECL_FLUSH_EVERY", "queue uses"),
-            optim_slots=_slots(env.get("TUNECL_OPTIM_SLOTS") or "8"),
+            optim_slots=_slots(env.get("TUNECL_OPTIM_SLOTS") or "auto"),
             addresses=_choice(env, "TUNECL_ADDRESSES", ADDRESS_MODES),
             random=(env.get("TUNECL_RANDOM") or "auto").lower(),
             backward_thread=_choice(env, "TUNECL_BACKWARD_THREAD", BACKWARD_THREADS),

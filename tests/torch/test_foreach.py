@@ -271,7 +271,7 @@ def test_slots_follow_the_setting_or_the_devices_argument_bytes():
     assert slots_for(Device(1024), 24) == 24 and slots_for(Device(4352), 8) == 8   # a setting wins
     with pytest.raises(ValueError, match="one of 1, 2, 3, 4, 5, 6, 7, 8, 16, 24, 32, not 12"):
         slots_for(Device(4352), 12)
-    # the backend's: the setting's (SLOTS when TUNECL_OPTIM_SLOTS is unset) or, at "auto", the device's
+    # the backend's: the setting's, or at "auto" (also when TUNECL_OPTIM_SLOTS is unset) the device's
     backend = state.get()
     assert backend.optim.slots == slots_for(backend.device, config.get().optim_slots)
-    assert config.Config.from_env({}).optim_slots == SLOTS
+    assert config.Config.from_env({}).optim_slots is None

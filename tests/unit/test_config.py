@@ -33,7 +33,8 @@ def test_winograd_cache_settings_from_env():
 
 
 def test_optimizer_slots_from_env():
-    assert config.Config.from_env({}).optim_slots == 8
+    assert config.Config.from_env({}).optim_slots is None
+    assert config.Config.from_env({"TUNECL_OPTIM_SLOTS": "8"}).optim_slots == 8
     assert config.Config.from_env({"TUNECL_OPTIM_SLOTS": "AUTO"}).optim_slots is None
     assert config.Config.from_env({"TUNECL_OPTIM_SLOTS": "32"}).optim_slots == 32
     for bad in ("12", "0", "many", "-8"):

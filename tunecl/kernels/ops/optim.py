@@ -1,8 +1,8 @@
 """The optim family: multi-tensor Adam/AdamW and SGD steps, and torch's elementwise ``_foreach_*`` ops
 (``optim.cl``).
 
-Each launch updates up to ``slots`` tensors (``SLOTS`` = 8 unless ``TUNECL_OPTIM_SLOTS`` says otherwise,
-see :func:`slots_for`), so a step over P parameters costs ceil(P / slots) launches instead of several per
+Each launch updates up to ``slots`` tensors (as many as the device's kernel-argument bytes allow unless
+``TUNECL_OPTIM_SLOTS`` says otherwise, see :func:`slots_for`), so a step over P parameters costs ceil(P / slots) launches instead of several per
 parameter.
 """
 
