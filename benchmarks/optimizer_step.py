@@ -13,6 +13,8 @@ printed with ours ÷ CUDA and recorded as the rows' peer; ``--no-cuda`` skips it
 
 - ``--optimizer adam|adamw|sgd``, ``--impl fused|foreach|single`` (torch's ``fused=True``, its default
   multi-tensor path, or ``foreach=False``);
+- ``--items N``: work-items per tensor of the multi-tensor kernels at most (larger tensors are strided over;
+  the family's default: 65536 on GPUs, one per element on CPU devices), to compare grids on a device;
 - ``--stub-launches``: kernel launches are not sent to the driver (the backend's Python path stays the same,
   results are garbage): the host cost of the backend and torch's optimizer code, without the driver's enqueue;
 - ``--profile N``: cProfile over more steps, the N functions with the most self time;
@@ -102,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--impl", choices=("fused", "foreach", "single"), default="fused")
     parser.add_argument("--steps", type=int, default=20, help="steps per round (default 20)")
     parser.add_argument("--repeats", type=int, default=7, help="rounds (default 7)")
+    parser.add_argument("--items", type=int, metavar="N",
+                        help="work-items per tensor of the multi-tensor kernels, at most (default: the family's)")
     parser.add_argument("--stub-launches", action="store_true")
     parser.add_argument("--profile", type=int, default=0, metavar="N")
     parser.add_argument("--no-cuda", action="store_true", help="skip the torch CUDA peer where CUDA exists")
@@ -120,6 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     from tunecl.tools import load_model
 
     dev = torch.device("opencl")
+    from tunecl.backend import state
+
+    optim = state.get().optim
+    if args.items:
+        optim.items = args.items
     torch.manual_seed(0)
     model = load_model(args.net).to(dev)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -135,10 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             p.grad = q.grad.to("cuda")
         peer = time_steps(make_optimizer(cuda_params, args.optimizer, args.impl), torch.cuda.synchronize,
                           args.steps, args.repeats)
-    from tunecl.backend import state
-
-    optim = state.get().optim
-    binding = (f"{optim.slots} tensors per launch, "
+    binding = (f"{optim.slots} tensors per launch, {optim.items} work-items per tensor at most, "
                + ("by address" if optim.by_address() else "a pointer argument per tensor"))
     print(f"{args.net}: {len(params)} parameter tensors, {sum(p.numel() for p in params) / 1e6:.1f}M elements; "
           f"{args.optimizer} {args.impl} on {torch.opencl.get_device_name()}, launches "
