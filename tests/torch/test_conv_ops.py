@@ -68,8 +68,9 @@ def test_non_contiguous_inputs_are_made_contiguous_on_the_device(fresh_stats):
     assert not fresh_stats()["fallback_ops"]
 
 
-def test_output_mask_skips_unrequested_gradients(fresh_stats):
-    # input without grad: only grad_weight (bwd_weight) and grad_bias (a sum) are computed
+def test_output_mask_skips_unrequested_gradients(fresh_stats, fresh_plans):
+    # input without grad: only grad_weight (bwd_weight) and grad_bias (a sum) are computed (the plans
+    # cached are emptied first: stats()["plans"] lists every cached plan, an earlier test's of this shape too)
     check_op(conv, Input(torch.randn(1, 3, 8, 8), grad=False), torch.randn(4, 3, 3, 3), torch.randn(4), padding=1,
              **TOL)
     directions = {key.split("dir=")[1].split(",")[0] for key in fresh_stats()["plans"] if key.startswith("conv:")
