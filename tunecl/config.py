@@ -67,7 +67,7 @@ class Config:
         backward_thread: which thread runs the backward passes of opencl tensors
             (``TUNECL_BACKWARD_THREAD``): ``caller`` (the thread that called ``backward``, as torch does for
             CPU tensors), ``worker`` (torch's autograd thread for the device) or ``auto`` (the default:
-            ``worker``); see :mod:`tunecl.backend.autograd_engine`.
+            ``caller``); see :mod:`tunecl.backend.autograd_engine`.
     """
 
     device: str = "0"

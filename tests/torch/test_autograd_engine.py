@@ -2,10 +2,12 @@
 backend is imported, which starts torch's autograd engine without a queue for the opencl device: later opencl
 backward passes must still run (on their calling thread) and be right."""
 
+import os
 import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 SCRIPT = textwrap.dedent("""
@@ -19,7 +21,12 @@ SCRIPT = textwrap.dedent("""
     x = w.detach().to("opencl").requires_grad_()
     (x * x).sum().backward()
     assert torch.equal(x.grad.cpu(), 2 * w.detach()), x.grad
-    assert autograd_engine.on_calling_thread()
+    # on the worker thread, the engine has no queue for the device and the module notices (unless a CUDA GPU
+    # gave the engine a queue for device index 0 when it started: its queues are sized by the largest device
+    # count it knew); on the calling thread (the default) the engine's queues are never asked for
+    import os
+    worker = os.environ.get("TUNECL_BACKWARD_THREAD") == "worker"
+    assert autograd_engine.on_calling_thread() == (worker and torch.cuda.device_count() == 0)
     g, = torch.autograd.grad((x * 3).sum(), x)  # torch.autograd.grad takes the same way
     assert torch.equal(g.cpu(), torch.full((3,), 3.0))
     errors = []
@@ -37,14 +44,15 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_backward_after_the_engine_started_without_the_device():
-    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300)
+@pytest.mark.parametrize("thread", ["worker", "auto"])
+def test_backward_after_the_engine_started_without_the_device(thread):
+    env = {**os.environ, "TUNECL_BACKWARD_THREAD": thread}
+    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().endswith("ok")
 
 
 def test_a_backward_error_of_another_kind_is_raised_as_it_is():
-    import pytest
     import torch
 
     x = torch.ones(2, device="opencl", requires_grad=True)
@@ -57,7 +65,6 @@ def test_a_cuda_backward_that_torch_refuses_beside_the_device_says_what_to_do():
     """torch's own assert for a CUDA backward in a process with a registered PrivateUse1 device
     (pytorch/pytorch#161129) reaches the user as an error naming the cause and the way out; other errors
     pass through unchanged."""
-    import pytest
 
     from tunecl.backend import autograd_engine
 
@@ -122,7 +129,6 @@ def test_backward_thread_setting_picks_the_thread_and_changes_no_result():
 
 
 def test_backward_thread_setting_rejects_an_unknown_value():
-    import pytest
 
     from tunecl import config
 
