@@ -116,6 +116,17 @@ def _cases(size: int) -> dict[str, Callable[[torch.device], Callable[[], object]
     }
 
 
+def _on_tensors(tensors: Callable[[torch.device], dict[str, torch.Tensor]]) -> Callable:
+    """``case(op)`` for a case set whose ops read the named tensors ``tensors(device)`` makes: the case's
+    maker builds them on the device and returns the call of ``op`` on them."""
+    def case(op: Callable[[dict[str, torch.Tensor]], object]) -> Callable[[torch.device], Callable[[], object]]:
+        def make(device: torch.device) -> Callable[[], object]:
+            t = tensors(device)
+            return lambda: op(t)
+        return make
+    return case
+
+
 def _layer_cases() -> dict[str, Callable[[torch.device], Callable[[], object]]]:
     """A resnet-like layer's ops on a 2x64x8x8 activation (the ``--layers`` cases)."""
     aten = torch.ops.aten
@@ -130,11 +141,7 @@ def _layer_cases() -> dict[str, Callable[[torch.device], Callable[[], object]]]:
                                                                      t["var"], True, 0.1, 1e-5)
         return t
 
-    def case(op: Callable[[dict[str, torch.Tensor]], object]) -> Callable[[torch.device], Callable]:
-        def make(device: torch.device) -> Callable[[], object]:
-            t = tensors(device)
-            return lambda: op(t)
-        return make
+    case = _on_tensors(tensors)
 
     return {
         "conv2d 3x3 64->64": case(lambda t: aten.convolution(t["x"], t["w"], None, [1, 1], [1, 1], [1, 1], False,
@@ -168,11 +175,7 @@ def _transformer_cases() -> dict[str, Callable[[torch.device], Callable[[], obje
             t[name] = t[name[0]].clone().requires_grad_()
         return t
 
-    def case(op: Callable[[dict[str, torch.Tensor]], object]) -> Callable[[torch.device], Callable]:
-        def make(device: torch.device) -> Callable[[], object]:
-            t = tensors(device)
-            return lambda: op(t)
-        return make
+    case = _on_tensors(tensors)
 
     def attention_step(t: dict[str, torch.Tensor]) -> None:
         out = F.scaled_dot_product_attention(t["qg"], t["kg"], t["vg"])
@@ -277,8 +280,9 @@ def host_rows(measured: dict[str, dict[str, list[float]]], breakdown: dict[str, 
                                command=command, commit=commit)
 
     rows = []
+    named = {*_layer_cases(), *_transformer_cases()}   # (the other cases are named with their size)
     for name, times in measured.items():
-        case = name if name in _layer_cases() or name in _transformer_cases() else f"{name}, {size} floats"
+        case = name if name in named else f"{name}, {size} floats"
         cpu = statistics.median(times["cpu"])
         rows.append(row(case, "to completion", times["opencl"], cpu, "torch CPU"))
         rows.append(row(case, "host (enqueue)", times["host"], *((cuda[name], "torch CUDA host") if cuda else ())))

@@ -212,6 +212,12 @@ class SignatureCalls(dict):
             self.owner, self.generation = owner, generation
         return self.get(key, self)
 
+    @property
+    def prebuilds(self) -> bool:
+        """Whether calls may be pre-built (after :meth:`lookup`): the owner State serves the backend's own
+        plans (not a dry run's or a tool's stand-in)."""
+        return self.owner.plan is plan
+
     def keep(self, key: tuple, call: Any, limit: int) -> Any:
         """Store ``call`` for ``key`` (emptied first when it holds ``limit`` calls: a safety valve for
         ever-changing signatures); returns ``call``."""

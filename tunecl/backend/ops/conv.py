@@ -309,7 +309,7 @@ def _fast_forward(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
            plans.accepted_precisions("conv"))
     call = _calls.lookup(key)
     if call is _calls:
-        eligible = (state.get().plan is plans.plan and key[1] is not None and key[2] is not None
+        eligible = (_calls.prebuilds and key[1] is not None and key[2] is not None
                     and (bias is None or key[3] is not None)
                     and input.dim() == 4 and weight.dim() == 4 and input.shape[0] > 0
                     and not (transposed and bias is not None))
@@ -333,7 +333,7 @@ def _fast_backward(grad_output: torch.Tensor, input: torch.Tensor, weight: torch
            tuple(dilation), transposed, tuple(output_padding), groups, mask, plans.accepted_precisions("conv"))
     call = _calls.lookup(key)
     if call is _calls:
-        eligible = (state.get().plan is plans.plan and None not in key[1:4] and input.dim() == 4
+        eligible = (_calls.prebuilds and None not in key[1:4] and input.dim() == 4
                     and weight.dim() == 4 and input.shape[0] > 0)
         call = _calls.keep(key, _Backward(_problems(input, weight, stride, padding, dilation, transposed,
                                                     output_padding, groups, grad_output), input, weight,

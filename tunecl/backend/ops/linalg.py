@@ -73,7 +73,7 @@ def _fast_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, alpha: float
            out.stride(), out.storage_offset(), alpha, beta, plans.accepted_precisions("gemm"))
     call = _calls.lookup(key)
     if call is _calls:
-        call = _calls.keep(key, _prebuild(a, b, out, alpha, beta) if _calls.owner.plan is plans.plan else None,
+        call = _calls.keep(key, _prebuild(a, b, out, alpha, beta) if _calls.prebuilds else None,
                            MAX_CALLS)
     if call is None:
         return False

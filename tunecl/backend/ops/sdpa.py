@@ -262,7 +262,7 @@ def _run_plan(direction: str, problem_of: Callable[[], AttentionProblem], operan
         call = _calls.lookup(key)
         if call is _calls:
             call = _calls.keep(key, (state.get().plan(problem_of()), launches.RecordedRun())
-                               if _calls.owner.plan is plans.plan else None, MAX_CALLS)
+                               if _calls.prebuilds else None, MAX_CALLS)
         if call is not None:
             plan, recorded = call
             recorded(_calls.owner.device, buffers_of(roles),

@@ -84,7 +84,7 @@ def _recorded(key: tuple) -> launches.RecordedRun | None:
     plans are not the backend's own, e.g. a dry run's)."""
     run = _calls.lookup(key)
     if run is _calls:
-        run = _calls.keep(key, launches.RecordedRun() if _calls.owner.plan is plans.plan else None, MAX_CALLS)
+        run = _calls.keep(key, launches.RecordedRun() if _calls.prebuilds else None, MAX_CALLS)
     return run
 
 

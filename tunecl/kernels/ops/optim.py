@@ -2,8 +2,8 @@
 (``optim.cl``).
 
 Each launch updates up to ``slots`` tensors (as many as the device's kernel-argument bytes allow unless
-``TUNECL_OPTIM_SLOTS`` says otherwise, see :func:`slots_for`), so a step over P parameters costs ceil(P / slots) launches instead of several per
-parameter.
+``TUNECL_OPTIM_SLOTS`` says otherwise, see :func:`slots_for`), so a step over P parameters costs
+ceil(P / slots) launches instead of several per parameter.
 """
 
 from __future__ import annotations
