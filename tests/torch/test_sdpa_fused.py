@@ -288,3 +288,48 @@ def test_repeated_signatures_replay_with_each_calls_tensors(strict, kind):
         torch.testing.assert_close(got.detach().cpu().double(), expected.detach(), atol=1e-5, rtol=1e-5)
         for d, c in zip(dev, leaves64):
             torch.testing.assert_close(d.grad.cpu().double(), c.grad, atol=4e-5, rtol=4e-5)
+
+
+def test_a_repeated_signature_follows_what_changed_between_its_calls(strict, fresh_stats):
+    """A signature asks which route it takes once and runs pre-built from its second call; what can change
+    between calls of the same layouts still changes the route or the call: torch's backend flags, a mask
+    that now needs a gradient, another storage offset, another dtype. Each result against CPU float64."""
+    q, k, v = _qkv(1, 2, 9, 11, 8)
+    mask = torch.randn(9, 11)
+    want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask.double())
+    dev = [t.to("opencl") for t in (q, k, v)]
+    dev_mask = mask.to("opencl")
+
+    def fused_calls():
+        return fresh_stats()["ops"].get(FUSED, 0)
+
+    def check(got, atol=1e-5):
+        torch.testing.assert_close(got.detach().cpu().double(), want, atol=atol, rtol=atol)
+
+    for _ in range(3):
+        check(F.scaled_dot_product_attention(*dev, attn_mask=dev_mask))
+    assert fused_calls() == 3
+    with sdpa_kernel([SDPBackend.MATH]):
+        check(F.scaled_dot_product_attention(*dev, attn_mask=dev_mask))
+    assert fused_calls() == 3
+
+    trained = mask.double().requires_grad_()
+    F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=trained).sum().backward()
+    dev_trained = dev_mask.clone().requires_grad_()
+    check(F.scaled_dot_product_attention(*dev, attn_mask=dev_trained))
+    F.scaled_dot_product_attention(*dev, attn_mask=dev_trained).sum().backward()
+    assert fused_calls() == 3
+    torch.testing.assert_close(dev_trained.grad.cpu().double(), trained.grad, atol=1e-5, rtol=1e-5)
+
+    # the same shapes and strides one element into a storage: the offset is part of the signature
+    shifted = torch.zeros(q.numel() + 1, device="opencl")
+    shifted[1:] = dev[0].flatten()
+    for _ in range(2):
+        check(F.scaled_dot_product_attention(shifted[1:].view(q.shape), *dev[1:], attn_mask=dev_mask))
+    assert fused_calls() == 5
+    half = [t.half() for t in dev]
+    for _ in range(2):
+        got = F.scaled_dot_product_attention(*half, attn_mask=dev_mask.half())
+        assert got.dtype == torch.float16
+        check(got, atol=2e-2)
+    assert fused_calls() == 7

@@ -94,8 +94,15 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
                                  enable_gqa: bool = False) -> torch.Tensor:
     """torch's op on ``AutogradPrivateUse1``: the fused kernels through the overrideable op (whose
     autograd formula runs the fused backward), or torch's decomposition."""
-    if fused_reason(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) is not None or (
-            dropout_p > 0.0 and not _dropout_fused(query)) or (
+    route = _route_key(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+    fused = _routes.get(route) if route is not None else None
+    if fused is None:
+        fused = fused_reason(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) is None
+        if route is not None:
+            if len(_routes) >= MAX_CALLS:
+                _routes.clear()
+            _routes[route] = fused
+    if not fused or (dropout_p > 0.0 and not _dropout_fused(query)) or (
             torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
             and torch._C._get_math_sdp_enabled()
             and family.math_for_training(state.get().device.fingerprint.device_type, query.shape, key.shape)):
@@ -107,6 +114,23 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         mask = _as_4d(attn_mask.expand(*query.shape[:-1], key.shape[-2]))
     out = _fused(_as_4d(query), _as_4d(key), _as_4d(value), mask, dropout_p, is_causal, False, scale=scale)[0]
     return out if query.dim() == 4 else out.reshape(shape)
+
+
+def _route_key(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
+               dropout_p: float, is_causal: bool, enable_gqa: bool) -> tuple | None:
+    """What :func:`fused_reason` depends on (see :data:`_routes`): the operands' layouts and devices, the
+    mask's ``requires_grad``, the arguments and torch's OVERRIDEABLE flag; None for nested tensors (their
+    calls ask :func:`fused_reason` each time)."""
+    if query.is_nested or key.is_nested or value.is_nested:
+        return None
+    tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
+    return (*map(layout_key, tensors), *(t.device.type for t in tensors), attn_mask is not None
+            and attn_mask.requires_grad, dropout_p, is_causal, enable_gqa, torch._C._get_overrideable_sdp_enabled())
+
+
+# Whether the fused kernels compute a call (fused_reason finds nothing against them), by _route_key: a
+# signature asks fused_reason once
+_routes: dict[tuple, bool] = {}
 
 
 def fused_sdp_choice(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -171,6 +195,16 @@ def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     """``_scaled_dot_product_fused_attention_overrideable`` on 4-D float32/float16 tensors: (output, row
     log-sum-exp (B, H, L) float32, then the op's other outputs: with dropout, ``philox_seed`` holds the key
     the backward draws the same decisions under, as a 0-dim int64 CPU tensor)."""
+    signature = None
+    if not dropout_p:
+        signature = ("fwd", is_causal, scale, *map(layout_key, (query, key, value, attn_bias)),
+                     attn_bias is not None and attn_bias.requires_grad)
+        call = _prebuilt(signature)
+        if call is not None:
+            (out, lse, *unused), buffers = call.outputs.empty()
+            call.launches.enqueue(_calls.owner.device.queue, (*buffers_of((query, key, value, attn_bias)),
+                                                              *buffers[:2]))
+            return out, lse, unused[0], unused[1], call.length, call.keys, unused[2], unused[3], unused[4]
     name = "_scaled_dot_product_fused_attention_overrideable"
     _check_inputs(name, query, key, value, attn_bias, dropout_p, is_causal)
     if dropout_p > 0.0 and graphs.capturing():
@@ -193,8 +227,9 @@ def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
             return AttentionOperands(q=operand(query), k=operand(key), v=operand(value), out=operand(out),
                                      lse=operand(lse), mask=mask)
 
-        _run_plan("fwd", lambda: _problem(query, key, value, attn_bias, is_causal, "fwd"), operands,
-                  _scale(scale, e), dropout, is_causal, (query, key, value, attn_bias, out, lse))
+        _run_plan(signature, lambda: _problem(query, key, value, attn_bias, is_causal, "fwd"), operands,
+                  _scale(scale, e), dropout, (query, key, value, attn_bias, out, lse),
+                  (out, lse, *unused), (length, keys))
     elif out.numel():   # no keys: every row attends to nothing (torch's math path gives 0)
         out.zero_()
         lse.fill_(float("-inf"))
@@ -208,6 +243,17 @@ def fused_attention_backward(grad_out: torch.Tensor, query: torch.Tensor, key: t
                              scale: float | None = None) -> tuple:
     """``_scaled_dot_product_fused_attention_overrideable_backward``: (grad_query, grad_key, grad_value,
     None); the mask gets no gradient (a mask that needs one takes the math path)."""
+    signature = None
+    if not dropout_p:
+        signature = ("bwd", is_causal, scale, *map(layout_key, (grad_out, query, key, value, attn_bias, out,
+                                                                 logsumexp)),
+                     attn_bias is not None and attn_bias.requires_grad, tuple(grad_input_mask))
+        call = _prebuilt(signature)
+        if call is not None:
+            (*grads, delta), buffers = call.outputs.empty()
+            call.launches.enqueue(_calls.owner.device.queue, (
+                *buffers_of((query, key, value, attn_bias, grad_out, out, logsumexp)), buffers[3], *buffers[:3]))
+            return (*grads, None)
     name = "_scaled_dot_product_fused_attention_overrideable_backward"
     _check_inputs(name, query, key, value, attn_bias, dropout_p, is_causal)
     if len(grad_input_mask) > 3 and grad_input_mask[3]:
@@ -238,35 +284,61 @@ def fused_attention_backward(grad_out: torch.Tensor, query: torch.Tensor, key: t
                                  lse=operand(logsumexp), mask=mask, dout=operand(grad_out), delta=operand(delta),
                                  dq=operand(grads[0]), dk=operand(grads[1]), dv=operand(grads[2]))
 
-    _run_plan("bwd", lambda: _problem(query, key, value, attn_bias, is_causal, "bwd"), operands,
-              _scale(scale, e), dropout, is_causal, (query, key, value, attn_bias, grad_out, out, logsumexp, delta,
-                                                     *grads))
+    _run_plan(signature, lambda: _problem(query, key, value, attn_bias, is_causal, "bwd"), operands,
+              _scale(scale, e), dropout, (query, key, value, attn_bias, grad_out, out, logsumexp, delta, *grads),
+              (*grads, delta), ())
     return (*grads, None)
 
 
 # -- pre-built calls ----------------------------------------------------------------------------------
 # A call without dropout whose signature (each operand's shape, strides, storage offset and dtype, causality,
-# scale, and the precisions torch's flags accept) was seen before runs its plan's launches as recorded then,
-# with this call's buffers bound (kernels.launches.RecordedRun): no problem, plan lookup, operands or meta
-# built again. Dropout's key changes every call, so such calls run the plan.
+# scale, the mask's requires_grad, the backward's grad_input_mask, and the precisions torch's flags accept)
+# was seen before and passed the checks then allocates its outputs as laid out then (in one go) and runs its
+# plan's launches as recorded then, with this call's buffers bound (kernels.launches.RecordedRun): no check,
+# problem, plan lookup, operands or meta built again. Dropout's key changes every call, so such calls run the
+# plan.
 MAX_CALLS = 256
 _calls = plans.SignatureCalls()
 
 
-def _run_plan(direction: str, problem_of: Callable[[], AttentionProblem], operands: Callable[[], AttentionOperands],
-              scale: float, dropout: tuple[float, int] | None, is_causal: bool, roles: tuple) -> None:
-    """Run the problem's plan on the operands, by the recorded launches of the call's signature (the layouts
-    of ``roles``, the call's tensors in the order the recording binds them) where it has them."""
-    if dropout is None:
-        key = (direction, is_causal, scale, plans.accepted_precisions("attention"), *map(layout_key, roles))
+class _Call:
+    """A pre-built call: its plan, that plan's recorded launches, and once they were recorded, the launches,
+    the outputs' layouts and the forward's integer outputs (its query and key lengths)."""
+
+    __slots__ = ("keys", "launches", "length", "outputs", "plan", "recorded")
+
+    def __init__(self, plan: Any) -> None:
+        self.plan, self.recorded = plan, launches.RecordedRun()
+        self.launches: Any = None
+        self.outputs: memory.Layouts | None = None
+        self.length = self.keys = 0
+
+
+def _prebuilt(signature: tuple) -> _Call | None:
+    """The pre-built call of ``signature`` with its launches recorded, else None (the general route)."""
+    call = _calls.lookup((*signature, plans.accepted_precisions("attention")))
+    return call if call is not _calls and call is not None and call.launches else None
+
+
+def _run_plan(signature: tuple | None, problem_of: Callable[[], AttentionProblem],
+              operands: Callable[[], AttentionOperands], scale: float, dropout: tuple[float, int] | None,
+              roles: tuple, outputs: tuple, extra: tuple) -> None:
+    """Run the problem's plan on the operands, by the recorded launches of the call's ``signature`` (None
+    with dropout) where it has them (``roles``: the call's tensors in the order the recording binds them);
+    once they are recorded, the signature's later calls take :func:`_prebuilt`'s route with ``outputs``' layouts
+    (and ``extra``, the forward's query and key lengths)."""
+    if signature is not None:
+        key = (*signature, plans.accepted_precisions("attention"))
         call = _calls.lookup(key)
         if call is _calls:
-            call = _calls.keep(key, (state.get().plan(problem_of()), launches.RecordedRun())
-                               if _calls.prebuilds else None, MAX_CALLS)
+            call = _calls.keep(key, _Call(state.get().plan(problem_of())) if _calls.prebuilds else None, MAX_CALLS)
         if call is not None:
-            plan, recorded = call
-            recorded(_calls.owner.device, buffers_of(roles),
-                     lambda: plan.run(operands(), scale))
+            plan = call.plan
+            call.recorded(_calls.owner.device, buffers_of(roles), lambda: plan.run(operands(), scale))
+            if call.recorded.launches and call.launches is None:
+                call.outputs = memory.Layouts([(t.shape, t.stride(), t.dtype) for t in outputs])
+                call.length, call.keys = extra or (0, 0)
+                call.launches = call.recorded.launches
             return
     state.get().plan(problem_of()).run(operands(), scale, dropout)
 
