@@ -93,6 +93,18 @@ def test_dropout_with_causality_masks_and_strides(strict, fresh_stats):
     assert fresh_stats()["ops"][FUSED] == 4
 
 
+def test_a_repeated_signature_draws_its_own_key_each_call(strict, fresh_stats):
+    """From a signature's second call on, its forward and backward run pre-built (no checks, no plan lookup,
+    outputs allocated in one go): each call still draws a key of its own, and its backward draws the same
+    decisions again. Every call against CPU float64 with its own keep mask."""
+    q, k, v = _qkv(2, 3, 37, 29, 16)
+    mask = torch.randn(37, 29)
+    keeps = [_check(q, k, v, 0.3, mask=mask, seed=seed) for seed in (1, 2, 3)]
+    assert not torch.equal(keeps[0], keeps[1]) and not torch.equal(keeps[1], keeps[2])
+    ops = fresh_stats()["ops"]
+    assert (ops[FUSED], ops[FUSED_BACKWARD]) == (3, 3)
+
+
 def test_dropout_in_float16(strict):
     q, k, v = (t.half().float() for t in _qkv(2, 3, 65, 33, 24))
     _check(q, k, v, 0.25, dtype=torch.float16, atol=1e-2)

@@ -195,16 +195,19 @@ def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     """``_scaled_dot_product_fused_attention_overrideable`` on 4-D float32/float16 tensors: (output, row
     log-sum-exp (B, H, L) float32, then the op's other outputs: with dropout, ``philox_seed`` holds the key
     the backward draws the same decisions under, as a 0-dim int64 CPU tensor)."""
-    signature = None
-    if not dropout_p:
-        signature = ("fwd", is_causal, scale, *map(layout_key, (query, key, value, attn_bias)),
-                     attn_bias is not None and attn_bias.requires_grad)
-        call = _prebuilt(signature)
-        if call is not None:
-            (out, lse, *unused), buffers = call.outputs.empty()
+    signature = ("fwd", is_causal, scale, dropout_p, *map(layout_key, (query, key, value, attn_bias)),
+                 attn_bias is not None and attn_bias.requires_grad)
+    call = _seen(signature)
+    if call is not None and not (dropout_p and graphs.capturing()):
+        (out, lse, *unused), buffers = call.outputs.empty()
+        if not dropout_p:
             call.launches.enqueue(_calls.owner.device.queue, (*buffers_of((query, key, value, attn_bias)),
                                                               *buffers[:2]))
-            return out, lse, unused[0], unused[1], call.length, call.keys, unused[2], unused[3], unused[4]
+        else:
+            dropout = (float(dropout_p), random_draws.key())
+            unused[2], unused[3] = torch.tensor(dropout[1], dtype=torch.int64), torch.tensor(0, dtype=torch.int64)
+            call.plan.run(_forward_operands(query, key, value, attn_bias, out, lse), call.scale, dropout)
+        return out, lse, unused[0], unused[1], call.length, call.keys, unused[2], unused[3], unused[4]
     name = "_scaled_dot_product_fused_attention_overrideable"
     _check_inputs(name, query, key, value, attn_bias, dropout_p, is_causal)
     if dropout_p > 0.0 and graphs.capturing():
@@ -222,18 +225,20 @@ def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         dropout = (float(dropout_p), random_draws.key())
         unused[2], unused[3] = torch.tensor(dropout[1], dtype=torch.int64), torch.tensor(0, dtype=torch.int64)
     if out.numel() and keys:
-        def operands() -> AttentionOperands:
-            mask = None if attn_bias is None else _strided(attn_bias, (batch, heads, length, keys))
-            return AttentionOperands(q=operand(query), k=operand(key), v=operand(value), out=operand(out),
-                                     lse=operand(lse), mask=mask)
-
-        _run_plan(signature, lambda: _problem(query, key, value, attn_bias, is_causal, "fwd"), operands,
-                  _scale(scale, e), dropout, (query, key, value, attn_bias, out, lse),
-                  (out, lse, *unused), (length, keys))
+        _run_plan(signature, lambda: _problem(query, key, value, attn_bias, is_causal, "fwd"),
+                  lambda: _forward_operands(query, key, value, attn_bias, out, lse), _scale(scale, e), dropout,
+                  (query, key, value, attn_bias, out, lse), (out, lse, *unused), (length, keys))
     elif out.numel():   # no keys: every row attends to nothing (torch's math path gives 0)
         out.zero_()
         lse.fill_(float("-inf"))
     return out, lse, unused[0], unused[1], length, keys, unused[2], unused[3], unused[4]
+
+
+def _forward_operands(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_bias: torch.Tensor | None,
+                      out: torch.Tensor, lse: torch.Tensor) -> AttentionOperands:
+    mask = None if attn_bias is None else _strided(attn_bias, (*query.shape[:3], key.shape[2]))
+    return AttentionOperands(q=operand(query), k=operand(key), v=operand(value), out=operand(out),
+                             lse=operand(lse), mask=mask)
 
 
 def fused_attention_backward(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -243,17 +248,19 @@ def fused_attention_backward(grad_out: torch.Tensor, query: torch.Tensor, key: t
                              scale: float | None = None) -> tuple:
     """``_scaled_dot_product_fused_attention_overrideable_backward``: (grad_query, grad_key, grad_value,
     None); the mask gets no gradient (a mask that needs one takes the math path)."""
-    signature = None
-    if not dropout_p:
-        signature = ("bwd", is_causal, scale, *map(layout_key, (grad_out, query, key, value, attn_bias, out,
-                                                                 logsumexp)),
-                     attn_bias is not None and attn_bias.requires_grad, tuple(grad_input_mask))
-        call = _prebuilt(signature)
-        if call is not None:
-            (*grads, delta), buffers = call.outputs.empty()
+    signature = ("bwd", is_causal, scale, dropout_p, *map(layout_key, (grad_out, query, key, value, attn_bias, out,
+                                                                      logsumexp)),
+                 attn_bias is not None and attn_bias.requires_grad, tuple(grad_input_mask))
+    call = _seen(signature)
+    if call is not None and (not dropout_p or isinstance(philox_seed, torch.Tensor) and philox_seed.numel() == 1):
+        (*grads, delta), buffers = call.outputs.empty()
+        if not dropout_p:
             call.launches.enqueue(_calls.owner.device.queue, (
                 *buffers_of((query, key, value, attn_bias, grad_out, out, logsumexp)), buffers[3], *buffers[:3]))
-            return (*grads, None)
+        else:
+            call.plan.run(_backward_operands(query, key, value, attn_bias, grad_out, out, logsumexp, delta, grads),
+                          call.scale, (float(dropout_p), int(philox_seed)))
+        return (*grads, None)
     name = "_scaled_dot_product_fused_attention_overrideable_backward"
     _check_inputs(name, query, key, value, attn_bias, dropout_p, is_causal)
     if len(grad_input_mask) > 3 and grad_input_mask[3]:
@@ -278,69 +285,80 @@ def fused_attention_backward(grad_out: torch.Tensor, query: torch.Tensor, key: t
         dropout = (float(dropout_p), int(philox_seed))
     delta = memory.empty_contiguous((batch, heads, length), torch.float32)
 
-    def operands() -> AttentionOperands:
-        mask = None if attn_bias is None else _strided(attn_bias, (batch, heads, length, keys))
-        return AttentionOperands(q=operand(query), k=operand(key), v=operand(value), out=operand(out),
-                                 lse=operand(logsumexp), mask=mask, dout=operand(grad_out), delta=operand(delta),
-                                 dq=operand(grads[0]), dk=operand(grads[1]), dv=operand(grads[2]))
-
-    _run_plan(signature, lambda: _problem(query, key, value, attn_bias, is_causal, "bwd"), operands,
+    _run_plan(signature, lambda: _problem(query, key, value, attn_bias, is_causal, "bwd"),
+              lambda: _backward_operands(query, key, value, attn_bias, grad_out, out, logsumexp, delta, grads),
               _scale(scale, e), dropout, (query, key, value, attn_bias, grad_out, out, logsumexp, delta, *grads),
               (*grads, delta), ())
     return (*grads, None)
 
 
+def _backward_operands(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_bias: torch.Tensor | None,
+                       grad_out: torch.Tensor, out: torch.Tensor, logsumexp: torch.Tensor, delta: torch.Tensor,
+                       grads: Sequence[torch.Tensor]) -> AttentionOperands:
+    mask = None if attn_bias is None else _strided(attn_bias, (*query.shape[:3], key.shape[2]))
+    return AttentionOperands(q=operand(query), k=operand(key), v=operand(value), out=operand(out),
+                             lse=operand(logsumexp), mask=mask, dout=operand(grad_out), delta=operand(delta),
+                             dq=operand(grads[0]), dk=operand(grads[1]), dv=operand(grads[2]))
+
+
 # -- pre-built calls ----------------------------------------------------------------------------------
-# A call without dropout whose signature (each operand's shape, strides, storage offset and dtype, causality,
-# scale, the mask's requires_grad, the backward's grad_input_mask, and the precisions torch's flags accept)
-# was seen before and passed the checks then allocates its outputs as laid out then (in one go) and runs its
-# plan's launches as recorded then, with this call's buffers bound (kernels.launches.RecordedRun): no check,
-# problem, plan lookup, operands or meta built again. Dropout's key changes every call, so such calls run the
-# plan.
+# A call whose signature (each operand's shape, strides, storage offset and dtype, causality, scale, the
+# dropout probability, the mask's requires_grad, the backward's grad_input_mask, and the precisions torch's
+# flags accept) ran before passed the checks then: it allocates its outputs as laid out then, in one go, and
+# runs the plan found then, with no check, problem or plan lookup again. Without dropout it runs the plan's
+# launches as recorded on the signature's first call, with this call's buffers bound
+# (kernels.launches.RecordedRun), so no operands or meta are built either; with dropout, whose key changes
+# every call, it runs the plan on this call's operands.
 MAX_CALLS = 256
 _calls = plans.SignatureCalls()
 
 
 class _Call:
-    """A pre-built call: its plan, that plan's recorded launches, and once they were recorded, the launches,
-    the outputs' layouts and the forward's integer outputs (its query and key lengths)."""
+    """A pre-built call: its plan and scale, and once a call of it ran, its outputs' layouts and the
+    forward's integer outputs (its query and key lengths); without dropout, the plan's recorded launches."""
 
-    __slots__ = ("keys", "launches", "length", "outputs", "plan", "recorded")
+    __slots__ = ("keys", "launches", "length", "outputs", "plan", "recorded", "scale")
 
-    def __init__(self, plan: Any) -> None:
-        self.plan, self.recorded = plan, launches.RecordedRun()
+    def __init__(self, plan: Any, scale: float) -> None:
+        self.plan, self.scale, self.recorded = plan, scale, launches.RecordedRun()
         self.launches: Any = None
         self.outputs: memory.Layouts | None = None
         self.length = self.keys = 0
 
 
-def _prebuilt(signature: tuple) -> _Call | None:
-    """The pre-built call of ``signature`` with its launches recorded, else None (the general route)."""
+def _seen(signature: tuple) -> _Call | None:
+    """The pre-built call of ``signature`` once a call of it ran (without dropout: once its launches were
+    recorded), else None (the general route)."""
     call = _calls.lookup((*signature, plans.accepted_precisions("attention")))
-    return call if call is not _calls and call is not None and call.launches else None
+    return call if call is not _calls and call is not None and call.outputs is not None else None
 
 
-def _run_plan(signature: tuple | None, problem_of: Callable[[], AttentionProblem],
+def _run_plan(signature: tuple, problem_of: Callable[[], AttentionProblem],
               operands: Callable[[], AttentionOperands], scale: float, dropout: tuple[float, int] | None,
               roles: tuple, outputs: tuple, extra: tuple) -> None:
-    """Run the problem's plan on the operands, by the recorded launches of the call's ``signature`` (None
-    with dropout) where it has them (``roles``: the call's tensors in the order the recording binds them);
-    once they are recorded, the signature's later calls take :func:`_prebuilt`'s route with ``outputs``' layouts
-    (and ``extra``, the forward's query and key lengths)."""
-    if signature is not None:
-        key = (*signature, plans.accepted_precisions("attention"))
-        call = _calls.lookup(key)
-        if call is _calls:
-            call = _calls.keep(key, _Call(state.get().plan(problem_of())) if _calls.prebuilds else None, MAX_CALLS)
-        if call is not None:
-            plan = call.plan
-            call.recorded(_calls.owner.device, buffers_of(roles), lambda: plan.run(operands(), scale))
-            if call.recorded.launches and call.launches is None:
-                call.outputs = memory.Layouts([(t.shape, t.stride(), t.dtype) for t in outputs])
-                call.length, call.keys = extra or (0, 0)
-                call.launches = call.recorded.launches
+    """Run the problem's plan on the operands, without dropout by the recorded launches of the call's
+    ``signature`` where it has them (``roles``: the call's tensors in the order the recording binds them).
+    Once a call ran (without dropout: once its launches are recorded), the signature's later calls take
+    :func:`_seen`'s route with ``outputs``' layouts (and ``extra``, the forward's query and key lengths)."""
+    key = (*signature, plans.accepted_precisions("attention"))
+    call = _calls.lookup(key)
+    if call is _calls:
+        call = _calls.keep(key, _Call(state.get().plan(problem_of()), scale) if _calls.prebuilds else None,
+                           MAX_CALLS)
+    if call is None:
+        state.get().plan(problem_of()).run(operands(), scale, dropout)
+        return
+    plan = call.plan
+    if dropout is None:
+        call.recorded(_calls.owner.device, buffers_of(roles), lambda: plan.run(operands(), scale))
+        if not call.recorded.launches:
             return
-    state.get().plan(problem_of()).run(operands(), scale, dropout)
+        call.launches = call.recorded.launches
+    else:
+        plan.run(operands(), scale, dropout)
+    if call.outputs is None:
+        call.outputs = memory.Layouts([(t.shape, t.stride(), t.dtype) for t in outputs])
+        call.length, call.keys = extra or (0, 0)
 
 
 def _scale(scale: float | None, head_dim: int) -> float:
