@@ -98,6 +98,18 @@ _forward_outputs: dict[tuple, memory.Layouts] = {}
 _backward_outputs: dict[tuple, memory.Layouts] = {}
 
 
+def _outputs(store: dict[tuple, memory.Layouts], key: tuple, shapes: Sequence[Sequence[int]]) -> memory.Layouts:
+    """The layouts of ``key``'s outputs, contiguous float32 tensors of ``shapes``, kept in ``store`` (at most
+    MAX_CALLS signatures)."""
+    outputs = store.get(key)
+    if outputs is None:
+        if len(store) >= MAX_CALLS:
+            store.clear()
+        outputs = store[key] = memory.Layouts([(shape, memory.contiguous_strides(shape), _FLOAT32)
+                                               for shape in shapes])
+    return outputs
+
+
 def native_layer_norm(input: torch.Tensor, normalized_shape: Sequence[int], weight: torch.Tensor | None,
                       bias: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(output, mean, rstd), the statistics shaped as torch's (the input's leading dims, then ones)."""
@@ -109,15 +121,8 @@ def native_layer_norm(input: torch.Tensor, normalized_shape: Sequence[int], weig
     key = ("fwd", layout_key(input), layout_key(weight), layout_key(bias), eps)
     recorded = _recorded(key)
     if recorded is not None and recorded.launches:   # a signature seen before: its outputs in one go
-        outputs = _forward_outputs.get(key)
-        if outputs is None:
-            if len(_forward_outputs) >= MAX_CALLS:
-                _forward_outputs.clear()
-            stat_shape = _stat_shape(input, axis, normalized_shape)
-            outputs = _forward_outputs[key] = memory.Layouts(
-                [(input.shape, memory.contiguous_strides(input.shape), _FLOAT32),
-                 *[(stat_shape, memory.contiguous_strides(stat_shape), _FLOAT32)] * 2])
-        (out, mean, rstd), buffers = outputs.empty()
+        stat_shape = _stat_shape(input, axis, normalized_shape)
+        (out, mean, rstd), buffers = _outputs(_forward_outputs, key, (input.shape, stat_shape, stat_shape)).empty()
         recorded.launches.enqueue(_calls.owner.device.queue, (*buffers_of((input, weight, bias)), *buffers))
         return out, mean, rstd
     out = memory.empty_contiguous(input.shape, _FLOAT32)
@@ -164,14 +169,8 @@ def native_layer_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, norm
         key = ("bwd", *map(layout_key, (x, dy, w, mu, inv)), mask)
         recorded = _recorded(key)
         if recorded is not None and recorded.launches:   # a signature seen before: its outputs in one go
-            outputs = _backward_outputs.get(key)
-            if outputs is None:
-                if len(_backward_outputs) >= MAX_CALLS:
-                    _backward_outputs.clear()
-                outputs = _backward_outputs[key] = memory.Layouts([
-                    (shape, memory.contiguous_strides(shape), _FLOAT32)
-                    for shape, wanted in zip((input.shape, param_shape, param_shape), mask) if wanted])
-            made, buffers = outputs.empty()
+            made, buffers = _outputs(_backward_outputs, key, [shape for shape, wanted in zip(
+                (input.shape, param_shape, param_shape), mask) if wanted]).empty()
             wanted = iter(zip(made, buffers))
             grads = [next(wanted) if m else (None, None) for m in mask]
             recorded.launches.enqueue(_calls.owner.device.queue,
