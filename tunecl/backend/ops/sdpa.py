@@ -99,9 +99,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     if fused is None:
         fused = fused_reason(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) is None
         if route is not None:
-            if len(_routes) >= MAX_CALLS:
-                _routes.clear()
-            _routes[route] = fused
+            _routes.keep(route, fused, MAX_CALLS)
     if not fused or (dropout_p > 0.0 and not _dropout_fused(query)) or (
             torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
             and torch._C._get_math_sdp_enabled()
@@ -130,7 +128,7 @@ def _route_key(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn
 
 # Whether the fused kernels compute a call (fused_reason finds nothing against them), by _route_key: a
 # signature asks fused_reason once
-_routes: dict[tuple, bool] = {}
+_routes = plans.SignatureCalls()
 
 
 def fused_sdp_choice(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -201,11 +199,10 @@ def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     if call is not None and not (dropout_p and graphs.capturing()):
         (out, lse, *unused), buffers = call.outputs.empty()
         if not dropout_p:
-            call.launches.enqueue(_calls.owner.device.queue, (*buffers_of((query, key, value, attn_bias)),
-                                                              *buffers[:2]))
+            call.recorded.launches.enqueue(_calls.owner.device.queue,
+                                           (*buffers_of((query, key, value, attn_bias)), *buffers[:2]))
         else:
-            dropout = (float(dropout_p), random_draws.key())
-            unused[2], unused[3] = torch.tensor(dropout[1], dtype=torch.int64), torch.tensor(0, dtype=torch.int64)
+            dropout = _draw(dropout_p, unused)
             call.plan.run(_forward_operands(query, key, value, attn_bias, out, lse), call.scale, dropout)
         return out, lse, unused[0], unused[1], call.length, call.keys, unused[2], unused[3], unused[4]
     name = "_scaled_dot_product_fused_attention_overrideable"
@@ -220,10 +217,7 @@ def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     # (cum_seq_q/k, philox seed/offset and the debug mask are unused without dropout: empty tensors, since
     # a compiled graph saves them for the backward and wants tensors there)
     unused = [memory.empty_contiguous((0,), torch.int64) for _ in range(5)]
-    dropout = None
-    if dropout_p > 0.0:
-        dropout = (float(dropout_p), random_draws.key())
-        unused[2], unused[3] = torch.tensor(dropout[1], dtype=torch.int64), torch.tensor(0, dtype=torch.int64)
+    dropout = _draw(dropout_p, unused) if dropout_p > 0.0 else None
     if out.numel() and keys:
         _run_plan(signature, lambda: _problem(query, key, value, attn_bias, is_causal, "fwd"),
                   lambda: _forward_operands(query, key, value, attn_bias, out, lse), _scale(scale, e), dropout,
@@ -232,6 +226,14 @@ def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         out.zero_()
         lse.fill_(float("-inf"))
     return out, lse, unused[0], unused[1], length, keys, unused[2], unused[3], unused[4]
+
+
+def _draw(dropout_p: float, unused: list) -> tuple[float, int]:
+    """A call's dropout: (probability, a key drawn now); the key and offset 0 become the op's ``philox_seed``
+    and ``philox_offset`` outputs (``unused[2]``, ``unused[3]``), 0-dim int64 CPU tensors."""
+    dropout = (float(dropout_p), random_draws.key())
+    unused[2], unused[3] = torch.tensor(dropout[1], dtype=torch.int64), torch.tensor(0, dtype=torch.int64)
+    return dropout
 
 
 def _forward_operands(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_bias: torch.Tensor | None,
@@ -255,7 +257,7 @@ def fused_attention_backward(grad_out: torch.Tensor, query: torch.Tensor, key: t
     if call is not None and (not dropout_p or isinstance(philox_seed, torch.Tensor) and philox_seed.numel() == 1):
         (*grads, delta), buffers = call.outputs.empty()
         if not dropout_p:
-            call.launches.enqueue(_calls.owner.device.queue, (
+            call.recorded.launches.enqueue(_calls.owner.device.queue, (
                 *buffers_of((query, key, value, attn_bias, grad_out, out, logsumexp)), buffers[3], *buffers[:3]))
         else:
             call.plan.run(_backward_operands(query, key, value, attn_bias, grad_out, out, logsumexp, delta, grads),
@@ -317,11 +319,10 @@ class _Call:
     """A pre-built call: its plan and scale, and once a call of it ran, its outputs' layouts and the
     forward's integer outputs (its query and key lengths); without dropout, the plan's recorded launches."""
 
-    __slots__ = ("keys", "launches", "length", "outputs", "plan", "recorded", "scale")
+    __slots__ = ("keys", "length", "outputs", "plan", "recorded", "scale")
 
     def __init__(self, plan: Any, scale: float) -> None:
         self.plan, self.scale, self.recorded = plan, scale, launches.RecordedRun()
-        self.launches: Any = None
         self.outputs: memory.Layouts | None = None
         self.length = self.keys = 0
 
@@ -353,7 +354,6 @@ def _run_plan(signature: tuple, problem_of: Callable[[], AttentionProblem],
         call.recorded(_calls.owner.device, buffers_of(roles), lambda: plan.run(operands(), scale))
         if not call.recorded.launches:
             return
-        call.launches = call.recorded.launches
     else:
         plan.run(operands(), scale, dropout)
     if call.outputs is None:

@@ -68,7 +68,7 @@ def _plain(t: torch.Tensor | None) -> Operand | None:
 
 
 MAX_CALLS = 512
-_calls = plans.SignatureCalls()   # signature -> RecordedRun (every layer-norm signature can be pre-built)
+_calls = plans.SignatureCalls()   # signature -> _Call (every layer-norm signature can be pre-built)
 _native_layer_norm = torch.ops.aten.native_layer_norm.default
 _COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutograd
 _FLOAT32 = torch.float32
@@ -79,35 +79,34 @@ def _layer_norm_param(t: torch.Tensor | None, normalized_shape: Sequence[int], d
                          and list(t.shape) == list(normalized_shape))
 
 
-def _recorded(key: tuple) -> launches.RecordedRun | None:
+class _Call(launches.RecordedRun):
+    """A signature's recorded run and, once its launches are recorded, its outputs' layouts."""
+
+    __slots__ = ("outputs",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.outputs: memory.Layouts | None = None
+
+    def layouts(self, shapes: Sequence[Sequence[int]]) -> memory.Layouts:
+        """The outputs' layouts, contiguous float32 tensors of ``shapes`` (made on first use)."""
+        if self.outputs is None:
+            self.outputs = memory.Layouts([(shape, memory.contiguous_strides(shape), _FLOAT32) for shape in shapes])
+        return self.outputs
+
+
+def _recorded(key: tuple) -> _Call | None:
     """The recorded run of a signature (made on its first call); None where none applies (a State whose
     plans are not the backend's own, e.g. a dry run's)."""
     run = _calls.lookup(key)
     if run is _calls:
-        run = _calls.keep(key, launches.RecordedRun() if _calls.prebuilds else None, MAX_CALLS)
+        run = _calls.keep(key, _Call() if _calls.prebuilds else None, MAX_CALLS)
     return run
 
 
 def _stat_shape(input: torch.Tensor, axis: int, normalized_shape: Sequence[int]) -> list[int]:
     """The saved statistics' shape, as torch's: the input's leading dims, then ones."""
     return [*input.shape[:axis], *([1] * len(normalized_shape))]
-
-
-# the outputs' layouts of a signature whose launches were recorded (see native_layer_norm and its backward)
-_forward_outputs: dict[tuple, memory.Layouts] = {}
-_backward_outputs: dict[tuple, memory.Layouts] = {}
-
-
-def _outputs(store: dict[tuple, memory.Layouts], key: tuple, shapes: Sequence[Sequence[int]]) -> memory.Layouts:
-    """The layouts of ``key``'s outputs, contiguous float32 tensors of ``shapes``, kept in ``store`` (at most
-    MAX_CALLS signatures)."""
-    outputs = store.get(key)
-    if outputs is None:
-        if len(store) >= MAX_CALLS:
-            store.clear()
-        outputs = store[key] = memory.Layouts([(shape, memory.contiguous_strides(shape), _FLOAT32)
-                                               for shape in shapes])
-    return outputs
 
 
 def native_layer_norm(input: torch.Tensor, normalized_shape: Sequence[int], weight: torch.Tensor | None,
@@ -122,7 +121,7 @@ def native_layer_norm(input: torch.Tensor, normalized_shape: Sequence[int], weig
     recorded = _recorded(key)
     if recorded is not None and recorded.launches:   # a signature seen before: its outputs in one go
         stat_shape = _stat_shape(input, axis, normalized_shape)
-        (out, mean, rstd), buffers = _outputs(_forward_outputs, key, (input.shape, stat_shape, stat_shape)).empty()
+        (out, mean, rstd), buffers = recorded.layouts((input.shape, stat_shape, stat_shape)).empty()
         recorded.launches.enqueue(_calls.owner.device.queue, (*buffers_of((input, weight, bias)), *buffers))
         return out, mean, rstd
     out = memory.empty_contiguous(input.shape, _FLOAT32)
@@ -169,7 +168,7 @@ def native_layer_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, norm
         key = ("bwd", *map(layout_key, (x, dy, w, mu, inv)), mask)
         recorded = _recorded(key)
         if recorded is not None and recorded.launches:   # a signature seen before: its outputs in one go
-            made, buffers = _outputs(_backward_outputs, key, [shape for shape, wanted in zip(
+            made, buffers = recorded.layouts([shape for shape, wanted in zip(
                 (input.shape, param_shape, param_shape), mask) if wanted]).empty()
             wanted = iter(zip(made, buffers))
             grads = [next(wanted) if m else (None, None) for m in mask]
