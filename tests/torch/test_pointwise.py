@@ -142,7 +142,15 @@ def test_activation_backward_ops_directly():
     check_op(lambda g, x: torch.ops.aten.threshold_backward(g, x.half(), 0.0), g, x, grad=False, atol=1e-3)
     check_op(lambda g, y: torch.ops.aten.sigmoid_backward(g, y), g, y, grad=False)
     check_op(lambda g, y: torch.ops.aten.tanh_backward(g, y), g, y.tanh(), grad=False)
-    check_op(lambda g, x: torch.ops.aten.hardtanh_backward(g, x, -0.5, 0.5), g, x, grad=False)
+    # hardtanh_backward and hardswish_backward: the direct path, a broadcast either way, a transposed pair and
+    # promoted dtypes (a half gradient of a float input comes back float, as in torch)
+    for op, params in ((torch.ops.aten.hardtanh_backward, (-0.5, 0.5)), (torch.ops.aten.hardswish_backward, ())):
+        check_op(lambda g, x: op(g, x * 3, *params), g, x, grad=False)
+        check_op(lambda g, x: op(g, x * 3, *params), g, X(5), grad=False)
+        check_op(lambda g, x: op(g, x * 3, *params), X(5), x, grad=False)
+        check_op(lambda g, x: op(g.t(), x.t() * 3, *params), g, x, grad=False)
+        check_op(lambda g, x: op(g.half(), x * 3, *params), g, x, grad=False, atol=1e-3)
+        check_op(lambda g, x: op(g, (x * 3).half(), *params), g, x, grad=False, atol=1e-2)
     check_op(lambda g, x: torch.ops.aten.leaky_relu_backward(g, x, 0.1, False), g, x, grad=False)
 
 
