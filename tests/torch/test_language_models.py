@@ -106,3 +106,35 @@ def test_validate_and_bench_take_a_language_model_on_the_command_line(capsys):
                      "none", "--warmup", "0", "--repeats", "1", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["mode"] == "train" and data["ours"]["median_ms"] > 0
+
+
+def test_gpt2_generates_greedily_as_on_the_cpu_and_samples_on_the_device():
+    """``generate``: greedy decoding gives the CPU's tokens; sampling (top-k, top-p: sort, cumsum, scatter,
+    ``multinomial``) runs with nothing on the CPU fallback, follows the seed and keeps to the top-k tokens."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=500, n_positions=64,
+                                       bos_token_id=0, eos_token_id=1)).eval()
+    prompt = torch.randint(2, 500, (2, 6))
+    want = model.generate(prompt, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    device_model = model.to("opencl")
+    with config.override(fallback="error"):
+        got = device_model.generate(prompt.to("opencl"), max_new_tokens=8, do_sample=False, pad_token_id=0)
+        assert torch.equal(got.cpu(), want)
+        sampled = []
+        for _ in range(2):
+            torch.manual_seed(7)
+            sampled.append(device_model.generate(prompt.to("opencl"), max_new_tokens=8, do_sample=True, top_k=5,
+                                                 top_p=0.95, pad_token_id=0).cpu())
+    assert torch.equal(sampled[0], sampled[1])
+    tokens = sampled[0]
+    assert tokens.shape[1] > 6 and torch.equal(tokens[:, :6], prompt)
+    # each sampled token is among the likeliest after its prefix by the CPU's logits (the 5 the device kept,
+    # give or take near-ties the two order differently), until its row ends (eos, then padding)
+    with torch.no_grad():
+        model = model.cpu()
+        for step in range(6, tokens.shape[1]):
+            top = model(tokens[:, :step]).logits[:, -1].topk(8).indices
+            for row, token, likeliest in zip(tokens[:, :step].tolist(), tokens[:, step].tolist(), top.tolist()):
+                assert 1 in row or token in likeliest

@@ -51,3 +51,16 @@ def check_storable(dtype: torch.dtype) -> None:
         raise UnsupportedDtypeError(_REFUSED.get(
             dtype, f"{str(dtype).removeprefix('torch.')} is not supported on the OpenCL device "
                    f"(it stores {stored})"))
+
+
+# torch dtype -> the name torch's C++ errors give it (c10's ScalarType names)
+_SCALAR_TYPE_NAMES: dict[torch.dtype, str] = {
+    torch.float32: "Float", torch.float16: "Half", torch.bfloat16: "BFloat16", torch.float64: "Double",
+    torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
+    torch.bool: "Bool", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble",
+}
+
+
+def scalar_type_name(dtype: torch.dtype) -> str:
+    """``dtype`` as torch's own error messages name it ("Float", "Long", ...)."""
+    return _SCALAR_TYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from tunecl.backend import copies, graphs, random_draws, state
+from tunecl.backend.dtypes import scalar_type_name
 from tunecl.backend.operands import is_device, operand
 from tunecl.backend.ops.pointwise import run
 
@@ -101,6 +102,55 @@ def bernoulli_float_(self: torch.Tensor, p: float = 0.5, generator: torch.Genera
 _host_bernoulli = _host_random("bernoulli_")
 
 
+def multinomial(self: torch.Tensor, num_samples: int, replacement: bool = False, *,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """``torch.multinomial`` on the device, by torch's own algorithms (its checks and messages first).
+
+    Without replacement, or for one sample (a language model's sampling ``generate``): on the device, the top
+    ``num_samples`` of ``self / q`` with ``q ~ Exp(1)`` drawn as the CPU kernel draws it
+    (``empty_like(self).exponential_(1)``, from the CPU generator), so a contiguous ``self`` gives CPU torch's
+    samples under the same seed. Several samples with replacement: drawn on the host by the CPU kernel, as
+    the other random ops of this module draw."""
+    if self.dim() < 1 or self.dim() > 2:
+        raise RuntimeError("prob_dist must be 1 or 2 dim")
+    if not self.dtype.is_floating_point:
+        raise RuntimeError(f"multinomial only supports floating-point dtypes for input, got: "
+                           f"{scalar_type_name(self.dtype)}")
+    if num_samples <= 0:
+        raise RuntimeError("cannot sample n_sample <= 0 samples")
+    categories = self.shape[-1]
+    if not replacement and num_samples > categories:
+        raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
+    if categories > 1 << 24:
+        raise RuntimeError("number of categories cannot exceed 2^24")
+    shape = (num_samples,) if self.dim() == 1 else (self.shape[0], num_samples)
+    if not math.prod(shape):
+        return torch.empty(shape, dtype=torch.int64, device=self.device)
+    rows = self if self.dim() == 2 else self.unsqueeze(0)
+    if not replacement or num_samples == 1:
+        if not bool((self.max() < math.inf) & (self.min() >= 0)):
+            raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+        if bool((rows.sum(1) == 0).any()):
+            raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
+        scores = torch.div(self, torch.empty_like(self).exponential_(1, generator=generator))
+        if num_samples == 1:
+            return torch.argmax(scores, dim=-1, keepdim=True)
+        return torch.topk(scores, num_samples).indices
+    # with replacement, several samples: the CPU kernel on the probabilities brought to the host (its running
+    # sums are sequential: a category of probability 0 is never drawn), then the samples uploaded
+    return torch.multinomial(copies.to_cpu(self), num_samples, True, generator=generator).to(self.device)
+
+
+def multinomial_out(self: torch.Tensor, num_samples: int, replacement: bool = False, *,
+                    generator: torch.Generator | None = None, out: torch.Tensor) -> torch.Tensor:
+    if out.dtype != torch.int64:
+        raise RuntimeError(f"multinomial expects Long tensor out, got: {scalar_type_name(out.dtype)}")
+    result = multinomial(self, num_samples, replacement, generator=generator)
+    if out.shape != result.shape:
+        out.resize_(result.shape)
+    return out.copy_(result)
+
+
 def randperm_out(n: int, *, generator: torch.Generator | None = None, out: torch.Tensor) -> torch.Tensor:
     return copies.copy_from_and_resize(torch.randperm(n, generator=generator, dtype=out.dtype), out)
 
@@ -122,4 +172,6 @@ KERNELS: dict[str, Callable[..., Any]] = {
     "random_.to": _host_random("random_"),
     "exponential_": _host_random("exponential_"),
     "randperm.generator_out": randperm_out,
+    "multinomial": multinomial,
+    "multinomial.out": multinomial_out,
 }

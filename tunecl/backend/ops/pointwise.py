@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from tunecl.backend import memory, state
+from tunecl.backend.dtypes import scalar_type_name
 from tunecl.backend.allocator import buffers as _buffers
 from tunecl.backend.operands import dense_strides_like, operand, scalar_or_operand
 from tunecl.backend.ops import COMPOSITE_KEYS
@@ -306,11 +307,6 @@ def _number_result_type(expr: str, a: torch.Tensor | Number, b: torch.Tensor | N
     return dtype
 
 
-def _type_name(dtype: torch.dtype) -> str:
-    return {torch.float32: "Float", torch.float16: "Half", torch.int64: "Long", torch.int32: "Int",
-            torch.bool: "Bool", torch.uint8: "Byte"}.get(dtype, str(dtype))
-
-
 def _fast_binary(expr: str, op: torch._ops.OpOverload, with_alpha: bool) -> Callable[..., torch.Tensor]:
     """Floating inputs only on the fast path (integer division would change the dtype)."""
     def kernel(self: torch.Tensor | Number, other: torch.Tensor | Number, *, alpha: Number = 1) -> torch.Tensor:
@@ -369,8 +365,8 @@ def _fast_inplace(expr: str, op: torch._ops.OpOverload, with_alpha: bool) -> Cal
                 dtype.is_floating_point or number is int and dtype in _INTEGERS and expr != "div"):
             result = _number_result_type(expr, self, other)   # torch's checks
             if not torch.can_cast(result, dtype):
-                raise RuntimeError(f"result type {_type_name(result)} can't be cast to the desired output type "
-                                   f"{_type_name(dtype)}")
+                raise RuntimeError(f"result type {scalar_type_name(result)} can't be cast to the desired output type "
+                                   f"{scalar_type_name(dtype)}")
         return run(expr, self, (self, other), params,
                    (_DENSE, expr, self.shape, dtype, number) if self.is_contiguous() else None)
     return kernel
