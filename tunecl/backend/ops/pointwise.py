@@ -492,6 +492,7 @@ KERNELS: dict[str, Callable[..., Any]] = {
     "threshold.out": lambda self, threshold, value, *, out: run_out("threshold", out, (self,), (threshold, value)),
     "leaky_relu.out": lambda self, negative_slope=0.01, *, out: run_out("leaky_relu", out, (self,),
                                                                    (negative_slope,)),
+    "xlogy.OutTensor": binary("xlogy"),
     "gelu.out": gelu,
     "gelu": gelu_new,
     "gelu_backward": gelu_backward_new,

@@ -50,6 +50,7 @@ _MINIMUM = "((a<b||a!=a)?a:b)"
 _CLAMP = "((a<s0?s0:a)>s1?s1:(a<s0?s0:a))"
 _HSIG = "((6.0f<((a+3.0f)<0.0f?0.0f:(a+3.0f)))?6.0f:((a+3.0f)<0.0f?0.0f:(a+3.0f)))/6.0f"
 _SIG_B = "(1.0f/(1.0f+exp(-b)))"
+_SIG_C = "(1.0f/(1.0f+exp(-c)))"
 _TANH_B = "tanh(0.79788456080286536f*(b+0.044715f*b*b*b))"
 
 EXPRESSIONS: dict[str, Expr] = {
@@ -155,6 +156,29 @@ EXPRESSIONS: dict[str, Expr] = {
     "mse_backward": _float(3, 1, "s0*(a-b)*c"),  # (input, target, grad_output): s0 = 2 / N or 2
     "leaky_relu": _float(1, 1, "(a>0?a:a*s0)"),
     "leaky_relu_backward": _float(2, 1, "(b>0?a:a*s0)"),
+    "log_sigmoid": _float(1, 0, "((a<0.0f?a:0.0f)-log1p(exp(-fabs(a))))"),
+    "log_sigmoid_backward": _float(2, 0, "a*((b<0.0f?1.0f:0.0f)-(b<0.0f?1.0f:-1.0f)*exp(-fabs(b))/(1.0f+exp(-fabs(b))))"),
+    "mish": _float(1, 0, "a*tanh(log1p(exp(a)))"),
+    "glu": _float(2, 0, f"a*{_SIG_B}"),                                   # a: the first half, b: the gate
+    "glu_backward_gate": _float(3, 0, f"a*b*{_SIG_C}*(1.0f-{_SIG_C})"),   # a: grad, b: the first half, c: the gate
+    "prelu": _float(2, 0, "(a>0.0f?a:b*a)"),                              # b: the weight
+    "prelu_backward_input": _float(3, 0, "(b>0.0f?a:c*a)"),               # a: grad, b: input, c: weight
+    "prelu_backward_weight": _float(2, 0, "(b>0.0f?0.0f:b*a)"),           # a: grad, b: input
+    "logit": _float(1, 0, "log(a/(1.0f-a))"),
+    # s0 eps, s1 1 - eps, clamped as torch's kernel does (an eps above 0.5 reverses the bounds)
+    "logit_eps": _float(1, 2, "log(X/(1.0f-X))".replace("X", "(a<s0?s0:(a>s1?s1:a))")),
+    "logit_backward": _float(2, 0, "((b<0.0f||b>1.0f)?NAN:a/(b*(1.0f-b)))"),
+    "logit_backward_eps": _float(2, 2, "((b<s0||b>s1)?0.0f:a/(b*(1.0f-b)))"),
+    "xlogy": _float(2, 0, "(b!=b?b:(a==0.0f?0.0f:a*log(b)))"),
+    # losses (a = input, b = target; backward: c = grad_output, s1 the reduction's 1/N or 1), as torch's
+    # CPU kernels compute them
+    "smooth_l1": _float(2, 1, "(fabs(a-b)<s0?0.5f*(a-b)*(a-b)/s0:fabs(a-b)-0.5f*s0)"),          # s0 beta
+    "smooth_l1_backward": _float(3, 2, "((a-b)<=-s0?-s1*c:((a-b)>=s0?s1*c:s1*(a-b)*c/s0))"),
+    "huber": _float(2, 1, "(fabs(a-b)<s0?0.5f*(a-b)*(a-b):s0*(fabs(a-b)-0.5f*s0))"),            # s0 delta
+    "huber_backward": _float(3, 2, "((a-b)<=-s0?-s1*s0*c:((a-b)>=s0?s1*s0*c:s1*(a-b)*c))"),
+    "binary_cross_entropy": _float(2, 0, "((b-1.0f)*(log1p(-a)<-100.0f?-100.0f:log1p(-a))"
+                                         "-b*(log(a)<-100.0f?-100.0f:log(a)))"),
+    "binary_cross_entropy_backward": _float(3, 1, "c*(a-b)/((1.0f-a)*a<1e-12f?1e-12f:(1.0f-a)*a)*s0"),
     # mixed precision (torch.amp.GradScaler), as torch's CUDA kernels compute them
     "amp_found_inf": _float(2, 0, "(isfinite(b)?a:1.0f)"),  # a = found_inf, b = max |grad| (NaN/inf if any is)
     # a = scale, b = growth tracker, c = found_inf; s0 growth factor, s1 backoff factor, s2 growth interval
