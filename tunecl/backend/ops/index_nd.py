@@ -243,7 +243,30 @@ def masked_scatter_(self: torch.Tensor, mask: torch.Tensor, source: torch.Tensor
     return self
 
 
+def index_fill_(self: torch.Tensor, dim: int, index: torch.Tensor, value: Any) -> torch.Tensor:
+    """self's slices along ``dim`` at ``index`` set to ``value`` (a number or a 0-dim tensor; ``trace``'s
+    gradient), by an index put of the value broadcast over them."""
+    if isinstance(value, torch.Tensor) and value.dim():
+        raise RuntimeError(f"index_fill_ only supports a 0-dimensional value tensor, but got tensor with "
+                           f"{value.dim()} dimension(s).")
+    if index.dtype != torch.int64:
+        raise IndexError("index_fill_(): Expected dtype int64 for index.")
+    if index.dim() > 1:
+        raise IndexError(f"index_fill_(): Index is supposed to be a vector, got {index.dim()}-d")
+    rank = max(self.dim(), 1)
+    if not -rank <= dim < rank:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], but got {dim})")
+    fill = value.to(self.device, self.dtype) if isinstance(value, torch.Tensor) else torch.full(
+        (), value, dtype=self.dtype, device=self.device)
+    if self.dim() == 0:
+        index_put_impl_(self.view(1), [index.view(-1)], fill)
+        return self
+    return index_put_impl_(self, [None] * (dim % rank) + [index.view(-1)], fill)
+
+
 KERNELS: dict[str, Callable[..., Any]] = {
+    "index_fill_.int_Scalar": index_fill_,
+    "index_fill_.int_Tensor": index_fill_,
     "masked_scatter_": masked_scatter_,
     "nonzero": nonzero,
     "nonzero.out": nonzero_out,

@@ -233,7 +233,21 @@ def _real(number: Any) -> bool:
     return type(number) is float or type(number) is int
 
 
+def addmv_out(self: torch.Tensor, mat: torch.Tensor, vec: torch.Tensor, *, beta: Any = 1, alpha: Any = 1,
+              out: torch.Tensor) -> torch.Tensor:
+    """beta * self + alpha * mat @ vec (``torch.mv`` too) as a product with one column (torch's checks from its
+    meta kernel)."""
+    meta = [torch.empty(t.shape, dtype=t.dtype, device="meta") for t in (self, mat, vec)]
+    shape = _aten.addmv.default(*meta, beta=beta, alpha=alpha).shape
+    column = self.unsqueeze(-1) if self.dim() == 1 else self
+    result = _aten.addmm.default(column, mat, vec.unsqueeze(1), beta=beta, alpha=alpha)
+    if out.shape != shape:
+        out.resize_(shape)
+    return out.copy_(result.view(shape))
+
+
 KERNELS: dict[str, Callable[..., Any]] = {
+    "addmv.out": addmv_out,
     "mm": mm,
     "bmm": bmm,
     "addmm": addmm,

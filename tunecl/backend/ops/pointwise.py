@@ -210,6 +210,17 @@ def pow_tensor_scalar(self: torch.Tensor, exponent: Number, *, out: torch.Tensor
     return run_out("pow", out, (self, exponent))
 
 
+def nan_to_num_out(self: torch.Tensor, nan: float | None = None, posinf: float | None = None,
+                   neginf: float | None = None, *, out: torch.Tensor) -> torch.Tensor:
+    """NaN, +inf and -inf replaced (by default 0 and the result dtype's largest and lowest values); integer and
+    bool tensors are copied."""
+    if not self.dtype.is_floating_point:
+        return run_out("copy", out, (self,))
+    info = torch.finfo(out.dtype)
+    return run_out("nan_to_num", out, (self,), (0.0 if nan is None else nan, info.max if posinf is None else posinf,
+                                              info.min if neginf is None else neginf))
+
+
 def clamp(self: torch.Tensor, min: Number | None = None, max: Number | None = None, *,
           out: torch.Tensor) -> torch.Tensor:
     if min is not None and max is not None:
@@ -448,7 +459,18 @@ KERNELS: dict[str, Callable[..., Any]] = {
     **{f"{name}.out": unary(name) for name in (
         "neg", "abs", "sign", "reciprocal", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "sin",
         "cos", "erf", "floor", "ceil", "trunc", "round", "sigmoid", "tanh", "silu", "hardsigmoid",
-        "logical_not")},
+        "logical_not", "erfc", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "log2",
+        "log10", "lgamma", "frac")},
+    **{f"{name}.out": binary(name) for name in ("hypot", "copysign", "logaddexp", "logaddexp2")},
+    "fmod.Tensor_out": binary("fmod"),
+    "fmod.Scalar_out": lambda self, other, *, out: run_out("fmod", out, (self, other)),
+    "nan_to_num.out": nan_to_num_out,
+    "hardshrink.out": lambda self, lambd=0.5, *, out: run_out("hardshrink", out, (self,), (lambd,)),
+    "hardshrink_backward.grad_input": lambda grad_out, self, lambd, *, grad_input: run_out(
+        "hardshrink_backward", grad_input, (grad_out, self), (lambd,)),
+    "softshrink.out": lambda self, lambd=0.5, *, out: run_out("softshrink", out, (self,), (lambd,)),
+    "softshrink_backward.grad_input": lambda grad_output, self, lambd, *, grad_input: run_out(
+        "softshrink_backward", grad_input, (grad_output, self), (lambd,)),
     **{f"{name}.out": binary(name) for name in ("logical_and", "logical_or", "logical_xor")},
     **{f"{name}.Tensor_out": binary(name) for name in ("bitwise_and", "bitwise_or", "bitwise_xor")},
     "sgn.out": unary("sign"),

@@ -229,6 +229,47 @@ def vector_norm_out(self: torch.Tensor, ord: float = 2, dim: DimArg = None, keep
     return reduce("norm_p", self, dim, keepdim, out, p0=float(ord))
 
 
+def norm_out(self: torch.Tensor, p: float | None, dim: DimArg, keepdim: bool = False, *,
+             dtype: torch.dtype | None = None, out: torch.Tensor) -> torch.Tensor:
+    """``torch.norm`` over dims (``F.pairwise_distance``, the triplet losses): the vector norm of order p
+    (2 when None)."""
+    return vector_norm_out(self, 2.0 if p is None else p, dim, keepdim, dtype=dtype, out=out)
+
+
+def count_nonzero(self: torch.Tensor, dim: Sequence[int]) -> torch.Tensor:
+    return torch.ne(self, 0).sum(list(dim))
+
+
+def aminmax_out(self: torch.Tensor, *, dim: int | None = None, keepdim: bool = False, min: torch.Tensor,
+                max: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    torch.ops.aten.aminmax.default(torch.empty(self.shape, dtype=self.dtype, device="meta"), dim=dim,
+                                   keepdim=keepdim)   # torch's checks and errors
+    if dim is None and keepdim:
+        ones = [1] * self.dim()
+        reduce("amin", self, None, False, min.resize_(())), reduce("amax", self, None, False, max.resize_(()))
+        return min.resize_(ones), max.resize_(ones)
+    return reduce("amin", self, dim, keepdim, min), reduce("amax", self, dim, keepdim, max)
+
+
+def nansum_out(self: torch.Tensor, dim: DimArg = None, keepdim: bool = False, *, dtype: torch.dtype | None = None,
+               out: torch.Tensor) -> torch.Tensor:
+    values = torch.where(torch.isnan(self), 0, self) if self.dtype.is_floating_point else self
+    return torch.sum(values, dim if dim else None, keepdim, dtype=dtype, out=out)
+
+
+def nansum(self: torch.Tensor, dim: DimArg = None, keepdim: bool = False, *,
+           dtype: torch.dtype | None = None) -> torch.Tensor:
+    values = torch.where(torch.isnan(self), 0, self) if self.dtype.is_floating_point else self
+    return torch.sum(values, dim if dim else None, keepdim, dtype=dtype)
+
+
+def trace(self: torch.Tensor) -> torch.Tensor:
+    if self.dim() != 2:
+        raise RuntimeError(f"trace: expected a matrix, but got tensor with dim {self.dim()}")
+    diagonal = self.diagonal()
+    return diagonal.sum() if self.dtype.is_floating_point else diagonal.sum(dtype=torch.int64)
+
+
 def prod_out(self: torch.Tensor, dim: int, keepdim: bool = False, *, dtype: torch.dtype | None = None,
              out: torch.Tensor) -> torch.Tensor:
     return reduce("prod", self, dim, keepdim, out)
@@ -302,6 +343,13 @@ KERNELS: dict[str, Callable[..., Any]] = {
     "var_mean.correction": variance("var", with_mean=True),
     "std_mean.correction": variance("std", with_mean=True),
     "linalg_vector_norm.out": vector_norm_out,
+    "norm.out": norm_out,
+    "norm.dtype_out": norm_out,
+    "count_nonzero.dim_IntList": count_nonzero,
+    "aminmax.out": aminmax_out,
+    "nansum": nansum,
+    "nansum.out": nansum_out,
+    "trace": trace,
     "_softmax.out": softmax_out("softmax"),
     "_log_softmax.out": softmax_out("log_softmax"),
     "_softmax_backward_data.out": softmax_backward_out("softmax_backward"),

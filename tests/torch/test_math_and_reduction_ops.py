@@ -1,0 +1,127 @@
+"""Elementwise math, reductions and products that ran on the CPU fallback: trigonometric and hyperbolic
+functions, log2/log10, erfc, lgamma, frac, fmod, hypot, copysign, logaddexp(2), nan_to_num, hard/soft shrink,
+p-norms over dims (pairwise distance, triplet loss), count_nonzero, aminmax, nansum, trace, mv/addmv and
+index_fill_, against CPU torch forward and backward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from opcheck import Input, check_op, t
+
+INF, NAN = float("inf"), float("nan")
+
+
+def _x(*shape: int, scale: float = 1.0, shift: float = 0.0) -> Input:
+    return Input(torch.randn(shape, dtype=torch.float64).float() * scale + shift)
+
+
+@pytest.mark.parametrize("name, make", [
+    ("tan", lambda: _x(4, 5)), ("atan", lambda: _x(4, 5, scale=3)), ("sinh", lambda: _x(4, 5)),
+    ("cosh", lambda: _x(4, 5)), ("asinh", lambda: _x(4, 5, scale=3)), ("erfc", lambda: _x(4, 5)),
+    ("asin", lambda: Input(torch.rand(4, 5) * 1.8 - 0.9)), ("acos", lambda: Input(torch.rand(4, 5) * 1.8 - 0.9)),
+    ("atanh", lambda: Input(torch.rand(4, 5) * 1.8 - 0.9)), ("acosh", lambda: Input(torch.rand(4, 5) * 3 + 1.1)),
+    ("log2", lambda: Input(torch.rand(4, 5) * 3 + 0.1)), ("log10", lambda: Input(torch.rand(4, 5) * 3 + 0.1)),
+    ("frac", lambda: _x(4, 5, scale=4)),
+])
+def test_unary_math_forward_and_backward(strict, name, make):
+    op = getattr(torch, name)
+    check_op(op, make(), grad_atol=2e-5)
+    check_op(lambda x: op(x.t()), make(), grad_atol=2e-5)   # a transposed view
+    check_op(lambda x: op(x[0, 0]), make(), grad_atol=2e-5)   # 0-dim
+
+
+def test_unary_math_at_special_values(strict):
+    x = Input(torch.tensor([0.0, -0.0, INF, -INF, NAN, 1.0, -1.0, 1e-30]), grad=False)
+    for name in ("tan", "atan", "sinh", "cosh", "asinh", "erfc", "asin", "acos", "atanh", "acosh", "log2", "log10",
+                 "frac", "lgamma"):
+        check_op(getattr(torch, name), x, grad=False)
+    check_op(torch.lgamma, _x(4, 5, scale=3), grad=False)   # (its gradient needs digamma: CPU fallback)
+
+
+@pytest.mark.parametrize("name", ["hypot", "copysign", "logaddexp", "logaddexp2", "fmod"])
+def test_binary_math_forward_and_backward(strict, name):
+    op = getattr(torch, name)
+    check_op(op, _x(3, 4, scale=3), _x(3, 4, scale=2))
+    check_op(op, _x(3, 4, scale=3), _x(4, scale=2))   # broadcast
+    special = Input(torch.tensor([INF, -INF, INF, NAN, 0.0, -0.0, 5.0]), grad=False)
+    other = Input(torch.tensor([INF, -INF, -INF, 1.0, -1.0, 2.0, -0.0]), grad=False)
+    check_op(op, special, other, grad=False)
+
+
+def test_fmod_by_a_number_and_logaddexp_of_equal_infinities(strict):
+    check_op(lambda x: torch.fmod(x, 0.7), _x(3, 4, scale=3))
+    check_op(lambda x: torch.fmod(x, -1.5), _x(3, 4, scale=3))
+    check_op(lambda x: torch.logaddexp(x, x), Input(torch.tensor([INF, -INF, 1.0]), grad=False), grad=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64])
+def test_nan_to_num(strict, dtype):
+    x = Input(torch.tensor([NAN, INF, -INF, 1.5, -2.0]).to(dtype) if dtype.is_floating_point
+              else torch.arange(-2, 3), grad=False)
+    check_op(torch.nan_to_num, x, grad=False)
+    check_op(lambda x: torch.nan_to_num(x, 1.0, 2.0, -3.0), x, grad=False)
+    check_op(lambda x: torch.nan_to_num(x, posinf=7.0), x, grad=False)
+
+
+def test_shrinks(strict):
+    x = Input(torch.tensor([-1.0, -0.5, -0.2, 0.0, 0.2, 0.5, 1.0, 3.0]))
+    for lambd in (0.5, 0.2, 0.0):
+        check_op(lambda x: F.hardshrink(x, lambd), x)
+        check_op(lambda x: F.softshrink(x, lambd), x)
+
+
+def test_norms_over_dims_distances_and_triplet_losses(strict):
+    a, b = _x(5, 6), _x(5, 6)
+    check_op(F.pairwise_distance, a, b)
+    check_op(lambda a, b: F.pairwise_distance(a, b, p=1.0, keepdim=True), a, b)
+    check_op(lambda a, b: F.triplet_margin_loss(a, b, b * 2), a, b)
+    for p in (1, 2, 3, 0.5):
+        check_op(lambda x: torch.norm(x, p=p, dim=1), a, grad_atol=2e-5)
+        check_op(lambda x: torch.norm(x.t(), p=p, dim=(0, 1), keepdim=True), a, grad_atol=2e-5)
+
+
+def test_count_nonzero_aminmax_nansum_and_trace(strict):
+    x = torch.randn(4, 6)
+    x[0, 1] = NAN
+    relu = Input(torch.randn(4, 6).relu(), grad=False)
+    check_op(torch.count_nonzero, relu, grad=False)
+    check_op(lambda x: torch.count_nonzero(x, dim=1), relu, grad=False)
+    check_op(lambda x: torch.count_nonzero(x, dim=(0, 1)), relu, grad=False)
+    plain = Input(torch.randn(4, 6), grad=False)
+    for kwargs in ({}, {"keepdim": True}, {"dim": 1}, {"dim": 0, "keepdim": True}):
+        check_op(lambda x: torch.aminmax(x, **kwargs), plain, grad=False)
+    for device in ("cpu", "opencl"):   # (torch raises an IndexError)
+        with pytest.raises(IndexError, match="non-zero size"):
+            torch.aminmax(torch.empty(0, 3, device=device), dim=0)
+    check_op(torch.nansum, Input(x))
+    check_op(lambda x: torch.nansum(x, 1, keepdim=True), Input(x))
+    check_op(torch.nansum, Input(torch.arange(6), grad=False), grad=False)
+    check_op(torch.trace, _x(4, 4))
+    check_op(lambda x: torch.trace(x.t()), _x(3, 5))
+    check_op(torch.trace, Input(torch.arange(9).view(3, 3), grad=False), grad=False)
+    with pytest.raises(RuntimeError, match="expected a matrix"):
+        torch.trace(torch.ones(3, device="opencl"))
+
+
+def test_mv_and_addmv(strict):
+    mat, vec, bias = _x(5, 7), _x(7), _x(5)
+    check_op(torch.mv, mat, vec)
+    check_op(lambda m, v: torch.mv(m.t(), v), _x(7, 5), vec)
+    check_op(lambda b, m, v: torch.addmv(b, m, v, beta=0.5, alpha=2.0), bias, mat, vec)
+    check_op(lambda m, v: torch.addmv(torch.tensor(1.5, device=m.device), m, v), mat, vec)
+    nan = Input(torch.full((5,), NAN), grad=False)
+    check_op(lambda b, m, v: torch.addmv(b, m, v, beta=0), nan, mat, vec)   # beta 0 ignores self, NaN included
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        torch.mv(torch.ones(2, 3, device="opencl"), torch.ones(2, device="opencl"))
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_index_fill(strict, dim):
+    index = torch.tensor([2, 0, 2])
+    check_op(lambda x: x.clone().index_fill_(dim, index.to(x.device), -1.5), _x(3, 4))
+    check_op(lambda x: x.index_fill(dim, index.to(x.device), torch.tensor(2.0, device=x.device)), _x(3, 4))
+    check_op(lambda x: x.clone().index_fill_(dim, torch.tensor(1, device=x.device), 0.5), t(torch.randn(4, 3)))
+    with pytest.raises(IndexError, match="int64"):
+        torch.zeros(3, 4, device="opencl").index_fill_(dim, torch.tensor([1], dtype=torch.int32, device="opencl"), 1.0)
