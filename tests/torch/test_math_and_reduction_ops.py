@@ -125,3 +125,33 @@ def test_index_fill(strict, dim):
     check_op(lambda x: x.clone().index_fill_(dim, torch.tensor(1, device=x.device), 0.5), t(torch.randn(4, 3)))
     with pytest.raises(IndexError, match="int64"):
         torch.zeros(3, 4, device="opencl").index_fill_(dim, torch.tensor([1], dtype=torch.int32, device="opencl"), 1.0)
+
+
+LOWEST = torch.iinfo(torch.int64).min
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_integer_division_and_remainder_round_as_torch_does(strict, dtype):
+    """Floor division and remainder take the divisor's sign, trunc division and fmod the dividend's; the lowest
+    int64 divided by -1 as on the CPU."""
+    a = torch.tensor([7, -7, 7, -7, 0, 5, 9, -9, 13]).to(dtype)
+    b = torch.tensor([3, 3, -3, -3, 2, 1, -1, -1, 5]).to(dtype)
+    if dtype == torch.int64:
+        a, b = torch.cat([a, torch.tensor([LOWEST, LOWEST])]), torch.cat([b, torch.tensor([-1, 2])])
+    A, B = Input(a, grad=False), Input(b, grad=False)
+    for op in (lambda a, b: a % b, lambda a, b: a // b, lambda a, b: torch.fmod(a, b),
+               lambda a, b: torch.div(a, b, rounding_mode="floor"), lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+               lambda a, b: a % 4, lambda a, b: a % -4, lambda a, b: a // -3, lambda a, b: torch.fmod(a, -3),
+               lambda a, b: 17 % b, lambda a, b: a.clone().floor_divide_(b), lambda a, b: a.clone().remainder_(b)):
+        check_op(op, A, B, grad=False)
+
+
+@pytest.mark.parametrize("op", [lambda a, b: a % b, lambda a, b: a // b, lambda a, b: torch.fmod(a, b),
+                                lambda a, b: torch.div(a, b, rounding_mode="trunc"), lambda a, b: a % 0,
+                                lambda a, b: torch.fmod(a, 0), lambda a, b: 5 % b])
+def test_integer_division_by_zero_is_torch_s_error(strict, op):
+    for device in ("cpu", "opencl"):
+        a, b = torch.tensor([1, 2], device=device), torch.tensor([1, 0], device=device)
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            op(a, b)
+    check_op(lambda a: a % 0.0, Input(torch.tensor([1.0, -2.0]), grad=False), grad=False)   # floats: NaN

@@ -196,10 +196,58 @@ def _hardtanh_(self: torch.Tensor, min_val: float = -1, max_val: float = 1) -> t
     return _HARDTANH["_"](self, min_val, max_val)
 
 
+def check_divisor(other: Any, result: torch.dtype) -> None:
+    """torch's error for an integer division (or remainder) by zero: a number is checked here, a tensor by one
+    read of a flag from the device (not inside a graph capture, where its values are not known yet)."""
+    if result.is_floating_point or result is torch.bool:
+        return
+    if isinstance(other, torch.Tensor):
+        if other.dtype.is_floating_point or not other.numel():
+            return
+        from tunecl.backend import graphs
+        if other.is_cpu:
+            zero = bool((other == 0).any())
+        else:
+            zero = not graphs.capturing() and bool((other == 0).any())
+    else:
+        zero = other == 0
+    if zero:
+        raise RuntimeError("ZeroDivisionError")
+
+
+def integer_division(expr: str) -> Callable[..., torch.Tensor]:
+    """``op.out(self, other)`` of a division or remainder, refusing an integer division by zero."""
+    def kernel(self: torch.Tensor, other: Any, *, out: torch.Tensor) -> torch.Tensor:
+        check_divisor(other, out.dtype)
+        return run_out(expr, out, (self, other))
+    return kernel
+
+
 def div_mode(self: torch.Tensor, other: Any, *, rounding_mode: str | None = None,
              out: torch.Tensor) -> torch.Tensor:
     expr = {None: "div", "trunc": "div_trunc", "floor": "div_floor"}[rounding_mode]
+    if rounding_mode is not None:
+        check_divisor(other, out.dtype)
     return run_out(expr, out, (self, other))
+
+
+def floor_divide(self: torch.Tensor, other: Any) -> torch.Tensor:
+    result = torch.result_type(self, other)
+    check_divisor(other, result)
+    out = memory.empty_contiguous(torch.broadcast_shapes(self.shape, getattr(other, "shape", ())), result)
+    return run("div_floor", out, (self, other))
+
+
+def remainder_scalar_tensor(self: Number, other: torch.Tensor) -> torch.Tensor:
+    """``number % tensor``."""
+    result = torch.result_type(self, other)
+    check_divisor(other, result)
+    return run("remainder", new_like(other, result), (self, other))
+
+
+def floor_divide_(self: torch.Tensor, other: Any) -> torch.Tensor:
+    check_divisor(other, self.dtype)
+    return run("div_floor", self, (self, other))
 
 
 def pow_tensor_scalar(self: torch.Tensor, exponent: Number, *, out: torch.Tensor) -> torch.Tensor:
@@ -462,8 +510,8 @@ KERNELS: dict[str, Callable[..., Any]] = {
         "logical_not", "erfc", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "log2",
         "log10", "lgamma", "frac")},
     **{f"{name}.out": binary(name) for name in ("hypot", "copysign", "logaddexp", "logaddexp2")},
-    "fmod.Tensor_out": binary("fmod"),
-    "fmod.Scalar_out": lambda self, other, *, out: run_out("fmod", out, (self, other)),
+    "fmod.Tensor_out": integer_division("fmod"),
+    "fmod.Scalar_out": integer_division("fmod"),
     "nan_to_num.out": nan_to_num_out,
     "hardshrink.out": lambda self, lambd=0.5, *, out: run_out("hardshrink", out, (self,), (lambd,)),
     "hardshrink_backward.grad_input": lambda grad_out, self, lambd, *, grad_input: run_out(
@@ -476,12 +524,11 @@ KERNELS: dict[str, Callable[..., Any]] = {
     "sgn.out": unary("sign"),
     "exp2.out": unary("exp2"),
     "atan2.out": binary("atan2"),
-    "remainder.Tensor_out": binary("remainder"),
-    "floor_divide.out": binary("div_floor"),
-    "floor_divide": lambda self, other: run("div_floor", memory.empty_contiguous(
-        torch.broadcast_shapes(self.shape, getattr(other, "shape", ())), torch.result_type(self, other)),
-        (self, other)),
-    "floor_divide_.Tensor": lambda self, other: run("div_floor", self, (self, other)),
+    "remainder.Tensor_out": integer_division("remainder"),
+    "remainder.Scalar_Tensor": remainder_scalar_tensor,
+    "floor_divide.out": integer_division("div_floor"),
+    "floor_divide": floor_divide,
+    "floor_divide_.Tensor": floor_divide_,
     "bitwise_not.out": lambda self, *, out: run_out("logical_not" if self.dtype == torch.bool else "bitwise_not",
                                                 out, (self,)),
     "isinf": lambda self: run("isinf", new_like(self, torch.bool), (self,)),

@@ -67,9 +67,12 @@ EXPRESSIONS: dict[str, Expr] = {
     "sub": _same(2, 1, "a-s0*b"),
     "mul": _same(2, 0, "a*b"),
     "div": _float(2, 0, "a/b"),
-    "div_trunc": _float(2, 0, "trunc(a/b)"),
-    "div_floor": _float(2, 0, "floor(a/b)"),
-    "remainder": _float(2, 0, "(a-floor(a/b)*b)"),
+    # integer division rounds as torch's does (floor: towards -inf; remainder: the divisor's sign); a zero
+    # divisor gives 0 (the backend refuses it before launching where it can; a divisor of -1 is spelled out,
+    # as the lowest value divided by it overflows)
+    "div_trunc": Expr(2, 0, "trunc(a/b)", "(b==0?(TC)0:(b==-1?-a:a/b))"),
+    "div_floor": Expr(2, 0, "floor(a/b)", "(b==0?(TC)0:(b==-1?-a:a/b-(TC)((a%b!=0)&&((a<0)!=(b<0)))))"),
+    "remainder": Expr(2, 0, "(a-floor(a/b)*b)", "((b==0||b==-1)?(TC)0:a%b+(((a%b!=0)&&((a%b<0)!=(b<0)))?b:(TC)0))"),
     "atan2": _float(2, 0, "atan2(a,b)"),
     "neg": _same(1, 0, "-a"),
     "abs": Expr(1, 0, "fabs(a)", "(a<0?-a:a)"),
@@ -112,7 +115,7 @@ EXPRESSIONS: dict[str, Expr] = {
     "log10": _float(1, 0, "log10(a)"),
     "lgamma": _float(1, 0, "lgamma(a)"),
     "frac": _float(1, 0, "(a-trunc(a))"),
-    "fmod": _float(2, 0, "fmod(a,b)"),
+    "fmod": Expr(2, 0, "fmod(a,b)", "((b==0||b==-1)?(TC)0:a%b)"),
     "hypot": _float(2, 0, "hypot(a,b)"),
     "copysign": _float(2, 0, "copysign(a,b)"),
     # log(exp(a) + exp(b)) and log2(2^a + 2^b) as torch's kernels compute them (equal infinities stay)
