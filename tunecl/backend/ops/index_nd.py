@@ -243,6 +243,91 @@ def masked_scatter_(self: torch.Tensor, mask: torch.Tensor, source: torch.Tensor
     return self
 
 
+def _scatter_checks(self: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> int:
+    """torch's checks of a scatter_add / scatter_reduce; the normalised dim."""
+    if index.dtype not in _INDEX_DTYPES:
+        raise RuntimeError(f"scatter(): Expected dtype int32/int64 for index, got {index.dtype}")
+    if src.dtype != self.dtype:
+        raise RuntimeError("scatter(): Expected self.dtype to be equal to src.dtype")
+    if index.numel() and (index.dim() != self.dim() or index.dim() != src.dim()):
+        raise RuntimeError("Index tensor must have the same number of dimensions as self tensor")
+    rank = max(self.dim(), 1)
+    if not -rank <= dim < rank:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], but got {dim})")
+    dim %= rank
+    if any(n > src.shape[d] or (d != dim and n > self.shape[d]) for d, n in enumerate(index.shape)):
+        raise RuntimeError(f"Expected index {list(index.shape)} to be no larger than self {list(self.shape)} apart "
+                           f"from dimension {dim} and to be no larger size than src {list(src.shape)}")
+    return dim
+
+
+def _scatter_coordinates(index: torch.Tensor, dim: int) -> list[torch.Tensor]:
+    """The full coordinates an index_put takes for scatter's ``index`` along ``dim``: ``index`` itself there,
+    each other dim's position (broadcast views of aranges)."""
+    coordinates = []
+    for d, n in enumerate(index.shape):
+        if d == dim:
+            coordinates.append(index)
+        else:
+            shape = [1] * index.dim()
+            shape[d] = n
+            coordinates.append(torch.arange(n, device=index.device).view(shape).expand(index.shape))
+    return coordinates
+
+
+def _scatter_into(out: torch.Tensor, self: torch.Tensor) -> torch.Tensor:
+    if not (same_storage(out, self) and out.stride() == self.stride() and out.storage_offset() == self.storage_offset()
+            and out.shape == self.shape):
+        if list(out.shape) != list(self.shape):
+            out.resize_(self.shape)
+        copies.device_copy(out, self)
+    return out
+
+
+def scatter_add_out(self: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor, *,
+                    out: torch.Tensor) -> torch.Tensor:
+    """out = self, then out[index[i][j]][j] += src[i][j] (along ``dim``; graph nets' message sums) by an
+    accumulating index put (float sums over repeated indices can differ in the last bit run to run, as on
+    CUDA)."""
+    dim = _scatter_checks(self, dim, index, src)
+    _scatter_into(out, self)
+    if not index.numel():
+        return out
+    if self.dim() == 0:
+        index_put_impl_(out.view(1), [index.view(1)], src.reshape(1), True)
+    else:
+        index_put_impl_(out, _scatter_coordinates(index, dim), src[tuple(slice(0, n) for n in index.shape)], True)
+    return out
+
+
+def scatter_reduce_out(self: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor, reduce: str, *,
+                       include_self: bool = True, out: torch.Tensor) -> torch.Tensor:
+    """``scatter_reduce`` with "sum" and, for floating tensors, "mean" (torch's rules: without include_self a
+    position scattered to starts from nothing; one scattered to by none keeps self's value); "prod", "amax"
+    and "amin" take the CPU fallback."""
+    if reduce not in ("sum", "prod", "mean", "amax", "amin"):
+        raise RuntimeError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
+    if reduce not in ("sum", "mean") or (reduce == "mean" and not self.dtype.is_floating_point):
+        raise Unsupported(f"scatter_reduce with reduce={reduce!r} of {self.dtype}")
+    dim = _scatter_checks(self, dim, index, src)
+    _scatter_into(out, self)
+    if not index.numel():
+        return out
+    target = out.view(1) if self.dim() == 0 else out
+    coordinates = [index.view(1)] if self.dim() == 0 else _scatter_coordinates(index, dim)
+    values = src.reshape(1) if self.dim() == 0 else src[tuple(slice(0, n) for n in index.shape)]
+    if not include_self:
+        index_put_impl_(target, coordinates, torch.zeros((), dtype=self.dtype, device=self.device).expand(
+            values.shape), False)
+    index_put_impl_(target, coordinates, values, True)
+    if reduce == "mean":
+        counts = torch.full(target.shape, 1.0 if include_self else 0.0, dtype=torch.float32, device=self.device)
+        index_put_impl_(counts, coordinates, torch.ones((), device=self.device).expand(values.shape), True)
+        # (a position no element was scattered to holds self's value, untouched: counts 0 there)
+        copies.device_copy(target, torch.where(counts > 0, target / counts.clamp_min(1).to(target.dtype), target))
+    return out
+
+
 def index_fill_(self: torch.Tensor, dim: int, index: torch.Tensor, value: Any) -> torch.Tensor:
     """self's slices along ``dim`` at ``index`` set to ``value`` (a number or a 0-dim tensor; ``trace``'s
     gradient), by an index put of the value broadcast over them."""
@@ -265,6 +350,8 @@ def index_fill_(self: torch.Tensor, dim: int, index: torch.Tensor, value: Any) -
 
 
 KERNELS: dict[str, Callable[..., Any]] = {
+    "scatter_add.out": scatter_add_out,
+    "scatter_reduce.two_out": scatter_reduce_out,
     "index_fill_.int_Scalar": index_fill_,
     "index_fill_.int_Tensor": index_fill_,
     "masked_scatter_": masked_scatter_,
