@@ -155,3 +155,20 @@ def test_integer_division_by_zero_is_torch_s_error(strict, op):
         with pytest.raises(RuntimeError, match="ZeroDivisionError"):
             op(a, b)
     check_op(lambda a: a % 0.0, Input(torch.tensor([1.0, -2.0]), grad=False), grad=False)   # floats: NaN
+
+
+def test_cross_products(strict):
+    check_op(torch.linalg.cross, _x(5, 3), _x(5, 3))
+    check_op(lambda a, b: torch.linalg.cross(a, b, dim=0), _x(3, 4), _x(3, 1))   # broadcast
+    check_op(lambda a, b: torch.cross(a.t(), b.t(), dim=1), _x(3, 6), _x(3, 6))
+    for device in ("cpu", "opencl"):
+        with pytest.raises(RuntimeError, match="must have length 3"):
+            torch.linalg.cross(torch.randn(2, 4, device=device), torch.randn(2, 4, device=device))
+
+
+@pytest.mark.parametrize("which", ["tril_indices", "triu_indices"])
+@pytest.mark.parametrize("row, col, offset", [(3, 3, 0), (4, 5, 1), (5, 3, -2), (0, 3, 0), (3, 4, 9)])
+def test_triangle_indices(strict, which, row, col, offset):
+    got = getattr(torch, which)(row, col, offset, device="opencl")
+    assert got.device.type == "opencl" and torch.equal(got.cpu(), getattr(torch, which)(row, col, offset))
+    assert getattr(torch, which)(row, col, offset, device="opencl", dtype=torch.int32).dtype == torch.int32

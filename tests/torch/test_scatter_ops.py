@@ -72,3 +72,15 @@ def test_the_other_reductions_take_the_counted_cpu_fallback(fresh_stats):
         got = x.to("opencl").scatter_reduce(0, index.to("opencl"), src.to("opencl"), "amax")
     assert torch.equal(got.cpu(), x.scatter_reduce(0, index, src, "amax"))
     assert fresh_stats()["fallback_ops"]
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_index_copy(strict, dim):
+    index = torch.tensor([3, 0]) if dim == 0 else torch.tensor([4, 1])
+    size = [2, 5] if dim == 0 else [4, 2]
+    check_op(lambda x, s: x.index_copy(dim, index.to(x.device), s), Input(torch.randn(4, 5)), Input(torch.randn(size)))
+    check_op(lambda x, s: x.clone().index_copy_(dim, index.to(x.device), s.t().t()), Input(torch.randn(4, 5)),
+             Input(torch.randn(size)))
+    for device in ("cpu", "opencl"):
+        with pytest.raises(IndexError, match="Number of indices"):
+            torch.zeros(4, 5, device=device).index_copy(dim, index.to(device), torch.ones(4, 5, device=device))

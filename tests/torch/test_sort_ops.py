@@ -116,3 +116,19 @@ def test_isin_of_mixed_dtypes_nan_scalars_and_strided_views(strict):
     check_op(lambda b: (torch.isin(3, b), torch.isin(7, b, invert=True)), torch.tensor([1, 3, 5]))
     check_op(lambda a, b: torch.isin(a, b), Input(torch.randint(0, 9, (6, 5)), lambda v: v.t()[::2]),
              Input(torch.randint(0, 9, (4, 4)), lambda v: v[:, 1]))
+
+
+@pytest.mark.parametrize("k, dim, keepdim", [(1, 1, False), (3, 1, True), (6, 1, False), (2, 0, False), (4, -2, True)])
+def test_kthvalue(strict, k, dim, keepdim):
+    """Values and indices of the k-th smallest (distinct values; NaN counts as the largest, as in torch)."""
+    x = torch.randperm(24).float().view(4, 6) - 11.5
+    x[1, 2] = float("nan")
+    check_op(lambda x: torch.kthvalue(x, k, dim, keepdim), Input(x))
+    check_op(lambda x: torch.kthvalue(x.t(), k if dim else min(k, 4), 1 - dim % 2, keepdim), Input(x))
+
+
+def test_kthvalue_of_a_0_dim_tensor_and_bad_k(strict):
+    check_op(lambda x: torch.kthvalue(x, 1), Input(torch.tensor(2.5)))
+    for device in ("cpu", "opencl"):
+        with pytest.raises(RuntimeError, match="out of range"):
+            torch.randn(3, 4, device=device).kthvalue(5, 1)

@@ -151,6 +151,16 @@ def multinomial_out(self: torch.Tensor, num_samples: int, replacement: bool = Fa
     return out.copy_(result)
 
 
+def _triangle_indices(which: str) -> Callable[..., torch.Tensor]:
+    """``tril_indices`` / ``triu_indices``: worked out on the host (they depend on the sizes alone) and
+    uploaded."""
+    def kernel(row: int, col: int, offset: int = 0, *, dtype: torch.dtype | None = None, layout: Any = None,
+               device: torch.device | None = None, pin_memory: bool | None = None) -> torch.Tensor:
+        host = getattr(torch, which)(row, col, offset, dtype=torch.int64 if dtype is None else dtype)
+        return host.to(torch.device("opencl") if device is None else device)
+    return kernel
+
+
 def randperm_out(n: int, *, generator: torch.Generator | None = None, out: torch.Tensor) -> torch.Tensor:
     return copies.copy_from_and_resize(torch.randperm(n, generator=generator, dtype=out.dtype), out)
 
@@ -173,5 +183,7 @@ KERNELS: dict[str, Callable[..., Any]] = {
     "exponential_": _host_random("exponential_"),
     "randperm.generator_out": randperm_out,
     "multinomial": multinomial,
+    "tril_indices": _triangle_indices("tril_indices"),
+    "triu_indices": _triangle_indices("triu_indices"),
     "multinomial.out": multinomial_out,
 }

@@ -328,6 +328,33 @@ def scatter_reduce_out(self: torch.Tensor, dim: int, index: torch.Tensor, src: t
     return out
 
 
+def index_copy_out(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor, *,
+                   out: torch.Tensor) -> torch.Tensor:
+    """out = self, then out's slices along ``dim`` at ``index`` = source's slices in order (an index put)."""
+    if index.dim() > 1 or index.dtype != torch.int64:
+        raise IndexError(f"index_copy_(): Index should have dimension 1 or 0 and dtype int64 (got {index.dim()}-d "
+                         f"{index.dtype})")
+    if source.dtype != self.dtype:
+        raise RuntimeError(f"index_copy_(): self and source expected to have the same dtype, but got (self) "
+                           f"{self.dtype} and (source) {source.dtype}")
+    rank = max(self.dim(), 1)
+    if not -rank <= dim < rank:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], but got {dim})")
+    dim %= rank
+    count = source.shape[dim] if source.dim() else 1
+    if index.numel() != count:
+        raise IndexError(f"index_copy_(): Number of indices ({index.numel()}) should be equal to source.size(dim) "
+                         f"({count})")
+    _scatter_into(out, self)
+    if not index.numel():
+        return out
+    if self.dim() == 0:
+        index_put_impl_(out.view(1), [index.view(-1)], source.reshape(1))
+    else:
+        index_put_impl_(out, [None] * dim + [index.view(-1)], source)
+    return out
+
+
 def index_fill_(self: torch.Tensor, dim: int, index: torch.Tensor, value: Any) -> torch.Tensor:
     """self's slices along ``dim`` at ``index`` set to ``value`` (a number or a 0-dim tensor; ``trace``'s
     gradient), by an index put of the value broadcast over them."""
@@ -351,6 +378,7 @@ def index_fill_(self: torch.Tensor, dim: int, index: torch.Tensor, value: Any) -
 
 KERNELS: dict[str, Callable[..., Any]] = {
     "scatter_add.out": scatter_add_out,
+    "index_copy.out": index_copy_out,
     "scatter_reduce.two_out": scatter_reduce_out,
     "index_fill_.int_Scalar": index_fill_,
     "index_fill_.int_Tensor": index_fill_,

@@ -246,7 +246,28 @@ def addmv_out(self: torch.Tensor, mat: torch.Tensor, vec: torch.Tensor, *, beta:
     return out.copy_(result.view(shape))
 
 
+_NEXT = (1, 2, 0)
+_AFTER_NEXT = (2, 0, 1)
+
+
+def linalg_cross_out(self: torch.Tensor, other: torch.Tensor, *, dim: int = -1, out: torch.Tensor) -> torch.Tensor:
+    """The cross product of 3-vectors along ``dim``: a[i+1] * b[i+2] - a[i+2] * b[i+1] on the operands broadcast
+    (torch's checks from its meta kernel)."""
+    meta = [torch.empty(t.shape, dtype=t.dtype, device="meta") for t in (self, other)]
+    shape = _aten.linalg_cross.default(*meta, dim=dim).shape
+    a, b = torch.broadcast_tensors(self, other)
+    rank = a.dim()
+    dim %= rank
+    turn = {order: torch.tensor(order, device=a.device) for order in (_NEXT, _AFTER_NEXT)}
+    result = (a.index_select(dim, turn[_NEXT]) * b.index_select(dim, turn[_AFTER_NEXT])
+              - a.index_select(dim, turn[_AFTER_NEXT]) * b.index_select(dim, turn[_NEXT]))
+    if out.shape != shape:
+        out.resize_(shape)
+    return out.copy_(result)
+
+
 KERNELS: dict[str, Callable[..., Any]] = {
+    "linalg_cross.out": linalg_cross_out,
     "addmv.out": addmv_out,
     "mm": mm,
     "bmm": bmm,

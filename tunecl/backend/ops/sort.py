@@ -88,6 +88,31 @@ def topk_values(self: torch.Tensor, k: int, dim: int = -1, largest: bool = True,
     return values, indices
 
 
+def kthvalue_values(self: torch.Tensor, k: int, dim: int = -1, keepdim: bool = False, *, values: torch.Tensor,
+                    indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k-th smallest along ``dim`` and its index: the last of the k smallest, as topk orders them."""
+    length = self.shape[dim] if self.dim() else 1
+    rank = max(self.dim(), 1)
+    if not -rank <= dim < rank:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], but got {dim})")
+    if not 1 <= k <= length:
+        raise RuntimeError(f"kthvalue(): selected number k out of range for dimension {dim % rank}")
+    smallest = torch.topk(self, k, dim, largest=False, sorted=True)
+    if self.dim() == 0:
+        kth_values, kth_indices = smallest.values, smallest.indices
+    else:
+        dim %= rank
+        kth_values = smallest.values.narrow(dim, k - 1, 1)
+        kth_indices = smallest.indices.narrow(dim, k - 1, 1)
+        if not keepdim:
+            kth_values, kth_indices = kth_values.squeeze(dim), kth_indices.squeeze(dim)
+    for out, result in ((values, kth_values), (indices, kth_indices)):
+        if out.shape != result.shape:
+            out.resize_(result.shape)
+        out.copy_(result)
+    return values, indices
+
+
 def isin_out(elements: torch.Tensor, test_elements: torch.Tensor, assume_unique: bool = False,
              invert: bool = False, *, out: torch.Tensor) -> torch.Tensor:
     """Whether each element is among ``test_elements``: the test elements sorted once (in their common
@@ -133,4 +158,5 @@ KERNELS: dict[str, Callable[..., Any]] = {
     "isin.Scalar_Tensor_out": isin_scalar_tensor_out,
     "sort.values_stable": sort_values_stable,
     "topk.values": topk_values,
+    "kthvalue.values": kthvalue_values,
 }
