@@ -355,6 +355,98 @@ def index_copy_out(self: torch.Tensor, dim: int, index: torch.Tensor, source: to
     return out
 
 
+def put_(self: torch.Tensor, index: torch.Tensor, source: torch.Tensor, accumulate: bool = False) -> torch.Tensor:
+    """self, read as a flat tensor in row-major order, takes (or adds) source at ``index`` (an index put on the
+    flat view; a non-contiguous self through a contiguous copy)."""
+    if index.dtype != torch.int64:
+        raise RuntimeError(f"put_(): Expected a long tensor for index, but got {index.dtype}")
+    if source.dtype != self.dtype:
+        raise RuntimeError(f"put_(): self and source expected to have the same dtype, but got self.dtype = "
+                           f"{self.dtype} and source.dtype = {source.dtype}")
+    if index.numel() != source.numel():
+        raise RuntimeError(f"put_(): Expected source and index to have the same number of elements, but got "
+                           f"source.numel() = {source.numel()}, index.numel() = {index.numel()}")
+    if not index.numel():
+        return self
+    flat = self if self.is_contiguous() else self.contiguous()   # (row-major order, as torch reads self)
+    index_put_impl_(flat.view(-1), [index.reshape(-1)], source.reshape(-1), accumulate)
+    if flat is not self:
+        copies.device_copy(self, flat)
+    return self
+
+
+def take(self: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """self read as a flat tensor at ``index`` (put's source gradient), shaped like ``index``."""
+    if index.dtype != torch.int64:
+        raise RuntimeError(f"take(): Expected a long tensor for index, but got {index.dtype}")
+    flat = self.reshape(-1)
+    return torch.ops.aten.index.Tensor(flat, [index.reshape(-1)]).view(index.shape)
+
+
+def histc_out(self: torch.Tensor, bins: int = 100, min: Any = 0, max: Any = 0, *, out: torch.Tensor) -> torch.Tensor:
+    """Counts of ``self`` in ``bins`` equal bins over [min, max] (the data's range when both are 0; a value
+    equal to max in the last bin, values outside or NaN not counted), as torch's kernel bins them: position
+    (x - min) * bins / (max - min), truncated."""
+    if bins <= 0:
+        raise RuntimeError(f"torch.histogram(): bins must be > 0, but got {bins} for dimension 0")
+    if not self.dtype.is_floating_point:
+        raise RuntimeError(f"torch.histc: input tensor and hist tensor should have the same dtype, but got input "
+                           f"{self.dtype} and hist {out.dtype}")
+    low, high = float(min), float(max)
+    if low > high:
+        raise RuntimeError("torch.histc: max must be larger than min")
+    if low == high and self.numel():
+        low, high = float(self.min()), float(self.max())
+    if low == high:
+        low, high = low - 1, high + 1
+    if not (math.isfinite(low) and math.isfinite(high)):
+        raise RuntimeError(f"torch.histc: range of [{low}, {high}] is not finite")
+    # in the input's dtype, edges and width rounded to it, as torch's kernel computes (float16 binning differs)
+    low_t, high_t = torch.tensor(low, dtype=self.dtype), torch.tensor(high, dtype=self.dtype)
+    width = float(high_t - low_t)
+    x = self.reshape(-1)
+    inside = (x >= float(low_t)) & (x <= float(high_t))
+    position = torch.where(inside, (x - float(low_t)) * bins / width, 0.0).clamp(0, bins - 1).to(torch.int64)
+    counts = torch.zeros(bins, dtype=torch.float32, device=self.device)
+    if x.numel():
+        index_put_impl_(counts, [position], inside.float(), True)
+    if list(out.shape) != [bins]:
+        out.resize_(bins)
+    return out.copy_(counts)
+
+
+def bincount(self: torch.Tensor, weights: torch.Tensor | None = None, minlength: int = 0) -> torch.Tensor:
+    """Occurrences of each value of a 1-d tensor of non-negative integers (weighted: the sum of the weights),
+    ``max(self) + 1`` or ``minlength`` long (one read of the maximum from the device)."""
+    if minlength < 0:
+        raise RuntimeError("minlength should be >= 0")
+    if self.dim() != 1 or self.dtype.is_floating_point or self.dtype == torch.bool:
+        raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    if weights is not None and (weights.dim() != 1 or weights.shape[0] != self.shape[0]):
+        raise RuntimeError("weights should be 1-d and have the same length as input")
+    if weights is not None and weights.dtype != torch.float32:
+        raise Unsupported(f"bincount with {weights.dtype} weights")
+    length = minlength
+    if self.numel():
+        low, high = torch.aminmax(self)
+        if int(low) < 0:
+            raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+        length = builtins_max(int(high) + 1, minlength)
+    if weights is None:
+        counts = torch.zeros(length, dtype=torch.int32, device=self.device)
+        if self.numel():
+            index_put_impl_(counts, [self.long()], torch.ones((), dtype=torch.int32, device=self.device).expand(
+                self.shape), True)
+        return counts.long()
+    sums = torch.zeros(length, dtype=torch.float32, device=self.device)
+    if self.numel():
+        index_put_impl_(sums, [self.long()], weights, True)
+    return sums
+
+
+builtins_max = max
+
+
 def index_fill_(self: torch.Tensor, dim: int, index: torch.Tensor, value: Any) -> torch.Tensor:
     """self's slices along ``dim`` at ``index`` set to ``value`` (a number or a 0-dim tensor; ``trace``'s
     gradient), by an index put of the value broadcast over them."""
@@ -379,6 +471,12 @@ def index_fill_(self: torch.Tensor, dim: int, index: torch.Tensor, value: Any) -
 KERNELS: dict[str, Callable[..., Any]] = {
     "scatter_add.out": scatter_add_out,
     "index_copy.out": index_copy_out,
+    "put_": put_,
+    "take": take,
+    "histc.out": histc_out,
+    "histc": lambda self, bins=100, min=0, max=0: histc_out(self, bins, min, max, out=memory.empty_contiguous(
+        (bins,), self.dtype)),
+    "bincount": bincount,
     "scatter_reduce.two_out": scatter_reduce_out,
     "index_fill_.int_Scalar": index_fill_,
     "index_fill_.int_Tensor": index_fill_,
