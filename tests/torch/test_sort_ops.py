@@ -132,3 +132,25 @@ def test_kthvalue_of_a_0_dim_tensor_and_bad_k(strict):
     for device in ("cpu", "opencl"):
         with pytest.raises(RuntimeError, match="out of range"):
             torch.randn(3, 4, device=device).kthvalue(5, 1)
+
+
+@pytest.mark.parametrize("dim, keepdim", [(0, False), (1, True), (-1, False)])
+def test_median_along_a_dim(strict, dim, keepdim):
+    """The lower median and its index (distinct values); a row with NaN gives NaN at its first NaN."""
+    x = torch.randperm(20).float().view(4, 5) - 7.0
+    check_op(lambda x: torch.median(x, dim, keepdim), Input(x))
+    nan = float("nan")
+    with_nan = torch.tensor([[1.0, nan, 2.0, 5.0], [4.0, 3.0, 2.0, 1.0], [nan, 1.0, nan, 0.0]])
+    check_op(lambda x: torch.median(x, dim, keepdim), Input(with_nan, grad=False), grad=False)
+
+
+def test_median_of_everything(strict):
+    check_op(torch.median, Input(torch.randperm(25).float().view(5, 5)))
+    check_op(torch.median, Input(torch.tensor([3.0, 1.0, 2.0, 4.0])))   # even count: the lower one
+    check_op(torch.median, Input(torch.tensor([1.0, float("nan"), 2.0]), grad=False), grad=False)
+    check_op(torch.median, Input(torch.empty(0), grad=False), grad=False)
+    check_op(torch.median, Input(torch.tensor(3.0)))
+    check_op(torch.median, Input(torch.arange(7), grad=False), grad=False)
+    for device in ("cpu", "opencl"):
+        with pytest.raises(IndexError, match="non-zero size"):
+            torch.empty(2, 0, device=device).median(1)

@@ -113,6 +113,46 @@ def kthvalue_values(self: torch.Tensor, k: int, dim: int = -1, keepdim: bool = F
     return values, indices
 
 
+def median_dim_values(self: torch.Tensor, dim: int, keepdim: bool = False, *, values: torch.Tensor,
+                      indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The lower median along ``dim`` and its index, as torch gives them: a row with NaN has NaN, at its first
+    NaN's index."""
+    rank = max(self.dim(), 1)
+    if not -rank <= dim < rank:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], but got {dim})")
+    if self.dim() == 0:
+        value, index = self.clone(), torch.zeros((), dtype=torch.int64, device=self.device)
+    else:
+        dim %= rank
+        length = self.shape[dim]
+        if not length:
+            raise IndexError(f"median(): Expected reduction dim {dim} to have non-zero size.")
+        ordered = torch.sort(self, dim)
+        middle = (length - 1) // 2
+        value = ordered.values.narrow(dim, middle, 1)
+        index = ordered.indices.narrow(dim, middle, 1)
+        if self.dtype.is_floating_point:
+            missing = torch.isnan(self)
+            has_nan = missing.any(dim, keepdim=True)
+            value = torch.where(has_nan, torch.full((), float("nan"), dtype=self.dtype, device=self.device), value)
+            index = torch.where(has_nan, missing.to(torch.float32).argmax(dim, keepdim=True), index)
+        if not keepdim:
+            value, index = value.squeeze(dim), index.squeeze(dim)
+    for out, result in ((values, value), (indices, index)):
+        if out.shape != result.shape:
+            out.resize_(result.shape)
+        out.copy_(result)
+    return values, indices
+
+
+def median(self: torch.Tensor) -> torch.Tensor:
+    """The lower median of all elements (NaN with any NaN, or of no elements)."""
+    if not self.numel():
+        return torch.full((), float("nan"), dtype=self.dtype, device=self.device)
+    flat = self.reshape(-1)
+    return torch.median(flat, 0).values
+
+
 def isin_out(elements: torch.Tensor, test_elements: torch.Tensor, assume_unique: bool = False,
              invert: bool = False, *, out: torch.Tensor) -> torch.Tensor:
     """Whether each element is among ``test_elements``: the test elements sorted once (in their common
@@ -159,4 +199,6 @@ KERNELS: dict[str, Callable[..., Any]] = {
     "sort.values_stable": sort_values_stable,
     "topk.values": topk_values,
     "kthvalue.values": kthvalue_values,
+    "median": median,
+    "median.dim_values": median_dim_values,
 }
