@@ -12,6 +12,15 @@ from tunecl.errors import Unsupported
 from tunecl.kernels.strided import Operand
 
 
+def wrapped_dim(dim: int, ndim: int) -> int:
+    """``dim`` of a tensor with ``ndim`` dims (0-dim tensors take 0 and -1), counted from the front; torch's
+    IndexError when it is out of range."""
+    rank = max(ndim, 1)
+    if not -rank <= dim < rank:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], but got {dim})")
+    return dim % rank
+
+
 def is_device(x: object) -> bool:
     return isinstance(x, torch.Tensor) and x.device.type == "opencl"
 

@@ -145,10 +145,7 @@ def multinomial_out(self: torch.Tensor, num_samples: int, replacement: bool = Fa
                     generator: torch.Generator | None = None, out: torch.Tensor) -> torch.Tensor:
     if out.dtype != torch.int64:
         raise RuntimeError(f"multinomial expects Long tensor out, got: {scalar_type_name(out.dtype)}")
-    result = multinomial(self, num_samples, replacement, generator=generator)
-    if out.shape != result.shape:
-        out.resize_(result.shape)
-    return out.copy_(result)
+    return copies.copy_from_and_resize(multinomial(self, num_samples, replacement, generator=generator), out)
 
 
 def _triangle_indices(which: str) -> Callable[..., torch.Tensor]:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from tunecl.backend import copies, memory, state
-from tunecl.backend.operands import operand, same_storage
+from tunecl.backend.operands import operand, same_storage, wrapped_dim
 from tunecl.errors import Unsupported
 from tunecl.kernels.strided import Operand
 
@@ -196,11 +196,7 @@ def index_add_out(self: torch.Tensor, dim: int, index: torch.Tensor, source: tor
         expected[dim] = index.numel()
     if list(source.shape) != expected and not (source.dim() == 0 and self.dim() == 0):
         raise RuntimeError(f"index_add: source of sizes {list(source.shape)}, expected {expected}")
-    if not (same_storage(out, self) and out.stride() == self.stride() and out.storage_offset() == self.storage_offset()
-            and out.shape == self.shape):
-        if list(out.shape) != list(self.shape):
-            out.resize_(self.shape)
-        copies.device_copy(out, self)
+    _out_from_self(out, self)
     if alpha != 1:
         source = torch.mul(source, alpha)
     if self.dim() == 0:
@@ -251,10 +247,7 @@ def _scatter_checks(self: torch.Tensor, dim: int, index: torch.Tensor, src: torc
         raise RuntimeError("scatter(): Expected self.dtype to be equal to src.dtype")
     if index.numel() and (index.dim() != self.dim() or index.dim() != src.dim()):
         raise RuntimeError("Index tensor must have the same number of dimensions as self tensor")
-    rank = max(self.dim(), 1)
-    if not -rank <= dim < rank:
-        raise IndexError(f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], but got {dim})")
-    dim %= rank
+    dim = wrapped_dim(dim, self.dim())
     if any(n > src.shape[d] or (d != dim and n > self.shape[d]) for d, n in enumerate(index.shape)):
         raise RuntimeError(f"Expected index {list(index.shape)} to be no larger than self {list(self.shape)} apart "
                            f"from dimension {dim} and to be no larger size than src {list(src.shape)}")
@@ -275,7 +268,8 @@ def _scatter_coordinates(index: torch.Tensor, dim: int) -> list[torch.Tensor]:
     return coordinates
 
 
-def _scatter_into(out: torch.Tensor, self: torch.Tensor) -> torch.Tensor:
+def _out_from_self(out: torch.Tensor, self: torch.Tensor) -> torch.Tensor:
+    """``out`` holding self's values (nothing to do where it is self), for an op that then writes into it."""
     if not (same_storage(out, self) and out.stride() == self.stride() and out.storage_offset() == self.storage_offset()
             and out.shape == self.shape):
         if list(out.shape) != list(self.shape):
@@ -290,7 +284,7 @@ def scatter_add_out(self: torch.Tensor, dim: int, index: torch.Tensor, src: torc
     accumulating index put (float sums over repeated indices can differ in the last bit run to run, as on
     CUDA)."""
     dim = _scatter_checks(self, dim, index, src)
-    _scatter_into(out, self)
+    _out_from_self(out, self)
     if not index.numel():
         return out
     if self.dim() == 0:
@@ -310,7 +304,7 @@ def scatter_reduce_out(self: torch.Tensor, dim: int, index: torch.Tensor, src: t
     if reduce not in ("sum", "mean") or (reduce == "mean" and not self.dtype.is_floating_point):
         raise Unsupported(f"scatter_reduce with reduce={reduce!r} of {self.dtype}")
     dim = _scatter_checks(self, dim, index, src)
-    _scatter_into(out, self)
+    _out_from_self(out, self)
     if not index.numel():
         return out
     target = out.view(1) if self.dim() == 0 else out
@@ -337,15 +331,12 @@ def index_copy_out(self: torch.Tensor, dim: int, index: torch.Tensor, source: to
     if source.dtype != self.dtype:
         raise RuntimeError(f"index_copy_(): self and source expected to have the same dtype, but got (self) "
                            f"{self.dtype} and (source) {source.dtype}")
-    rank = max(self.dim(), 1)
-    if not -rank <= dim < rank:
-        raise IndexError(f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], but got {dim})")
-    dim %= rank
+    dim = wrapped_dim(dim, self.dim())
     count = source.shape[dim] if source.dim() else 1
     if index.numel() != count:
         raise IndexError(f"index_copy_(): Number of indices ({index.numel()}) should be equal to source.size(dim) "
                          f"({count})")
-    _scatter_into(out, self)
+    _out_from_self(out, self)
     if not index.numel():
         return out
     if self.dim() == 0:
@@ -396,7 +387,7 @@ def histc_out(self: torch.Tensor, bins: int = 100, min: Any = 0, max: Any = 0, *
     if low > high:
         raise RuntimeError("torch.histc: max must be larger than min")
     if low == high and self.numel():
-        low, high = float(self.min()), float(self.max())
+        low, high = (float(extreme) for extreme in torch.aminmax(self))
     if low == high:
         low, high = low - 1, high + 1
     if not (math.isfinite(low) and math.isfinite(high)):
@@ -410,9 +401,7 @@ def histc_out(self: torch.Tensor, bins: int = 100, min: Any = 0, max: Any = 0, *
     counts = torch.zeros(bins, dtype=torch.float32, device=self.device)
     if x.numel():
         index_put_impl_(counts, [position], inside.float(), True)
-    if list(out.shape) != [bins]:
-        out.resize_(bins)
-    return out.copy_(counts)
+    return copies.copy_from_and_resize(counts, out)
 
 
 def bincount(self: torch.Tensor, weights: torch.Tensor | None = None, minlength: int = 0) -> torch.Tensor:
@@ -457,15 +446,13 @@ def index_fill_(self: torch.Tensor, dim: int, index: torch.Tensor, value: Any) -
         raise IndexError("index_fill_(): Expected dtype int64 for index.")
     if index.dim() > 1:
         raise IndexError(f"index_fill_(): Index is supposed to be a vector, got {index.dim()}-d")
-    rank = max(self.dim(), 1)
-    if not -rank <= dim < rank:
-        raise IndexError(f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], but got {dim})")
+    dim = wrapped_dim(dim, self.dim())
     fill = value.to(self.device, self.dtype) if isinstance(value, torch.Tensor) else torch.full(
         (), value, dtype=self.dtype, device=self.device)
     if self.dim() == 0:
         index_put_impl_(self.view(1), [index.view(-1)], fill)
         return self
-    return index_put_impl_(self, [None] * (dim % rank) + [index.view(-1)], fill)
+    return index_put_impl_(self, [None] * dim + [index.view(-1)], fill)
 
 
 KERNELS: dict[str, Callable[..., Any]] = {

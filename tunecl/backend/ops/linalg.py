@@ -241,9 +241,7 @@ def addmv_out(self: torch.Tensor, mat: torch.Tensor, vec: torch.Tensor, *, beta:
     shape = _aten.addmv.default(*meta, beta=beta, alpha=alpha).shape
     column = self.unsqueeze(-1) if self.dim() == 1 else self
     result = _aten.addmm.default(column, mat, vec.unsqueeze(1), beta=beta, alpha=alpha)
-    if out.shape != shape:
-        out.resize_(shape)
-    return out.copy_(result.view(shape))
+    return copies.copy_from_and_resize(result.view(shape), out)
 
 
 _NEXT = (1, 2, 0)
@@ -261,9 +259,7 @@ def linalg_cross_out(self: torch.Tensor, other: torch.Tensor, *, dim: int = -1, 
     turn = {order: torch.tensor(order, device=a.device) for order in (_NEXT, _AFTER_NEXT)}
     result = (a.index_select(dim, turn[_NEXT]) * b.index_select(dim, turn[_AFTER_NEXT])
               - a.index_select(dim, turn[_AFTER_NEXT]) * b.index_select(dim, turn[_NEXT]))
-    if out.shape != shape:
-        out.resize_(shape)
-    return out.copy_(result)
+    return copies.copy_from_and_resize(result.view(shape), out)
 
 
 KERNELS: dict[str, Callable[..., Any]] = {

@@ -1,5 +1,6 @@
-"""Elementwise losses and their backward: smooth L1, Huber and binary cross-entropy (``F.smooth_l1_loss``,
-``F.huber_loss``, ``F.binary_cross_entropy``; detection heads, GANs, multi-label classifiers).
+"""Elementwise losses and their backward: mean squared error, smooth L1, Huber and binary cross-entropy
+(``F.mse_loss``, ``F.smooth_l1_loss``, ``F.huber_loss``, ``F.binary_cross_entropy``; detection heads, GANs,
+multi-label classifiers).
 
 Each loss is one pointwise expression (:data:`tunecl.kernels.ops.pointwise.EXPRESSIONS`, as torch's CPU
 kernels compute it) into the output (``reduction="none"``) or into a temporary reduced to the mean or sum.
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 
 from tunecl.backend import graphs, memory
-from tunecl.backend.ops.pointwise import run
+from tunecl.backend.ops.pointwise import new_like, run
 from tunecl.backend.ops.reduction import reduce
 
 _REDUCTIONS = ("none", "mean", "sum")
@@ -42,6 +43,16 @@ def _backward(expr: str, grad_output: torch.Tensor, self: torch.Tensor, target: 
     if grad_input.shape != self.shape:
         grad_input.resize_(self.shape)
     return run(expr, grad_input, (self, target, grad_output), (*params, norm))
+
+
+def mse_loss_out(self: torch.Tensor, target: torch.Tensor, reduction: int = 1, *, out: torch.Tensor) -> torch.Tensor:
+    return _reduced("squared_difference", self, target, (), reduction, out)
+
+
+def mse_loss_backward(grad_output: torch.Tensor, self: torch.Tensor, target: torch.Tensor, reduction: int, *,
+                      grad_input: torch.Tensor) -> torch.Tensor:
+    scale = 2.0 / max(self.numel(), 1) if _REDUCTIONS[reduction] == "mean" else 2.0
+    return run("mse_backward", grad_input, (self, target, grad_output), (scale,))
 
 
 def smooth_l1_loss_out(self: torch.Tensor, target: torch.Tensor, reduction: int = 1, beta: float = 1.0, *,
@@ -115,6 +126,10 @@ def _functional(out_kernel: Callable[..., torch.Tensor], out_name: str = "out") 
 
 
 KERNELS: dict[str, Callable[..., Any]] = {
+    "mse_loss.out": mse_loss_out,
+    "mse_loss_backward.grad_input": mse_loss_backward,
+    "mse_loss_backward": lambda grad_output, self, target, reduction: mse_loss_backward(
+        grad_output, self, target, reduction, grad_input=new_like(self)),
     "smooth_l1_loss.out": smooth_l1_loss_out,
     "smooth_l1_loss_backward.grad_input": smooth_l1_loss_backward,
     "huber_loss.out": huber_loss_out,

@@ -80,22 +80,6 @@ def nll_loss_backward(grad_output: torch.Tensor, self: torch.Tensor, target: tor
     return into_contiguous(grad_input, self.shape, compute)
 
 
-def mse_loss_out(self: torch.Tensor, target: torch.Tensor, reduction: int = 1, *, out: torch.Tensor) -> torch.Tensor:
-    mode = _REDUCTIONS[reduction]
-    if mode == "none":
-        return run("squared_difference", out, (self, target))
-    squared = memory.empty_contiguous(torch.broadcast_shapes(self.shape, target.shape), out.dtype)
-    run("squared_difference", squared, (self, target))
-    from tunecl.backend.ops.reduction import reduce
-    return reduce("mean" if mode == "mean" else "sum", squared, None, False, out)
-
-
-def mse_loss_backward(grad_output: torch.Tensor, self: torch.Tensor, target: torch.Tensor, reduction: int, *,
-                      grad_input: torch.Tensor) -> torch.Tensor:
-    scale = 2.0 / max(self.numel(), 1) if _REDUCTIONS[reduction] == "mean" else 2.0
-    return run("mse_backward", grad_input, (self, target, grad_output), (scale,))
-
-
 # -- batch norm ----------------------------------------------------------------------------------------
 def _at(t: torch.Tensor | None) -> tuple[Any, int] | None:
     """(buffer, element offset) of a contiguous float32 device tensor, as the norm kernels take it."""
@@ -556,10 +540,6 @@ def native_group_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: to
 
 KERNELS: dict[str, Callable[..., Any]] = {
     "native_group_norm": native_group_norm,
-    "mse_loss.out": mse_loss_out,
-    "mse_loss_backward.grad_input": mse_loss_backward,
-    "mse_loss_backward": lambda grad_output, self, target, reduction: mse_loss_backward(
-        grad_output, self, target, reduction, grad_input=new_like(self)),
     "nll_loss_forward.output": nll_loss_forward,
     "nll_loss_backward.grad_input": nll_loss_backward,
     "native_batch_norm": native_batch_norm,

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from tunecl.backend import copies
 from tunecl.backend.ops.indexing import index_select
 
 _aten = torch.ops.aten
@@ -82,10 +83,7 @@ def _into(kernel: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
         out = kwargs.pop("out", None)
         if out is None:
             out = kwargs.pop("grad_input")
-        result = kernel(*args, **kwargs)
-        if out.shape != result.shape:
-            out.resize_(result.shape)
-        return out.copy_(result)
+        return copies.copy_from_and_resize(kernel(*args, **kwargs), out)
     return out_kernel
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from tunecl.backend import memory, state
+from tunecl.backend import graphs, memory, state
 from tunecl.backend.dtypes import scalar_type_name
 from tunecl.backend.allocator import buffers as _buffers
 from tunecl.backend.operands import dense_strides_like, operand, scalar_or_operand
@@ -204,7 +204,6 @@ def check_divisor(other: Any, result: torch.dtype) -> None:
     if isinstance(other, torch.Tensor):
         if other.dtype.is_floating_point or not other.numel():
             return
-        from tunecl.backend import graphs
         if other.is_cpu:
             zero = bool((other == 0).any())
         else:
@@ -434,28 +433,36 @@ def _fast_inplace(expr: str, op: torch._ops.OpOverload, with_alpha: bool) -> Cal
 _INTEGERS = frozenset((torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64))
 
 
-def _fast_threshold_backward(grad_output: torch.Tensor, self: torch.Tensor, threshold: Number) -> torch.Tensor:
-    """ReLU's backward (about 300 calls per resnet50 training step): dense same-shape float operands of
-    one dtype launch directly; anything else takes torch's structured wrapper."""
-    if (grad_output.dtype.is_floating_point and self.dtype == grad_output.dtype and self.shape == grad_output.shape
+def _dense_backward(expr: str, grad_output: torch.Tensor, self: torch.Tensor,
+                    params: Sequence[Number]) -> torch.Tensor | None:
+    """An activation backward of dense same-shape device operands of one floating dtype, launched on a key of
+    their shape and dtype alone (as :func:`_fast_binary` keys its calls); None for any other operands."""
+    dtype = grad_output.dtype
+    if (dtype.is_floating_point and self.dtype == dtype and self.shape == grad_output.shape
             and not self.is_cpu and not grad_output.is_cpu and grad_output.is_contiguous() and self.is_contiguous()):
-        return run("threshold_backward", memory.empty_dense(grad_output), (grad_output, self), (threshold,),
-                   (_DENSE, "threshold_backward", grad_output.shape, grad_output.dtype, True))
+        return run(expr, memory.empty_dense(grad_output), (grad_output, self), params,
+                   (_DENSE, expr, grad_output.shape, dtype, True))
+    return None
+
+
+def _fast_threshold_backward(grad_output: torch.Tensor, self: torch.Tensor, threshold: Number) -> torch.Tensor:
+    """ReLU's backward (about 300 calls per resnet50 training step): :func:`_dense_backward`; anything else
+    takes torch's structured wrapper."""
+    result = _dense_backward("threshold_backward", grad_output, self, (threshold,))
+    if result is not None:
+        return result
     return torch.ops.aten.threshold_backward.default.redispatch(COMPOSITE_KEYS, grad_output, self, threshold)
 
 
 def _activation_backward(expr: str) -> Callable[..., torch.Tensor]:
     """The functional form of a non-structured activation backward (``hardtanh_backward``, 35 calls per
-    mobilenet_v2 training step; ``hardswish_backward``): dense same-shape operands of one floating dtype launch
-    on a key of their shape and dtype alone, as :func:`_fast_threshold_backward`'s; anything else gets an
-    output of the operands' broadcast shape and promoted dtype, laid out like ``grad_output`` where their
-    shapes agree, as torch's TensorIterator kernels give."""
+    mobilenet_v2 training step; ``hardswish_backward``): :func:`_dense_backward`; any other operands get an
+    output of their broadcast shape and promoted dtype, laid out like ``grad_output`` where their shapes
+    agree, as torch's TensorIterator kernels give."""
     def kernel(grad_output: torch.Tensor, self: torch.Tensor, *params: Number) -> torch.Tensor:
-        dtype = grad_output.dtype
-        if (dtype.is_floating_point and self.dtype == dtype and self.shape == grad_output.shape
-                and not self.is_cpu and not grad_output.is_cpu and grad_output.is_contiguous() and self.is_contiguous()):
-            return run(expr, memory.empty_dense(grad_output), (grad_output, self), params,
-                       (_DENSE, expr, grad_output.shape, dtype, True))
+        dense = _dense_backward(expr, grad_output, self, params)
+        if dense is not None:
+            return dense
         result = torch.result_type(grad_output, self)
         shape = torch.broadcast_shapes(grad_output.shape, self.shape)
         out = new_like(grad_output, result) if shape == grad_output.shape else memory.empty_contiguous(shape, result)

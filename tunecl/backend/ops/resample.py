@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from tunecl.backend import copies
 
 _aten = torch.ops.aten
 _MAX_MATRICES = 128
@@ -38,12 +39,6 @@ def _weights(op: Any, size_in: int, size_out: int, align_corners: bool, scale: f
     return found
 
 
-def _into(out: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
-    if out.shape != result.shape:
-        out.resize_(result.shape)
-    return out.copy_(result)
-
-
 def _forward(op: Any) -> Callable[..., torch.Tensor]:
     def kernel(self: torch.Tensor, output_size: Sequence[int], align_corners: bool, scales_h: float | None = None,
                scales_w: float | None = None, *, out: torch.Tensor) -> torch.Tensor:
@@ -53,7 +48,7 @@ def _forward(op: Any) -> Callable[..., torch.Tensor]:
         rows = _weights(op, self.shape[2], output_size[0], align_corners, scales_h, self.device)
         columns = _weights(op, self.shape[3], output_size[1], align_corners, scales_w, self.device)
         result = torch.matmul(torch.matmul(rows, x), columns.t())
-        return _into(out, result)
+        return copies.copy_from_and_resize(result, out)
     return kernel
 
 
@@ -67,9 +62,7 @@ def _backward(op: Any, backward: Any) -> Callable[..., torch.Tensor]:
         rows = _weights(op, input_size[2], output_size[0], align_corners, scales_h, g.device)
         columns = _weights(op, input_size[3], output_size[1], align_corners, scales_w, g.device)
         result = torch.matmul(torch.matmul(rows.t(), g), columns)
-        if grad_input.dtype != result.dtype:
-            result = result.to(grad_input.dtype)
-        return _into(grad_input, result)
+        return copies.copy_from_and_resize(result, grad_input)
     return kernel
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from tunecl.backend import copies, memory, state
-from tunecl.backend.operands import operand
+from tunecl.backend.operands import operand, wrapped_dim
 from tunecl.backend.ops.scan import split_lines
 from tunecl.errors import Unsupported
 from tunecl.kernels.ops.sort import padded
@@ -91,39 +91,28 @@ def topk_values(self: torch.Tensor, k: int, dim: int = -1, largest: bool = True,
 def kthvalue_values(self: torch.Tensor, k: int, dim: int = -1, keepdim: bool = False, *, values: torch.Tensor,
                     indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The k-th smallest along ``dim`` and its index: the last of the k smallest, as topk orders them."""
-    length = self.shape[dim] if self.dim() else 1
-    rank = max(self.dim(), 1)
-    if not -rank <= dim < rank:
-        raise IndexError(f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], but got {dim})")
-    if not 1 <= k <= length:
-        raise RuntimeError(f"kthvalue(): selected number k out of range for dimension {dim % rank}")
+    dim = wrapped_dim(dim, self.dim())
+    if not 1 <= k <= (self.shape[dim] if self.dim() else 1):
+        raise RuntimeError(f"kthvalue(): selected number k out of range for dimension {dim}")
     smallest = torch.topk(self, k, dim, largest=False, sorted=True)
     if self.dim() == 0:
         kth_values, kth_indices = smallest.values, smallest.indices
     else:
-        dim %= rank
         kth_values = smallest.values.narrow(dim, k - 1, 1)
         kth_indices = smallest.indices.narrow(dim, k - 1, 1)
         if not keepdim:
             kth_values, kth_indices = kth_values.squeeze(dim), kth_indices.squeeze(dim)
-    for out, result in ((values, kth_values), (indices, kth_indices)):
-        if out.shape != result.shape:
-            out.resize_(result.shape)
-        out.copy_(result)
-    return values, indices
+    return copies.copy_from_and_resize(kth_values, values), copies.copy_from_and_resize(kth_indices, indices)
 
 
 def median_dim_values(self: torch.Tensor, dim: int, keepdim: bool = False, *, values: torch.Tensor,
                       indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The lower median along ``dim`` and its index, as torch gives them: a row with NaN has NaN, at its first
     NaN's index."""
-    rank = max(self.dim(), 1)
-    if not -rank <= dim < rank:
-        raise IndexError(f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], but got {dim})")
+    dim = wrapped_dim(dim, self.dim())
     if self.dim() == 0:
         value, index = self.clone(), torch.zeros((), dtype=torch.int64, device=self.device)
     else:
-        dim %= rank
         length = self.shape[dim]
         if not length:
             raise IndexError(f"median(): Expected reduction dim {dim} to have non-zero size.")
@@ -138,11 +127,7 @@ def median_dim_values(self: torch.Tensor, dim: int, keepdim: bool = False, *, va
             index = torch.where(has_nan, missing.to(torch.float32).argmax(dim, keepdim=True), index)
         if not keepdim:
             value, index = value.squeeze(dim), index.squeeze(dim)
-    for out, result in ((values, value), (indices, index)):
-        if out.shape != result.shape:
-            out.resize_(result.shape)
-        out.copy_(result)
-    return values, indices
+    return copies.copy_from_and_resize(value, values), copies.copy_from_and_resize(index, indices)
 
 
 def median(self: torch.Tensor) -> torch.Tensor:
