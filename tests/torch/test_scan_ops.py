@@ -1,5 +1,6 @@
-"""cumsum on opencl vs CPU along every dim, forward and backward, over odd shapes, dtypes (the result dtype
-rules included), strided views, in place and out=; every call under ``TUNECL_FALLBACK=error``."""
+"""cumsum and cumprod on opencl vs CPU along every dim, forward and backward, over odd shapes, dtypes (the
+result dtype rules included), strided views, zeros in cumprod's input (its backward's special cases), in place
+and out=; every call under ``TUNECL_FALLBACK=error``."""
 
 from __future__ import annotations
 
@@ -76,3 +77,44 @@ def test_cumsum_in_place_and_out(strict):
         torch.cumsum(x.to("opencl"), 0, out=torch.empty(0, dtype=torch.int64, device="opencl"))
     with pytest.raises(IndexError):
         torch.cumsum(x.to("opencl"), 2)
+
+
+def _near_one(shape: tuple[int, ...]) -> torch.Tensor:
+    """Factors whose products stay near 1 over long lines, so the comparison is not of overflow."""
+    return (1 + 0.05 * torch.randn(shape, dtype=torch.float64)).float()
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_cumprod_along_every_dim(shape):
+    x = _near_one(shape)
+    for dim in range(-len(shape), len(shape)):
+        check_op(lambda v, d=dim: torch.cumprod(v, d), x, atol=2e-5, rtol=1e-4)
+
+
+def test_cumprod_with_zeros_views_and_0d(strict):
+    # one zero, several zeros, a zero first and last in a line: the backward's branches around zeros
+    x = torch.tensor([[1.5, 0.0, 2.0, -3.0], [0.0, 0.0, 1.0, 2.0], [2.0, -1.0, 0.5, 0.0], [0.5, 2.0, -1.5, 1.0]])
+    for dim in (0, 1):
+        check_op(lambda v, d=dim: v.cumprod(d), x)
+        check_op(lambda v, d=dim: v.cumprod(d), Input(x, lambda v: v.t()))
+    check_op(lambda v: v.cumprod(1), strided(_near_one((3, 5, 10))))
+    check_op(lambda v: (v.cumprod(0), v.cumprod(-1)), torch.tensor(-2.5))
+
+
+def test_cumprod_of_integers_dtypes_in_place_and_out(strict):
+    i = torch.randint(-3, 4, (4, 9))
+    check_op(lambda v: (v.cumprod(1), v.cumprod(0, dtype=torch.float32), v.int().cumprod(1)), i)
+    check_op(lambda v: v.cumprod(1, dtype=torch.float16), _near_one((2, 30)), grad=False, atol=5e-3,
+             rtol=2e-3)   # products in float32 rounded once; CPU torch rounds each to float16
+    d = _near_one((5, 8)).to("opencl")
+    e = d.cpu()
+    d[:, ::2].cumprod_(0)
+    e[:, ::2].cumprod_(0)
+    torch.testing.assert_close(d.cpu(), e)
+    out = torch.empty(0, device="opencl")
+    torch.cumprod(d, 1, out=out)
+    torch.testing.assert_close(out.cpu(), torch.cumprod(e, 1))
+    with pytest.raises(RuntimeError, match="dtype"):
+        torch.cumprod(d, 0, out=torch.empty(0, dtype=torch.int64, device="opencl"))
+    with pytest.raises(IndexError):
+        torch.cumprod(d, 2)

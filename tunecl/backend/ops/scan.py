@@ -1,4 +1,5 @@
-"""Prefix sums: ``cumsum`` along any dim (its in-place and functional forms reach ``cumsum.out``).
+"""Prefix sums and products: ``cumsum`` and ``cumprod`` along any dim (their in-place and functional forms
+reach ``cumsum.out`` / ``cumprod.out``; cumprod's backward is torch's formula over device ops).
 
 As torch does, the input is first converted to the result's dtype; float32 accumulates in float32,
 integers in int64 (wrapping into narrower results as torch's do); float16 results go through float32."""
@@ -29,8 +30,9 @@ def split_lines(shape: list[int], dim: int, strides: list[tuple[int, ...]]) -> t
     return merged, sets
 
 
-def _scan(length: int, dim: int, dst: torch.Tensor, src: torch.Tensor) -> None:
-    """``dst = cumsum(src, dim)`` for same-dtype tensors (float32 or integers), any strides."""
+def _scan(op: str, length: int, dim: int, dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst = cumsum(src, dim)`` or ``cumprod`` (``op`` "sum" or "product") for same-dtype tensors (float32 or
+    integers), any strides."""
     shape = list(src.shape)
     found = split_lines(shape, dim, [src.stride(), dst.stride()])
     target = dst
@@ -40,22 +42,23 @@ def _scan(length: int, dim: int, dst: torch.Tensor, src: torch.Tensor) -> None:
         found = split_lines(shape, dim, [src.stride(), target.stride()])
     lines, (src_ab, dst_ab) = found
     s, d = operand(src), operand(target)
-    state.get().scan.cumsum(length, (lines[0], lines[1]),
-                            Operand(d.buffer, d.offset, (target.stride(dim), *dst_ab), d.dtype),
-                            Operand(s.buffer, s.offset, (src.stride(dim), *src_ab), s.dtype))
+    state.get().scan.scan(op, length, (lines[0], lines[1]),
+                          Operand(d.buffer, d.offset, (target.stride(dim), *dst_ab), d.dtype),
+                          Operand(s.buffer, s.offset, (src.stride(dim), *src_ab), s.dtype))
     if target is not dst:
         copies.device_copy(dst, target)
 
 
-def cumsum_out(self: torch.Tensor, dim: int, dtype: torch.dtype | None = None, *, out: torch.Tensor) -> torch.Tensor:
+def _cumulative(op: str, self: torch.Tensor, dim: int, dtype: torch.dtype | None, out: torch.Tensor) -> torch.Tensor:
+    name = "cumsum" if op == "sum" else "cumprod"
     result_dtype = dtype or (torch.int64 if not self.is_floating_point() and not self.is_complex() else self.dtype)
     if out.dtype != result_dtype:
-        raise RuntimeError(f"cumsum: out has dtype {out.dtype}, expected {result_dtype}")
+        raise RuntimeError(f"{name}: out has dtype {out.dtype}, expected {result_dtype}")
     if result_dtype not in (torch.float32, torch.float16, *_INTEGERS) or self.dtype not in memory_dtypes():
-        raise Unsupported(f"cumsum of {self.dtype} into {result_dtype}")
+        raise Unsupported(f"{name} of {self.dtype} into {result_dtype}")
     rank = max(self.dim(), 1)
     if not -rank <= dim < rank:
-        raise IndexError(f"cumsum: dim {dim} is out of range for a {self.dim()}-d tensor")
+        raise IndexError(f"{name}: dim {dim} is out of range for a {self.dim()}-d tensor")
     if list(out.shape) != list(self.shape):
         out.resize_(self.shape)
     if self.numel() == 0:
@@ -70,10 +73,18 @@ def cumsum_out(self: torch.Tensor, dim: int, dtype: torch.dtype | None = None, *
         src = memory.empty_contiguous(self.shape, compute)
         copies.device_copy(src, self)
     dst = out if out.dtype == compute else memory.empty_contiguous(self.shape, compute)
-    _scan(self.shape[dim], dim, dst, src)
+    _scan(op, self.shape[dim], dim, dst, src)
     if dst is not out:
         copies.device_copy(out, dst)
     return out
+
+
+def cumsum_out(self: torch.Tensor, dim: int, dtype: torch.dtype | None = None, *, out: torch.Tensor) -> torch.Tensor:
+    return _cumulative("sum", self, dim, dtype, out)
+
+
+def cumprod_out(self: torch.Tensor, dim: int, dtype: torch.dtype | None = None, *, out: torch.Tensor) -> torch.Tensor:
+    return _cumulative("product", self, dim, dtype, out)
 
 
 def memory_dtypes() -> tuple[torch.dtype, ...]:
@@ -82,4 +93,5 @@ def memory_dtypes() -> tuple[torch.dtype, ...]:
 
 KERNELS: dict[str, Callable[..., Any]] = {
     "cumsum.out": cumsum_out,
+    "cumprod.out": cumprod_out,
 }

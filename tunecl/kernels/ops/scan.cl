@@ -1,4 +1,4 @@
-// scan.cl — inclusive prefix sums (cumsum) along one dim of a strided tensor.
+// scan.cl — inclusive prefix sums (cumsum) or products (cumprod) along one dim of a strided tensor.
 //
 // cumsum_lines    one work-group of GROUP items per line of L elements; line = a * B + b, each operand
 //                 addressed as offset + a * stride_a + b * stride_b + k * stride_scan. Item t owns the
@@ -10,7 +10,7 @@
 //                 meta (IDX): L, B, then offset, scan, a and b strides of in, then of out.
 //
 // Variants (-D options): TI (input type), TA (accumulate type), TO (output type), IDX (int or long),
-// GROUP (a power of two).
+// GROUP (a power of two), PRODUCT (products instead of sums: the same blocked order, identity 1).
 
 #ifndef IDX
   #define IDX int
@@ -28,6 +28,14 @@
   #define GROUP 64
 #endif
 
+#ifdef PRODUCT
+  #define IDENTITY ((TA)1)
+  #define COMBINE(a, b) ((a) * (b))
+#else
+  #define IDENTITY ((TA)0)
+  #define COMBINE(a, b) ((a) + (b))
+#endif
+
 typedef struct { IDX v[10]; } scan_meta_t;
 
 __kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
@@ -42,19 +50,19 @@ void cumsum_lines(__global TO *out, __global const TI *in, const scan_meta_t m)
   const IDX src_step = m.v[3], dst_step = m.v[7];
   const IDX chunk = (len + GROUP - 1) / GROUP;
   const IDX lo = min(len, (IDX)lid * chunk), hi = min(len, lo + chunk);
-  TA sum = (TA)0;
-  for (IDX k = lo; k < hi; ++k) sum += (TA)src[k * src_step];
+  TA sum = IDENTITY;
+  for (IDX k = lo; k < hi; ++k) sum = COMBINE(sum, (TA)src[k * src_step]);
   part[lid] = sum;
   barrier(CLK_LOCAL_MEM_FENCE);
   for (int step = 1; step < GROUP; step <<= 1) {
-    const TA before = lid >= step ? part[lid - step] : (TA)0;
+    const TA before = lid >= step ? part[lid - step] : IDENTITY;
     barrier(CLK_LOCAL_MEM_FENCE);
-    part[lid] += before;
+    part[lid] = COMBINE(part[lid], before);
     barrier(CLK_LOCAL_MEM_FENCE);
   }
-  TA run = lid ? part[lid - 1] : (TA)0;
+  TA run = lid ? part[lid - 1] : IDENTITY;
   for (IDX k = lo; k < hi; ++k) {
-    run += (TA)src[k * src_step];
+    run = COMBINE(run, (TA)src[k * src_step]);
     dst[k * dst_step] = (TO)run;
   }
 }
