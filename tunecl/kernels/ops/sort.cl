@@ -15,10 +15,16 @@
 // indices, then R.
 // isin_sorted    out[i] = (elements[i] is among the N sorted values) != INVERT, by binary search; contiguous
 //                TK operands (NaN is never found: it equals nothing). Its own arguments: count, N.
+// search_sorted  out[i] = the insertion point of values[i] in its row of N sorted values (row i / INNER, or
+//                the one row where ROWS is 0): the first position whose value is not below it (lower
+//                bound), or with RIGHT not at or below it (upper bound), by torch's comparisons (a NaN
+//                value or boundary goes as torch's CPU kernel puts it). With SORTER the row's k-th value is
+//                sorted[row * N + sorter[row * N + k]]. Contiguous TK operands, OUT_T results. Its own
+//                arguments: count, INNER, N, ROWS.
 //
 // Variants (-D options): TI (input type), TK (key type: float or long), IS_FLOAT, HALF_INPUT (TI is
 // read with vload_half), DESCENDING, T (an unsigned type of the element's size), IDX (int or long),
-// INVERT.
+// INVERT, RIGHT, SORTER, OUT_T (int or long).
 
 #ifndef IDX
   #define IDX int
@@ -136,4 +142,33 @@ __kernel void isin_sorted(__global uchar *out, __global const TK *elements, __gl
 #else
   out[i] = found;
 #endif
+}
+
+#ifndef OUT_T
+  #define OUT_T long
+#endif
+
+__kernel void search_sorted(__global OUT_T *out, __global const TK *values, __global const TK *sorted,
+                            __global const long *sorter, const long count, const long inner, const long n,
+                            const long rows)
+{
+  const long i = get_global_id(0);
+  if (i >= count) return;
+  const TK x = values[i];
+  const long base = rows ? (i / inner) * n : 0;
+  long lo = 0, hi = n;
+  while (lo < hi) {
+    const long mid = lo + (hi - lo) / 2;
+#ifdef SORTER
+    const TK v = sorted[base + sorter[base + mid]];
+#else
+    const TK v = sorted[base + mid];
+#endif
+#ifdef RIGHT
+    if (!(v > x)) lo = mid + 1; else hi = mid;
+#else
+    if (!(v >= x)) lo = mid + 1; else hi = mid;
+#endif
+  }
+  out[i] = (OUT_T)lo;
 }

@@ -79,6 +79,29 @@ class Sort(StridedFamily):
         kernel(self.device.queue, (round_up(count, self.local),), (self.local,), out.buffer, elements.buffer,
                sorted_values.buffer, np.int64(count), np.int64(n))
 
+    def search_sorted(self, count: int, values: Operand, inner: int, sorted_values: Operand, n: int, rows: bool,
+                      sorter: Operand | None, right: bool, out: Operand) -> None:
+        """``out`` (int64 or int32) = the insertion point of each of ``count`` ``values`` in its row of ``n``
+        ascending ``sorted_values`` (row ``i // inner``, or the one row unless ``rows``), read through
+        ``sorter`` (int64 positions within the row) where given; the upper bound with ``right``. ``values``
+        and ``sorted_values`` are both float32 or int64; every operand contiguous from offset 0."""
+        if values.dtype != sorted_values.dtype or values.dtype not in ("float32", "int64") \
+                or out.dtype not in ("int64", "int32") or (sorter is not None and sorter.dtype != "int64"):
+            raise Unsupported(f"searchsorted of {values.dtype} in {sorted_values.dtype} into {out.dtype}")
+        if count == 0:
+            return
+        if any(o is not None and o.offset for o in (values, sorted_values, sorter, out)):
+            raise Unsupported("searchsorted operands at an offset")
+        options = [f"-DTK={CTYPES[values.dtype]}", f"-DOUT_T={CTYPES[out.dtype]}"] + ["-DRIGHT"] * right \
+            + ["-DSORTER"] * (sorter is not None)
+        key = ("search_sorted", tuple(options))
+        kernel = self.cache.get(key)
+        if kernel is None:
+            kernel = self.cache.build(key, options, "search_sorted", [None] * 4 + [np.int64] * 4)
+        kernel(self.device.queue, (round_up(count, self.local),), (self.local,), out.buffer, values.buffer,
+               sorted_values.buffer, sorter.buffer if sorter is not None else None, np.int64(count),
+               np.int64(max(inner, 1)), np.int64(n), np.int64(rows))
+
     def _kernel(self, name: str, options: list[str], buffers: int, scalars: tuple = ()):
         key = (name, tuple(options))
         kernel = self.cache.get(key)
