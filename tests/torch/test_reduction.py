@@ -85,6 +85,17 @@ def test_gather_scatter_index_select():
     check_op(lambda v, i: torch.index_select(v, 0, i), torch.arange(12).reshape(3, 4), torch.tensor([2, 0]))
 
 
+def test_float16_moves_its_bits_unchanged(strict):
+    x = torch.tensor([[1.0, -0.0, float("inf"), float("nan"), 6.1e-5, 65504.0]]).half().repeat(4, 1)
+    x[1:] = torch.randn(3, 6).half()
+    check_op(lambda v, i: torch.gather(v, 1, i), x, torch.randint(0, 6, (4, 3)), grad=False)
+    check_op(lambda v, i: torch.index_select(v, 1, i), x, torch.tensor([5, 0, 3, 2, 1]), grad=False)
+    check_op(lambda v, i, s: v.scatter(1, i, s), x, torch.tensor([[0, 1], [2, 3], [4, 5], [1, 0]]),
+             torch.randn(4, 5).half(), grad=False)
+    check_op(lambda v, i: v.scatter(0, i, -1.5), t(x), torch.tensor([[3, 2, 1, 0]]), grad=False)
+    check_op(lambda v, i: v.index_fill(1, i, 0.333), x, torch.tensor([1, 4]), grad=False)
+
+
 def test_any_all():
     x = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
     for fn in (torch.any, torch.all, lambda v: v.any(1), lambda v: v.all(0, keepdim=True),

@@ -4,7 +4,7 @@
 Both pad each of the last one to three dims by an index map: output position j along a dim reads input
 position ``map[j]``. The maps are CPU torch's own, read off its kernel run on ``arange(n)`` (negative
 padding crops, as in torch), and torch's shape checks and errors come from its meta kernel on the input's
-shape. The forward is one ``index_select`` per padded dim (float16 through float32, exactly); the backward
+shape. The forward is one ``index_select`` per padded dim (float16 moved bit for bit); the backward
 sums each gradient element into the position it was read from, one ``index_add`` per padded dim (float32
 sums, float16 gradients summed in float32 and rounded once).
 """
@@ -49,13 +49,10 @@ def _forward(mode: str, dims: int) -> Callable[..., torch.Tensor]:
 
     def kernel(self: torch.Tensor, padding: Sequence[int]) -> torch.Tensor:
         check(torch.empty(self.shape, dtype=self.dtype, device="meta"), padding)   # torch's checks and errors
-        half = self.dtype == torch.float16   # (the gather kernels read no float16: a copy is exact in float32)
-        source = out = self.float() if half else self
+        out = self
         for dim, before, after in _padded_dims(self, padding):
             out = index_select(out, dim, _index_map(mode, self.shape[dim], before, after, self.device))
-        if half:
-            return out.half()
-        return out if out is not source else self.clone()
+        return out if out is not self else self.clone()
     return kernel
 
 

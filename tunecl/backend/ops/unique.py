@@ -52,10 +52,7 @@ def _grouped(self: torch.Tensor, dim: int, order: torch.Tensor | None, rows: tor
         starts[1:] = False   # slices of no elements are all equal
     keep = torch.nonzero(starts).view(-1)
     picked = keep if order is None else order.index_select(0, keep)
-    if self.dtype == torch.float16:   # (the gather kernels read no float16: through float32, exactly)
-        values = self.float().index_select(dim, picked).half()
-    else:
-        values = self.index_select(dim, picked)
+    values = self.index_select(dim, picked)
     group = torch.cumsum(starts, 0) - 1
     inverse = torch.empty(0, dtype=torch.int64, device=device)
     if return_inverse:

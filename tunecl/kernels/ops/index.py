@@ -15,7 +15,9 @@ from tunecl.kernels.strided import (CTYPES, INT32_MAX, Operand, StridedFamily, m
 from tunecl.kernels.sizes import round_up
 
 _NUMPY = {"float32": np.float32, "int64": np.int64, "int32": np.int32, "int16": np.int16, "int8": np.int8,
-          "uint8": np.uint8, "bool": np.uint8}
+          "uint8": np.uint8, "bool": np.uint8, "float16": np.uint16}
+# the kernel's element type: the storage type, except float16, whose bits move unchanged as ushort
+_KERNEL_TYPES = {**CTYPES, "float16": "ushort"}
 
 
 class Index(StridedFamily):
@@ -46,7 +48,8 @@ class Index(StridedFamily):
         kernel = self.cache.get(key)
         meta_len = 1 + 4 * rank + 5
         if kernel is None:
-            options = [f"-DNDIM={rank}", f"-DIDX={idx}", f"-DT={CTYPES[dtype]}", f"-DTIDX={CTYPES[index.dtype]}"]
+            options = [f"-DNDIM={rank}", f"-DIDX={idx}", f"-DT={_KERNEL_TYPES[dtype]}",
+                       f"-DTIDX={CTYPES[index.dtype]}"]
             options += ["-DSCATTER"] * scatter + ["-DSRC_SCALAR"] * scalar
             kernel = self.cache.build(key, options, "index_kernel",
                                       [None, None, None, _NUMPY[dtype], meta_dtype(meta_len, idx)])
@@ -54,6 +57,6 @@ class Index(StridedFamily):
         for st in strides:
             meta += pad_front(st, rank, 0)
         meta += [out.offset, index.offset, src_op.offset, dim_size, target_stride]
-        value = _NUMPY[dtype](src if scalar else 0)
+        value = np.float16(src).view(np.uint16) if scalar and dtype == "float16" else _NUMPY[dtype](src if scalar else 0)
         return kernel(self.device.queue, (round_up(count, self.local),), (self.local,), out.buffer, index.buffer,
                       src_op.buffer, value, pack_meta(meta, idx))
