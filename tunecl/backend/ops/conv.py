@@ -26,8 +26,9 @@ A float32 call whose operands are contiguous runs a pre-built call of its signat
 calls" below): the first call of a signature records its plans' launches, later ones allocate the
 outputs, bind the buffers and enqueue them, with the results of the route above bit for bit.
 
-3-D convolutions, dtypes other than fp32/fp16 and transposed convolutions whose ``output_padding`` is
-not below the stride keep an explicit CPU route that is counted and governed as a fallback
+3-D convolutions (not transposed) run as sums of 2-d convolutions over the kernel's depth taps, by the
+2-d route above (:mod:`tunecl.backend.ops.conv3d`). Transposed 3-D convolutions, dtypes other than fp32/fp16
+and transposed convolutions whose ``output_padding`` is not below the stride keep an explicit CPU route that is counted and governed as a fallback
 (``TUNECL_FALLBACK=error`` raises). A zero-size batch produces empty (or, for gradients of
 parameters, zero) results without launching a plan.
 """
@@ -44,6 +45,7 @@ from tunecl.backend import copies, counters, fallback, half, memory, plans, stat
 from tunecl.backend.memory import buffer_of
 from tunecl.kernels import launches
 from tunecl.backend.operands import operand
+from tunecl.backend.ops import conv3d
 from tunecl.backend.ops.reduction import reduce
 from tunecl.errors import Unsupported
 from tunecl.problems import ConvProblem
@@ -368,6 +370,8 @@ def convolution(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
                 padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int],
                 groups: int) -> torch.Tensor:
     """``aten::convolution_overrideable``: the ``fwd`` plan, or the CPU route for what it cannot run."""
+    if input.dim() == 5 and weight.dim() == 5 and not transposed:
+        return conv3d.forward(convolution, input, weight, bias, stride, padding, dilation, groups)
     args = (input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
     try:
         try:
@@ -384,6 +388,9 @@ def convolution_backward(grad_output: torch.Tensor, input: torch.Tensor, weight:
                          stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], transposed: bool,
                          output_padding: Sequence[int], groups: int, output_mask: Sequence[bool]):
     """``aten::convolution_backward_overrideable``: the ``bwd_data``/``bwd_weight`` plans and a sum."""
+    if input.dim() == 5 and weight.dim() == 5 and not transposed:
+        return conv3d.backward(convolution_backward, grad_output, input, weight, stride, padding, dilation, groups,
+                               output_mask)
     try:
         try:
             grads = _fast_backward(grad_output, input, weight, stride, padding, dilation, transposed,

@@ -1,0 +1,64 @@
+"""3-d convolutions on the device (by the 2-d plans, one per depth tap) against CPU torch, forward and backward
+(input, weight and bias): kernel, stride, padding and dilation differing per dim, groups and depthwise, 1x1x1,
+a depth of one, views, float16, an empty batch, the modules, and what stays on the CPU fallback."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from opcheck import Input, check_op
+
+from tunecl import config
+
+
+def _random(*shape: int) -> torch.Tensor:
+    return torch.randn(shape, dtype=torch.float64).float()
+
+
+CASES = [
+    ((2, 3, 5, 6, 7), (4, 3, 3, 3, 3), dict(padding=1)),
+    ((1, 4, 6, 5, 5), (6, 2, 2, 3, 1), dict(stride=(2, 1, 2), padding=(1, 0, 1), dilation=(2, 1, 1), groups=2)),
+    ((2, 3, 4, 4, 4), (5, 3, 1, 1, 1), dict()),
+    ((1, 2, 3, 8, 8), (3, 2, 3, 7, 7), dict(stride=(1, 2, 2), padding=(1, 3, 3))),   # a video stem
+    ((2, 4, 1, 5, 5), (4, 1, 1, 3, 3), dict(padding=(0, 1, 1), groups=4)),            # depthwise, depth 1
+    ((1, 3, 7, 3, 3), (2, 3, 3, 1, 1), dict(padding=(1, 0, 0), stride=(3, 1, 1))),    # a (2+1)-d temporal tap
+]
+
+
+@pytest.mark.parametrize("input_shape, weight_shape, options", CASES)
+def test_conv3d(strict, input_shape, weight_shape, options):
+    check_op(lambda x, w, b: F.conv3d(x, w, b, **options), Input(_random(*input_shape)),
+             Input(_random(*weight_shape)), Input(_random(weight_shape[0])), atol=5e-5, rtol=1e-5, grad_atol=2e-4)
+    check_op(lambda x, w: F.conv3d(x, w, **options), Input(_random(*input_shape)), Input(_random(*weight_shape)),
+             atol=5e-5, rtol=1e-5, grad_atol=2e-4)
+
+
+def test_views_modules_float16_and_empty(strict):
+    check_op(lambda x, w: F.conv3d(x, w, padding=1), Input(_random(2, 5, 4, 6, 3), lambda v: v.permute(0, 4, 3, 1, 2)),
+             Input(_random(2, 3, 3, 3, 3)), atol=5e-5, rtol=1e-5, grad_atol=2e-4)
+    torch.manual_seed(0)
+    conv = torch.nn.Conv3d(3, 4, (3, 1, 3), padding=(1, 0, 1), bias=True)
+    check_op(lambda x, w, b: F.conv3d(x, w, b, padding=(1, 0, 1)), Input(_random(2, 3, 4, 5, 6)),
+             Input(conv.weight.detach()), Input(conv.bias.detach()), atol=5e-5, rtol=1e-5, grad_atol=2e-4)
+    x, w = _random(1, 2, 3, 5, 5), _random(3, 2, 2, 3, 3)
+    actual = F.conv3d(x.half().to("opencl"), w.half().to("opencl"), padding=1)
+    torch.testing.assert_close(actual.cpu().float(), F.conv3d(x.half().float(), w.half().float(), padding=1),
+                               atol=2e-2, rtol=2e-2)
+    check_op(lambda x, w, b: F.conv3d(x, w, b, padding=1), Input(torch.empty(0, 3, 4, 4, 4)),
+             Input(_random(2, 3, 3, 3, 3)), Input(_random(2)))
+
+
+def test_transposed_3d_runs_on_the_cpu_fallback():
+    x, w = _random(1, 2, 3, 3, 3), _random(2, 3, 2, 2, 2)
+    with config.override(fallback="warn"), pytest.warns(UserWarning, match="convolution"):
+        actual = F.conv_transpose3d(x.to("opencl"), w.to("opencl"))
+    torch.testing.assert_close(actual.cpu(), F.conv_transpose3d(x, w), atol=1e-5, rtol=1e-5)
+
+
+def test_bad_calls_raise_torch_errors(strict):
+    for device in ("cpu", "opencl"):
+        with pytest.raises(RuntimeError):
+            F.conv3d(torch.randn(1, 2, 2, 2, 2, device=device), torch.randn(3, 2, 3, 3, 3, device=device))
+        with pytest.raises(RuntimeError):
+            F.conv3d(torch.randn(1, 2, 4, 4, 4, device=device), torch.randn(3, 5, 3, 3, 3, device=device))

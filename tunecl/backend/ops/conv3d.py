@@ -1,0 +1,112 @@
+"""3-d convolutions (``nn.Conv3d``, ``F.conv3d``; not transposed) by the 2-d convolution plans, forward and
+backward.
+
+A 3-d convolution is a sum over its kernel's depth taps of 2-d convolutions: output depth ``d`` reads input
+depth ``d * stride + k * dilation - padding`` through the weight's tap ``k``. For each tap the input depths
+it reads (a zero slice where that falls into the padding) are gathered into one batch of ``N * D_out``
+images, and the tap's 2-d convolution runs on it by the backend's 2-d route (its tuned plans, or its
+fallback); the taps' outputs are summed, the bias added once.
+
+The backward runs each tap's 2-d backward on the same batch: the weight gradient's tap ``k`` is that tap's
+weight gradient, and the input gradient sums each tap's input gradient back into the depths it read
+(``index_add``, in float32; the padding's zero slice dropped). The bias gradient is one sum over the output
+gradient.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+_MAX_MAPS = 256
+_maps: dict[tuple, torch.Tensor] = {}   # (depth, taps, stride, padding, dilation, device) -> depth maps
+
+
+def _triple(values: Sequence[int]) -> tuple[int, int, int]:
+    values = list(values)
+    return (values[0],) * 3 if len(values) == 1 else tuple(values)
+
+
+def output_depth(depth: int, taps: int, stride: int, padding: int, dilation: int) -> int:
+    return (depth + 2 * padding - dilation * (taps - 1) - 1) // stride + 1
+
+
+def _depth_maps(depth: int, taps: int, stride: int, padding: int, dilation: int,
+                device: torch.device) -> torch.Tensor:
+    """(taps, D_out) int64 on the device: the input depth each output depth reads through each tap, or
+    ``depth`` (the zero slice) where that is padding."""
+    key = (depth, taps, stride, padding, dilation, device)
+    found = _maps.get(key)
+    if found is None:
+        out = output_depth(depth, taps, stride, padding, dilation)
+        read = torch.arange(out).view(1, out) * stride + torch.arange(taps).view(taps, 1) * dilation - padding
+        found = torch.where((read >= 0) & (read < depth), read, depth).to(device)
+        if len(_maps) >= _MAX_MAPS:
+            _maps.clear()
+        _maps[key] = found
+    return found
+
+
+def _depth_first(input: torch.Tensor) -> torch.Tensor:
+    """(N, C, D, H, W) -> (N, D + 1, C, H, W), contiguous, the last depth a zero slice."""
+    n, c, d, h, w = input.shape
+    out = torch.zeros((n, d + 1, c, h, w), dtype=input.dtype, device=input.device)
+    out[:, :d] = input.permute(0, 2, 1, 3, 4)
+    return out
+
+
+def _tap_input(padded: torch.Tensor, maps: torch.Tensor, k: int) -> torch.Tensor:
+    """The batch of N * D_out input slices that tap ``k`` reads: (N * D_out, C, H, W)."""
+    n, _, c, h, w = padded.shape
+    return padded.index_select(1, maps[k]).view(n * maps.shape[1], c, h, w)
+
+
+Conv2d = Callable[..., torch.Tensor]
+
+
+def forward(conv2d: Conv2d, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+            stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int) -> torch.Tensor:
+    """The 3-d convolution by ``conv2d`` (the backend's 2-d ``convolution_overrideable`` adapter)."""
+    (sd, sh, sw), (pd, ph, pw), (dd, dh, dw) = _triple(stride), _triple(padding), _triple(dilation)
+    n, taps = input.shape[0], weight.shape[2]
+    maps = _depth_maps(input.shape[2], taps, sd, pd, dd, input.device)
+    out_depth = maps.shape[1]
+    padded = _depth_first(input)
+    total = None
+    for k in range(taps):
+        y = conv2d(_tap_input(padded, maps, k), weight[:, :, k].contiguous(), bias if k == 0 else None,
+                   (sh, sw), (ph, pw), (dh, dw), False, (0, 0), groups)
+        total = y if total is None else total.add_(y)
+    o, out_h, out_w = total.shape[1:]
+    return total.view(n, out_depth, o, out_h, out_w).permute(0, 2, 1, 3, 4).contiguous()
+
+
+def backward(conv2d_backward: Callable[..., tuple], grad_output: torch.Tensor, input: torch.Tensor,
+             weight: torch.Tensor, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
+             groups: int, output_mask: Sequence[bool]) -> tuple[torch.Tensor | None, ...]:
+    """(grad_input, grad_weight, grad_bias) by ``conv2d_backward`` (the backend's 2-d
+    ``convolution_backward_overrideable`` adapter), each where ``output_mask`` asks for it."""
+    (sd, sh, sw), (pd, ph, pw), (dd, dh, dw) = _triple(stride), _triple(padding), _triple(dilation)
+    n, _, depth = input.shape[:3]
+    taps = weight.shape[2]
+    maps = _depth_maps(depth, taps, sd, pd, dd, input.device)
+    o, out_depth = grad_output.shape[1:3]
+    grad = grad_output.permute(0, 2, 1, 3, 4).reshape(n * out_depth, o, *grad_output.shape[3:])
+    padded = _depth_first(input)
+    # (the input gradient sums in float32: index_add adds float32)
+    grad_padded = torch.zeros(padded.shape, dtype=torch.float32, device=padded.device) if output_mask[0] else None
+    grad_weight = torch.empty_like(weight) if output_mask[1] else None
+    for k in range(taps):
+        grad_tap, grad_weight_tap, _ = conv2d_backward(
+            grad, _tap_input(padded, maps, k), weight[:, :, k].contiguous(), (sh, sw), (ph, pw), (dh, dw), False,
+            (0, 0), groups, (output_mask[0], output_mask[1], False))
+        if grad_padded is not None:
+            grad_padded.index_add_(1, maps[k], grad_tap.view(n, out_depth, *grad_tap.shape[1:]).float())
+        if grad_weight is not None:
+            grad_weight[:, :, k] = grad_weight_tap
+    grad_input = None
+    if grad_padded is not None:
+        grad_input = grad_padded[:, :depth].permute(0, 2, 1, 3, 4).to(input.dtype, memory_format=torch.contiguous_format)
+    grad_bias = grad_output.sum((0, 2, 3, 4)) if output_mask[2] else None
+    return grad_input, grad_weight, grad_bias
