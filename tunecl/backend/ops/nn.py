@@ -377,7 +377,7 @@ def _pair(values: Sequence[int] | int, default: Sequence[int] | None = None) -> 
     return (values[0], values[0]) if len(values) == 1 else (values[0], values[1])
 
 
-def _pooled_size(size: int, kernel: int, pad: int, stride: int, dilation: int, ceil_mode: bool) -> int:
+def pooled_size(size: int, kernel: int, pad: int, stride: int, dilation: int, ceil_mode: bool) -> int:
     """torch's pooling_output_shape."""
     out = (size + 2 * pad - dilation * (kernel - 1) - 1 + (stride - 1 if ceil_mode else 0)) // stride + 1
     if ceil_mode and (out - 1) * stride >= size + pad:
@@ -400,7 +400,7 @@ def _window(x: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int], 
     (kh, kw), (ph, pw), (dh, dw) = _pair(kernel_size), _pair(padding), _pair(dilation)
     sh, sw = _pair(stride, (kh, kw))
     h, w = x.shape[-2:]
-    return Window(planes, h, w, _pooled_size(h, kh, ph, sh, dh, ceil_mode), _pooled_size(w, kw, pw, sw, dw, ceil_mode),
+    return Window(planes, h, w, pooled_size(h, kh, ph, sh, dh, ceil_mode), pooled_size(w, kw, pw, sw, dw, ceil_mode),
                   kh, kw, sh, sw, ph, pw, dh, dw, count_include_pad, divisor or 0)
 
 
