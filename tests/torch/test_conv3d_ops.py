@@ -4,6 +4,8 @@ a depth of one, views, float16, an empty batch, the modules, and what stays on t
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -62,3 +64,29 @@ def test_bad_calls_raise_torch_errors(strict):
             F.conv3d(torch.randn(1, 2, 2, 2, 2, device=device), torch.randn(3, 2, 3, 3, 3, device=device))
         with pytest.raises(RuntimeError):
             F.conv3d(torch.randn(1, 2, 4, 4, 4, device=device), torch.randn(3, 5, 3, 3, 3, device=device))
+
+
+def test_a_video_resnet_trains_on_the_device_as_accurately_as_cpu_float32(strict):
+    # torchvision's video ResNet with one block per stage of each kind of 3-d convolution (3x3x3, 1x3x3 and
+    # (2+1)-d) and the (2+1)-d stem: forward and backward against float64, next to CPU torch's float32
+    from torchvision.models.video.resnet import (BasicBlock, Conv2Plus1D, Conv3DNoTemporal, Conv3DSimple,
+                                                 R2Plus1dStem, VideoResNet)
+    torch.manual_seed(0)
+    net = VideoResNet(BasicBlock, [Conv3DSimple, Conv3DNoTemporal, Conv2Plus1D, Conv3DSimple], [1, 1, 1, 1],
+                      R2Plus1dStem, num_classes=5)
+    x = torch.randn(2, 3, 2, 8, 8)
+    exact = copy.deepcopy(net).double()
+    y = exact(x.double())
+    upstream = torch.randn(y.shape, dtype=torch.float64)
+    y.backward(upstream)
+
+    def errors(model: torch.nn.Module, device: str) -> list[float]:
+        out = model.to(device)(x.to(device))
+        out.backward(upstream.float().to(device))
+        pairs = [(out, y), *((p.grad, q.grad) for p, q in zip(model.parameters(), exact.parameters()))]
+        return [((a.detach().cpu().double() - b).abs().max() / b.abs().max()).item() for a, b in pairs]
+
+    cpu = errors(copy.deepcopy(net), "cpu")
+    device = errors(copy.deepcopy(net), "opencl")
+    for name, d, c in zip(["output", *(n for n, _ in net.named_parameters())], device, cpu):
+        assert d <= 4 * c + 1e-5, f"{name}: {d:.2e} from float64, CPU float32 {c:.2e}"
