@@ -27,6 +27,8 @@ import ctypes
 import functools
 import os
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pyopencl as cl
@@ -347,6 +349,21 @@ def copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
     if dst.shape != src.shape:
         dst.resize_(src.shape)
     return copy_from(src, dst)
+
+
+def out_overload(kernel: Callable[..., Any], *names: str) -> Callable[..., Any]:
+    """The ``.out`` / ``.grad_input`` overload of a functional op kernel: its result (or results, in order) copied
+    into the keyword arguments ``names`` (default ``out``), resized to fit; returns those tensors."""
+    names = names or ("out",)
+
+    def out_kernel(*args: Any, **kwargs: Any) -> Any:
+        outs = [kwargs.pop(name) for name in names]
+        results = kernel(*args, **kwargs)
+        results = results if isinstance(results, tuple) else (results,)
+        for result, out in zip(results, outs):
+            copy_from_and_resize(result, out)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+    return out_kernel
 
 
 def _strides_for(t: torch.Tensor, memory_format: torch.memory_format | None) -> list[int]:

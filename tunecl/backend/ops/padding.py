@@ -74,21 +74,11 @@ def _backward(mode: str, dims: int) -> Callable[..., torch.Tensor]:
     return kernel
 
 
-def _into(kernel: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """The ``.out`` / ``.grad_input`` overload of a functional kernel."""
-    def out_kernel(*args: Any, **kwargs: Any) -> torch.Tensor:
-        out = kwargs.pop("out", None)
-        if out is None:
-            out = kwargs.pop("grad_input")
-        return copies.copy_from_and_resize(kernel(*args, **kwargs), out)
-    return out_kernel
-
-
 KERNELS: dict[str, Callable[..., Any]] = {}
 for _mode in ("reflection", "replication"):
     for _dims in (1, 2, 3):
         _name = f"{_mode}_pad{_dims}d"
         KERNELS[_name] = _forward(_mode, _dims)
-        KERNELS[f"{_name}.out"] = _into(KERNELS[_name])
+        KERNELS[f"{_name}.out"] = copies.out_overload(KERNELS[_name])
         KERNELS[f"{_name}_backward"] = _backward(_mode, _dims)
-        KERNELS[f"{_name}_backward.grad_input"] = _into(KERNELS[f"{_name}_backward"])
+        KERNELS[f"{_name}_backward.grad_input"] = copies.out_overload(KERNELS[f"{_name}_backward"], "grad_input")

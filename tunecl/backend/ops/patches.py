@@ -117,15 +117,9 @@ def col2im(self: torch.Tensor, output_size: Sequence[int], kernel_size: Sequence
     return out.to(self.dtype).view(shape)
 
 
-def _into(kernel: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    def out_kernel(*args: Any, out: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        return copies.copy_from_and_resize(kernel(*args, **kwargs), out)
-    return out_kernel
-
-
 KERNELS: dict[str, Callable[..., Any]] = {
     "im2col": im2col,
-    "im2col.out": _into(im2col),
+    "im2col.out": copies.out_overload(im2col),
     "col2im": col2im,
-    "col2im.out": _into(col2im),
+    "col2im.out": copies.out_overload(col2im),
 }

@@ -191,23 +191,11 @@ def avg_pool3d_backward(grad_output: torch.Tensor, self: torch.Tensor, kernel_si
     return total[:, :g.depth].reshape(self.shape).to(self.dtype)
 
 
-def _into(kernel: Callable[..., Any], *names: str) -> Callable[..., Any]:
-    """The ``.out`` / ``.grad_input`` overload of a functional kernel, its results copied into ``names``."""
-    def out_kernel(*args: Any, **kwargs: Any) -> Any:
-        outs = [kwargs.pop(name) for name in names]
-        results = kernel(*args, **kwargs)
-        results = results if isinstance(results, tuple) else (results,)
-        for result, out in zip(results, outs):
-            copies.copy_from_and_resize(result, out)
-        return outs[0] if len(outs) == 1 else tuple(outs)
-    return out_kernel
-
-
 KERNELS: dict[str, Callable[..., Any]] = {
     "max_pool3d_with_indices": max_pool3d_with_indices,
-    "max_pool3d_with_indices.out": _into(max_pool3d_with_indices, "out", "indices"),
+    "max_pool3d_with_indices.out": copies.out_overload(max_pool3d_with_indices, "out", "indices"),
     "max_pool3d_with_indices_backward": max_pool3d_with_indices_backward,
-    "max_pool3d_with_indices_backward.grad_input": _into(max_pool3d_with_indices_backward, "grad_input"),
-    "avg_pool3d.out": _into(avg_pool3d, "out"),
-    "avg_pool3d_backward.grad_input": _into(avg_pool3d_backward, "grad_input"),
+    "max_pool3d_with_indices_backward.grad_input": copies.out_overload(max_pool3d_with_indices_backward, "grad_input"),
+    "avg_pool3d.out": copies.out_overload(avg_pool3d, "out"),
+    "avg_pool3d_backward.grad_input": copies.out_overload(avg_pool3d_backward, "grad_input"),
 }
