@@ -1,5 +1,5 @@
 """Elementwise math, reductions and products that ran on the CPU fallback: trigonometric and hyperbolic
-functions, log2/log10, erfc, lgamma, frac, fmod, hypot, copysign, logaddexp(2), nan_to_num, hard/soft shrink,
+functions, log2/log10, erfc, lgamma, erfinv, digamma, polygamma, frac, fmod, hypot, copysign, logaddexp(2), nan_to_num, hard/soft shrink,
 p-norms over dims (pairwise distance, triplet loss), count_nonzero, aminmax, nansum, trace, mv/addmv and
 index_fill_, against CPU torch forward and backward."""
 
@@ -37,7 +37,50 @@ def test_unary_math_at_special_values(strict):
     for name in ("tan", "atan", "sinh", "cosh", "asinh", "erfc", "asin", "acos", "atanh", "acosh", "log2", "log10",
                  "frac", "lgamma"):
         check_op(getattr(torch, name), x, grad=False)
-    check_op(torch.lgamma, _x(4, 5, scale=3), grad=False)   # (its gradient needs digamma: CPU fallback)
+    check_op(torch.lgamma, _x(4, 5, scale=3, shift=0.5), grad_atol=2e-5)   # its gradient is digamma
+
+
+def test_erfinv_and_trunc_normal_init(strict):
+    check_op(torch.erfinv, Input(torch.rand(6, 7, dtype=torch.float64).float() * 1.98 - 0.99), grad_atol=1e-4)
+    edges = torch.tensor([0.0, -0.0, 1.0, -1.0, 0.7, -0.7, 0.7000001, 0.99999, -0.999999, 1.5, -2.0, NAN])
+    check_op(torch.erfinv, Input(edges, grad=False), grad=False, atol=1e-5, rtol=2e-6)
+    check_op(torch.erfinv, Input(edges.half(), grad=False), grad=False, atol=1e-3, rtol=1e-3)
+    weight = torch.empty(64, 256, device="opencl")
+    torch.nn.init.trunc_normal_(weight, std=0.02, a=-0.04, b=0.04)   # (it draws through erfinv_)
+    assert weight.abs().max().item() <= 0.04 and 0.012 < weight.std().item() < 0.02
+
+
+def test_digamma_and_trigamma(strict):
+    # where CPU torch's float kernels are accurate: compared with them, forward and backward
+    x = torch.cat([torch.rand(40, dtype=torch.float64) * 30 + 1e-3, -torch.rand(20, dtype=torch.float64) * 8]).float()
+    check_op(torch.digamma, Input(x[:40]), atol=2e-5, rtol=2e-6, grad_atol=1e-3)
+    check_op(torch.digamma, Input(x), atol=2e-5, rtol=2e-6, grad=False)   # (CPU's float trigamma: see below)
+    check_op(lambda v: torch.polygamma(1, v), Input(x[:40]), atol=2e-5, rtol=2e-6, grad=False)
+    check_op(lambda v: torch.polygamma(0, v.t()), Input(x.view(6, 10)), atol=2e-5, rtol=2e-6, grad=False)
+    special = Input(torch.tensor([0.0, -0.0, -1.0, -7.0, 10.0, 1e-8, 1e20, INF, -INF, NAN]), grad=False)
+    check_op(torch.digamma, special, grad=False, rtol=2e-6)
+    check_op(lambda v: torch.polygamma(1, v), special, grad=False, rtol=2e-6)
+
+
+def test_digamma_and_trigamma_near_their_poles_against_float64(strict):
+    # just off the negative integers, where the reflection's tan and sin lose the most: both within a few
+    # float32 ulps of float64 (CPU torch's float trigamma is off by up to 20% there)
+    x = torch.cat([-torch.arange(1, 30.0) + 1e-3, -torch.arange(1, 30.0) - 1e-3, torch.randn(500) * 5])
+    for op in (torch.digamma, lambda v: torch.polygamma(1, v)):
+        exact = op(x.double())
+        actual = op(x.to("opencl")).cpu().double()
+        assert ((actual - exact).abs() / exact.abs().clamp(min=1)).max() < 3e-6
+
+
+def test_polygamma_of_higher_orders_runs_on_the_cpu_fallback():
+    from tunecl import config
+    x = torch.rand(5) + 0.5
+    with config.override(fallback="warn"), pytest.warns(UserWarning, match="polygamma"):
+        actual = torch.polygamma(2, x.to("opencl"))
+    torch.testing.assert_close(actual.cpu(), torch.polygamma(2, x))
+    for device in ("cpu", "opencl"):
+        with pytest.raises(RuntimeError, match="negative n"):
+            torch.polygamma(-1, x.to(device))
 
 
 @pytest.mark.parametrize("name", ["hypot", "copysign", "logaddexp", "logaddexp2", "fmod"])

@@ -107,7 +107,7 @@ class _Run:
             return False
         count = len(tensor_list)
         spec = EXPRESSIONS.get(expr)
-        if (self.count and count != self.count) or spec is None or not spec.code or spec.nin != len(lists) \
+        if (self.count and count != self.count) or spec is None or not spec.code or spec.special or spec.nin != len(lists) \
                 or spec.nparams != len(params) or len(self.steps) >= CHAIN_STEPS:
             return False
         saved = (list(self.columns), list(self.ones), self.shapes, dict(self.current))

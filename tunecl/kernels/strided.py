@@ -118,13 +118,15 @@ class KernelCache:
     def get(self, key: Any) -> cl.Kernel | None:
         return self._kernels.get(key)
 
-    def build(self, key: Any, options: Sequence[str], name: str, scalar_dtypes: Sequence[Any]) -> cl.Kernel:
-        """Compile (or fetch from the runtime's caches) and keep the kernel for ``key``."""
+    def build(self, key: Any, options: Sequence[str], name: str, scalar_dtypes: Sequence[Any],
+              prefix: str = "") -> cl.Kernel:
+        """Compile (or fetch from the runtime's caches) and keep the kernel for ``key``; ``prefix``: source
+        text compiled in front of the family's file (functions some of its variants call)."""
         with warnings.catch_warnings():
             # drivers (NVIDIA's among them) print notes for valid code; for the backend's users
             # one such warning per op signature is noise
             warnings.simplefilter("ignore", cl.CompilerWarning)
-            program = self.device.build(self.source, options)
+            program = self.device.build(prefix + self.source, options)
         kernel = self.device.kernel(program, name, scalar_dtypes)
         self._kernels[key] = kernel
         return kernel

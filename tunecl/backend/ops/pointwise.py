@@ -158,6 +158,15 @@ def unary_new(expr: str, self: torch.Tensor, params: Sequence[Number] = ()) -> t
     return run(expr, new_like(self), (self,), params)
 
 
+def polygamma_out(n: int, self: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
+    """Orders 0 (digamma) and 1 (trigamma, digamma's derivative) on the device; higher orders on the CPU."""
+    if n < 0:
+        raise RuntimeError("polygamma(n, x) does not support negative n.")
+    if n > 1:
+        raise Unsupported(f"polygamma of order {n}")
+    return run_out("digamma" if n == 0 else "trigamma", out, (self,))
+
+
 # -- adapter builders: each returns a kernel with the overload's exact signature -------------------
 def unary(expr: str) -> Callable[..., torch.Tensor]:
     return lambda self, *, out: run_out(expr, out, (self,))
@@ -515,7 +524,8 @@ KERNELS: dict[str, Callable[..., Any]] = {
         "neg", "abs", "sign", "reciprocal", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "sin",
         "cos", "erf", "floor", "ceil", "trunc", "round", "sigmoid", "tanh", "silu", "hardsigmoid",
         "logical_not", "erfc", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "log2",
-        "log10", "lgamma", "frac")},
+        "log10", "lgamma", "frac", "erfinv", "digamma")},
+    "polygamma.out": polygamma_out,
     **{f"{name}.out": binary(name) for name in ("hypot", "copysign", "logaddexp", "logaddexp2")},
     "fmod.Tensor_out": integer_division("fmod"),
     "fmod.Scalar_out": integer_division("fmod"),

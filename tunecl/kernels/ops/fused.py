@@ -52,8 +52,8 @@ class Chain(NamedTuple):
             raise Unsupported(f"a fused chain of {len(self.steps)} steps (1 to {max_steps})")
         for k, step in enumerate(self.steps):
             expr = EXPRESSIONS.get(step.op)
-            if expr is None or not expr.code:
-                raise Unsupported(f"{step.op} has no floating expression")
+            if expr is None or not expr.code or expr.special:
+                raise Unsupported(f"{step.op} has no floating expression a fused kernel computes")
             if len(step.args) != expr.nin or len(step.params) != expr.nparams:
                 raise Unsupported(f"{step.op} takes {expr.nin} inputs and {expr.nparams} parameters")
             for arg in step.args:

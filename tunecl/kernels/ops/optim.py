@@ -298,7 +298,7 @@ class Optim(StridedFamily):
         from tunecl.kernels.ops.pointwise import EXPRESSIONS
 
         spec = EXPRESSIONS[expr]
-        if len(tensor) != spec.nin or params != spec.nparams or spec.nin > 3 or spec.nparams > 2:
+        if len(tensor) != spec.nin or params != spec.nparams or spec.nin > 3 or spec.nparams > 2 or spec.special:
             raise ValueError(f"{expr} takes {spec.nin} inputs and {spec.nparams} parameters")
         flags = tuple(f"-D{letter}_SCALAR" for letter, is_tensor in zip("ABC", [*tensor, False, False, False])
                       if not is_tensor) \

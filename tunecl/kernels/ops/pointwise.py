@@ -7,6 +7,7 @@ operands. It is not tunable; the backend uses it for every elementwise op, copie
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from collections.abc import Sequence
@@ -19,6 +20,7 @@ from tunecl import profiling
 from tunecl.kernels import launches
 
 from tunecl.errors import Unsupported
+from tunecl.kernels.base import read_source
 from tunecl.kernels.strided import (CTYPES, FLOATING, INT32_MAX, Operand, StridedFamily,
                                     merge_dims, meta_dtype, pack_meta, pad_front, rank_bucket, relu_tag)
 from tunecl.kernels.sizes import round_up
@@ -27,12 +29,15 @@ from tunecl.runtime import Device
 
 class Expr(NamedTuple):
     """One op: ``nin`` inputs (a, b, c), ``nparams`` parameters (s0..), its C expression for
-    floating compute, and for integer compute (``None``: the op only exists for floats)."""
+    floating compute, and for integer compute (``None``: the op only exists for floats). ``special``: the
+    expression calls a function of ``special.cl``, compiled in front of ``pointwise.cl`` for its kernels only
+    (the fused and multi-tensor kernels, which compile without it, refuse such ops)."""
 
     nin: int
     nparams: int
     code: str
     int_code: str | None
+    special: bool = False
 
 
 def _same(nin: int, nparams: int, code: str) -> Expr:
@@ -114,6 +119,9 @@ EXPRESSIONS: dict[str, Expr] = {
     "log2": _float(1, 0, "log2(a)"),
     "log10": _float(1, 0, "log10(a)"),
     "lgamma": _float(1, 0, "lgamma(a)"),
+    "erfinv": Expr(1, 0, "tcl_erfinv(a)", None, special=True),
+    "digamma": Expr(1, 0, "tcl_digamma(a)", None, special=True),
+    "trigamma": Expr(1, 0, "tcl_trigamma(a)", None, special=True),
     "frac": _float(1, 0, "(a-trunc(a))"),
     "fmod": Expr(2, 0, "fmod(a,b)", "((b==0||b==-1)?(TC)0:a%b)"),
     "hypot": _float(2, 0, "hypot(a,b)"),
@@ -219,6 +227,11 @@ for _name, _expr in EXPRESSIONS.items():  # a whitespace would split the -DOP op
     assert not any(ch.isspace() for ch in _expr.code + (_expr.int_code or "")), _name
 
 Input = Operand | float | int | bool
+
+
+@functools.cache
+def _special_source() -> str:
+    return read_source(__package__, "special.cl")
 
 
 def compute_type(out_dtype: str, inputs: Sequence[Input]) -> str:
@@ -548,4 +561,4 @@ class Pointwise(StridedFamily):
                 dtypes.append(None)
         dtypes += [np_tc] * expr.nparams
         dtypes.append(meta_dtype(meta_len, idx))
-        return self.cache.build(key, options, "pointwise", dtypes)
+        return self.cache.build(key, options, "pointwise", dtypes, prefix=_special_source() if expr.special else "")
