@@ -33,7 +33,7 @@ SCALARS: dict[str, Any] = {
     "negative_slope": 0.1, "exponent": 2.5, "self": 2.0, "other": 3, "weight": 0.25, "beta": 1.0,
     "scale": 1.0, "input_scale": 1.0, "is_result": False, "self_is_result": False, "dim": 0,
     "half_to_float": False, "input_dtype": torch.float32, "ord": 2, "rounding_mode": "floor", "lambd": 0.5,
-    "p": 3, "keepdim": False, "dtype": torch.float32,
+    "p": 3, "keepdim": False, "dtype": torch.float32, "n": 1,
 }
 # Result dtypes other than float32.
 BOOL_RESULTS = {"eq", "ne", "lt", "le", "gt", "ge", "isposinf", "isneginf", "isinf", "isnan", "isfinite",
