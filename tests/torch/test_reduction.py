@@ -101,3 +101,22 @@ def test_any_all():
     for fn in (torch.any, torch.all, lambda v: v.any(1), lambda v: v.all(0, keepdim=True),
                lambda v: v.any((0, 1)), lambda v: (v > 0).all(1)):
         check_op(fn, x, grad=False)
+
+
+@pytest.mark.parametrize("call", [
+    lambda w, i: torch.index_select(w, 0, i),
+    lambda w, i: torch.gather(w, 0, i.view(-1, 1).expand(-1, 4)),
+    lambda w, i: torch.nn.functional.embedding(i, w),
+    lambda w, i: w.clone().scatter_(0, i.view(-1, 1).expand(-1, 4), 1.0),
+])
+def test_an_index_out_of_range_raises_at_the_next_wait(strict, call):
+    w = torch.randn(10, 4, device="opencl")
+    for bad in ([3, 12], [-1, 0]):   # (negative indices too, as on the CPU)
+        result = call(w, torch.tensor(bad, device="opencl"))   # enqueued: the error comes at the next wait
+        with pytest.raises(IndexError, match="index out of range"):
+            result.cpu()
+    call(w, torch.tensor([12], device="opencl"))
+    with pytest.raises(IndexError, match="index out of range"):
+        torch.opencl.synchronize()
+    good = call(w, torch.tensor([9, 0], device="opencl"))   # the fault is cleared
+    torch.testing.assert_close(good.cpu(), call(w.cpu(), torch.tensor([9, 0])))

@@ -172,9 +172,12 @@ _pinned = _PinnedStaging()
 
 def read_bytes(data: np.ndarray, buffer: cl.Buffer, offset: int) -> None:
     """Fill host ``data`` from ``buffer`` at byte ``offset``; waits for the device (called as
-    ``state.get().read_bytes``)."""
+    ``state.get().read_bytes``), and raises the IndexError of a gather or scatter launched before it that met
+    an index out of range."""
     if data.nbytes:
-        cl.enqueue_copy(state.get().queue, data, buffer, src_offset=offset, is_blocking=True)
+        st = state.get()
+        cl.enqueue_copy(st.queue, data, buffer, src_offset=offset, is_blocking=True)
+        st.raise_index_fault()
 
 
 def _download_span(t: torch.Tensor) -> torch.Tensor:

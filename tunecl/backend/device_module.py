@@ -80,9 +80,12 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 
 def synchronize(device: DeviceLike = None) -> None:
-    """Wait until every command enqueued on the device has finished."""
+    """Wait until every command enqueued on the device has finished; raises the IndexError of a gather or
+    scatter that met an index out of range."""
     check_index(device)
-    state.get().device.synchronize()
+    st = state.get()
+    st.device.synchronize()
+    st.raise_index_fault()
 
 
 # -- random numbers: the CPU default generator serves the device ------------------------------------

@@ -73,6 +73,17 @@ class State:
         from tunecl.kernels.ops.reduce import Reduce
         return Reduce(self.device)
 
+    def raise_index_fault(self) -> None:
+        """torch's IndexError if a gather or scatter launched since the last call met an index out of range
+        (its kernel skipped that element): one 4-byte read from the device, only after such launches."""
+        family = self.__dict__.get("index")   # (not made here: no launch, no fault)
+        if family is not None and family.take_fault():
+            raise IndexError("index out of range in self: an index given to a gather, scatter or index_select on "
+                             "the opencl device (or an op built on them: embedding, embedding_bag, take, ...) was "
+                             "outside its dimension, and the element was skipped. It is reported here, at the "
+                             "first wait for the device after that launch, as CUDA reports a device-side assert; "
+                             "results computed since then are wrong")
+
     @functools.cached_property
     def index(self):
         from tunecl.kernels.ops.index import Index

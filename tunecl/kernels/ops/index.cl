@@ -5,9 +5,10 @@
 //
 // The host describes every operand by strides over the iteration shape (NDIM dims, row-major);
 // the indexed operand (src for gather, out for scatter) gets stride 0 along dim there, and its
-// real stride along dim, TARGET_STRIDE, is added as index * TARGET_STRIDE. A negative index counts
-// from the end; an index outside [-DIM_SIZE, DIM_SIZE) is skipped (torch raises; checking would
-// need a device-to-host wait, so it is only kept memory-safe here).
+// real stride along dim, TARGET_STRIDE, is added as index * TARGET_STRIDE. An index outside
+// [0, DIM_SIZE) (negative ones too, as torch's gather, scatter and index_select refuse them) is skipped
+// and sets fault[0] to 1: torch raises, and the host reports the fault at its next wait for the device,
+// as CUDA reports a device-side assert.
 //
 // meta layout (IDX values): [0] element count, [1 .. NDIM] sizes, NDIM strides each of out, index
 // and src, offsets of out, index and src, DIM_SIZE, TARGET_STRIDE.
@@ -38,7 +39,7 @@ typedef struct { IDX v[META_LEN]; } meta_t;
 #define TARGET_STRIDE  m.v[5 + 4 * NDIM]
 
 __kernel void index_kernel(__global T *out, __global const TIDX *index, __global const T *src,
-                           const T value, const meta_t m)
+                           const T value, const meta_t m, __global int *fault)
 {
   const IDX i = (IDX)get_global_id(0);
   if (i >= COUNT) return;
@@ -51,9 +52,11 @@ __kernel void index_kernel(__global T *out, __global const TIDX *index, __global
     o_idx += c * STRIDE(1, d);
     o_src += c * STRIDE(2, d);
   }
-  long k = (long)index[o_idx];
-  if (k < 0) k += DIM_SIZE;
-  if (k < 0 || k >= DIM_SIZE) return;
+  const long k = (long)index[o_idx];
+  if (k < 0 || k >= DIM_SIZE) {
+    fault[0] = 1;
+    return;
+  }
 #ifdef SCATTER
   #ifdef SRC_SCALAR
   out[o_out + (IDX)k * TARGET_STRIDE] = value;
