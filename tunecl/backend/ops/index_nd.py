@@ -241,14 +241,17 @@ def masked_scatter_(self: torch.Tensor, mask: torch.Tensor, source: torch.Tensor
 
 def _scatter_checks(self: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> int:
     """torch's checks of a scatter_add / scatter_reduce; the normalised dim."""
-    if index.dtype not in _INDEX_DTYPES:
+    if index.dtype not in _INDEX_DTYPES and index.numel():   # (torch accepts an empty index of any dtype)
         raise RuntimeError(f"scatter(): Expected dtype int32/int64 for index, got {index.dtype}")
     if src.dtype != self.dtype:
         raise RuntimeError("scatter(): Expected self.dtype to be equal to src.dtype")
-    if index.numel() and (index.dim() != self.dim() or index.dim() != src.dim()):
+    # (a 0-dim tensor counts as one of 1 dim, as in torch)
+    index_shape, self_shape, src_shape = (list(t.shape) or [1] for t in (index, self, src))
+    if index.numel() and (len(index_shape) != len(self_shape) or len(index_shape) != len(src_shape)):
         raise RuntimeError("Index tensor must have the same number of dimensions as self tensor")
     dim = wrapped_dim(dim, self.dim())
-    if any(n > src.shape[d] or (d != dim and n > self.shape[d]) for d, n in enumerate(index.shape)):
+    if index.numel() and any(n > src_shape[d] or (d != dim and n > self_shape[d])
+                             for d, n in enumerate(index_shape)):   # (an empty index of any shape is no-op)
         raise RuntimeError(f"Expected index {list(index.shape)} to be no larger than self {list(self.shape)} apart "
                            f"from dimension {dim} and to be no larger size than src {list(src.shape)}")
     return dim
