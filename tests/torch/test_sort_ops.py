@@ -144,6 +144,33 @@ def test_median_along_a_dim(strict, dim, keepdim):
     check_op(lambda x: torch.median(x, dim, keepdim), Input(with_nan, grad=False), grad=False)
 
 
+@pytest.mark.parametrize("dim", [0, 1, -1])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_nanmedian_along_a_dim(strict, dim, keepdim):
+    """The lower median of the elements that are not NaN, and its index (distinct values)."""
+    x = torch.randperm(20).float().view(4, 5) - 7.0
+    check_op(lambda x: torch.nanmedian(x, dim, keepdim), Input(x))
+    nan = float("nan")
+    with_nan = torch.tensor([[1.0, nan, 2.0, 5.0], [4.0, 3.0, 2.0, 1.0], [nan, 1.0, nan, 0.0], [7.0, nan, nan, 6.0]])
+    check_op(lambda x: torch.nanmedian(x, dim, keepdim), Input(with_nan, grad=False), grad=False)
+    check_op(lambda x: torch.nanmedian(x, dim, keepdim), Input(torch.randint(-5, 5, (3, 4)), grad=False),
+             grad=False)
+
+
+def test_nanmedian_of_everything_and_of_nan_only(strict):
+    nan = float("nan")
+    check_op(torch.nanmedian, Input(torch.tensor([3.0, nan, 1.0, 2.0, nan, 4.0]), grad=False), grad=False)
+    check_op(torch.nanmedian, Input(torch.randperm(12).float().view(3, 4)))
+    check_op(torch.nanmedian, Input(torch.empty(0), grad=False), grad=False)
+    check_op(torch.nanmedian, Input(torch.tensor(3.0)))
+    # a row of NaNs only: NaN (CPU torch's index there is wherever its partial sort leaves one: not compared)
+    values = torch.nanmedian(torch.full((2, 4), nan, device="opencl"), 1).values
+    assert values.isnan().all()
+    for device in ("cpu", "opencl"):
+        with pytest.raises(IndexError, match="non-zero size"):
+            torch.empty(2, 0, device=device).nanmedian(1)
+
+
 def test_median_of_everything(strict):
     check_op(torch.median, Input(torch.randperm(25).float().view(5, 5)))
     check_op(torch.median, Input(torch.tensor([3.0, 1.0, 2.0, 4.0])))   # even count: the lower one

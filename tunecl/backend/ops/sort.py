@@ -138,6 +138,34 @@ def median(self: torch.Tensor) -> torch.Tensor:
     return torch.median(flat, 0).values
 
 
+def nanmedian_dim_values(self: torch.Tensor, dim: int, keepdim: bool = False, *, values: torch.Tensor,
+                         indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The lower median along ``dim`` of the elements that are not NaN, and its index; a row of NaNs only has
+    NaN, at its first index. The sort puts NaNs last, so the median sits at (count - 1) // 2 of the rest."""
+    dim = wrapped_dim(dim, self.dim())
+    if self.dim() == 0:
+        value, index = self.clone(), torch.zeros((), dtype=torch.int64, device=self.device)
+    else:
+        if not self.shape[dim]:
+            raise IndexError(f"nanmedian(): Expected reduction dim {dim} to have non-zero size.")
+        ordered = torch.sort(self, stable=True, dim=dim)
+        count = (~torch.isnan(self)).sum(dim, keepdim=True) if self.dtype.is_floating_point else \
+            torch.full((), self.shape[dim], dtype=torch.int64, device=self.device)
+        middle = torch.div((count - 1).clamp(min=0), 2, rounding_mode="floor").expand(
+            *self.shape[:dim], 1, *self.shape[dim + 1:])
+        value, index = ordered.values.gather(dim, middle), ordered.indices.gather(dim, middle)
+        if not keepdim:
+            value, index = value.squeeze(dim), index.squeeze(dim)
+    return copies.copy_from_and_resize(value, values), copies.copy_from_and_resize(index, indices)
+
+
+def nanmedian(self: torch.Tensor) -> torch.Tensor:
+    """The lower median of the elements that are not NaN (NaN if there are none)."""
+    if not self.numel():
+        return torch.full((), float("nan"), dtype=self.dtype, device=self.device)
+    return torch.nanmedian(self.reshape(-1), 0).values
+
+
 def isin_out(elements: torch.Tensor, test_elements: torch.Tensor, assume_unique: bool = False,
              invert: bool = False, *, out: torch.Tensor) -> torch.Tensor:
     """Whether each element is among ``test_elements``: the test elements sorted once (in their common
@@ -186,4 +214,6 @@ KERNELS: dict[str, Callable[..., Any]] = {
     "kthvalue.values": kthvalue_values,
     "median": median,
     "median.dim_values": median_dim_values,
+    "nanmedian": nanmedian,
+    "nanmedian.dim_values": nanmedian_dim_values,
 }
