@@ -1,6 +1,6 @@
-"""scatter_add and scatter_reduce ("sum", "mean") on the device (graph nets' message passing), forward and
-backward against CPU torch, with repeated indices, include_self either way, and torch's errors;
-index_fill_ lives in test_math_and_reduction_ops.py."""
+"""scatter_add and scatter_reduce ("sum", "mean", "amax", "amin") on the device (graph nets' message passing),
+forward and backward against CPU torch, with repeated indices, include_self either way, NaN, integers, and
+torch's errors; index_fill_ lives in test_math_and_reduction_ops.py."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def test_scatter_add(strict, shape, index_shape, dim):
     check_op(lambda x, s: x.scatter_add(dim, index.to(x.device), s), x, src, grad=False)
 
 
-@pytest.mark.parametrize("reduce", ["sum", "mean"])
+@pytest.mark.parametrize("reduce", ["sum", "mean", "amax", "amin"])
 @pytest.mark.parametrize("include_self", [True, False])
 @pytest.mark.parametrize("shape, index_shape, dim", CASES)
 def test_scatter_reduce(strict, reduce, include_self, shape, index_shape, dim):
@@ -66,11 +66,28 @@ def test_bad_scatters_raise_torch_errors(strict, call, message):
             call(device)
 
 
-def test_the_other_reductions_take_the_counted_cpu_fallback(fresh_stats):
+@pytest.mark.parametrize("reduce", ["amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_extremes_with_nan_ties_integers_and_views(strict, reduce, include_self):
+    nan = float("nan")
+    index = torch.tensor([0, 0, 1, 1, 2, 2, 2])
+    src = torch.tensor([1.0, nan, 3.0, 2.0, 5.0, 5.0, -1.0])   # NaN wins its position; ties
+    for self in (torch.zeros(4), torch.tensor([nan, 9.0, -9.0, 1.0])):
+        check_op(lambda x, s: x.scatter_reduce(0, index.to(x.device), s, reduce, include_self=include_self),
+                 Input(self, grad=False), Input(src, grad=False), grad=False)
+    check_op(lambda x, s: x.scatter_reduce(0, index.to(x.device), s, reduce, include_self=include_self),
+             torch.randint(-5, 5, (4,)), torch.randint(-9, 9, (7,)))
+    view_index = torch.randint(0, 3, (4, 2))
+    check_op(lambda x, s: x[:, ::2].scatter_reduce(1, view_index.to(x.device), s.t(), reduce,
+                                                   include_self=include_self),
+             Input(torch.randn(4, 6), grad=False), Input(torch.randn(2, 4), grad=False), grad=False)
+
+
+def test_prod_takes_the_counted_cpu_fallback(fresh_stats):
     x, index, src = torch.randn(5, 4), torch.randint(0, 5, (7, 4)), torch.randn(7, 4)
     with pytest.warns(UserWarning, match="scatter_reduce"):
-        got = x.to("opencl").scatter_reduce(0, index.to("opencl"), src.to("opencl"), "amax")
-    assert torch.equal(got.cpu(), x.scatter_reduce(0, index, src, "amax"))
+        got = x.to("opencl").scatter_reduce(0, index.to("opencl"), src.to("opencl"), "prod")
+    torch.testing.assert_close(got.cpu(), x.scatter_reduce(0, index, src, "prod"))
     assert fresh_stats()["fallback_ops"]
 
 

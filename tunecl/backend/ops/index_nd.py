@@ -299,12 +299,12 @@ def scatter_add_out(self: torch.Tensor, dim: int, index: torch.Tensor, src: torc
 
 def scatter_reduce_out(self: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor, reduce: str, *,
                        include_self: bool = True, out: torch.Tensor) -> torch.Tensor:
-    """``scatter_reduce`` with "sum" and, for floating tensors, "mean" (torch's rules: without include_self a
-    position scattered to starts from nothing; one scattered to by none keeps self's value); "prod", "amax"
-    and "amin" take the CPU fallback."""
+    """``scatter_reduce`` with "sum", "amax", "amin" and, for floating tensors, "mean" (torch's rules: without
+    include_self a position scattered to starts from nothing; one scattered to by none keeps self's value; NaN
+    wins a maximum or minimum); "prod" takes the CPU fallback."""
     if reduce not in ("sum", "prod", "mean", "amax", "amin"):
         raise RuntimeError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
-    if reduce not in ("sum", "mean") or (reduce == "mean" and not self.dtype.is_floating_point):
+    if reduce == "prod" or (reduce == "mean" and not self.dtype.is_floating_point):
         raise Unsupported(f"scatter_reduce with reduce={reduce!r} of {self.dtype}")
     dim = _scatter_checks(self, dim, index, src)
     _out_from_self(out, self)
@@ -313,6 +313,9 @@ def scatter_reduce_out(self: torch.Tensor, dim: int, index: torch.Tensor, src: t
     target = out.view(1) if self.dim() == 0 else out
     coordinates = [index.view(1)] if self.dim() == 0 else _scatter_coordinates(index, dim)
     values = src.reshape(1) if self.dim() == 0 else src[tuple(slice(0, n) for n in index.shape)]
+    if reduce in ("amax", "amin"):
+        _scatter_extreme(target, coordinates, values, reduce == "amax", include_self)
+        return out
     if not include_self:
         index_put_impl_(target, coordinates, torch.zeros((), dtype=self.dtype, device=self.device).expand(
             values.shape), False)
@@ -323,6 +326,37 @@ def scatter_reduce_out(self: torch.Tensor, dim: int, index: torch.Tensor, src: t
         # (a position no element was scattered to holds self's value, untouched: counts 0 there)
         copies.device_copy(target, torch.where(counts > 0, target / counts.clamp_min(1).to(target.dtype), target))
     return out
+
+
+def _scatter_extreme(target: torch.Tensor, coordinates: list[torch.Tensor], values: torch.Tensor, maximum: bool,
+                     include_self: bool) -> None:
+    """target[coordinates] = the maximum (or minimum) of the values scattered to each position, and of target's
+    own value with ``include_self``. The values are sorted stably, then stably by their flat target position:
+    each position's run is then ascending with NaNs last, so its last element is the maximum and its first the
+    minimum, unless the last is NaN."""
+    strides = [math.prod(target.shape[d + 1:]) for d in range(target.dim())]
+    position = sum(c.long() * s for c, s in zip(coordinates, strides)).reshape(-1)
+    ordered, first_order = torch.sort(values.reshape(-1), stable=True)
+    position, second_order = torch.sort(position.index_select(0, first_order), stable=True)
+    ordered = ordered.index_select(0, second_order)
+    count = position.numel()
+    ends = torch.ones(count, dtype=torch.bool, device=target.device)
+    starts = torch.ones(count, dtype=torch.bool, device=target.device)
+    if count > 1:
+        torch.ne(position[1:], position[:-1], out=ends[:-1])
+        torch.ne(position[1:], position[:-1], out=starts[1:])
+    positions = torch.masked_select(position, ends)
+    result = torch.masked_select(ordered, ends)
+    if not maximum:
+        lowest = torch.masked_select(ordered, starts)
+        result = torch.where(torch.isnan(result), result, lowest) if result.is_floating_point() else lowest
+    flat = target.contiguous().view(-1)
+    if include_self:
+        current = flat.index_select(0, positions)
+        result = torch.maximum(current, result) if maximum else torch.minimum(current, result)
+    index_put_impl_(flat, [positions], result, False)
+    if flat.data_ptr() != target.data_ptr() or not target.is_contiguous():
+        copies.device_copy(target, flat.view(target.shape))
 
 
 def index_copy_out(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor, *,
