@@ -144,12 +144,12 @@ def test_the_walk_reports_an_op_that_has_no_kernel(strict):
 
 
 class _Refused(nn.Module):
-    """Ops with kernels that refuse these cases: a 3-d convolution and max-pooling of integers (both
-    adapters raise ``Unsupported``); the walk must see both, forward and backward."""
+    """Ops with kernels that refuse these cases: a transposed 3-d convolution and max-pooling of integers
+    (both adapters raise ``Unsupported``); the walk must see both, forward and backward."""
 
     def __init__(self):
         super().__init__()
-        self.conv = nn.Conv3d(3, 4, (1, 2, 2))
+        self.conv = nn.ConvTranspose3d(3, 4, (1, 2, 2))
         self.fc = nn.Linear(4, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -162,8 +162,9 @@ def test_the_walk_reports_calls_an_adapter_or_kernel_family_refuses():
     result = walk(_Refused, image_size=5, optimizers=())
     assert result.error is None
     found = {(f.phase, f.op, f.reason) for f in result.fallbacks}
-    assert {("eval", "aten::convolution_overrideable", "3-d convolution (only 2-d runs on the device)"),
-            ("train", "aten::convolution_backward_overrideable", "3-d convolution (only 2-d runs on the device)"),
+    refused = "transposed 3-d convolution (the device runs 2-d convolutions, and 3-d ones not transposed)"
+    assert {("eval", "aten::convolution_overrideable", refused),
+            ("train", "aten::convolution_backward_overrideable", refused),
             ("eval", "aten::max_pool2d_with_indices.out",
              "a torch.int32 tensor on opencl:0 (float32/float16 opencl tensors only)")} <= found
 

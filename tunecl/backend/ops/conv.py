@@ -77,7 +77,8 @@ def _problems(input: torch.Tensor, weight: torch.Tensor, stride: Sequence[int], 
     it is made of, see :meth:`ConvProblem.transposed`) as ``"fwd"``, and its ``"bwd_data"`` and
     ``"bwd_weight"``; Unsupported for what only the CPU runs."""
     if input.dim() != 4 or weight.dim() != 4:
-        raise Unsupported(f"{input.dim() - 2}-d convolution (only 2-d runs on the device)")
+        raise Unsupported(f"{'transposed ' if transposed else ''}{input.dim() - 2}-d convolution (the device runs "
+                          f"2-d convolutions, and 3-d ones not transposed)")
     half.check(input, weight, *others)
     key = (input.shape, weight.shape, tuple(stride), tuple(padding), tuple(dilation), bool(transposed),
            tuple(output_padding), groups)
