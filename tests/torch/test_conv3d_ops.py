@@ -1,6 +1,7 @@
-"""3-d convolutions on the device (by the 2-d plans, one per depth tap) against CPU torch, forward and backward
-(input, weight and bias): kernel, stride, padding and dilation differing per dim, groups and depthwise, 1x1x1,
-a depth of one, views, float16, an empty batch, the modules, and what stays on the CPU fallback."""
+"""3-d convolutions, transposed or not, on the device (by the 2-d plans, one per depth tap) against CPU torch,
+forward and backward (input, weight and bias): kernel, stride, padding, output padding and dilation differing per
+dim, groups and depthwise, 1x1x1, a depth of one, views, float16, an empty batch, the modules and a video
+ResNet."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 from opcheck import Input, check_op
 
 from tunecl import config
+
 
 
 def _random(*shape: int) -> torch.Tensor:
@@ -51,11 +53,21 @@ def test_views_modules_float16_and_empty(strict):
              Input(_random(2, 3, 3, 3, 3)), Input(_random(2)))
 
 
-def test_transposed_3d_runs_on_the_cpu_fallback():
-    x, w = _random(1, 2, 3, 3, 3), _random(2, 3, 2, 2, 2)
-    with config.override(fallback="warn"), pytest.warns(UserWarning, match="convolution"):
-        actual = F.conv_transpose3d(x.to("opencl"), w.to("opencl"))
-    torch.testing.assert_close(actual.cpu(), F.conv_transpose3d(x, w), atol=1e-5, rtol=1e-5)
+TRANSPOSED = [
+    ((2, 4, 3, 4, 5), (4, 3, 2, 2, 2), dict(stride=2)),   # a 3-d U-Net's upsampling
+    ((1, 4, 3, 5, 5), (4, 2, 3, 3, 3), dict(stride=(1, 2, 2), padding=1, output_padding=(0, 1, 1), groups=2)),
+    ((2, 3, 2, 3, 3), (3, 5, 1, 3, 3), dict(padding=(0, 1, 1), dilation=(1, 2, 2))),
+    ((1, 2, 3, 2, 2), (2, 2, 3, 1, 1), dict(stride=(2, 1, 1), output_padding=(1, 0, 0))),
+]
+
+
+@pytest.mark.parametrize("input_shape, weight_shape, options", TRANSPOSED)
+def test_conv_transpose3d(strict, input_shape, weight_shape, options):
+    bias = _random(weight_shape[1] * options.get("groups", 1))
+    check_op(lambda x, w, b: F.conv_transpose3d(x, w, b, **options), Input(_random(*input_shape)),
+             Input(_random(*weight_shape)), Input(bias), atol=5e-5, rtol=1e-5, grad_atol=2e-4)
+    check_op(lambda x, w: F.conv_transpose3d(x, w, **options), Input(_random(*input_shape)),
+             Input(_random(*weight_shape)), atol=5e-5, rtol=1e-5, grad_atol=2e-4)
 
 
 def test_bad_calls_raise_torch_errors(strict):
@@ -90,3 +102,14 @@ def test_a_video_resnet_trains_on_the_device_as_accurately_as_cpu_float32(strict
     device = errors(copy.deepcopy(net), "opencl")
     for name, d, c in zip(["output", *(n for n, _ in net.named_parameters())], device, cpu):
         assert d <= 4 * c + 1e-5, f"{name}: {d:.2e} from float64, CPU float32 {c:.2e}"
+
+
+def test_a_transposed_3d_convolution_with_output_padding_past_the_stride_takes_the_counted_cpu_route(fresh_stats):
+    # output padding 2 >= stride 1, which torch allows below the dilation 3: no regular convolution maps the
+    # larger output back to the input's size
+    x, w = _random(1, 2, 3, 3, 3), _random(2, 2, 2, 2, 2)
+    options = dict(dilation=3, output_padding=(2, 0, 0))
+    with config.override(fallback="silent"):
+        actual = F.conv_transpose3d(x.to("opencl"), w.to("opencl"), **options)
+    torch.testing.assert_close(actual.cpu(), F.conv_transpose3d(x, w, **options), atol=1e-5, rtol=1e-5)
+    assert fresh_stats()["fallback_ops"] == {"aten::convolution_overrideable": 1}

@@ -144,16 +144,17 @@ def test_the_walk_reports_an_op_that_has_no_kernel(strict):
 
 
 class _Refused(nn.Module):
-    """Ops with kernels that refuse these cases: a transposed 3-d convolution and max-pooling of integers
-    (both adapters raise ``Unsupported``); the walk must see both, forward and backward."""
+    """Ops with kernels that refuse these cases: a transposed convolution whose output padding is not below
+    its stride and max-pooling of integers (both adapters raise ``Unsupported``); the walk must see both,
+    forward and backward."""
 
     def __init__(self):
         super().__init__()
-        self.conv = nn.ConvTranspose3d(3, 4, (1, 2, 2))
+        self.conv = nn.ConvTranspose2d(3, 4, 2, dilation=2, output_padding=1)
         self.fc = nn.Linear(4, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.conv(x.unsqueeze(2)).squeeze(2)
+        y = self.conv(x)
         pooled = nn.functional.max_pool2d(y.int(), 2).float()
         return self.fc(y.mean((2, 3)) + pooled.mean((2, 3)))
 
@@ -162,7 +163,7 @@ def test_the_walk_reports_calls_an_adapter_or_kernel_family_refuses():
     result = walk(_Refused, image_size=5, optimizers=())
     assert result.error is None
     found = {(f.phase, f.op, f.reason) for f in result.fallbacks}
-    refused = "transposed 3-d convolution (the device runs 2-d convolutions, and 3-d ones not transposed)"
+    refused = "output_padding (1, 1) must be smaller than the stride (1, 1)"
     assert {("eval", "aten::convolution_overrideable", refused),
             ("train", "aten::convolution_backward_overrideable", refused),
             ("eval", "aten::max_pool2d_with_indices.out",

@@ -26,9 +26,9 @@ A float32 call whose operands are contiguous runs a pre-built call of its signat
 calls" below): the first call of a signature records its plans' launches, later ones allocate the
 outputs, bind the buffers and enqueue them, with the results of the route above bit for bit.
 
-3-D convolutions (not transposed) run as sums of 2-d convolutions over the kernel's depth taps, by the
-2-d route above (:mod:`tunecl.backend.ops.conv3d`). Transposed 3-D convolutions, dtypes other than fp32/fp16
-and transposed convolutions whose ``output_padding`` is not below the stride keep an explicit CPU route that is counted and governed as a fallback
+3-D convolutions, transposed or not, run as sums of 2-d convolutions over the kernel's depth taps, by the
+2-d route above (:mod:`tunecl.backend.ops.conv3d`). Dtypes other than fp32/fp16 and transposed 2-d
+convolutions whose ``output_padding`` is not below the stride keep an explicit CPU route that is counted and governed as a fallback
 (``TUNECL_FALLBACK=error`` raises). A zero-size batch produces empty (or, for gradients of
 parameters, zero) results without launching a plan.
 """
@@ -77,8 +77,7 @@ def _problems(input: torch.Tensor, weight: torch.Tensor, stride: Sequence[int], 
     it is made of, see :meth:`ConvProblem.transposed`) as ``"fwd"``, and its ``"bwd_data"`` and
     ``"bwd_weight"``; Unsupported for what only the CPU runs."""
     if input.dim() != 4 or weight.dim() != 4:
-        raise Unsupported(f"{'transposed ' if transposed else ''}{input.dim() - 2}-d convolution (the device runs "
-                          f"2-d convolutions, and 3-d ones not transposed)")
+        raise Unsupported(f"{input.dim() - 2}-d convolution (the device runs 2-d and 3-d ones)")
     half.check(input, weight, *others)
     key = (input.shape, weight.shape, tuple(stride), tuple(padding), tuple(dilation), bool(transposed),
            tuple(output_padding), groups)
@@ -371,10 +370,13 @@ def convolution(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
                 padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int],
                 groups: int) -> torch.Tensor:
     """``aten::convolution_overrideable``: the ``fwd`` plan, or the CPU route for what it cannot run."""
-    if input.dim() == 5 and weight.dim() == 5 and not transposed:
-        return conv3d.forward(convolution, input, weight, bias, stride, padding, dilation, groups)
     args = (input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
     try:
+        if input.dim() == 5 and weight.dim() == 5:
+            if transposed:
+                return conv3d.transposed_forward(convolution_backward, input, weight, bias, stride, padding,
+                                                 output_padding, dilation, groups)
+            return conv3d.forward(convolution, input, weight, bias, stride, padding, dilation, groups)
         try:
             y = _fast_forward(*args)
         except KeyError:   # buffer_of: an operand on another device (the general route says what is wrong)
@@ -389,10 +391,13 @@ def convolution_backward(grad_output: torch.Tensor, input: torch.Tensor, weight:
                          stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], transposed: bool,
                          output_padding: Sequence[int], groups: int, output_mask: Sequence[bool]):
     """``aten::convolution_backward_overrideable``: the ``bwd_data``/``bwd_weight`` plans and a sum."""
-    if input.dim() == 5 and weight.dim() == 5 and not transposed:
-        return conv3d.backward(convolution_backward, grad_output, input, weight, stride, padding, dilation, groups,
-                               output_mask)
     try:
+        if input.dim() == 5 and weight.dim() == 5:
+            if transposed:
+                return conv3d.transposed_backward(convolution, convolution_backward, grad_output, input, weight,
+                                                  stride, padding, output_padding, dilation, groups, output_mask)
+            return conv3d.backward(convolution_backward, grad_output, input, weight, stride, padding, dilation,
+                                   groups, output_mask)
         try:
             grads = _fast_backward(grad_output, input, weight, stride, padding, dilation, transposed,
                                    output_padding, groups, output_mask)

@@ -1,5 +1,5 @@
-"""3-d convolutions (``nn.Conv3d``, ``F.conv3d``; not transposed) by the 2-d convolution plans, forward and
-backward.
+"""3-d convolutions (``nn.Conv3d``, ``F.conv3d``) and transposed ones (``nn.ConvTranspose3d``) by the 2-d
+convolution plans, forward and backward.
 
 A 3-d convolution is a sum over its kernel's depth taps of 2-d convolutions: output depth ``d`` reads input
 depth ``d * stride + k * dilation - padding`` through the weight's tap ``k``. For each tap the input depths
@@ -11,6 +11,12 @@ The backward runs each tap's 2-d backward on the same batch: the weight gradient
 weight gradient, and the input gradient sums each tap's input gradient back into the depths it read
 (``index_add``, in float32; the padding's zero slice dropped). The bias gradient is one sum over the output
 gradient.
+
+A transposed 3-d convolution is the adjoint of the regular one with the same weight: its output is that
+convolution's input gradient, its input gradient that convolution's output, and its weight gradient that
+convolution's weight gradient with the roles of input and output gradient swapped. Where the output padding
+is not below the stride (torch allows it below the dilation), no regular convolution maps the output back
+to the input's size: such calls take the counted CPU route, as their 2-d kind does.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
+
+from tunecl.errors import Unsupported
 
 _MAX_MAPS = 256
 _maps: dict[tuple, torch.Tensor] = {}   # (depth, taps, stride, padding, dilation, device) -> depth maps
@@ -93,14 +101,19 @@ def backward(conv2d_backward: Callable[..., tuple], grad_output: torch.Tensor, i
     maps = _depth_maps(depth, taps, sd, pd, dd, input.device)
     o, out_depth = grad_output.shape[1:3]
     grad = grad_output.permute(0, 2, 1, 3, 4).reshape(n * out_depth, o, *grad_output.shape[3:])
-    padded = _depth_first(input)
+    c, h, w = input.shape[1], input.shape[3], input.shape[4]
+    # the input's values serve the weight gradient only; the input gradient reads its shape
+    padded = _depth_first(input) if output_mask[1] else None
     # (the input gradient sums in float32: index_add adds float32)
-    grad_padded = torch.zeros(padded.shape, dtype=torch.float32, device=padded.device) if output_mask[0] else None
+    grad_padded = torch.zeros((n, depth + 1, c, h, w), dtype=torch.float32, device=input.device) \
+        if output_mask[0] else None
     grad_weight = torch.empty_like(weight) if output_mask[1] else None
     for k in range(taps):
+        tap_input = _tap_input(padded, maps, k) if padded is not None else \
+            torch.empty((n * out_depth, c, h, w), dtype=input.dtype, device=input.device)
         grad_tap, grad_weight_tap, _ = conv2d_backward(
-            grad, _tap_input(padded, maps, k), weight[:, :, k].contiguous(), (sh, sw), (ph, pw), (dh, dw), False,
-            (0, 0), groups, (output_mask[0], output_mask[1], False))
+            grad, tap_input, weight[:, :, k].contiguous(), (sh, sw), (ph, pw), (dh, dw), False, (0, 0), groups,
+            (output_mask[0], output_mask[1], False))
         if grad_padded is not None:
             grad_padded.index_add_(1, maps[k], grad_tap.view(n, out_depth, *grad_tap.shape[1:]).float())
         if grad_weight is not None:
@@ -108,5 +121,44 @@ def backward(conv2d_backward: Callable[..., tuple], grad_output: torch.Tensor, i
     grad_input = None
     if grad_padded is not None:
         grad_input = grad_padded[:, :depth].permute(0, 2, 1, 3, 4).to(input.dtype, memory_format=torch.contiguous_format)
+    grad_bias = grad_output.sum((0, 2, 3, 4)) if output_mask[2] else None
+    return grad_input, grad_weight, grad_bias
+
+
+def transposed_forward(conv2d_backward: Callable[..., tuple], input: torch.Tensor, weight: torch.Tensor,
+                       bias: torch.Tensor | None, stride: Sequence[int], padding: Sequence[int],
+                       output_padding: Sequence[int], dilation: Sequence[int], groups: int) -> torch.Tensor:
+    """The transposed 3-d convolution: the input gradient of the regular one it is the adjoint of (whose output
+    is ``input`` and whose weight is ``weight``), by :func:`backward`; the bias added once."""
+    stride, padding, output_padding, dilation = (_triple(v) for v in (stride, padding, output_padding, dilation))
+    _check_output_padding(output_padding, stride)
+    size = [(n - 1) * s - 2 * p + d * (k - 1) + op + 1 for n, s, p, d, k, op in
+            zip(input.shape[2:], stride, padding, dilation, weight.shape[2:], output_padding)]
+    shape = (input.shape[0], weight.shape[1] * groups, *size)
+    regular_input = torch.empty(shape, dtype=input.dtype, device=input.device)   # (its shape is what is read)
+    out = backward(conv2d_backward, input, regular_input, weight, stride, padding, dilation, groups,
+                   (True, False, False))[0]
+    return out if bias is None else out.add_(bias.view(1, -1, 1, 1, 1))
+
+
+def _check_output_padding(output_padding: Sequence[int], stride: Sequence[int]) -> None:
+    """Unsupported where the output padding is not below the stride (torch allows it below the dilation): then
+    no regular convolution maps the larger output back to the input's size."""
+    if any(p >= s for p, s in zip(_triple(output_padding), _triple(stride))):
+        raise Unsupported(f"output_padding {tuple(_triple(output_padding))} must be smaller than the stride "
+                          f"{tuple(_triple(stride))}")
+
+
+def transposed_backward(conv2d: Conv2d, conv2d_backward: Callable[..., tuple], grad_output: torch.Tensor,
+                        input: torch.Tensor, weight: torch.Tensor, stride: Sequence[int], padding: Sequence[int],
+                        output_padding: Sequence[int], dilation: Sequence[int], groups: int,
+                        output_mask: Sequence[bool]) -> tuple[torch.Tensor | None, ...]:
+    """The transposed 3-d convolution's gradients: the input's is the regular convolution of the output
+    gradient, the weight's that regular convolution's weight gradient with the roles swapped."""
+    _check_output_padding(output_padding, stride)
+    grad_input = forward(conv2d, grad_output, weight, None, stride, padding, dilation, groups) \
+        if output_mask[0] else None
+    grad_weight = backward(conv2d_backward, input, grad_output, weight, stride, padding, dilation, groups,
+                           (False, True, False))[1] if output_mask[1] else None
     grad_bias = grad_output.sum((0, 2, 3, 4)) if output_mask[2] else None
     return grad_input, grad_weight, grad_bias
