@@ -171,6 +171,27 @@ def test_nanmedian_of_everything_and_of_nan_only(strict):
             torch.empty(2, 0, device=device).nanmedian(1)
 
 
+@pytest.mark.parametrize("dim", [0, 1, -1])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_mode(strict, dim, keepdim):
+    """The most frequent value (the smallest of a tie) and the index of its last occurrence, as CPU torch."""
+    ties = torch.tensor([[5.0, 1, 1, 5, 5, 1, 2], [3, 3, 3, 0, 0, 0, 0], [1, 2, 3, 4, 5, 6, 7]])
+    check_op(lambda x: torch.mode(x, dim, keepdim), Input(ties))
+    generator = torch.Generator().manual_seed(0)
+    check_op(lambda x: torch.mode(x, dim, keepdim), Input(torch.randint(0, 4, (5, 6), generator=generator).float()))
+    check_op(lambda x: torch.mode(x, dim, keepdim), Input(torch.randint(-3, 3, (4, 7), generator=generator)))
+    check_op(lambda x: torch.mode(x.t(), dim, keepdim),
+             Input(torch.randint(0, 3, (6, 5), generator=generator).half(), grad=False), grad=False)
+
+
+def test_mode_of_a_0_dim_tensor_and_of_no_elements(strict):
+    check_op(lambda x: torch.mode(x), Input(torch.tensor(4.0)))
+    check_op(lambda x: torch.mode(x, 0), Input(torch.tensor([7.0])))
+    for device in ("cpu", "opencl"):
+        with pytest.raises(IndexError, match="non-zero size"):
+            torch.empty(2, 0, device=device).mode(1)
+
+
 def test_median_of_everything(strict):
     check_op(torch.median, Input(torch.randperm(25).float().view(5, 5)))
     check_op(torch.median, Input(torch.tensor([3.0, 1.0, 2.0, 4.0])))   # even count: the lower one

@@ -166,6 +166,35 @@ def nanmedian(self: torch.Tensor) -> torch.Tensor:
     return torch.nanmedian(self.reshape(-1), 0).values
 
 
+def mode(self: torch.Tensor, dim: int = -1, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The most frequent value along ``dim`` (the smallest of equally frequent ones) and the index of its last
+    occurrence, as torch's CPU kernel gives them. A stable sort makes each value a run, ending at its last
+    occurrence; each element's run size comes from a ``bincount`` of (row, run) numbers, and one integer key
+    per element (size first, then earlier runs, then later elements) picks the run's last element by ``max``."""
+    dim = wrapped_dim(dim, self.dim())
+    if self.dim() == 0:
+        return self.clone(), torch.zeros((), dtype=torch.int64, device=self.device)
+    length = self.shape[dim]
+    if not length:
+        raise IndexError(f"mode(): Expected reduction dim {dim} to have non-zero size.")
+    rows = self.movedim(dim, -1).reshape(-1, length)
+    ordered, order = torch.sort(rows, stable=True, dim=-1)
+    starts = torch.ones(ordered.shape, dtype=torch.bool, device=self.device)
+    if length > 1:
+        torch.ne(ordered[:, 1:], ordered[:, :-1], out=starts[:, 1:])
+    run = torch.cumsum(starts, -1) - 1
+    numbered = run + torch.arange(rows.shape[0], device=self.device).unsqueeze(1) * length
+    sizes = torch.bincount(numbered.view(-1), minlength=rows.numel()).index_select(0, numbered.view(-1))
+    position = torch.arange(length, device=self.device)
+    key = sizes.view(rows.shape) * (length * length) + (length - 1 - run) * length + position
+    picked = torch.max(key, -1, keepdim=True).indices
+    shape = [*self.shape[:dim], *self.shape[dim + 1:]]
+    value, index = ordered.gather(-1, picked).view(shape), order.gather(-1, picked).view(shape)
+    if keepdim:
+        value, index = value.unsqueeze(dim), index.unsqueeze(dim)
+    return value, index
+
+
 def isin_out(elements: torch.Tensor, test_elements: torch.Tensor, assume_unique: bool = False,
              invert: bool = False, *, out: torch.Tensor) -> torch.Tensor:
     """Whether each element is among ``test_elements``: the test elements sorted once (in their common
@@ -215,5 +244,7 @@ KERNELS: dict[str, Callable[..., Any]] = {
     "median": median,
     "median.dim_values": median_dim_values,
     "nanmedian": nanmedian,
+    "mode": mode,
+    "mode.values": copies.out_overload(mode, "values", "indices"),
     "nanmedian.dim_values": nanmedian_dim_values,
 }
