@@ -192,10 +192,18 @@ def test_integer_division_and_remainder_round_as_torch_does(strict, dtype):
         a, b = torch.cat([a, torch.tensor([LOWEST, LOWEST])]), torch.cat([b, torch.tensor([-1, 2])])
     A, B = Input(a, grad=False), Input(b, grad=False)
     for op in (lambda a, b: a % b, lambda a, b: a // b, lambda a, b: torch.fmod(a, b),
-               lambda a, b: torch.div(a, b, rounding_mode="floor"), lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+               lambda a, b: torch.div(a, b, rounding_mode="floor"),
                lambda a, b: a % 4, lambda a, b: a % -4, lambda a, b: a // -3, lambda a, b: torch.fmod(a, -3),
                lambda a, b: 17 % b, lambda a, b: a.clone().floor_divide_(b), lambda a, b: a.clone().remainder_(b)):
         check_op(op, A, B, grad=False)
+    # trunc division: CPU torch's scalar kernel divides the lowest int64 by -1 with the processor's division,
+    # which traps (SIGFPE) on some hosts, so that pair is checked on the device alone (it wraps to itself)
+    keep = ~((a == LOWEST) & (b == -1))
+    check_op(lambda a, b: torch.div(a, b, rounding_mode="trunc"), Input(a[keep], grad=False),
+             Input(b[keep], grad=False), grad=False)
+    if dtype == torch.int64:
+        lowest = torch.tensor([LOWEST], device="opencl")
+        assert torch.div(lowest, torch.tensor([-1], device="opencl"), rounding_mode="trunc").cpu().item() == LOWEST
 
 
 @pytest.mark.parametrize("op", [lambda a, b: a % b, lambda a, b: a // b, lambda a, b: torch.fmod(a, b),
