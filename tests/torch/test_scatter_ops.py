@@ -8,6 +8,8 @@ import pytest
 import torch
 from opcheck import Input, check_op
 
+from tunecl import config
+
 CASES = [((5, 4), (7, 4), 0), ((5, 4), (3, 2), 1), ((2, 3, 4), (2, 3, 6), 2), ((6,), (9,), 0), ((4, 3), (2, 3), -2)]
 
 
@@ -85,10 +87,10 @@ def test_scatter_extremes_with_nan_ties_integers_and_views(strict, reduce, inclu
 
 def test_prod_takes_the_counted_cpu_fallback(fresh_stats):
     x, index, src = torch.randn(5, 4), torch.randint(0, 5, (7, 4)), torch.randn(7, 4)
-    with pytest.warns(UserWarning, match="scatter_reduce"):
+    with config.override(fallback="silent"):   # (warn mode warns once per process: another test may have)
         got = x.to("opencl").scatter_reduce(0, index.to("opencl"), src.to("opencl"), "prod")
     torch.testing.assert_close(got.cpu(), x.scatter_reduce(0, index, src, "prod"))
-    assert fresh_stats()["fallback_ops"]
+    assert [op for op in fresh_stats()["fallback_ops"] if "scatter_reduce" in op]
 
 
 @pytest.mark.parametrize("dim", [0, 1, -1])
