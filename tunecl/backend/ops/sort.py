@@ -105,19 +105,33 @@ def kthvalue_values(self: torch.Tensor, k: int, dim: int = -1, keepdim: bool = F
     return copies.copy_from_and_resize(kth_values, values), copies.copy_from_and_resize(kth_indices, indices)
 
 
+def _select_along(name: str, self: torch.Tensor, dim: int, keepdim: bool,
+                  select: Callable[[int], tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(value, index) of a selection along ``dim`` (median, nanmedian, mode): a 0-dim tensor is its own, an empty
+    dim torch's IndexError; ``select(dim)`` gives them with ``dim`` kept at size 1, squeezed unless ``keepdim``."""
+    dim = wrapped_dim(dim, self.dim())
+    if self.dim() == 0:
+        return self.clone(), torch.zeros((), dtype=torch.int64, device=self.device)
+    if not self.shape[dim]:
+        raise IndexError(f"{name}(): Expected reduction dim {dim} to have non-zero size.")
+    value, index = select(dim)
+    return (value, index) if keepdim else (value.squeeze(dim), index.squeeze(dim))
+
+
+def _of_everything(self: torch.Tensor, op: Callable[..., Any]) -> torch.Tensor:
+    """``op`` (torch.median or torch.nanmedian) over all elements; NaN of no elements."""
+    if not self.numel():
+        return torch.full((), float("nan"), dtype=self.dtype, device=self.device)
+    return op(self.reshape(-1), 0).values
+
+
 def median_dim_values(self: torch.Tensor, dim: int, keepdim: bool = False, *, values: torch.Tensor,
                       indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The lower median along ``dim`` and its index, as torch gives them: a row with NaN has NaN, at its first
     NaN's index."""
-    dim = wrapped_dim(dim, self.dim())
-    if self.dim() == 0:
-        value, index = self.clone(), torch.zeros((), dtype=torch.int64, device=self.device)
-    else:
-        length = self.shape[dim]
-        if not length:
-            raise IndexError(f"median(): Expected reduction dim {dim} to have non-zero size.")
+    def select(dim: int) -> tuple[torch.Tensor, torch.Tensor]:
         ordered = torch.sort(self, dim)
-        middle = (length - 1) // 2
+        middle = (self.shape[dim] - 1) // 2
         value = ordered.values.narrow(dim, middle, 1)
         index = ordered.indices.narrow(dim, middle, 1)
         if self.dtype.is_floating_point:
@@ -125,45 +139,34 @@ def median_dim_values(self: torch.Tensor, dim: int, keepdim: bool = False, *, va
             has_nan = missing.any(dim, keepdim=True)
             value = torch.where(has_nan, torch.full((), float("nan"), dtype=self.dtype, device=self.device), value)
             index = torch.where(has_nan, missing.to(torch.float32).argmax(dim, keepdim=True), index)
-        if not keepdim:
-            value, index = value.squeeze(dim), index.squeeze(dim)
+        return value, index
+    value, index = _select_along("median", self, dim, keepdim, select)
     return copies.copy_from_and_resize(value, values), copies.copy_from_and_resize(index, indices)
 
 
 def median(self: torch.Tensor) -> torch.Tensor:
     """The lower median of all elements (NaN with any NaN, or of no elements)."""
-    if not self.numel():
-        return torch.full((), float("nan"), dtype=self.dtype, device=self.device)
-    flat = self.reshape(-1)
-    return torch.median(flat, 0).values
+    return _of_everything(self, torch.median)
 
 
 def nanmedian_dim_values(self: torch.Tensor, dim: int, keepdim: bool = False, *, values: torch.Tensor,
                          indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The lower median along ``dim`` of the elements that are not NaN, and its index; a row of NaNs only has
     NaN, at its first index. The sort puts NaNs last, so the median sits at (count - 1) // 2 of the rest."""
-    dim = wrapped_dim(dim, self.dim())
-    if self.dim() == 0:
-        value, index = self.clone(), torch.zeros((), dtype=torch.int64, device=self.device)
-    else:
-        if not self.shape[dim]:
-            raise IndexError(f"nanmedian(): Expected reduction dim {dim} to have non-zero size.")
+    def select(dim: int) -> tuple[torch.Tensor, torch.Tensor]:
         ordered = torch.sort(self, stable=True, dim=dim)
         count = (~torch.isnan(self)).sum(dim, keepdim=True) if self.dtype.is_floating_point else \
             torch.full((), self.shape[dim], dtype=torch.int64, device=self.device)
         middle = torch.div((count - 1).clamp(min=0), 2, rounding_mode="floor").expand(
             *self.shape[:dim], 1, *self.shape[dim + 1:])
-        value, index = ordered.values.gather(dim, middle), ordered.indices.gather(dim, middle)
-        if not keepdim:
-            value, index = value.squeeze(dim), index.squeeze(dim)
+        return ordered.values.gather(dim, middle), ordered.indices.gather(dim, middle)
+    value, index = _select_along("nanmedian", self, dim, keepdim, select)
     return copies.copy_from_and_resize(value, values), copies.copy_from_and_resize(index, indices)
 
 
 def nanmedian(self: torch.Tensor) -> torch.Tensor:
     """The lower median of the elements that are not NaN (NaN if there are none)."""
-    if not self.numel():
-        return torch.full((), float("nan"), dtype=self.dtype, device=self.device)
-    return torch.nanmedian(self.reshape(-1), 0).values
+    return _of_everything(self, torch.nanmedian)
 
 
 def mode(self: torch.Tensor, dim: int = -1, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,28 +174,22 @@ def mode(self: torch.Tensor, dim: int = -1, keepdim: bool = False) -> tuple[torc
     occurrence, as torch's CPU kernel gives them. A stable sort makes each value a run, ending at its last
     occurrence; each element's run size comes from a ``bincount`` of (row, run) numbers, and one integer key
     per element (size first, then earlier runs, then later elements) picks the run's last element by ``max``."""
-    dim = wrapped_dim(dim, self.dim())
-    if self.dim() == 0:
-        return self.clone(), torch.zeros((), dtype=torch.int64, device=self.device)
-    length = self.shape[dim]
-    if not length:
-        raise IndexError(f"mode(): Expected reduction dim {dim} to have non-zero size.")
-    rows = self.movedim(dim, -1).reshape(-1, length)
-    ordered, order = torch.sort(rows, stable=True, dim=-1)
-    starts = torch.ones(ordered.shape, dtype=torch.bool, device=self.device)
-    if length > 1:
-        torch.ne(ordered[:, 1:], ordered[:, :-1], out=starts[:, 1:])
-    run = torch.cumsum(starts, -1) - 1
-    numbered = run + torch.arange(rows.shape[0], device=self.device).unsqueeze(1) * length
-    sizes = torch.bincount(numbered.view(-1), minlength=rows.numel()).index_select(0, numbered.view(-1))
-    position = torch.arange(length, device=self.device)
-    key = sizes.view(rows.shape) * (length * length) + (length - 1 - run) * length + position
-    picked = torch.max(key, -1, keepdim=True).indices
-    shape = [*self.shape[:dim], *self.shape[dim + 1:]]
-    value, index = ordered.gather(-1, picked).view(shape), order.gather(-1, picked).view(shape)
-    if keepdim:
-        value, index = value.unsqueeze(dim), index.unsqueeze(dim)
-    return value, index
+    def select(dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+        length = self.shape[dim]
+        rows = self.movedim(dim, -1).reshape(-1, length)
+        ordered, order = torch.sort(rows, stable=True, dim=-1)
+        starts = torch.ones(ordered.shape, dtype=torch.bool, device=self.device)
+        if length > 1:
+            torch.ne(ordered[:, 1:], ordered[:, :-1], out=starts[:, 1:])
+        run = torch.cumsum(starts, -1) - 1
+        numbered = run + torch.arange(rows.shape[0], device=self.device).unsqueeze(1) * length
+        sizes = torch.bincount(numbered.view(-1), minlength=rows.numel()).index_select(0, numbered.view(-1))
+        position = torch.arange(length, device=self.device)
+        key = sizes.view(rows.shape) * (length * length) + (length - 1 - run) * length + position
+        picked = torch.max(key, -1, keepdim=True).indices
+        shape = [*self.shape[:dim], 1, *self.shape[dim + 1:]]
+        return ordered.gather(-1, picked).view(shape), order.gather(-1, picked).view(shape)
+    return _select_along("mode", self, dim, keepdim, select)
 
 
 def isin_out(elements: torch.Tensor, test_elements: torch.Tensor, assume_unique: bool = False,
