@@ -1,6 +1,6 @@
 """Losses and activations that ran on the CPU fallback: smooth L1, Huber, binary cross-entropy (with and
-without logits, weights, pos_weight), KL divergence (through ``xlogy``), ``logsigmoid``, ``mish``, ``glu`` and
-``prelu``, forward and backward against CPU torch, every reduction, odd shapes, and torch's errors."""
+without logits, weights, pos_weight), KL divergence (through ``xlogy``), ``logsigmoid``, ``mish``, ``glu``,
+``prelu`` and ``rrelu``, forward and backward against CPU torch, every reduction, odd shapes, and torch's errors."""
 
 from __future__ import annotations
 
@@ -136,3 +136,54 @@ def test_logit_with_and_without_eps(strict):
     assert inplace.logit_() is not None and torch.allclose(inplace.cpu(), torch.tensor([0.2, 0.7]).logit())
     p, t = Input(torch.rand(3, 4).clamp(0.05, 0.95)), Input(torch.rand(3, 4))
     check_op(lambda p, t: F.binary_cross_entropy(p, t), p, t)   # the target's gradient too
+
+
+@pytest.mark.parametrize("shape", [(4, 6), (7,), (), (0, 3)])
+def test_rrelu_in_evaluation_is_leaky_relu_with_the_mean_slope(strict, shape):
+    x = _x(*shape)
+    check_op(lambda x: F.rrelu(x, 0.1, 0.3, training=False), x)
+    check_op(lambda x: F.rrelu(x, training=False), x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_rrelu_in_training_draws_the_cpu_slopes(strict, dtype, layout):
+    """Under one seed, each non-positive element (exactly 0 and -0 included; NaN is not) gets the slope CPU
+    torch draws for it: output, ``noise`` (1 elsewhere), the gradient (the noise), the in-place form and
+    ``nn.RReLU``, for a contiguous and a transposed input. CPU torch has no float16 kernel: float16 is compared
+    with its float32 results (its opmath type) rounded to float16."""
+    lower, upper = 0.1, 0.3
+    host = torch.randn(33, 64, dtype=torch.float64).to(dtype)
+    host[0, :3] = torch.tensor([0.0, float("nan"), -0.0])
+    if layout == "transposed":
+        host = host.t()
+
+    def rrelu(device):
+        dtype = torch.float32 if device == "cpu" else host.dtype
+        x = host.to(device, dtype, copy=True).requires_grad_()
+        torch.manual_seed(5)
+        y = F.rrelu(x, lower, upper, training=True)
+        y.backward(torch.ones_like(y))
+        noise = torch.empty(host.shape, dtype=dtype, device=device)
+        inplace = host.to(device, dtype, copy=True)
+        torch.manual_seed(6)
+        assert torch.ops.aten.rrelu_with_noise_(inplace, noise, lower, upper, True) is inplace
+        torch.manual_seed(7)
+        module = torch.nn.RReLU(lower, upper).train()(host.to(device, dtype))
+        return [t.detach().cpu().to(host.dtype) for t in (y, x.grad, inplace, noise, module)]
+
+    for what, cpu, device in zip(("output", "gradient", "in place", "noise", "module"), rrelu("cpu"), rrelu("opencl")):
+        torch.testing.assert_close(device, cpu, atol=0, rtol=0, equal_nan=True, msg=what)
+    assert (rrelu("cpu")[3] < 1).sum() > 1000                     # (the slopes were drawn)
+
+
+def test_rrelu_errors_as_torch(strict):
+    x, noise = torch.randn(4, device="opencl"), torch.empty(3, device="opencl")
+    with pytest.raises(RuntimeError, match="noise tensor shape must match self tensor shape"):
+        torch.ops.aten.rrelu_with_noise(x, noise, 0.1, 0.3, True)
+    with pytest.raises(RuntimeError, match="expected scalar type Float but found Half"):
+        torch.ops.aten.rrelu_with_noise(x, torch.empty(4, dtype=torch.float16, device="opencl"), 0.1, 0.3, True)
+    with pytest.raises(NotImplementedError, match="not implemented for 'Long'"):
+        torch.ops.aten.rrelu_with_noise(x.long(), noise.long().resize_(4), 0.1, 0.3, True)
+    with pytest.raises(RuntimeError, match="Lower bound should be less than or equal to the upper bound"):
+        F.rrelu(x, 0.5, 0.3, training=True)

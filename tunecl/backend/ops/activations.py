@@ -1,5 +1,6 @@
 """Activations beyond the pointwise tables' one-expression ops: ``log_sigmoid`` (and so
-``F.binary_cross_entropy_with_logits``), ``mish``, ``glu``, ``prelu`` and ``logit``, forward and backward.
+``F.binary_cross_entropy_with_logits``), ``mish``, ``glu``, ``prelu``, ``logit`` and ``rrelu``, forward and
+backward.
 
 ``log_sigmoid_forward`` returns an empty buffer, as CUDA's kernel does; its backward recomputes from the
 input. ``glu`` splits its dim into halves read as views; ``prelu``'s kernels get the weight already shaped to
@@ -14,7 +15,8 @@ from typing import Any
 
 import torch
 
-from tunecl.backend import memory
+from tunecl.backend import copies, memory
+from tunecl.backend.dtypes import scalar_type_name
 from tunecl.backend.ops.pointwise import new_like, run, run_out
 
 _aten = torch.ops.aten
@@ -106,6 +108,40 @@ def logit_backward_out(grad_output: torch.Tensor, self: torch.Tensor, eps: float
     return run_out("logit_backward_eps", grad_input, (grad_output, self), (eps, 1.0 - eps))
 
 
+def rrelu_with_noise_out(self: torch.Tensor, noise: torch.Tensor, lower: Any = 0.125, upper: Any = 1 / 3,
+                         training: bool = False, generator: torch.Generator | None = None, *,
+                         out: torch.Tensor) -> torch.Tensor:
+    """``F.rrelu`` / ``nn.RReLU``: in training, each element at or below 0 is scaled by a slope drawn from
+    U(lower, upper), which ``noise`` receives (1 elsewhere; torch's backward multiplies the gradient by it);
+    in evaluation, ``leaky_relu`` with the mean slope and ``noise`` untouched.
+
+    The slopes are CPU torch's: its kernel draws one double per non-positive element, in order, from the
+    generator (``generator`` or the CPU default); here as many as there are elements are drawn on the host by
+    the same distribution (a float64 ``uniform_`` between the float32 bounds) and uploaded, and the k-th non-positive element takes the
+    k-th draw (its rank by a cumulative sum on the device, so no count is read back). The results equal the
+    CPU's under one seed; the generator moves on by one draw per element (as CUDA's kernel draws per element),
+    not per non-positive element."""
+    if tuple(self.shape) != tuple(noise.shape):
+        raise RuntimeError(f"noise tensor shape must match self tensor shape. Got self.shape = {list(self.shape)} "
+                           f"noise.shape = {list(noise.shape)}")
+    if not self.dtype.is_floating_point:
+        raise NotImplementedError(f'"rrelu_with_noise_out_cpu" not implemented for \'{scalar_type_name(self.dtype)}\'')
+    if noise.dtype != self.dtype:
+        raise RuntimeError(f"expected scalar type {scalar_type_name(self.dtype)} but found "
+                           f"{scalar_type_name(noise.dtype)}")
+    if not training:
+        return run_out("leaky_relu", out, (self,), ((float(lower) + float(upper)) / 2,))
+    if float(lower) > float(upper):
+        raise RuntimeError("Expected from <= to to be true, but got false.")
+    low, high = (float(torch.tensor(float(v), dtype=torch.float32)) for v in (lower, upper))   # as the CPU's opmath
+    draws = torch.empty(self.numel(), dtype=torch.float64).uniform_(low, high, generator=generator)
+    not_positive = self <= 0
+    rank = not_positive.reshape(-1).cumsum(0).sub_(1).clamp_(min=0)
+    slopes = copies.upload(draws.float()).index_select(0, rank).view(self.shape)   # float, as the CPU's opmath
+    noise.copy_(torch.where(not_positive, slopes, 1.0))
+    return out.copy_(torch.where(not_positive, self * slopes, self))
+
+
 def _floating_result(self: torch.Tensor) -> torch.Tensor:
     return new_like(self, self.dtype if self.dtype.is_floating_point else torch.get_default_dtype())
 
@@ -125,4 +161,9 @@ KERNELS: dict[str, Callable[..., Any]] = {
     "glu_backward.grad_input": glu_backward_out,
     "_prelu_kernel": prelu_kernel,
     "_prelu_kernel_backward": prelu_kernel_backward,
+    "rrelu_with_noise": lambda self, noise, lower=0.125, upper=1 / 3, training=False, generator=None:
+        rrelu_with_noise_out(self, noise, lower, upper, training, generator, out=new_like(self)),
+    "rrelu_with_noise.out": rrelu_with_noise_out,
+    "rrelu_with_noise_": lambda self, noise, lower=0.125, upper=1 / 3, training=False, generator=None:
+        rrelu_with_noise_out(self, noise, lower, upper, training, generator, out=self),
 }
