@@ -2,7 +2,9 @@
 position each output position reads), divisors, interpolation weights.
 
 Each op keeps its own :class:`DeviceTables`, bounded: one that holds its limit is emptied before it keeps the
-next table (a safety valve for ever-changing geometries). The device is part of every key.
+next table (a safety valve for ever-changing geometries). The device is part of every key. A table made
+while the backend's State has no device memory (a dry run, :mod:`tunecl.tools.coverage`) is returned but not
+kept: its storage has no buffer, so it must neither outlive the dry run nor reach a kernel after it.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 
 import torch
+
+from tunecl.backend import state
 
 
 class DeviceTables:
@@ -26,6 +30,8 @@ class DeviceTables:
         found = self._tables.get(full_key)
         if found is None:
             found = make().to(device)
+            if not state.get().allocates:
+                return found
             if len(self._tables) >= self.limit:
                 self._tables.clear()
             self._tables[full_key] = found
