@@ -227,6 +227,19 @@ def test_pointwise_launch_caches_never_cross_a_dry_run():
     assert (c + b).cpu().tolist() == [1.0, 3.0, 5.0, 7.0, 9.0, 11.0]   # the real kernels again
 
 
+def test_device_tables_made_in_a_dry_run_are_not_kept():
+    """A table an op builds and keeps on the device (here reflection padding's index map) has no buffer when a
+    dry run builds it: kept, it would outlive the dry run and reach real kernels after it."""
+    memory.empty_cache()   # else the dry run may hand out a cached (real) buffer
+    padding = (2, 1, 3, 0)   # a geometry no other test pads by: its map is built in the dry run
+    with dry_run():
+        y = nn.functional.pad(torch.empty(1, 2, 5, 7, device="opencl"), padding, mode="reflect")
+        del y
+    x = torch.randn(1, 2, 5, 7)
+    assert torch.equal(nn.functional.pad(x.to("opencl"), padding, mode="reflect").cpu(),
+                       nn.functional.pad(x, padding, mode="reflect"))
+
+
 def test_a_tensor_must_not_outlive_its_dry_run():
     memory.empty_cache()   # else the dry run may hand out a cached (real) buffer, which is harmless
     with pytest.raises(RuntimeError, match=r"1 storage\(s\) made in a dry run outlived it"), dry_run():

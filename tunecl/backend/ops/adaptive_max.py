@@ -19,10 +19,11 @@ from typing import Any
 import torch
 
 from tunecl.backend import copies
+from tunecl.backend.ops.device_tables import DeviceTables
+from tunecl.backend.ops.nn import max_pool_backward
 
 _aten = torch.ops.aten
-_MAX_MAPS = 128
-_maps: dict[tuple, torch.Tensor] = {}
+_maps = DeviceTables(128)   # (input sizes, output sizes) -> the index map
 
 
 def _windows(size: int, cells: int) -> list[range]:
@@ -31,9 +32,7 @@ def _windows(size: int, cells: int) -> list[range]:
 
 def _index_map(sizes: Sequence[int], cells: Sequence[int], device: torch.device) -> torch.Tensor:
     """(cells..., widest window) int64: each cell's flat input positions, then the slot (the plane's size)."""
-    key = (tuple(sizes), tuple(cells), device)
-    found = _maps.get(key)
-    if found is None:
+    def make() -> torch.Tensor:
         per_dim = [_windows(n, m) for n, m in zip(sizes, cells)]
         strides = [math.prod(sizes[d + 1:]) for d in range(len(sizes))]
         widest = math.prod(max(len(w) for w in windows) for windows in per_dim)
@@ -42,11 +41,8 @@ def _index_map(sizes: Sequence[int], cells: Sequence[int], device: torch.device)
         for cell in _cells(per_dim):
             positions = [sum(p * s for p, s in zip(point, strides)) for point in _points(cell)]
             rows.append(positions + [slot] * (widest - len(positions)))
-        found = torch.tensor(rows, dtype=torch.int64).to(device)
-        if len(_maps) >= _MAX_MAPS:
-            _maps.clear()
-        _maps[key] = found
-    return found
+        return torch.tensor(rows, dtype=torch.int64)
+    return _maps.get((tuple(sizes), tuple(cells)), device, make)
 
 
 def _cells(per_dim: list[list[range]]) -> list[tuple[range, ...]]:
@@ -90,12 +86,7 @@ def _forward(dims: int) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
 
 def _backward_of(dims: int) -> Callable[..., torch.Tensor]:
     def kernel(grad_output: torch.Tensor, self: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-        size = math.prod(self.shape[-dims:])
-        planes = self.numel() // size if size else 0
-        grad = torch.zeros((planes, size), dtype=torch.float32, device=self.device)
-        if grad_output.numel():
-            grad.scatter_add_(1, indices.reshape(planes, -1), grad_output.float().reshape(planes, -1))
-        return grad.view(self.shape).to(self.dtype)
+        return max_pool_backward(grad_output, self, indices, dims)
     return kernel
 
 

@@ -25,35 +25,30 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from tunecl.backend.ops.device_tables import DeviceTables
+from tunecl.backend.ops.nn import triple
 from tunecl.errors import Unsupported
 
-_MAX_MAPS = 256
-_maps: dict[tuple, torch.Tensor] = {}   # (depth, taps, stride, padding, dilation, device) -> depth maps
-
-
-def _triple(values: Sequence[int]) -> tuple[int, int, int]:
-    values = list(values)
-    return (values[0],) * 3 if len(values) == 1 else tuple(values)
+_maps = DeviceTables(256)   # (depth, taps, stride, padding, dilation) -> depth maps
 
 
 def output_depth(depth: int, taps: int, stride: int, padding: int, dilation: int) -> int:
     return (depth + 2 * padding - dilation * (taps - 1) - 1) // stride + 1
 
 
+def depth_reads(depth: int, taps: int, stride: int, padding: int, dilation: int, out: int) -> torch.Tensor:
+    """(taps, out) int64: the input depth each of ``out`` output depths reads through each tap of a window
+    along depth, or ``depth`` (a padding slice appended after the input's last depth) where that is padding."""
+    read = torch.arange(out).view(1, out) * stride + torch.arange(taps).view(taps, 1) * dilation - padding
+    return torch.where((read >= 0) & (read < depth), read, depth)
+
+
 def _depth_maps(depth: int, taps: int, stride: int, padding: int, dilation: int,
                 device: torch.device) -> torch.Tensor:
-    """(taps, D_out) int64 on the device: the input depth each output depth reads through each tap, or
-    ``depth`` (the zero slice) where that is padding."""
-    key = (depth, taps, stride, padding, dilation, device)
-    found = _maps.get(key)
-    if found is None:
-        out = output_depth(depth, taps, stride, padding, dilation)
-        read = torch.arange(out).view(1, out) * stride + torch.arange(taps).view(taps, 1) * dilation - padding
-        found = torch.where((read >= 0) & (read < depth), read, depth).to(device)
-        if len(_maps) >= _MAX_MAPS:
-            _maps.clear()
-        _maps[key] = found
-    return found
+    """(taps, D_out) int64 on the device: :func:`depth_reads` of the convolution's output depths."""
+    out = output_depth(depth, taps, stride, padding, dilation)
+    return _maps.get((depth, taps, stride, padding, dilation), device,
+                     lambda: depth_reads(depth, taps, stride, padding, dilation, out))
 
 
 def _depth_first(input: torch.Tensor) -> torch.Tensor:
@@ -76,7 +71,7 @@ Conv2d = Callable[..., torch.Tensor]
 def forward(conv2d: Conv2d, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int) -> torch.Tensor:
     """The 3-d convolution by ``conv2d`` (the backend's 2-d ``convolution_overrideable`` adapter)."""
-    (sd, sh, sw), (pd, ph, pw), (dd, dh, dw) = _triple(stride), _triple(padding), _triple(dilation)
+    (sd, sh, sw), (pd, ph, pw), (dd, dh, dw) = triple(stride), triple(padding), triple(dilation)
     n, taps = input.shape[0], weight.shape[2]
     maps = _depth_maps(input.shape[2], taps, sd, pd, dd, input.device)
     out_depth = maps.shape[1]
@@ -95,7 +90,7 @@ def backward(conv2d_backward: Callable[..., tuple], grad_output: torch.Tensor, i
              groups: int, output_mask: Sequence[bool]) -> tuple[torch.Tensor | None, ...]:
     """(grad_input, grad_weight, grad_bias) by ``conv2d_backward`` (the backend's 2-d
     ``convolution_backward_overrideable`` adapter), each where ``output_mask`` asks for it."""
-    (sd, sh, sw), (pd, ph, pw), (dd, dh, dw) = _triple(stride), _triple(padding), _triple(dilation)
+    (sd, sh, sw), (pd, ph, pw), (dd, dh, dw) = triple(stride), triple(padding), triple(dilation)
     n, _, depth = input.shape[:3]
     taps = weight.shape[2]
     maps = _depth_maps(depth, taps, sd, pd, dd, input.device)
@@ -130,7 +125,7 @@ def transposed_forward(conv2d_backward: Callable[..., tuple], input: torch.Tenso
                        output_padding: Sequence[int], dilation: Sequence[int], groups: int) -> torch.Tensor:
     """The transposed 3-d convolution: the input gradient of the regular one it is the adjoint of (whose output
     is ``input`` and whose weight is ``weight``), by :func:`backward`; the bias added once."""
-    stride, padding, output_padding, dilation = (_triple(v) for v in (stride, padding, output_padding, dilation))
+    stride, padding, output_padding, dilation = (triple(v) for v in (stride, padding, output_padding, dilation))
     _check_output_padding(output_padding, stride)
     size = [(n - 1) * s - 2 * p + d * (k - 1) + op + 1 for n, s, p, d, k, op in
             zip(input.shape[2:], stride, padding, dilation, weight.shape[2:], output_padding)]
@@ -144,9 +139,9 @@ def transposed_forward(conv2d_backward: Callable[..., tuple], input: torch.Tenso
 def _check_output_padding(output_padding: Sequence[int], stride: Sequence[int]) -> None:
     """Unsupported where the output padding is not below the stride (torch allows it below the dilation): then
     no regular convolution maps the larger output back to the input's size."""
-    if any(p >= s for p, s in zip(_triple(output_padding), _triple(stride))):
-        raise Unsupported(f"output_padding {tuple(_triple(output_padding))} must be smaller than the stride "
-                          f"{tuple(_triple(stride))}")
+    if any(p >= s for p, s in zip(triple(output_padding), triple(stride))):
+        raise Unsupported(f"output_padding {triple(output_padding)} must be smaller than the stride "
+                          f"{triple(stride)}")
 
 
 def transposed_backward(conv2d: Conv2d, conv2d_backward: Callable[..., tuple], grad_output: torch.Tensor,

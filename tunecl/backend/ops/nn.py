@@ -370,11 +370,21 @@ def batch_norm_backward_masked(grad_out: torch.Tensor, act: torch.Tensor, mask: 
 
 
 # -- pooling ---------------------------------------------------------------------------------------------
-def _pair(values: Sequence[int] | int, default: Sequence[int] | None = None) -> tuple[int, int]:
+def _expand(values: Sequence[int] | int, n: int, default: Sequence[int] | None) -> tuple[int, ...]:
+    """A pooling or convolution parameter as ``n`` ints: an int or a single value repeated, an empty list read
+    as ``default``."""
     if isinstance(values, int):
-        return values, values
+        return (values,) * n
     values = list(values) or list(default or ())
-    return (values[0], values[0]) if len(values) == 1 else (values[0], values[1])
+    return (values[0],) * n if len(values) == 1 else tuple(values[i] for i in range(n))
+
+
+def _pair(values: Sequence[int] | int, default: Sequence[int] | None = None) -> tuple[int, int]:
+    return _expand(values, 2, default)
+
+
+def triple(values: Sequence[int] | int, default: Sequence[int] | None = None) -> tuple[int, int, int]:
+    return _expand(values, 3, default)
 
 
 def pooled_size(size: int, kernel: int, pad: int, stride: int, dilation: int, ceil_mode: bool) -> int:
@@ -383,6 +393,18 @@ def pooled_size(size: int, kernel: int, pad: int, stride: int, dilation: int, ce
     if ceil_mode and (out - 1) * stride >= size + pad:
         out -= 1
     return out
+
+
+def max_pool_backward(grad_output: torch.Tensor, self: torch.Tensor, indices: torch.Tensor,
+                      dims: int) -> torch.Tensor:
+    """The input gradient of a max pooling over the last ``dims`` dims of ``self``: each output gradient added
+    into the position its index names (a flat offset in its plane), in float32, rounded once."""
+    size = math.prod(self.shape[-dims:])
+    planes = self.numel() // size if size else 0
+    grad = torch.zeros((planes, size), dtype=torch.float32, device=self.device)
+    if grad_output.numel():
+        grad.scatter_add_(1, indices.reshape(planes, -1), grad_output.float().reshape(planes, -1))
+    return grad.view(self.shape).to(self.dtype)
 
 
 def _planes(x: torch.Tensor) -> tuple[int, list[int]]:

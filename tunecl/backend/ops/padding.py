@@ -17,24 +17,19 @@ from typing import Any
 import torch
 
 from tunecl.backend import copies
+from tunecl.backend.ops.device_tables import DeviceTables
 from tunecl.backend.ops.indexing import index_select
 
 _aten = torch.ops.aten
-_MAX_MAPS = 512
-_maps: dict[tuple, torch.Tensor] = {}   # (mode, size, before, after, device) -> the index map on the device
+_maps = DeviceTables(512)   # (mode, size, before, after) -> the index map
 
 
 def _index_map(mode: str, size: int, before: int, after: int, device: torch.device) -> torch.Tensor:
-    key = (mode, size, before, after, device)
-    found = _maps.get(key)
-    if found is None:
+    def make() -> torch.Tensor:
         positions = torch.arange(size, dtype=torch.float64).view(1, size)
         read = getattr(_aten, f"{mode}_pad1d").default(positions, [before, after])
-        found = read.view(-1).to(torch.int64).to(device)
-        if len(_maps) >= _MAX_MAPS:
-            _maps.clear()
-        _maps[key] = found
-    return found
+        return read.view(-1).to(torch.int64)
+    return _maps.get((mode, size, before, after), device, make)
 
 
 def _padded_dims(self: torch.Tensor, padding: Sequence[int]) -> list[tuple[int, int, int]]:

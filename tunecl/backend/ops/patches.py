@@ -24,11 +24,11 @@ from typing import Any
 import torch
 
 from tunecl.backend import copies
+from tunecl.backend.ops.device_tables import DeviceTables
 from tunecl.backend.ops.indexing import index_select
 
 _aten = torch.ops.aten
-_MAX_MAPS = 256
-_maps: dict[tuple, torch.Tensor] = {}   # (kind, geometry, device) -> the index map on the device
+_maps = DeviceTables(256)   # (kind, geometry) -> the index map
 
 
 def _blocks(size: Sequence[int], kernel: Sequence[int], dilation: Sequence[int], padding: Sequence[int],
@@ -51,30 +51,24 @@ def _read_positions(size: Sequence[int], kernel: Sequence[int], dilation: Sequen
 
 def _index_map(kind: str, size: Sequence[int], kernel: Sequence[int], dilation: Sequence[int],
                padding: Sequence[int], stride: Sequence[int], device: torch.device) -> torch.Tensor:
-    key = (kind, *size, *kernel, *dilation, *padding, *stride, device)
-    found = _maps.get(key)
-    if found is None:
+    def make() -> torch.Tensor:
         reads = _read_positions(size, kernel, dilation, padding, stride)
         if kind == "im2col":
-            found = reads.reshape(-1)
-        else:   # for each output position, the columns that read it; the rest point past the last column
-            positions = size[0] * size[1]
-            spare = reads.numel()
-            inside = reads < positions
-            column = torch.arange(spare).view(reads.shape)[inside]
-            target = reads[inside]
-            order = torch.argsort(target * spare + column)   # by position, then column: a fixed sum order
-            target, column = target[order], column[order]
-            rank = torch.arange(target.numel()) - torch.searchsorted(target, target)
-            width = max(int(rank.max()) + 1 if rank.numel() else 1, 1)
-            table = torch.full((positions, width), spare, dtype=torch.int64)
-            table[target, rank] = column
-            found = table.reshape(-1)
-        found = found.to(torch.int64).to(device)
-        if len(_maps) >= _MAX_MAPS:
-            _maps.clear()
-        _maps[key] = found
-    return found
+            return reads.reshape(-1).to(torch.int64)
+        # for each output position, the columns that read it; the rest point past the last column
+        positions = size[0] * size[1]
+        spare = reads.numel()
+        inside = reads < positions
+        column = torch.arange(spare).view(reads.shape)[inside]
+        target = reads[inside]
+        order = torch.argsort(target * spare + column)   # by position, then column: a fixed sum order
+        target, column = target[order], column[order]
+        rank = torch.arange(target.numel()) - torch.searchsorted(target, target)
+        width = max(int(rank.max()) + 1 if rank.numel() else 1, 1)
+        table = torch.full((positions, width), spare, dtype=torch.int64)
+        table[target, rank] = column
+        return table.reshape(-1)
+    return _maps.get((kind, *size, *kernel, *dilation, *padding, *stride), device, make)
 
 
 def _meta(t: torch.Tensor) -> torch.Tensor:

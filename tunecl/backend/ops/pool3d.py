@@ -25,28 +25,12 @@ from typing import Any
 import torch
 
 from tunecl.backend import copies
-from tunecl.backend.ops.nn import pooled_size
+from tunecl.backend.ops.conv3d import depth_reads
+from tunecl.backend.ops.device_tables import DeviceTables
+from tunecl.backend.ops.nn import max_pool_backward, pooled_size, triple
 
 _aten = torch.ops.aten
-_MAX_CACHED = 256
-_cache: dict[tuple, torch.Tensor] = {}   # depth maps and divisors, by geometry and device
-
-
-def _cached(key: tuple, make: Callable[[], torch.Tensor]) -> torch.Tensor:
-    found = _cache.get(key)
-    if found is None:
-        found = make()
-        if len(_cache) >= _MAX_CACHED:
-            _cache.clear()
-        _cache[key] = found
-    return found
-
-
-def _triple(values: Sequence[int] | int, default: Sequence[int] | None = None) -> tuple[int, int, int]:
-    if isinstance(values, int):
-        return values, values, values
-    values = list(values) or list(default or ())
-    return (values[0],) * 3 if len(values) == 1 else (values[0], values[1], values[2])
+_tables = DeviceTables(256)   # depth maps and divisors, by geometry
 
 
 class _Geometry:
@@ -54,9 +38,9 @@ class _Geometry:
 
     def __init__(self, input: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int],
                  padding: Sequence[int], dilation: Sequence[int], ceil_mode: bool):
-        self.kernel = _triple(kernel_size)
-        self.stride = _triple(stride, self.kernel)
-        self.padding, self.dilation = _triple(padding), _triple(dilation)
+        self.kernel = triple(kernel_size)
+        self.stride = triple(stride, self.kernel)
+        self.padding, self.dilation = triple(padding), triple(dilation)
         self.ceil_mode = ceil_mode
         self.lead = list(input.shape[:-3])
         self.depth, self.height, self.width = input.shape[-3:]
@@ -68,15 +52,10 @@ class _Geometry:
         self.device = input.device
 
     def maps(self) -> torch.Tensor:
-        """(taps, D_out) int64: the input depth each output depth reads through each tap, or D (the padding
-        slice) outside the input."""
-        kd, sd, pd, dd = self.kernel[0], self.stride[0], self.padding[0], self.dilation[0]
-        key = ("maps", self.depth, kd, sd, pd, dd, self.out_depth, self.device)
-
-        def make() -> torch.Tensor:
-            read = (torch.arange(self.out_depth).view(1, -1) * sd + torch.arange(kd).view(-1, 1) * dd - pd)
-            return torch.where((read >= 0) & (read < self.depth), read, self.depth).to(self.device)
-        return _cached(key, make)
+        """(taps, D_out) int64 on the device: the input depth each output depth reads through each tap, or D
+        (the padding slice) outside the input (:func:`~tunecl.backend.ops.conv3d.depth_reads`)."""
+        geometry = (self.depth, self.kernel[0], self.stride[0], self.padding[0], self.dilation[0], self.out_depth)
+        return _tables.get(("maps", *geometry), self.device, lambda: depth_reads(*geometry))
 
     def padded(self, input: torch.Tensor, fill: float) -> torch.Tensor:
         """(planes, D + 1, H, W) float32, the last depth filled with ``fill``."""
@@ -127,27 +106,22 @@ def max_pool3d_with_indices(self: torch.Tensor, kernel_size: Sequence[int], stri
 def max_pool3d_with_indices_backward(grad_output: torch.Tensor, self: torch.Tensor, kernel_size: Sequence[int],
                                      stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
                                      ceil_mode: bool, indices: torch.Tensor) -> torch.Tensor:
-    planes = self.numel() // max(self.shape[-3] * self.shape[-2] * self.shape[-1], 1) if self.numel() else 0
-    grad = torch.zeros((planes, self.shape[-3] * self.shape[-2] * self.shape[-1]), dtype=torch.float32,
-                       device=self.device)
-    if grad_output.numel():
-        grad.scatter_add_(1, indices.reshape(planes, -1), grad_output.float().reshape(planes, -1))
-    return grad.view(self.shape).to(self.dtype)
+    return max_pool_backward(grad_output, self, indices, 3)
 
 
 def _divisors(g: _Geometry, count_include_pad: bool, divisor_override: int | None, out_h: int,
               out_w: int) -> torch.Tensor:
     """(D_out, H_out, W_out) float32 on the device: torch's divisor of each output position."""
     key = ("divisors", g.depth, g.height, g.width, g.kernel, g.stride, g.padding, g.ceil_mode, count_include_pad,
-           divisor_override, g.device)
+           divisor_override)
 
     def make() -> torch.Tensor:
         ones = torch.ones((1, 1, g.depth, g.height, g.width), dtype=torch.float64)
         counted = _aten.avg_pool3d.default(ones, g.kernel, g.stride, g.padding, g.ceil_mode, True, 1)
         averaged = _aten.avg_pool3d.default(ones, g.kernel, g.stride, g.padding, g.ceil_mode, count_include_pad,
                                             divisor_override)
-        return (counted / averaged).round().view(g.out_depth, out_h, out_w).float().to(g.device)
-    return _cached(key, make)
+        return (counted / averaged).round().view(g.out_depth, out_h, out_w).float()
+    return _tables.get(key, g.device, make)
 
 
 def avg_pool3d(self: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int] = (),

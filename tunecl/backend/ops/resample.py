@@ -18,25 +18,20 @@ from typing import Any
 import torch
 
 from tunecl.backend import copies
+from tunecl.backend.ops.device_tables import DeviceTables
 
 _aten = torch.ops.aten
-_MAX_MATRICES = 128
-_matrices: dict[tuple, torch.Tensor] = {}
+_matrices = DeviceTables(128)   # (op, size_in, size_out, align_corners, scale) -> the weights
 
 
 def _weights(op: Any, size_in: int, size_out: int, align_corners: bool, scale: float | None,
              device: torch.device) -> torch.Tensor:
     """The (size_out x size_in) float32 weights of ``op`` along one dim, on the device."""
-    key = (op, size_in, size_out, align_corners, scale, device)
-    found = _matrices.get(key)
-    if found is None:
+    def make() -> torch.Tensor:
         basis = torch.eye(size_in, dtype=torch.float32).view(size_in, 1, size_in, 1).expand(size_in, 1, size_in, 2)
         rows = op(basis.contiguous(), [size_out, 2], align_corners, scale, None)
-        found = rows[:, 0, :, 0].t().contiguous().to(device)
-        if len(_matrices) >= _MAX_MATRICES:
-            _matrices.clear()
-        _matrices[key] = found
-    return found
+        return rows[:, 0, :, 0].t().contiguous()
+    return _matrices.get((op, size_in, size_out, align_corners, scale), device, make)
 
 
 def _forward(op: Any) -> Callable[..., torch.Tensor]:
