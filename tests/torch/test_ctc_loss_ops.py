@@ -2,8 +2,8 @@
 forward and backward: CPU torch in float64 as the reference of the device's float32 (and CPU float32 through
 ``check_op``), padded and concatenated targets, every reduction, ``zero_infinity`` with a target longer than its
 input, blanks other than 0, repeated labels, lengths as lists and as tensors, int32 and int64 targets,
-unbatched and non-contiguous inputs, inputs of one step, one label or empty targets, the aten ops directly,
-and torch's errors. Every call runs with the CPU fallback forbidden."""
+unbatched and non-contiguous inputs, inputs of one step, one label or empty targets, the aten ops directly
+(their ``.out`` and ``.Tensor`` overloads too), and torch's errors. Every call runs with the CPU fallback forbidden."""
 
 from __future__ import annotations
 
@@ -178,6 +178,25 @@ def test_aten_ops_directly(strict):
         torch.testing.assert_close(got.cpu().double(), want, atol=1e-5, rtol=1e-5, equal_nan=True)
         assert (got[2:, 3] == 0).all() and (got[3:, 1] == 0).all()
         assert got[:3, 1].isnan().all() if not zero_infinity else (got[:, 1] == 0).all()
+
+
+def test_out_and_tensor_overloads(strict):
+    log_probs, targets = _log_probs().float().to(DEVICE), PADDED.to(DEVICE)
+    lengths = [torch.tensor(v, device=DEVICE) for v in (INPUT_LENGTHS, TARGET_LENGTHS)]
+    nll, log_alpha = torch.ops.aten._ctc_loss(log_probs, targets, INPUT_LENGTHS, TARGET_LENGTHS)
+    out0, out1 = torch.empty(0, device=DEVICE), torch.empty(0, device=DEVICE)
+    torch.ops.aten._ctc_loss.out(log_probs, targets, INPUT_LENGTHS, TARGET_LENGTHS, out0=out0, out1=out1)
+    by_tensors = torch.ops.aten._ctc_loss.Tensor(log_probs, targets, *lengths)
+    for got in ((out0, out1), by_tensors):
+        assert torch.equal(got[0].cpu(), nll.cpu()) and torch.equal(got[1].cpu(), log_alpha.cpu())
+    grad = torch.rand(N, device=DEVICE)
+    want = torch.ops.aten._ctc_loss_backward(grad, log_probs, targets, INPUT_LENGTHS, TARGET_LENGTHS, nll,
+                                             log_alpha, 0)
+    out = torch.empty(0, device=DEVICE)
+    torch.ops.aten._ctc_loss_backward.out(grad, log_probs, targets, INPUT_LENGTHS, TARGET_LENGTHS, nll, log_alpha, 0,
+                                          out=out)
+    by_tensors = torch.ops.aten._ctc_loss_backward.Tensor(grad, log_probs, targets, *lengths, nll, log_alpha, 0)
+    assert torch.equal(out.cpu(), want.cpu()) and torch.equal(by_tensors.cpu(), want.cpu())
 
 
 def test_results_are_the_same_run_to_run(strict):

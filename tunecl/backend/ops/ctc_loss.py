@@ -2,7 +2,7 @@
 and ``_ctc_loss_backward`` (the gradient wrt log_probs), by the kernels of :mod:`tunecl.kernels.ops.ctc`.
 
 torch's composite ``ctc_loss`` above them unsqueezes an unbatched input, moves the targets to the device as
-int64, reads lengths given as tensors to the host (``_ctc_loss.Tensor`` does too), zeroes infinite losses
+int64, reads lengths given as tensors to the host (so do the ``.Tensor`` overloads), zeroes infinite losses
 for ``zero_infinity`` and reduces; autograd reaches ``_ctc_loss_backward`` through ``_ctc_loss``'s
 derivative. The arguments are checked as torch's CPU kernel checks them, with its messages; a target length
 beyond the input length is no error (its loss is infinite). Each sample's lengths and targets' offset go to
@@ -146,17 +146,44 @@ def ctc_loss_backward(grad: torch.Tensor, log_probs: torch.Tensor, targets: torc
     alpha = copies.contiguous_on_device(_on_device(log_alpha))
     width = alpha.shape[2]
     log_beta = memory.empty_contiguous(alpha.shape, log_probs.dtype)
+    links = memory.empty_contiguous([max(1, batch * (width // 2) * 2)], torch.int64)
     result = memory.empty_contiguous(log_probs.shape, log_probs.dtype)
     table, tg = _sample_table(targets, input_lengths, target_lengths)
     state.get().ctc.backward((steps, batch, labels, width), blank, zero_infinity, operand(log_probs), tg,
                              operand(table), _vector(neg_log_likelihood, batch, "neg_log_likelihood"),
-                             operand(alpha), _vector(grad, batch, "grad"), operand(log_beta), operand(result))
+                             operand(alpha), _vector(grad, batch, "grad"), operand(log_beta), operand(links),
+                             operand(result))
     return result
+
+
+def _host_lengths(input_lengths: torch.Tensor, target_lengths: torch.Tensor) -> tuple[list[int], list[int]]:
+    """Lengths given as tensors, read to the host as torch's ``.Tensor`` overloads read them."""
+    for name, lengths in (("input_lengths", input_lengths), ("target_lengths", target_lengths)):
+        if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
+            raise RuntimeError(f"{name} must be integral")
+    return input_lengths.cpu().reshape(-1).tolist(), target_lengths.cpu().reshape(-1).tolist()
+
+
+def ctc_loss_tensor(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: torch.Tensor,
+                    target_lengths: torch.Tensor, blank: int = 0, zero_infinity: bool = False
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    return ctc_loss(log_probs, targets, *_host_lengths(input_lengths, target_lengths), blank, zero_infinity)
+
+
+def ctc_loss_backward_tensor(grad: torch.Tensor, log_probs: torch.Tensor, targets: torch.Tensor,
+                             input_lengths: torch.Tensor, target_lengths: torch.Tensor,
+                             neg_log_likelihood: torch.Tensor, log_alpha: torch.Tensor, blank: int,
+                             zero_infinity: bool = False) -> torch.Tensor:
+    return ctc_loss_backward(grad, log_probs, targets, *_host_lengths(input_lengths, target_lengths),
+                             neg_log_likelihood, log_alpha, blank, zero_infinity)
 
 
 KERNELS: dict[str, Callable[..., Any]] = {
     "_ctc_loss": ctc_loss,
     "_ctc_loss.out": copies.out_overload(ctc_loss, "out0", "out1"),
+    "_ctc_loss.Tensor": ctc_loss_tensor,
+    "_ctc_loss.Tensor_out": copies.out_overload(ctc_loss_tensor, "out0", "out1"),
     "_ctc_loss_backward": ctc_loss_backward,
     "_ctc_loss_backward.out": copies.out_overload(ctc_loss_backward),
+    "_ctc_loss_backward.Tensor": ctc_loss_backward_tensor,
 }

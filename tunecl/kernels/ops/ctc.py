@@ -28,10 +28,10 @@ class Ctc(StridedFamily):
 
     @staticmethod
     def _meta(sizes: tuple[int, int, int, int], blank: int, zero_infinity: bool, log_probs: Operand,
-              targets: Operand, nll: Operand, grad_out: Operand | None, offsets: tuple[int, int, int, int]) -> bytes:
+              targets: Operand, nll: Operand, grad_out: Operand | None, offsets: tuple[int, ...]) -> bytes:
         go = (0, 0) if grad_out is None else (grad_out.offset, grad_out.strides[0])
         return pack_meta([*sizes, blank, int(zero_infinity), log_probs.offset, *log_probs.strides,
-                          targets.strides[0], nll.offset, nll.strides[0], *go, *offsets, 0], "long")
+                          targets.strides[0], nll.offset, nll.strides[0], *go, *offsets], "long")
 
     def _real(self, *operands: Operand) -> str:
         dtypes = {o.dtype for o in operands}
@@ -47,26 +47,33 @@ class Ctc(StridedFamily):
         real = self._real(log_probs, nll, log_alpha)
         n = sizes[1]
         meta = self._meta(sizes, blank, False, log_probs, targets, nll, None,
-                          (log_alpha.offset, 0, 0, info.offset))
+                          (log_alpha.offset, 0, 0, info.offset, 0))
         group = self.recursion_group
         self._kernel("ctc_alpha", real, 5)(self.device.queue, (n * group,), (group,), nll.buffer, log_alpha.buffer,
                                             log_probs.buffer, targets.buffer, info.buffer, meta)
 
     def backward(self, sizes: tuple[int, int, int, int], blank: int, zero_infinity: bool, log_probs: Operand,
                  targets: Operand, info: Operand, nll: Operand, log_alpha: Operand, grad_out: Operand,
-                 log_beta: Operand, grad: Operand) -> None:
+                 log_beta: Operand, links: Operand, grad: Operand) -> None:
         """``grad`` ((T, N, C) contiguous) = the gradient wrt ``log_probs`` given ``grad_out`` (N,), from the
-        forward's ``nll`` (N,) and ``log_alpha`` ((N, T, W) contiguous); ``log_beta`` is scratch of
-        log_alpha's shape. The other operands are as for :meth:`forward`."""
+        forward's ``nll`` (N,) and ``log_alpha`` ((N, T, W) contiguous); ``log_beta`` (log_alpha's shape) and
+        ``links`` ((N, W // 2, 2) int64, at least one element) are scratch. The other operands are as for
+        :meth:`forward`."""
         real = self._real(log_probs, nll, log_alpha, grad_out, log_beta, grad)
-        t, n, c, _ = sizes
+        t, n, c, width = sizes
         meta = self._meta(sizes, blank, zero_infinity, log_probs, targets, nll, grad_out,
-                          (log_alpha.offset, log_beta.offset, grad.offset, info.offset))
+                          (log_alpha.offset, log_beta.offset, grad.offset, info.offset, links.offset))
         queue = self.device.queue
         group = self.recursion_group
         self._kernel("ctc_beta", real, 5)(queue, (n * group,), (group,), log_beta.buffer, nll.buffer,
                                            log_probs.buffer, targets.buffer, info.buffer, meta)
-        count = t * n * c
-        self._kernel("ctc_grad", real, 8)(queue, (round_up(count, self.local),), (self.local,), grad.buffer,
-                                           log_alpha.buffer, log_beta.buffer, nll.buffer, grad_out.buffer,
-                                           log_probs.buffer, targets.buffer, info.buffer, meta)
+        longest = width // 2
+        if longest:
+            self._kernel("ctc_links", real, 3)(queue, (round_up(n * longest, self.local),), (self.local,),
+                                                links.buffer, targets.buffer, info.buffer, meta)
+        self._kernel("ctc_grad", real, 5)(queue, (round_up(t * n * c, self.local),), (self.local,), grad.buffer,
+                                           nll.buffer, grad_out.buffer, log_probs.buffer, info.buffer, meta)
+        self._kernel("ctc_grad_labels", real, 9)(
+            queue, (round_up(t * n * (longest + 1), self.local),), (self.local,), grad.buffer, log_alpha.buffer,
+            log_beta.buffer, nll.buffer, grad_out.buffer, log_probs.buffer, targets.buffer, info.buffer,
+            links.buffer, meta)
