@@ -301,6 +301,13 @@ def _nn_suite(full: bool) -> None:
     _op("loss nll_weighted_ignore",
         lambda a, b: F.nll_loss(F.log_softmax(a, 1), b, weight=weight.to(a.device), ignore_index=3),
         logits, target, grad=True)
+    # the CTC recursions and gradient; the first call's last sample's repeated labels do not fit its input (an
+    # infinite loss that zero_infinity zeroes), the second's middle sample has an empty target
+    log_probs = torch.randn(6, 3, 5).log_softmax(2)
+    _op("ctc loss_padded", lambda a, t: F.ctc_loss(a, t, [6, 5, 2], [3, 2, 2], reduction="sum", zero_infinity=True),
+        log_probs, torch.tensor([[1, 1, 2], [3, 4, 0], [2, 2, 0]]), grad=True)
+    _op("ctc loss_concatenated", lambda a, t: F.ctc_loss(a, t, [6, 4, 5], [2, 0, 3], reduction="none"),
+        log_probs, torch.tensor([4, 1, 2, 3, 2]), grad=True)
     _op("index index_select", lambda a, i: a.index_select(1, i), x.reshape(6, 5, 5),
         torch.tensor([4, 0, 2, 2]))
     _op("index gather", lambda a, i: a.gather(1, i), torch.randn(4, 6), torch.randint(0, 6, (4, 3)))

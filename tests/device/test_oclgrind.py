@@ -51,7 +51,7 @@ EXPECTED = {
     "conv": {"conv_depthwise", "conv_1x1", "conv_winograd", "conv_winograd_f4", "conv_implicit_gemm",
              "conv_im2col", "conv_direct"},
     "pointwise": {"pointwise", "reduce", "softmax", "random"},
-    "nn": {"norm", "pool", "loss", "index", "linear", "conv", "attention"},
+    "nn": {"norm", "pool", "loss", "ctc", "index", "linear", "conv", "attention"},
     "optim": {"optim"},
 }
 TIMEOUT_S = 3000 if FULL else 600

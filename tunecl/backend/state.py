@@ -110,6 +110,11 @@ class State:
         return NllLoss(self.device)
 
     @functools.cached_property
+    def ctc(self):
+        from tunecl.kernels.ops.ctc import Ctc
+        return Ctc(self.device)
+
+    @functools.cached_property
     def optim(self):
         from tunecl.kernels.ops.optim import Optim
         return Optim(self.device)

@@ -21,7 +21,8 @@ import torch
 COMPOSITE_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse3)
 
 _MODULES = ("core", "creation", "pointwise", "reduction", "nn", "indexing", "optim", "foreach", "linalg", "conv",
-            "transformer", "attention", "sdpa", "upsample", "group_norm", "scan", "reorder", "loss2d", "dot", "index_nd", "sort", "padding", "losses", "activations", "resample", "distances", "patches", "search", "unique", "grid_sample", "pool3d", "adaptive_max", "embedding_bag", "margin_loss")
+            "transformer", "attention", "sdpa", "upsample", "group_norm", "scan", "reorder", "loss2d", "dot", "index_nd", "sort", "padding", "losses", "activations", "resample", "distances", "patches", "search", "unique", "grid_sample", "pool3d", "adaptive_max", "embedding_bag", "margin_loss",
+            "ctc_loss")
 
 
 def kernel_table() -> dict[str, Callable[..., Any]]:
