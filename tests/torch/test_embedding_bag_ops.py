@@ -26,11 +26,31 @@ def _fixed(t: torch.Tensor) -> Input:
                                            if not (mode == "max" and options)]   # (torch refuses the frequency)
                          + [("max", {"padding_idx": 4})])
 def test_bags(strict, mode, options):
-    check_op(lambda w, i, o: F.embedding_bag(i, w, o, mode=mode, **options), _weight(), _fixed(INDICES),
-             _fixed(OFFSETS))
     last = torch.cat((OFFSETS, torch.tensor([INDICES.numel()])))
-    check_op(lambda w, i, o: F.embedding_bag(i, w, o, mode=mode, include_last_offset=True, **options), _weight(),
-             _fixed(INDICES), _fixed(last))
+    for extra, offsets in (({}, OFFSETS), ({"include_last_offset": True}, last)):
+        if options.get("scale_grad_by_freq"):
+            _check_frequency_scaled(mode, offsets, extra)
+        else:
+            check_op(lambda w, i, o: F.embedding_bag(i, w, o, mode=mode, **extra, **options), _weight(),
+                     _fixed(INDICES), _fixed(offsets))
+
+
+def _check_frequency_scaled(mode: str, offsets: torch.Tensor, extra: dict) -> None:
+    """``scale_grad_by_freq``: the weight gradient is the unscaled one with each row divided by its index's
+    count among the indices (torch's documented rule). CPU torch is the reference only for the forward: before
+    2.14 its kernel divided some rows by another index's count (pytorch/pytorch#190063)."""
+    check_op(lambda w, i, o: F.embedding_bag(i, w, o, mode=mode, scale_grad_by_freq=True, **extra), _weight(),
+             _fixed(INDICES), _fixed(offsets), grad=False)
+    weight = torch.randn(10, 4, dtype=torch.float64)
+    plain = weight.clone().requires_grad_()
+    cpu = F.embedding_bag(INDICES, plain, offsets, mode=mode, **extra)
+    upstream = torch.randn(cpu.shape, dtype=torch.float64)
+    cpu.backward(upstream)
+    expected = plain.grad / torch.bincount(INDICES, minlength=10).clamp(min=1).unsqueeze(1)
+    device = weight.float().to("opencl").requires_grad_()
+    F.embedding_bag(INDICES.to("opencl"), device, offsets.to("opencl"), mode=mode, scale_grad_by_freq=True,
+                    **extra).backward(upstream.float().to("opencl"))
+    torch.testing.assert_close(device.grad.cpu().double(), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_per_sample_weights_2d_inputs_and_modules(strict):
