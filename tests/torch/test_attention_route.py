@@ -1,7 +1,8 @@
 """Which path attention that needs gradients takes: on a CPU device (PoCL here) the math decomposition,
 whose backward measured faster there than the fused one, while its stored scores fit
-``MATH_SCORES_BYTES``; the fused kernels for inference, for longer sequences and on GPUs. The backend
-and ``tunecl tune --net``'s extraction follow the same rule."""
+``MATH_SCORES_BYTES``; on GPUs the same from 256 x 256 scores per head; the fused kernels for inference,
+for longer sequences and shorter ones on GPUs. The backend and ``tunecl tune --net``'s extraction follow the
+same rule."""
 
 from __future__ import annotations
 
@@ -23,7 +24,13 @@ pytestmark = pytest.mark.skipif(state.get().device.fingerprint.device_type != "c
 
 def test_the_rule():
     assert attention.math_for_training("cpu", (2, 4, 512, 64), (2, 4, 512, 64))
-    assert not attention.math_for_training("gpu", (2, 4, 512, 64), (2, 4, 512, 64))
+    assert attention.math_for_training("cpu", (2, 4, 128, 64), (2, 4, 128, 64))
+    # GPUs: the fused kernels below 256 x 256 scores per head, the math path from there while the scores fit
+    assert not attention.math_for_training("gpu", (16, 12, 128, 64), (16, 12, 128, 64))
+    assert not attention.math_for_training("gpu", (16, 12, 255, 64), (16, 12, 256, 64))
+    assert attention.math_for_training("gpu", (16, 12, 256, 64), (16, 12, 256, 64))
+    assert attention.math_for_training("gpu", (16, 12, 512, 64), (16, 12, 512, 64))
+    assert not attention.math_for_training("gpu", (16, 12, 1024, 64), (16, 12, 1024, 64))   # 768 MiB of scores
     # scores of 8 x 8192 x 8192 float32 (2 GiB) keep the fused kernels' bounded memory
     assert not attention.math_for_training("cpu", (1, 8, 8192, 64), (1, 8, 8192, 64))
     assert attention.math_for_training("cpu", (128, 128, 64), (128, 64))   # no head dim: batch dims multiply

@@ -151,19 +151,26 @@ def _broadcasts(shape: Sequence[int], to: Sequence[int]) -> bool:
 
 # Scores of at most this many bytes (batch x heads x L x S float32) may be stored by the math path.
 MATH_SCORES_BYTES = 256 << 20
+# On GPUs, training attention of at least this many scores per head (L x S) takes the math path.
+GPU_MATH_SCORES = 256 * 256
 
 
 def math_for_training(device_type: str, query: Sequence[int], key: Sequence[int]) -> bool:
     """Whether a call that needs gradients takes the math decomposition (matrix products and softmax,
     its scores stored for the backward) instead of the fused kernels, on a device of ``device_type``
-    (``Fingerprint.device_type``) for these query and key shapes (batch dims, rows, head dim).
+    (``Fingerprint.device_type``) for these query and key shapes (batch dims, rows, head dim). Only while
+    the stored scores fit :data:`MATH_SCORES_BYTES`: beyond, the fused kernels keep memory bounded.
 
-    On CPU devices the fused backward measured slower than the math backward (PoCL, batch 1, 4 heads,
-    head dim 64, forward + backward ms, fused vs math: sequence 128 4.34 vs 3.33, 512 64.5 vs 24.9, and
-    56.0 vs 24 with a tuned backward), so training takes the math path there while its scores fit
-    :data:`MATH_SCORES_BYTES`; the fused kernels keep longer sequences in bounded memory. GPUs train on
-    the fused kernels. The backend and ``tunecl tune --net``'s workload extraction both ask this."""
-    if device_type != "cpu":
+    - CPU devices: the fused backward measured slower than the math backward (PoCL, batch 1, 4 heads,
+      head dim 64, forward + backward ms, fused vs math: sequence 128 4.34 vs 3.33, 512 64.5 vs 24.9, and
+      56.0 vs 24 with a tuned backward), so training takes the math path.
+    - GPUs: from :data:`GPU_MATH_SCORES` scores per head (sequence 256 x 256). On an H100 at batch 16,
+      12 heads, head dim 64 (``benchmarks/attention.py --backward``; the fused kernels tuned at 128, untuned
+      beyond), math / fused forward + backward device time: sequence 128 1.18 (tuned fused: faster), 256
+      0.86, 512 0.77, 1024 0.72 (scores over the bound there; fused), 2048 0.75.
+
+    The backend and ``tunecl tune --net``'s workload extraction both ask this."""
+    if device_type != "cpu" and query[-2] * key[-2] < GPU_MATH_SCORES:
         return False
     return 4 * math.prod(query[:-2]) * query[-2] * key[-2] <= MATH_SCORES_BYTES
 

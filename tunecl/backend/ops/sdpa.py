@@ -14,7 +14,8 @@ tensors, a mask that requires grad, dropout with host draws (the CPU's masks) or
 trace (where the graph's device generator draws each replay's mask), and
 ``torch.nn.attention.sdpa_kernel`` without ``SDPBackend.OVERRIDEABLE`` take the math path; so does a
 call that needs gradients on a device where the fused backward is the slower one
-(:func:`tunecl.kernels.attention.math_for_training`: CPU devices, scores of up to 256 MiB) unless
+(:func:`tunecl.kernels.attention.math_for_training`: CPU devices, and GPUs from 256 x 256 scores per
+head; scores of up to 256 MiB) unless
 ``sdpa_kernel`` leaves out ``SDPBackend.MATH``.
 ``_fused_sdp_choice`` answers the same choice for callers that ask it directly; it gives MATH for dropout,
 since such callers (a compiler's trace) may replay the call from a graph.
