@@ -12,42 +12,23 @@ of magnitudes, as test_half_gemm.py) plus one rounding to half.
 
 from __future__ import annotations
 
-import types
 
 import pytest
 import torch
 import torch.nn.functional as F
+from emulated_mma import emulated
 from opcheck import DEVICE
 
 import tunecl.backend
-from tunecl import kernels, runtime
+from tunecl import kernels
 from tunecl.backend import plans
 from tunecl.kernels.conv.conv_implicit_gemm_mma import ConvImplicitGemmMmaF16
 from tunecl.problems import ConvProblem
 
 pytestmark = pytest.mark.skipif(not plans.conv_algorithms(), reason="no convolution algorithm is registered")
 
-H200 = types.SimpleNamespace(
-    local_mem_size=48 * 1024, max_work_group_size=1024, capabilities=frozenset({runtime.MMA_F16}),
-    fingerprint=types.SimpleNamespace(vendor="NVIDIA Corporation", device_type="gpu", compute_units=132),
-)
 F16 = "conv_implicit_gemm_mma_f16"
-
-
-class EmulatedF16(ConvImplicitGemmMmaF16):
-    """conv_implicit_gemm_mma_f16 applying on any device, built with the plain-C mma (an H200's space)."""
-
-    def applies(self, problem, device):
-        return isinstance(problem, ConvProblem) and problem.dtype == "float16"
-
-    def space(self, problem, device):
-        return super().space(problem, H200)
-
-    def default(self, problem, device):
-        return super().default(problem, H200)
-
-    def build(self, problem, device, config, *, emulate=True):
-        return super().build(problem, device, config, emulate=True)
+EmulatedF16 = emulated(ConvImplicitGemmMmaF16, ConvProblem)
 
 
 @pytest.fixture

@@ -10,38 +10,19 @@ fp32 and round once): within one half ulp of it plus the fp32 accumulation error
 
 from __future__ import annotations
 
-import types
 
 import pytest
 import torch
+from emulated_mma import emulated
 from opcheck import DEVICE
 
-from tunecl import kernels, runtime
+from tunecl import kernels
 from tunecl.backend import plans
 from tunecl.kernels.gemm.gemm_mma import GemmMmaF16
 from tunecl.problems import GemmProblem
 
 
-H200 = types.SimpleNamespace(
-    local_mem_size=48 * 1024, max_work_group_size=1024, capabilities=frozenset({runtime.MMA_F16}),
-    fingerprint=types.SimpleNamespace(vendor="NVIDIA Corporation", device_type="gpu", compute_units=132),
-)
-
-
-class EmulatedF16(GemmMmaF16):
-    """gemm_mma_f16 applying on any device, built with the plain-C mma (an H200's space)."""
-
-    def applies(self, problem, device):
-        return isinstance(problem, GemmProblem) and problem.dtype == "float16"
-
-    def space(self, problem, device):
-        return super().space(problem, H200)
-
-    def default(self, problem, device):
-        return super().default(problem, H200)
-
-    def build(self, problem, device, config, *, emulate=True):
-        return super().build(problem, device, config, emulate=True)
+EmulatedF16 = emulated(GemmMmaF16, GemmProblem)
 
 
 @pytest.fixture
