@@ -177,6 +177,22 @@ def test_rrelu_in_training_draws_the_cpu_slopes(strict, dtype, layout):
     assert (rrelu("cpu")[3] < 1).sum() > 1000                     # (the slopes were drawn)
 
 
+@pytest.mark.parametrize("shape", [(), (0, 3), (1,), (3, 1, 5)])
+def test_rrelu_in_training_on_odd_shapes(strict, shape):
+    """0-dim, empty and size-1 inputs in training: CPU torch's values under one seed, and its gradient."""
+    host = torch.randn(shape)
+    results = []
+    for device in ("cpu", "opencl"):
+        x = host.to(device, copy=True).requires_grad_()
+        torch.manual_seed(11)
+        y = F.rrelu(x, 0.2, 0.4, training=True)
+        y.sum().backward()
+        results.append((y.detach().cpu(), x.grad.cpu()))
+    for cpu, device in zip(*results):
+        assert device.shape == cpu.shape
+        torch.testing.assert_close(device, cpu, atol=0, rtol=0)
+
+
 def test_rrelu_errors_as_torch(strict):
     x, noise = torch.randn(4, device="opencl"), torch.empty(3, device="opencl")
     with pytest.raises(RuntimeError, match="noise tensor shape must match self tensor shape"):
