@@ -117,15 +117,16 @@ def rrelu_with_noise_out(self: torch.Tensor, noise: torch.Tensor, lower: Any = 0
 
     The slopes are CPU torch's: its kernel draws one double per non-positive element, in order, from the
     generator (``generator`` or the CPU default); here as many as there are elements are drawn on the host by
-    the same distribution (a float64 ``uniform_`` between the float32 bounds) and uploaded, and the k-th non-positive element takes the
-    k-th draw (its rank by a cumulative sum on the device, so no count is read back). The results equal the
-    CPU's under one seed; the generator moves on by one draw per element (as CUDA's kernel draws per element),
-    not per non-positive element."""
+    the same distribution (a float64 ``uniform_`` between the float32 bounds) and uploaded, and the k-th
+    non-positive element takes the k-th draw (its rank by a cumulative sum on the device, so no count is read
+    back). The results equal the CPU's under one seed; the generator moves on by one draw per element (as
+    CUDA's kernel draws per element), not per non-positive element."""
     if tuple(self.shape) != tuple(noise.shape):
         raise RuntimeError(f"noise tensor shape must match self tensor shape. Got self.shape = {list(self.shape)} "
                            f"noise.shape = {list(noise.shape)}")
     if not self.dtype.is_floating_point:
-        raise NotImplementedError(f'"rrelu_with_noise_out_cpu" not implemented for \'{scalar_type_name(self.dtype)}\'')
+        raise NotImplementedError(f'"rrelu_with_noise_out_cpu" not implemented for '
+                                  f"'{scalar_type_name(self.dtype)}'")
     if noise.dtype != self.dtype:
         raise RuntimeError(f"expected scalar type {scalar_type_name(self.dtype)} but found "
                            f"{scalar_type_name(noise.dtype)}")
@@ -133,7 +134,8 @@ def rrelu_with_noise_out(self: torch.Tensor, noise: torch.Tensor, lower: Any = 0
         return run_out("leaky_relu", out, (self,), ((float(lower) + float(upper)) / 2,))
     if float(lower) > float(upper):
         raise RuntimeError("Expected from <= to to be true, but got false.")
-    low, high = (float(torch.tensor(float(v), dtype=torch.float32)) for v in (lower, upper))   # as the CPU's opmath
+    # the bounds rounded to float32, as the CPU kernel's opmath holds them
+    low, high = (float(torch.tensor(float(v), dtype=torch.float32)) for v in (lower, upper))
     draws = torch.empty(self.numel(), dtype=torch.float64).uniform_(low, high, generator=generator)
     not_positive = self <= 0
     rank = not_positive.reshape(-1).cumsum(0).sub_(1).clamp_(min=0)

@@ -27,9 +27,9 @@ calls" below): the first call of a signature records its plans' launches, later 
 outputs, bind the buffers and enqueue them, with the results of the route above bit for bit.
 
 3-D convolutions, transposed or not, run as sums of 2-d convolutions over the kernel's depth taps, by the
-2-d route above (:mod:`tunecl.backend.ops.conv3d`). Dtypes other than fp32/fp16 and transposed 2-d
-convolutions whose ``output_padding`` is not below the stride keep an explicit CPU route that is counted and governed as a fallback
-(``TUNECL_FALLBACK=error`` raises). A zero-size batch produces empty (or, for gradients of
+2-d route above (:mod:`tunecl.backend.ops.conv3d`). Dtypes other than fp32/fp16 and transposed
+convolutions whose ``output_padding`` is not below the stride keep an explicit CPU route that is counted and
+governed as a fallback (``TUNECL_FALLBACK=error`` raises). A zero-size batch produces empty (or, for gradients of
 parameters, zero) results without launching a plan.
 """
 

@@ -115,7 +115,8 @@ def backward(conv2d_backward: Callable[..., tuple], grad_output: torch.Tensor, i
             grad_weight[:, :, k] = grad_weight_tap
     grad_input = None
     if grad_padded is not None:
-        grad_input = grad_padded[:, :depth].permute(0, 2, 1, 3, 4).to(input.dtype, memory_format=torch.contiguous_format)
+        grad_input = grad_padded[:, :depth].permute(0, 2, 1, 3, 4).to(input.dtype,
+                                                                       memory_format=torch.contiguous_format)
     grad_bias = grad_output.sum((0, 2, 3, 4)) if output_mask[2] else None
     return grad_input, grad_weight, grad_bias
 

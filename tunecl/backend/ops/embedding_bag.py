@@ -16,7 +16,8 @@ Then:
 
 The backward adds each bag's gradient into the weight rows its indices read (sum, mean: scaled as the forward
 scaled them, and by ``1 / count`` of each index with ``scale_grad_by_freq``; max: into the row that gave each
-maximum of a bag that is not empty, as torch's kernel does), and the per-sample weights' gradient is the dot product of a bag's gradient with the row read.
+maximum of a bag that is not empty, as torch's kernel does), and the per-sample weights' gradient is the dot
+product of a bag's gradient with the row read.
 torch's checks of the offsets (the first 0, none past the indices) read two numbers from the device.
 """
 
