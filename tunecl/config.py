@@ -68,6 +68,9 @@ class Config:
             (``TUNECL_BACKWARD_THREAD``): ``caller`` (the thread that called ``backward``, as torch does for
             CPU tensors), ``worker`` (torch's autograd thread for the device) or ``auto`` (the default:
             ``caller``); see :mod:`tunecl.backend.autograd_engine`.
+        foreach_runs: whether eager ``_foreach_*`` calls made without grad mode (a foreach optimizer's
+            step) wait to run as one multi-tensor kernel per run of calls (``TUNECL_FOREACH_RUNS``): ``on``
+            (the default) or ``off``; see :mod:`tunecl.backend.foreach_runs`.
     """
 
     device: str = "0"
@@ -85,6 +88,7 @@ class Config:
     addresses: str = "auto"
     random: str = "auto"
     backward_thread: str = "auto"
+    foreach_runs: str = "on"
 
     @staticmethod
     def from_env(env: dict[str, str] | None = None) -> Config:
@@ -108,6 +112,7 @@ class Config:
             addresses=_choice(env, "TUNECL_ADDRESSES", ADDRESS_MODES),
             random=(env.get("TUNECL_RANDOM") or "auto").lower(),
             backward_thread=_choice(env, "TUNECL_BACKWARD_THREAD", BACKWARD_THREADS),
+            foreach_runs=_choice(env, "TUNECL_FOREACH_RUNS", FOREACH_RUNS),
         )
 
 
@@ -116,6 +121,7 @@ WINOGRAD_CACHE_MODES = ("auto", "on", "off")
 RANDOM_MODES = ("auto", "device", "host")
 ADDRESS_MODES = ("auto", "off")
 BACKWARD_THREADS = ("auto", "caller", "worker")
+FOREACH_RUNS = ("on", "off")
 
 
 def _choice(env: dict[str, str], name: str, choices: tuple[str, ...]) -> str:

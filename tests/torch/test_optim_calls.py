@@ -7,12 +7,20 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tunecl import config
 from tunecl.backend import state
 from tunecl.backend.ops import optim_calls
 from tunecl.profiling import KernelProfile
 
 # more tensors than a launch's slots (several chunks), odd sizes, a one-element tensor
 SHAPES = [(3, 5), (7,), (2, 1, 4), (1,), (4, 4), (9,), (1, 2, 3), (5,), (6, 2), (11,), (2, 2, 2)]
+
+
+@pytest.fixture(autouse=True)
+def call_by_call():
+    """Each ``_foreach_*`` call launched by itself (not joined into a run: tests/torch/test_foreach_runs.py)."""
+    with config.override(foreach_runs="off"):
+        yield
 
 
 @pytest.fixture

@@ -65,8 +65,8 @@ from torch._dynamo.backends.debugging import boxed_nop
 from torch._inductor.utils import count_tangents
 
 import tunecl.backend  # noqa: F401  (registers the opencl device)
-from tunecl.backend import (copy_backs, folding, foreach_fusion, fusion, graphs, norm_fusion, random_draws,
-                            reinplace, step_counts)
+from tunecl.backend import (copy_backs, folding, foreach_fusion, foreach_runs, fusion, graphs, norm_fusion,
+                            random_draws, reinplace, step_counts)
 from tunecl.backend.ops import foreach
 
 _counts: collections.Counter[str] = collections.Counter()
@@ -159,6 +159,12 @@ class _Replayed:
         self.reason = self.reason or "its capture was released (torch._dynamo.reset)"
 
     def __call__(self, args: list[Any]) -> Any:
+        # a pending run goes first (the graph's kernels may read what it writes), and the graph's own
+        # foreach ops join none: its rewrites launch kernels directly and fuse its foreach runs themselves
+        with foreach_runs.paused():
+            return self._call(args)
+
+    def _call(self, args: list[Any]) -> Any:
         if self.reason:
             return self.run_eagerly(args)
         self.calls += 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from tunecl.backend import graphed, graphs, memory, memory_report, properties, state, streams
+from tunecl.backend import foreach_runs, graphed, graphs, memory, memory_report, properties, state, streams
 from tunecl.backend.properties import DeviceProperties
 from tunecl.backend.state import check_index
 
@@ -83,6 +83,7 @@ def synchronize(device: DeviceLike = None) -> None:
     """Wait until every command enqueued on the device has finished; raises the IndexError of a gather or
     scatter that met an index out of range."""
     check_index(device)
+    foreach_runs.flush()
     st = state.get()
     st.device.synchronize()
     st.raise_index_fault()

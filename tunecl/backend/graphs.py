@@ -80,7 +80,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from tunecl import profiling
-from tunecl.backend import memory, state
+from tunecl.backend import foreach_runs, memory, state
 from tunecl.kernels.launches import preset_kernel
 
 
@@ -130,6 +130,7 @@ class Graph:
         if self._captured:
             raise GraphCaptureError("this graph already holds a capture; reset() it first")
         device = state.get().device
+        foreach_runs.flush()   # (a run of foreach calls made before the capture is not part of it)
         if not profiling.swap_lock.acquire(blocking=False):
             raise GraphCaptureError("cannot capture while another graph is being captured or a KernelProfile "
                                     "is active")
@@ -227,6 +228,7 @@ class Graph:
         if _active is self:
             raise GraphCaptureError("a graph cannot replay inside its own capture")
         self.replays += 1
+        foreach_runs.flush()
         for hook in self._before_replay:   # e.g. weights changed in place since: their cached transforms first
             hook()
         queue = self._device.queue   # (enqueues launches deferred before the replay first)

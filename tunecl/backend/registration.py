@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from tunecl.backend import (accelerator, amp, autocast, autograd_engine, copies, counters, default_compile, fallback,
-                            memory, modules, state, streams, weight_cache)
+                            foreach_runs, memory, modules, state, streams, weight_cache)
 from tunecl.errors import Unsupported
 
 BACKEND = "opencl"
@@ -142,10 +142,12 @@ def _out_dtype_check(op: torch._ops.OpOverload, outs: tuple[tuple[int, str], ...
     return check
 
 
-def _kernel(name: str, adapter: Callable[..., Any]) -> Callable[..., Any]:
-    """Count calls of ``name``; route an :class:`Unsupported` case to the CPU fallback. A kernel that
-    writes into its arguments first tells :mod:`weight_cache` (transforms of a written weight are stale
-    even when its version counter does not move, e.g. through ``w.data``)."""
+def _kernel(name: str, adapter: Callable[..., Any], joins: bool = False) -> Callable[..., Any]:
+    """Count calls of ``name``; launch a pending run of foreach calls first (:mod:`foreach_runs`; ``joins``:
+    the kernel may join the run, and launches it itself where it does not); route an :class:`Unsupported`
+    case to the CPU fallback. A kernel that writes into its arguments first tells :mod:`weight_cache`
+    (transforms of a written weight are stale even when its version counter does not move, e.g. through
+    ``w.data``)."""
     base, _, overload = name.partition(".")
     op = getattr(getattr(torch.ops.aten, base), overload or "default")
     counts = counters.op_counts
@@ -157,8 +159,12 @@ def _kernel(name: str, adapter: Callable[..., Any]) -> Callable[..., Any]:
     outs = _out_arguments(op)
     check_out = _out_dtype_check(op, outs) if outs else None
 
+    runs = foreach_runs
+
     def kernel(*args: Any, **kwargs: Any) -> Any:
         counts[full_name] += 1
+        if runs.pending is not None and not joins:
+            runs.flush()
         if check_out is not None:
             check_out(args, kwargs)
         if written and watched and (not written_only_if or fallback.hidden_writes(op._schema, args, kwargs)):
@@ -174,18 +180,19 @@ def _kernel(name: str, adapter: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _register_kernels() -> None:
-    from tunecl.backend.ops import kernel_table
+    from tunecl.backend.ops import foreach, kernel_table
 
     aten = torch.library.Library("aten", "IMPL")
     for name, adapter in kernel_table().items():
-        aten.impl(name, _kernel(name, adapter), "PrivateUse1")
+        aten.impl(name, _kernel(name, adapter, joins=name in foreach.JOINABLE), "PrivateUse1")
     from tunecl.backend.ops import composite, core, sdpa
 
-    for name, view in core.VIEW_KERNELS.items():
+    for name, view in core.VIEW_KERNELS.items():   # (views read no data: a pending run may wait)
         aten.impl(name, view, "PrivateUse1")
 
+    # autograd kernels that launch kernels themselves: a pending run first
     for name, adapter in {**composite.AUTOGRAD_KERNELS, **sdpa.AUTOGRAD_KERNELS}.items():
-        aten.impl(name, adapter, "AutogradPrivateUse1")
+        aten.impl(name, foreach_runs.launching_first(adapter), "AutogradPrivateUse1")
     for name, shapes in sdpa.META_KERNELS.items():
         if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
             aten.impl(name, shapes, "Meta")
@@ -193,9 +200,10 @@ def _register_kernels() -> None:
         packet = getattr(torch.ops.aten, base)
         for overload in packet.overloads():
             aten.impl(f"{base}.{overload}" if overload != "default" else base,
-                      fallback.cpu_autograd_route(getattr(packet, overload)), "AutogradPrivateUse1")
+                      foreach_runs.launching_first(fallback.cpu_autograd_route(getattr(packet, overload))),
+                      "AutogradPrivateUse1")
     catch_all = torch.library.Library("_", "IMPL")
-    catch_all.fallback(fallback.boxed_fallback, "PrivateUse1")
+    catch_all.fallback(foreach_runs.launching_first(fallback.boxed_fallback), "PrivateUse1")
     # Autocast: ops without a cast policy fall through; torch has no policies for this key, so
     # autocast.py registers CUDA's (without them torch.autocast("opencl") would do nothing)
     catch_all.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")

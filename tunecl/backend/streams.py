@@ -31,7 +31,7 @@ from typing import Any
 import pyopencl as cl
 import torch
 
-from tunecl.backend import graphs, state
+from tunecl.backend import foreach_runs, graphs, state
 
 BACKEND = "opencl"
 _TorchEvent = torch.Event      # torch's classes, kept before patch_torch_event_and_stream replaces the names
@@ -110,6 +110,7 @@ class Event(_TorchEvent):
         if graphs.capturing():
             raise graphs.GraphCaptureError("an event cannot be recorded in a graph capture (a replay would "
                                            "not record it); record events around the replay")
+        foreach_runs.flush()
         queue = state.get().queue   # (the property enqueues the deferred launches first)
         self._marker = cl.enqueue_marker(queue)
         if self._enable_timing:
@@ -191,6 +192,7 @@ class Stream(_TorchStream):
 
     def synchronize(self) -> None:
         """Wait until all work enqueued so far has finished."""
+        foreach_runs.flush()
         state.get().device.synchronize()
 
     def wait_event(self, event: Event) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from tunecl.backend import state
+from tunecl.backend import foreach_runs, state
 from tunecl.backend.allocator import buffers as _buffers
 from tunecl.backend.memory import empty_dense_many
 from tunecl.backend.ops import optim_calls
@@ -201,6 +201,15 @@ def _adapter(name: str, expr: str, arrange: Callable[..., tuple[list, list] | No
 
     def kernel(self: list[torch.Tensor], *args: Any, **kwargs: Any) -> Any:
         arranged = arrange(len(self), *args, **kwargs)
+        if arranged is not None and self and foreach_runs.can_join():
+            more, params = arranged
+            if in_place:
+                if foreach_runs.join(expr, True, self, more, params):
+                    return None
+            elif (fresh := _fresh_outputs(self)) is not None and foreach_runs.join(expr, False, self, more, params,
+                                                                                   fresh):
+                return fresh[0]
+        foreach_runs.flush()
         if arranged is not None and self:
             more, params = arranged
             inputs = ([self] if expr != "fill" else []) + more
@@ -221,6 +230,15 @@ def _adapter(name: str, expr: str, arrange: Callable[..., tuple[list, list] | No
         return op._op_dk(_GENERIC, self, *args, **kwargs)
 
     return kernel
+
+
+def _fresh_outputs(self: list[torch.Tensor]) -> tuple[list[torch.Tensor], list] | None:
+    """New outputs of ``self``'s layout and their buffers, for a functional call joining a run (None where
+    ``self`` is not a list of contiguous float32 tensors: the call cannot join)."""
+    if not all(isinstance(t, torch.Tensor) and t.dtype is torch.float32 and t.is_contiguous() and t.numel()
+               for t in self):
+        return None
+    return empty_dense_many(self)
 
 
 def _scalar_operand(count: int, scalar: Any) -> tuple[list, list] | None:        # a (op) scalar
@@ -315,6 +333,11 @@ def arranged(overload: str, count: int, args: Sequence[Any], kwargs: dict[str, A
     return None if result is None else (expr, *result)
 
 
+# the kernels that may join a pending run of foreach calls (tunecl.backend.foreach_runs): the registration
+# launches a pending run before every other kernel
+JOINABLE: set[str] = set()
+
+
 def _table() -> dict[str, Callable[..., Any]]:
     table: dict[str, Callable[..., Any]] = {}
     for overload, (expr, arrange) in OVERLOADS.items():
@@ -324,6 +347,7 @@ def _table() -> dict[str, Callable[..., Any]]:
     float_add_ = table["_foreach_add_.Scalar"]
     table["_foreach_add_.Scalar"] = lambda self, scalar: None if _add_counts(self, scalar) else float_add_(self, scalar)
     table["_foreach_zero_"] = _adapter("_foreach_zero_", "fill", _zero)
+    JOINABLE.update(table)   # (the adapters: each joins a pending run or launches it first)
     table["_foreach_copy_"] = _foreach_copy_
     table["_foreach_pow.ScalarAndTensor"] = _foreach_pow_scalar_and_tensor
     return table

@@ -97,10 +97,10 @@ def _keep(calls: dict[tuple, _Call], key: tuple, call: _Call) -> _Call:
     return call
 
 
-def _column(tensors: Sequence[torch.Tensor], numels: list[int] | None, outs: _Outs | None,
-            ptrs: list[int], lists: dict[tuple, tuple]) -> tuple[list, list[int]] | None:
-    """(buffers, element offsets) of ``tensors`` (data_ptrs ``ptrs``) when each is a contiguous float32
-    opencl tensor of the signature's numel (``numels`` None: of any but 0) and, given ``outs``, of its
+def _column(tensors: Sequence[torch.Tensor], numels: list[int] | None, outs: _Outs | None, ptrs: list[int],
+            lists: dict[tuple, tuple]) -> tuple[list, list[int], list[int]] | None:
+    """(buffers, element offsets, storage addresses) of ``tensors`` (data_ptrs ``ptrs``) when each is a
+    contiguous float32 opencl tensor of the signature's numel (``numels`` None: of any but 0) and, given ``outs``, of its
     output's shape and either exactly its output or sharing no storage with it; else None. The general
     route's checks (:func:`tunecl.backend.ops.foreach.buffer_pairs`), a pass over the list per property.
 
@@ -137,7 +137,23 @@ def _column(tensors: Sequence[torch.Tensor], numels: list[int] | None, outs: _Ou
                                                                         outs.addresses, outs.offsets):
                 if out is not t and address == out_address and offset != out_offset:
                     return None
-    return buffers, offsets
+    return buffers, offsets, addresses
+
+
+def dense_column(tensors: Sequence[torch.Tensor], numels: list[int] | None
+                 ) -> tuple[list[int], list, list[int], list[int]] | None:
+    """(data_ptrs, buffers, element offsets, storage addresses) of a list of contiguous float32 opencl tensors
+    of ``numels`` (None: of any but 0), checked as :func:`_column` checks a call's column (a list seen
+    before by its data_ptrs, cheaply); None for any other list."""
+    ptrs = list(map(_data_ptr, tensors))
+    found = _column(tensors, numels, None, ptrs, state.get().optim.lists)
+    return None if found is None else (ptrs, *found)
+
+
+def remember_fresh(tensors: Sequence[torch.Tensor], ptrs: list[int]) -> None:
+    """Note a list of fresh contiguous float32 tensors (new storages, data_ptrs ``ptrs``) as valid, so the
+    calls that read it next find it without a pass over its tensors."""
+    _remember(state.get().optim.lists, tuple(ptrs), ([0] * len(ptrs), ptrs))
 
 
 def _remember(lists: dict[tuple, tuple], key: tuple, found: tuple) -> None:
@@ -211,7 +227,7 @@ def _bind(call: _Call, column: int, tensors: Sequence[Any], outs: _Outs | None, 
     if found is None:
         call.ptrs[column] = None
         return _FAILED
-    buffers, offsets = found
+    buffers, offsets, _ = found
     call.set_offsets(column, offsets)
     call.ptrs[column] = ptrs
     fresh.append(([column], buffers))

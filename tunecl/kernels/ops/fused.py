@@ -12,6 +12,7 @@ float32 in memory, so a fused chain computes the same values (up to the compiler
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -25,7 +26,8 @@ from tunecl.kernels.sizes import round_up
 
 MAX_INPUTS = 8    # in0 .. in7 of fused.cl
 MAX_STEPS = 16    # t0 .. t15 of fused.cl
-Arg = str | float  # "v<k>" (input k), "t<k>" (step k) or a constant
+Arg = str | float  # "v<k>" (input k), "t<k>" (step k), a constant, or "K(<q>)" (number q of a kernel argument)
+_CONSTANT = re.compile(r"K\(\d+\)")
 
 
 class Step(NamedTuple):
@@ -43,9 +45,9 @@ class Chain(NamedTuple):
     inputs: int
     steps: tuple[Step, ...]
 
-    def check(self, max_inputs: int = MAX_INPUTS, max_steps: int = MAX_STEPS) -> None:
+    def check(self, max_inputs: int = MAX_INPUTS, max_steps: int = MAX_STEPS, constants: int = 0) -> None:
         """Raise :class:`Unsupported` for a chain ``fused.cl`` (or a kernel taking ``max_inputs`` inputs and
-        ``max_steps`` steps) cannot compute."""
+        ``max_steps`` steps, and ``constants`` numbers ``K(q)`` as an argument) cannot compute."""
         if not 1 <= self.inputs <= max_inputs:
             raise Unsupported(f"a fused chain of {self.inputs} inputs (1 to {max_inputs})")
         if not 1 <= len(self.steps) <= max_steps:
@@ -58,8 +60,12 @@ class Chain(NamedTuple):
                 raise Unsupported(f"{step.op} takes {expr.nin} inputs and {expr.nparams} parameters")
             for arg in step.args:
                 if isinstance(arg, str) and not (arg[0] == "v" and int(arg[1:]) < self.inputs
-                                                 or arg[0] == "t" and int(arg[1:]) < k):
+                                                 or arg[0] == "t" and int(arg[1:]) < k
+                                                 or _is_constant(arg, constants)):
                     raise Unsupported(f"step {k} reads {arg}, which is not defined before it")
+            for param in step.params:
+                if isinstance(param, str) and not _is_constant(param, constants):
+                    raise Unsupported(f"step {k} takes {param} as a parameter: not a number")
 
     def options(self) -> list[str]:
         """The build options that compute this chain (no whitespace: options split at it)."""
@@ -70,6 +76,11 @@ class Chain(NamedTuple):
             options.append(f"-DF{k}(a,b,c,s0,s1,s2,s3)={EXPRESSIONS[step.op].code}")
             options.append(f"-DSTEP{k}=F{k}({','.join(args + params)})")
         return options
+
+
+def _is_constant(arg: str, constants: int) -> bool:
+    """Whether ``arg`` is ``K(q)`` with q below ``constants``."""
+    return _CONSTANT.fullmatch(arg) is not None and int(arg[2:-1]) < constants
 
 
 def _c(value: Arg) -> str:

@@ -59,6 +59,7 @@ class Chunks:
         "head_types",
         "itemsize",
         "kernel",
+        "launched",
         "local",
         "meta",
         "presets",
@@ -72,7 +73,8 @@ class Chunks:
                  empty_items: int = 0, itemsize: int = 4,
                  by_address: Callable[[], tuple[cl.Kernel, Callable[[Sequence[Any]], list[int]]] | None] | None = None
                  ) -> None:
-        """``head``/``head_types``: the shared scalars and their struct type characters ('f', 'i'); ``values``:
+        """``head``/``head_types``: the shared scalars and their struct type characters ('f', 'i'; 'b': bytes, a
+        by-value struct); ``values``:
         numbers per slot of a per-chunk head struct of floats instead (foreach_map: 5); ``tail``: one-element
         tensors read by the kernel; ``items``: work-items per slot at most; ``empty_items``: the work-items of
         a chunk whose tensors are all empty; ``itemsize``: bytes per element of the columns' tensors;
@@ -103,6 +105,7 @@ class Chunks:
         self._dirty = False                # by-value arguments changed since the presets were set
         self._positions: dict[tuple, list[int]] = {}   # columns -> their pointers' argument positions
         self._lock = threading.Lock()
+        self.launched = 0                  # calls of launch() so far
 
     # -- what changes rarely -------------------------------------------------------------------------
     def set_offsets(self, column: int, offsets: Sequence[int]) -> None:
@@ -153,6 +156,7 @@ class Chunks:
 
     def launch(self, queue_of: Any, buffers: Sequence[Sequence[Any]], tail: Sequence[Any] = ()) -> None:
         """Launch every chunk through the kernel's invoker (``queue_of()`` gives the queue for each)."""
+        self.launched += 1
         kernel, local = self.kernel, (self.local, 1)
         for chunk, global_size in enumerate(self.global_sizes):
             kernel(queue_of(), global_size, local, *self.arguments(chunk, buffers, tail))
@@ -219,11 +223,15 @@ class Chunks:
 
     def _set_by_value(self) -> None:   # with the lock held
         slots = self.slots
+        raw: list[Any] = []
         if self.values is None:
             head = len(self.head)
             packed: list[Any] = []
             for position, (kind, value) in enumerate(zip(self.head_types, self.head)):
-                packed += (position, kind.encode(), value)
+                if kind == "b":
+                    raw += (position, value)
+                else:
+                    packed += (position, kind.encode(), value)
             packed = tuple(packed)
         else:
             head = 1
@@ -236,7 +244,10 @@ class Chunks:
         for chunk, preset in enumerate(self.presets):
             start = chunk * slots
             if values is None:
-                preset._set_arg_buf_pack_multi(packed)
+                if packed:
+                    preset._set_arg_buf_pack_multi(packed)
+                if raw:
+                    preset._set_arg_buf_multi(tuple(raw))
             else:
                 preset._set_arg_buf_multi((0, values[start:start + slots].tobytes()))
             preset._set_arg_buf_multi((head, meta[start:start + slots].tobytes()))

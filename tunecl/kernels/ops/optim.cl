@@ -28,7 +28,9 @@
 //              tensors (read for every element) and the steps SV(k) computed from them and constants
 //              alone, shared through local memory (SHARES, UNSHARES: NUNIFORM values); in the loop,
 //              LOADS as LD(column, i), STEPS as SV(k) for the other steps, and STORES as
-//              ST(column, step) for the columns written back.
+//              ST(column, step) for the columns written back. With NCONST, the kernel's first argument
+//              holds NCONST floats, K(0) .. K(NCONST - 1), which the steps may read as numbers (an
+//              eager run of foreach calls, tunecl.backend.foreach_runs, whose numbers change per call).
 //
 // Pointers: each slot's tensors are pointer arguments (FOR_SLOTS(*_SLOT)), each offset by its meta entry
 // (in elements); or with ADDRESSES there are no pointer arguments and each meta entry is the tensor's
@@ -334,8 +336,16 @@ __kernel void foreach_map(const map_numbers_t s, const map_meta_t m FOR_SLOTS(MA
 #define SV(k) const float t##k = (float)(STEP##k);
 #define ST(j, value) p##j[i] = value;
 typedef struct { long v[(NCOL + 1) * SLOTS]; } chain_meta_t;
+#ifdef NCONST
+  // the steps' numbers passed by value (an eager run's: they change between calls, the kernel does not)
+  typedef struct { float v[NCONST]; } chain_consts_t;
+  #define CONSTS_ARG const chain_consts_t cs,
+  #define K(q) cs.v[q]
+#else
+  #define CONSTS_ARG
+#endif
 
-__kernel void foreach_chain(const chain_meta_t m FOR_SLOTS(CHAIN_SLOT))
+__kernel void foreach_chain(CONSTS_ARG const chain_meta_t m FOR_SLOTS(CHAIN_SLOT))
 {
   const int slot = (int)get_global_id(1);
   COLS(CHAIN_DECLARE, 0)

@@ -25,6 +25,8 @@ SLOTS = 8            # tensors per launch where the device's parameter bytes are
 SLOT_CHOICES = config.OPTIM_SLOTS   # what optim.cl's FOR_SLOTS expands: 1 .. 8, 16, 24, 32
 CHAIN_COLUMNS = 8    # foreach_chain's columns, at most (optim.cl's COLS)
 CHAIN_STEPS = 32     # and steps
+CHAIN_CONSTANTS = 32  # and numbers passed by value (K(q))
+CHAIN_CALLS = 64     # foreach_chain signatures whose launches Optim keeps
 
 
 def parameter_bytes(slots: int) -> int:
@@ -78,6 +80,8 @@ class Optim(StridedFamily):
         self.calls: dict[tuple, Any] = {}
         # tensor lists those calls found valid: their data_ptrs -> (element offsets, storage addresses)
         self.lists: dict[tuple, Any] = {}
+        self._chains: dict[tuple, Chunks] = {}   # chain_chunks' signature -> its launches
+        self._chain_options: dict[tuple, list[str]] = {}   # a foreach_chain kernel's key -> its build options
         self._by_address: bool | None = None   # see by_address()
 
     def _kernel(self, name: str, flags: tuple[str, ...], scalars: int, per_slot_buffers: int, meta_len: int
@@ -240,31 +244,51 @@ class Optim(StridedFamily):
         chunks.launch(self.queue, [[buffer for buffer, _ in tensors]])
 
     def chain(self, chain: Chain, ones: Sequence[bool], writes: Sequence[tuple[int, int]],
-              columns: Sequence[Sequence[tuple[cl.Buffer, int]]], numels: Sequence[int]) -> None:
+              columns: Sequence[Sequence[tuple[cl.Buffer, int]]], numels: Sequence[int],
+              constants: Sequence[float] = ()) -> None:
         """For every tensor index k, ``chain`` over the k-th tensors of ``columns`` (its inputs ``v0``.. are
         the columns, each a list of (buffer, element offset) pairs of contiguous float32 data), a launch per
         ``slots`` tensors: each ``(column, step)`` of ``writes`` stores that step's value into the column.
         ``ones[j]``: column j's tensors hold one element each, read for every element; the others hold
         ``numels[k]`` elements at index k. A written column is read before it is written, element by
-        element, so it may be one the chain reads; no tensor may be in two columns if one is written."""
-        columns = [list(c) for c in columns]
+        element, so it may be one the chain reads; no tensor may be in two columns if one is written.
+        ``constants``: the numbers ``K(0)``, ``K(1)``, .. the steps read (passed by value, so a chain that
+        differs only in them is the same kernel)."""
         ncol = len(columns)
         if ncol != chain.inputs or len(ones) != ncol or any(len(c) != len(numels) for c in columns):
             raise ValueError("a foreach chain takes one column per chain input, each a tensor per numel")
         if not writes or any(ones[j] for j, _ in writes):
             raise ValueError("a foreach chain writes full columns only")
-        chain.check(max_inputs=CHAIN_COLUMNS, max_steps=CHAIN_STEPS)
-        slots = self._chain_slots(ncol)
-        key = ("foreach_chain", chain, tuple(ones), tuple(writes), slots)
-        kernel = self.cache.get(key)
-        if kernel is None:
+        chunks = self.chain_chunks(chain, tuple(ones), tuple(writes), numels, len(constants))
+        for j, column in enumerate(columns):
+            chunks.set_offsets(j, [offset for _, offset in column])
+        if constants:
+            chunks.set_head([np.asarray(constants, np.float32).tobytes()])
+        chunks.launch(self.queue, [[buffer for buffer, _ in column] for column in columns])
+
+    def chain_chunks(self, chain: Chain, ones: tuple[bool, ...], writes: tuple[tuple[int, int], ...],
+                     numels: Sequence[int], constants: int = 0) -> Chunks:
+        """:meth:`chain`'s launches over tensors of ``numels``, by column; kept per signature (the most
+        recent :data:`CHAIN_CALLS`), so a run a step repeats builds its grid once."""
+        key = (chain, ones, writes, tuple(numels), constants)
+        chunks = self._chains.get(key)
+        if chunks is not None:
+            return chunks
+        ncol = len(ones)
+        chain.check(max_inputs=CHAIN_COLUMNS, max_steps=CHAIN_STEPS, constants=constants)
+        if constants > CHAIN_CONSTANTS:
+            raise Unsupported(f"a foreach chain of {constants} numbers (at most {CHAIN_CONSTANTS})")
+        slots = self._chain_slots(ncol, constants)
+        kernel_key = ("foreach_chain", chain, ones, writes, slots, constants)
+        options = self._chain_options.get(kernel_key)
+        if options is None:
             # what reads only one-element columns and constants is the same for every element of a slot:
             # one work-item of each work-group loads and computes it and shares it through local memory
             # (Adam's bias corrections: two pow() per work-group, not per element; on a CPU device each
             # work-item has about one element)
             uniform = [f"v{j}" for j, one in enumerate(ones) if one]
             for k, step in enumerate(chain.steps):
-                if all(not isinstance(a, str) or a in uniform for a in step.args):
+                if all(not isinstance(a, str) or a in uniform or a.startswith("K(") for a in step.args):
                     uniform.append(f"t{k}")
             before = "".join(f"LD1({j})" for j, one in enumerate(ones) if one) \
                 + "".join(f"SV({k})" for k in range(len(chain.steps)) if f"t{k}" in uniform)
@@ -276,17 +300,25 @@ class Optim(StridedFamily):
             options = [f"-DSLOTS={slots}", f"-DNCOL={ncol}", *chain.options(), f"-DNUNIFORM={max(len(uniform), 1)}",
                        f"-DBEFORE={before}", f"-DSHARES={share}", f"-DUNSHARES={unshare}",
                        f"-DLOADS={loads}", f"-DSTEPS={steps}", f"-DSTORES={stores}"]
-            dtypes = [meta_dtype((ncol + 1) * slots, "long")] + [None] * (ncol * slots)
-            kernel = self.cache.build(key, options, "foreach_chain", dtypes)
-        chunks = Chunks(kernel, slots, self.local, self.items, numels, ncol, empty_items=1)
-        for j, column in enumerate(columns):
-            chunks.set_offsets(j, [offset for _, offset in column])
-        chunks.launch(self.queue, [[buffer for buffer, _ in column] for column in columns])
+            if constants:
+                options.append(f"-DNCONST={constants}")
+            self._chain_options[kernel_key] = options
+        head = [meta_dtype((ncol + 1) * slots, "long")]
+        if constants:
+            head.insert(0, np.dtype(f"V{4 * constants}"))
+        kernel, by_address = self._build(kernel_key, options, "foreach_chain", head, ncol * slots)
+        chunks = Chunks(kernel, slots, self.local, self.items, numels, ncol, empty_items=1,
+                        head=[bytes(4 * constants)] if constants else (), head_types="b" if constants else "",
+                        by_address=by_address)
+        if len(self._chains) >= CHAIN_CALLS:
+            del self._chains[next(iter(self._chains))]
+        self._chains[key] = chunks
+        return chunks
 
-    def _chain_slots(self, columns: int) -> int:
+    def _chain_slots(self, columns: int, constants: int = 0) -> int:
         """Tensors per foreach_chain launch: the most of 1 .. 8, 16, 24, 32 up to :attr:`slots` whose pointers
-        and meta fit the device's parameter bytes."""
-        limit = getattr(self.device.cl_device, "max_parameter_size", 1024)
+        and meta (and ``constants`` floats) fit the device's parameter bytes."""
+        limit = getattr(self.device.cl_device, "max_parameter_size", 1024) - 4 * constants
         fits = [s for s in (*range(1, 9), 16, 24, 32) if s <= self.slots and 8 * (2 * columns + 1) * s <= limit]
         return max(fits, default=1)
 
