@@ -11,7 +11,7 @@ from torch import nn
 
 from tunecl import config
 from tunecl.backend import foreach_runs, graphs, state
-from tunecl.errors import Unsupported
+from tunecl.errors import BuildError, Unsupported
 from tunecl.kernels.ops.fused import Chain, Step
 from training_checks import assert_same_parameters_and_state
 
@@ -270,3 +270,23 @@ def test_numbers_travel_by_value_so_one_kernel_serves_every_step():
             torch._foreach_add_(cpu, float(k))
     for got, want in zip(xs, cpu):
         np.testing.assert_array_equal(got.cpu().numpy(), want.numpy())
+
+
+def test_a_run_the_device_cannot_build_launches_its_calls_one_by_one(monkeypatch):
+    def cannot(*args, **kwargs):
+        raise BuildError("foreach_chain: the compiler refused it")
+
+    monkeypatch.setattr(state.get().optim, "chain_chunks", cannot)
+    a, b = _lists(3, 40, 1, 9), _lists(3, 40, 1, 9, seed=1)
+    da, db = _device(a), _device(b)
+    with torch.no_grad(), pytest.warns(RuntimeWarning, match="launched one by one"):
+        torch._foreach_mul_(da, 3.0)
+        s = torch._foreach_sqrt(da)
+        torch._foreach_add_(s, db, alpha=0.5)
+        torch._foreach_addcdiv_(db, da, s, value=-2.0)
+        torch.opencl.synchronize()
+    ea = [x * 3.0 for x in a]
+    es = [x.sqrt() + 0.5 * y for x, y in zip(ea, b)]
+    eb = [y + -2.0 * x / z for x, y, z in zip(ea, b, es)]
+    for got, want in zip([*da, *s, *db], [*ea, *es, *eb]):
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-6, atol=1e-6)

@@ -32,15 +32,18 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
+import pyopencl as cl
 import torch
 
 from tunecl import config, profiling
 from tunecl.backend import state
 from tunecl.backend.ops import optim_calls
+from tunecl.errors import BuildError, Unsupported
 from tunecl.kernels.ops.fused import Chain, Step
 from tunecl.kernels.ops.optim import CHAIN_COLUMNS, CHAIN_CONSTANTS, CHAIN_STEPS
 from tunecl.kernels.ops.pointwise import EXPRESSIONS
@@ -85,7 +88,7 @@ class _Run:
     """The calls of one pending run (see the module docstring)."""
 
     __slots__ = ("addresses", "buffers", "calls", "constants", "current", "held", "keys", "numels", "offsets",
-                 "optim", "steps", "writes")
+                 "optim", "plan", "steps", "writes")
 
     def __init__(self, numels: list[int]) -> None:
         self.optim = state.get().optim   # (the device of the State in use when the run began)
@@ -99,6 +102,9 @@ class _Run:
         self.steps: list[Step] = []
         self.constants: list[float] = []
         self.writes: dict[int, int] = {}          # column -> the last step that writes it
+        # per step, for launching the steps one by one: (expr, operands (a column or a number each),
+        # parameters, the column written)
+        self.plan: list[tuple[str, tuple, tuple[float, ...], int]] = []
         self.calls = 0
 
     def join(self, expr: str, in_place: bool, self_list: Sequence[torch.Tensor], inputs: Sequence[Sequence[Any]],
@@ -168,6 +174,9 @@ class _Run:
         step = len(self.steps)
         self.steps.append(Step(expr, tuple(self.current[int(a[1:])] if a[0] == "c" else a for a in args),
                                tuple(step_params)))
+        numbers = iter(constants)
+        operands = tuple(int(a[1:]) if a[0] == "c" else float(next(numbers)) for a in args)
+        self.plan.append((expr, operands, tuple(numbers), target))
         self.constants += constants
         self.current[target] = f"t{step}"
         self.writes[target] = step
@@ -202,8 +211,14 @@ class _Run:
     def launch(self) -> None:
         ncol = len(self.buffers)
         chain = Chain(ncol, tuple(self.steps))
-        chunks = self.optim.chain_chunks(chain, (False,) * ncol, tuple(sorted(self.writes.items())),
-                                         self.numels, len(self.constants))
+        try:
+            chunks = self.optim.chain_chunks(chain, (False,) * ncol, tuple(sorted(self.writes.items())),
+                                             self.numels, len(self.constants))
+        except (Unsupported, BuildError, cl.Error) as error:   # a device that cannot build the chain
+            _warn_once(f"a run of foreach calls could not be built as one kernel ({error}); its calls are "
+                       f"launched one by one")
+            self.launch_step_by_step()
+            return
         for j, offsets in enumerate(self.offsets):
             chunks.set_offsets(j, offsets)
         if self.constants:
@@ -221,6 +236,26 @@ class _Run:
             chunks.launch(queue, self.buffers)
         _counts["runs"] += 1
         _counts["calls"] += self.calls
+
+
+    def launch_step_by_step(self) -> None:
+        """Each call's own multi-tensor launches, in order (the chain's steps, stored as they go)."""
+        pairs = [list(zip(buffers, offsets)) for buffers, offsets in zip(self.buffers, self.offsets)]
+        count = len(self.numels)
+        for expr, operands, params, target in self.plan:
+            inputs = [pairs[o] if isinstance(o, int) else [o] * count for o in operands]
+            self.optim.map(expr, pairs[target], inputs, [[p] * count for p in params], self.numels)
+        _counts["runs"] += 1
+        _counts["calls"] += self.calls
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def _floats(values: list[float]) -> bytes:
