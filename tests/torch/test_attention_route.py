@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import tunecl.backend
 from tunecl.backend import state
 from tunecl.kernels import attention
 from tunecl.search.workload import extract
@@ -18,8 +19,9 @@ from tunecl.search.workload import extract
 FUSED = "aten::_scaled_dot_product_fused_attention_overrideable"
 FUSED_BACKWARD = "aten::_scaled_dot_product_fused_attention_overrideable_backward"
 
-pytestmark = pytest.mark.skipif(state.get().device.fingerprint.device_type != "cpu",
-                                reason="the math path for training is a CPU device's route")
+_DEVICE_TYPE = state.get().device.fingerprint.device_type
+cpu_route = pytest.mark.skipif(_DEVICE_TYPE != "cpu", reason="the math path for all training is a CPU device's route")
+gpu_route = pytest.mark.skipif(_DEVICE_TYPE != "gpu", reason="the math path from 256 x 256 scores is a GPU's route")
 
 
 def test_the_rule():
@@ -43,6 +45,7 @@ def _grads(q, k, v, **kwargs):
     return out.detach(), [t.grad for t in leaves]
 
 
+@cpu_route
 @pytest.mark.parametrize("causal", [False, True])
 def test_training_takes_the_math_path_and_inference_the_fused_kernels(fresh_stats, strict, causal):
     q, k, v = (torch.randn(2, 3, 17, 8, dtype=torch.float64) for _ in range(3))
@@ -59,6 +62,7 @@ def test_training_takes_the_math_path_and_inference_the_fused_kernels(fresh_stat
     torch.testing.assert_close(inference.cpu().double(), out64, atol=1e-5, rtol=1e-5)
 
 
+@cpu_route
 def test_scores_over_the_bound_train_on_the_fused_kernels(fresh_stats, strict, monkeypatch):
     q, k, v = (torch.randn(1, 2, 9, 4) for _ in range(3))
     monkeypatch.setattr(attention, "MATH_SCORES_BYTES", 4 * 2 * 9 * 9 - 1)
@@ -71,6 +75,28 @@ def test_scores_over_the_bound_train_on_the_fused_kernels(fresh_stats, strict, m
         torch.testing.assert_close(got.cpu(), want, atol=1e-4, rtol=1e-4)
 
 
+@gpu_route
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_gpu_trains_long_sequences_on_the_math_path_and_short_ones_on_the_fused_kernels(fresh_stats, strict,
+                                                                                         causal):
+    for length, fused in ((256, False), (128, True)):
+        q, k, v = (torch.randn(1, 2, length, 8, dtype=torch.float64) for _ in range(3))
+        out64, grads64 = _grads(q, k, v, is_causal=causal)
+        tunecl.backend.reset_stats()
+        out, grads = _grads(*(t.float().to("opencl") for t in (q, k, v)), is_causal=causal)
+        ops = fresh_stats()["ops"]
+        assert (ops[FUSED] == 1 and ops[FUSED_BACKWARD] == 1) if fused else \
+            (FUSED not in ops and FUSED_BACKWARD not in ops), (length, dict(ops))
+        torch.testing.assert_close(out.cpu().double(), out64, atol=1e-5, rtol=1e-5)
+        for got, want in zip(grads, grads64):
+            torch.testing.assert_close(got.cpu().double(), want, atol=1e-4, rtol=1e-4)
+        tunecl.backend.reset_stats()
+        with torch.no_grad():   # inference keeps the fused kernels at every length
+            F.scaled_dot_product_attention(*(t.float().to("opencl") for t in (q, k, v)), is_causal=causal)
+        assert fresh_stats()["ops"][FUSED] == 1
+
+
+@cpu_route
 def test_sdpa_kernel_without_math_trains_on_the_fused_kernels(fresh_stats, strict):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
