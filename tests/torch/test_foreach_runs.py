@@ -290,3 +290,28 @@ def test_a_run_the_device_cannot_build_launches_its_calls_one_by_one(monkeypatch
     eb = [y + -2.0 * x / z for x, y, z in zip(ea, b, es)]
     for got, want in zip([*da, *s, *db], [*ea, *es, *eb]):
         torch.testing.assert_close(got.cpu(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_gradient_clipping_and_a_grad_scaler_around_a_run_give_the_call_by_call_results():
+    def train():
+        torch.manual_seed(0)
+        model = _model().to("opencl")
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        scaler = torch.amp.GradScaler("opencl", init_scale=1024.0)
+        torch.manual_seed(1)
+        for _ in range(4):
+            scaler.scale(model(torch.randn(4, 7).to("opencl")).square().sum()).backward()
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+        foreach_runs.flush()
+        return model, optimizer
+
+    before = foreach_runs.stats()["runs"]
+    model, optimizer = train()
+    assert foreach_runs.stats()["runs"] - before >= 4
+    with config.override(foreach_runs="off"):
+        reference = train()
+    assert_same_parameters_and_state(model, optimizer, *reference)
