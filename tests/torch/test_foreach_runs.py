@@ -315,3 +315,15 @@ def test_gradient_clipping_and_a_grad_scaler_around_a_run_give_the_call_by_call_
     with config.override(foreach_runs="off"):
         reference = train()
     assert_same_parameters_and_state(model, optimizer, *reference)
+
+
+def test_each_optimizer_step_is_launched_as_it_returns():
+    model = _model().to("opencl")
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model(torch.randn(4, 7).to("opencl")).sum().backward()
+    before = foreach_runs.stats()
+    for _ in range(3):   # steps back to back: a run each, of the same calls
+        optimizer.step()
+        assert foreach_runs.pending is None
+    after = foreach_runs.stats()
+    assert after["runs"] - before["runs"] == 3 and (after["calls"] - before["calls"]) % 3 == 0

@@ -15,7 +15,8 @@ which runs before anything else can touch the device's memory:
 - every other op of the backend (its kernel's entry: :mod:`tunecl.backend.registration`), its CPU fallback
   and its autograd kernels; a ``_foreach_*`` call that cannot join;
 - ``torch.opencl.synchronize``, events and streams; a device graph's capture or replay, and a compiled
-  graph's call.
+  graph's call;
+- the end of a ``torch.optim`` optimizer's step (so each step is a run of its own).
 
 Results are the per-call results bit for bit: each step is the float expression the call's own kernel
 computes, in the same order, and each value is rounded to float32 between steps as a store would round it.
@@ -39,6 +40,7 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from tunecl import config, profiling
 from tunecl.backend import state
@@ -314,6 +316,17 @@ def launching_first(kernel: Callable[..., Any]) -> Callable[..., Any]:
         return kernel(*args, **kwargs)
 
     return launching
+
+
+def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    """An optimizer step's run is launched as the step returns: each step is one run, of one kernel
+    signature (joined to the next step's calls, a run would take a different prefix of them each time,
+    a kernel build each)."""
+    if pending is not None:
+        flush()
+
+
+register_optimizer_step_post_hook(_after_optimizer_step)
 
 
 def _launch_pending() -> None:   # with the lock held
