@@ -317,6 +317,20 @@ def test_gradient_clipping_and_a_grad_scaler_around_a_run_give_the_call_by_call_
     assert_same_parameters_and_state(model, optimizer, *reference)
 
 
+def test_the_backends_statistics_count_runs_and_their_calls():
+    import tunecl.backend
+
+    tunecl.backend.reset_stats()
+    xs = _device(_lists(3, 3))
+    with torch.no_grad():
+        torch._foreach_mul_(xs, 2.0)
+        torch._foreach_add_(xs, 1.0)
+    torch.opencl.synchronize()
+    assert tunecl.backend.stats()["foreach_runs"] == {"runs": 1, "calls": 2}
+    tunecl.backend.reset_stats()
+    assert tunecl.backend.stats()["foreach_runs"] == {"runs": 0, "calls": 0}
+
+
 def test_each_optimizer_step_is_launched_as_it_returns():
     model = _model().to("opencl")
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)

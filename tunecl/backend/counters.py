@@ -26,10 +26,11 @@ def stats() -> dict[str, Any]:
     ``plan_counts`` (cached plans per source, ``tunecl.backend.plans.SOURCES``: ``user``,
     ``user-other-driver``, ``shipped``, those three with ``-near-batch`` appended (tuned at another
     batch), ``tuned-on-miss``, ``default``), ``memory`` and ``winograd_cache`` (transformed weights
-    held, their bytes, hits, misses, ...: :func:`tunecl.backend.weight_cache.stats`), and once
+    held, their bytes, hits, misses, ...: :func:`tunecl.backend.weight_cache.stats`), ``foreach_runs`` (eager
+    runs of foreach calls launched and the calls they held: :func:`tunecl.backend.foreach_runs.stats`), and once
     ``torch.compile(backend="tunecl")`` has been used, ``compile`` (:func:`tunecl.backend.compile.stats`).
     """
-    from tunecl.backend import memory, weight_cache
+    from tunecl.backend import foreach_runs, memory, weight_cache
 
     cached = {key: dict(value) for key, value in plans.items()}
     compiled = sys.modules.get("tunecl.backend.compile")   # (loaded by torch.compile(backend="tunecl"))
@@ -42,15 +43,17 @@ def stats() -> dict[str, Any]:
         "plan_counts": dict(Counter(value["source"] for value in cached.values())),
         "memory": memory.memory_stats(),
         "winograd_cache": weight_cache.stats(),
+        "foreach_runs": foreach_runs.stats(),
     }
 
 
 def reset_stats() -> None:
     """Zero the op, fallback and plan-use counters and those of the Winograd weight cache (plans and
     cached weights stay, and so does the plans' record)."""
-    from tunecl.backend import weight_cache
+    from tunecl.backend import foreach_runs, weight_cache
 
     weight_cache.reset_counts()
+    foreach_runs.reset_counts()
     op_counts.clear()
     fallback_counts.clear()
     plan_sources.clear()

@@ -62,8 +62,12 @@ _counts = {"runs": 0, "calls": 0}
 
 
 def stats() -> dict[str, int]:
-    """Runs launched so far and the calls they held."""
+    """Runs launched since the last :func:`reset_counts` and the calls they held."""
     return dict(_counts)
+
+
+def reset_counts() -> None:
+    _counts.update(runs=0, calls=0)
 
 
 def can_join() -> bool:
