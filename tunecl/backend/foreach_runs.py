@@ -37,7 +37,6 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import numpy as np
 import pyopencl as cl
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -54,7 +53,6 @@ _enabled = config.Derived(lambda cfg: cfg.foreach_runs == "on", "TUNECL_FOREACH_
 _grad_enabled = torch.is_grad_enabled
 _swap_lock = profiling.swap_lock
 _lock = threading.RLock()
-_FLOAT = {float}
 
 pending: _Run | None = None   # the run waiting to be launched (read without the lock by every op's entry)
 _paused = 0                   # paused() blocks open
@@ -200,10 +198,10 @@ class _Run:
         for j, c in enumerate(new):
             if c[0] == key:
                 return f"c{len(self.buffers) + j}"
-        found = optim_calls.dense_column(tensors, self.numels)
+        found = optim_calls.dense_column(tensors, self.numels, list(key))
         if found is None:
             return None
-        _, buffers, offsets, addresses = found
+        buffers, offsets, addresses = found
         new.append((key, tensors, buffers, offsets, set(addresses), False))
         return f"c{len(self.buffers) + len(new) - 1}"
 
@@ -225,21 +223,7 @@ class _Run:
                        f"launched one by one")
             self.launch_step_by_step()
             return
-        for j, offsets in enumerate(self.offsets):
-            chunks.set_offsets(j, offsets)
-        if self.constants:
-            chunks.set_head([_floats(self.constants)])
-        queue = self.optim.queue
-        if _swap_lock.locked():   # a profile watches pyopencl's launches: through them
-            chunks.launch(queue, self.buffers)
-        elif chunks.presets is not None:   # a run a step repeats: its launches pre-built, bound anew
-            for j, buffers in enumerate(self.buffers):
-                chunks.bind((j,), buffers)
-            chunks.enqueue(queue)
-        elif chunks.launched and chunks.prebuild(self.buffers):   # (its second launch builds them)
-            chunks.enqueue(queue)
-        else:
-            chunks.launch(queue, self.buffers)
+        self.optim.launch_chain(chunks, self.buffers, self.offsets, self.constants)
         _counts["runs"] += 1
         _counts["calls"] += self.calls
 
@@ -262,10 +246,6 @@ def _warn_once(message: str) -> None:
     if message not in _warned:
         _warned.add(message)
         warnings.warn(message, RuntimeWarning, stacklevel=3)
-
-
-def _floats(values: list[float]) -> bytes:
-    return np.asarray(values, np.float32).tobytes()
 
 
 def _key(tensors: Sequence[torch.Tensor]) -> tuple:

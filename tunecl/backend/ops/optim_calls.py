@@ -100,9 +100,10 @@ def _keep(calls: dict[tuple, _Call], key: tuple, call: _Call) -> _Call:
 def _column(tensors: Sequence[torch.Tensor], numels: list[int] | None, outs: _Outs | None, ptrs: list[int],
             lists: dict[tuple, tuple]) -> tuple[list, list[int], list[int]] | None:
     """(buffers, element offsets, storage addresses) of ``tensors`` (data_ptrs ``ptrs``) when each is a
-    contiguous float32 opencl tensor of the signature's numel (``numels`` None: of any but 0) and, given ``outs``, of its
-    output's shape and either exactly its output or sharing no storage with it; else None. The general
-    route's checks (:func:`tunecl.backend.ops.foreach.buffer_pairs`), a pass over the list per property.
+    contiguous float32 opencl tensor of the signature's numel (``numels`` None: of any but 0) and, given
+    ``outs``, of its output's shape and either exactly its output or sharing no storage with it; else None.
+    The general route's checks (:func:`tunecl.backend.ops.foreach.buffer_pairs`), a pass over the list per
+    property.
 
     A data_ptr that is some storage's address (a key of ``_buffers``) is that of the tensor's own storage
     at offset 0: storages' address ranges never overlap and a tensor with elements points into its own
@@ -140,14 +141,12 @@ def _column(tensors: Sequence[torch.Tensor], numels: list[int] | None, outs: _Ou
     return buffers, offsets, addresses
 
 
-def dense_column(tensors: Sequence[torch.Tensor], numels: list[int] | None
-                 ) -> tuple[list[int], list, list[int], list[int]] | None:
-    """(data_ptrs, buffers, element offsets, storage addresses) of a list of contiguous float32 opencl tensors
-    of ``numels`` (None: of any but 0), checked as :func:`_column` checks a call's column (a list seen
-    before by its data_ptrs, cheaply); None for any other list."""
-    ptrs = list(map(_data_ptr, tensors))
-    found = _column(tensors, numels, None, ptrs, state.get().optim.lists)
-    return None if found is None else (ptrs, *found)
+def dense_column(tensors: Sequence[torch.Tensor], numels: list[int] | None, ptrs: list[int]
+                 ) -> tuple[list, list[int], list[int]] | None:
+    """(buffers, element offsets, storage addresses) of a list of contiguous float32 opencl tensors of
+    ``numels`` (None: of any but 0) whose data_ptrs are ``ptrs``, checked as :func:`_column` checks a call's
+    column (a list seen before by its data_ptrs, cheaply); None for any other list."""
+    return _column(tensors, numels, None, ptrs, state.get().optim.lists)
 
 
 def remember_fresh(tensors: Sequence[torch.Tensor], ptrs: list[int]) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from tunecl import config
+from tunecl import config, profiling
 from tunecl.errors import Unsupported
 from tunecl.kernels.ops.fused import Chain
 from tunecl.kernels.ops.multi_tensor import Chunks
@@ -260,11 +260,29 @@ class Optim(StridedFamily):
         if not writes or any(ones[j] for j, _ in writes):
             raise ValueError("a foreach chain writes full columns only")
         chunks = self.chain_chunks(chain, tuple(ones), tuple(writes), numels, len(constants))
-        for j, column in enumerate(columns):
-            chunks.set_offsets(j, [offset for _, offset in column])
+        self.launch_chain(chunks, [[buffer for buffer, _ in column] for column in columns],
+                          [[offset for _, offset in column] for column in columns], constants)
+
+    def launch_chain(self, chunks: Chunks, buffers: Sequence[Sequence[cl.Buffer | None]],
+                     offsets: Sequence[Sequence[int]], constants: Sequence[float] = ()) -> None:
+        """Launch :meth:`chain_chunks`' ``chunks`` over each column's ``buffers`` and element ``offsets``, with
+        the numbers ``constants``: from kernel copies with their arguments set from the signature's second
+        launch on (every column bound anew), through the kernel's invoker while a graph capture or a profile
+        watches pyopencl's launches. The same launches either way."""
+        for j, column in enumerate(offsets):
+            chunks.set_offsets(j, column)
         if constants:
             chunks.set_head([np.asarray(constants, np.float32).tobytes()])
-        chunks.launch(self.queue, [[buffer for buffer, _ in column] for column in columns])
+        if profiling.swap_lock.locked():
+            chunks.launch(self.queue, buffers)
+        elif chunks.presets is not None:
+            for j, column in enumerate(buffers):
+                chunks.bind((j,), column)
+            chunks.enqueue(self.queue)
+        elif chunks.launched and chunks.prebuild(buffers):
+            chunks.enqueue(self.queue)
+        else:
+            chunks.launch(self.queue, buffers)
 
     def chain_chunks(self, chain: Chain, ones: tuple[bool, ...], writes: tuple[tuple[int, int], ...],
                      numels: Sequence[int], constants: int = 0) -> Chunks:
