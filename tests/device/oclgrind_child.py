@@ -288,6 +288,14 @@ def _nn_suite(full: bool) -> None:
         return F.batch_norm(v, None, None, training=True)
     _op("norm batch_norm_1d", batch_stats, torch.randn(7, 3), grad=True, atol=3e-4)
     _op("norm batch_norm_relu", lambda v: batch_stats(v).relu(), x, grad=True, atol=3e-4)
+    from tunecl.backend import state
+    norm = state.get().norm
+    for parts in (1, 3):   # the reductions finished inside the elementwise launches, an in-place relu folded
+        norm.force_parts = parts
+        try:
+            _op(f"norm batch_norm_relu_p{parts}", lambda v: batch_stats(v).relu_(), x, grad=True, atol=3e-4)
+        finally:
+            norm.force_parts = None
     _op("pool max3s2p1", lambda v: F.max_pool2d(v, 3, 2, 1), x, grad=True)
     _op("pool max2_indices", lambda v: F.max_pool2d(v, 2, return_indices=True), x, grad=True)
     _op("pool avg3s2p1_ceil", lambda v: F.avg_pool2d(v, 3, 2, 1, ceil_mode=True, count_include_pad=False), x,

@@ -40,6 +40,14 @@
 //                     grad_weight = sum(dy * (x - mean)) * invstd, grad_bias = sum(dy)
 //   bn_backward_apply   train: gx = (dy - sum(dy)/M - (x - mean) invstd^2 sum(dy (x - mean))/M)
 //                     * invstd * weight; EVAL: gx = dy * invstd * weight
+// With FINISH (P > 1), bn_apply and bn_backward_apply do the finalize kernel's work themselves: each row
+// merges its channel's partials as the finalize kernel does, and the item at row c (n = 0), position 0
+// writes what the finalize kernel writes (the statistics, or scratch and the parameter gradients).
+//   bn_stats_apply / bn_backward_reduce_apply
+//                     with P = 1, the partial kernel and the elementwise one in one launch: each work-group
+//                     finishes its channel as the partial kernel does, then (after a barrier that makes its
+//                     global writes visible to the group) walks the channel's vectors again as bn_apply /
+//                     bn_backward_apply would compute them: bit for bit the two launches' results
 // With MASK_RELU or MASK_RELU6 both backward kernels read dy through the mask of the activation that
 // followed the batch norm: dy where act (the relu's output, or relu6's input) is inside (0, inf) or (0, 6),
 // else 0, as threshold_backward and hardtanh_backward compute it (NaN passes); act is laid out as dy.
@@ -138,6 +146,24 @@ typedef struct { IDX v[16]; } meta_t;
   #define INVSTD(c) save_invstd[OFF_SI + (c)]
 #endif
 
+// y of vector v (bn_apply's formula; with RELU / RELU6 the activation folded in: torch's relu and
+// hardtanh(v, 0, 6) as the elementwise kernel computes them, NaN and -0.0 pass through)
+#if defined(RELU)
+  #define NORMALISED(v, mean, scale, shift) relu_of(((v) - (mean)) * (scale) + (shift))
+#elif defined(RELU6)
+  #define NORMALISED(v, mean, scale, shift) relu6_of(((v) - (mean)) * (scale) + (shift))
+#else
+  #define NORMALISED(v, mean, scale, shift) (((v) - (mean)) * (scale) + (shift))
+#endif
+inline vec_t relu_of(const vec_t v) { return select(v, (vec_t)(0.0f), v < (vec_t)(0.0f)); }
+inline vec_t relu6_of(const vec_t v)
+{
+  const vec_t low = select(v, (vec_t)(0.0f), v < (vec_t)(0.0f));
+  return select(low, (vec_t)(6.0f), low > (vec_t)(6.0f));
+}
+// grad_input of vector g of dy (masked) at x vector v in training (bn_backward_apply's formula)
+#define INPUT_GRAD(g, v, mean, a, b, scale) (((g) - (a) - ((v) - (mean)) * (b)) * (scale))
+
 // sum two values over the work-group (fixed order); every item gets the results
 #define GROUP_SUM2(a, b, part)                                  \
   part[lid] = a;                                                \
@@ -197,6 +223,12 @@ typedef struct { IDX v[16]; } meta_t;
     off += wrap;                                                                            \
   }
 
+// 1 / sqrt(var + eps) of a channel whose sum((x - mean)^2) is m2
+inline float invstd_of(const float m2, const float eps, const meta_t m)
+{
+  return 1.0f / sqrt(m2 / (float)(N * L) + eps);
+}
+
 // mean, invstd and running statistics of channel c from its mean and sum((x - mean)^2)
 inline void finish_stats(const IDX c, const float mean, const float m2,
                          __global float *running_mean, __global float *running_var,
@@ -205,7 +237,7 @@ inline void finish_stats(const IDX c, const float mean, const float m2,
 {
   const IDX count = N * L;
   save_mean[OFF_SM + c] = mean;
-  save_invstd[OFF_SI + c] = 1.0f / sqrt(m2 / (float)count + eps);
+  save_invstd[OFF_SI + c] = invstd_of(m2, eps, m);
 #ifdef HAS_RUNNING
   running_mean[OFF_RM + c] = (1.0f - momentum) * running_mean[OFF_RM + c] + momentum * mean;
   running_var[OFF_RV + c] = (1.0f - momentum) * running_var[OFF_RV + c]
@@ -229,77 +261,112 @@ inline void finish_backward(const IDX c, const float sum_dy, const float sum_dy_
 #endif
 }
 
+// bn_stats's pass over this work-group's part of channel c (see the top): the part's mean of d = x - K
+// and its M2 at item 0 (the other items get partial values), K (the channel's first element) in *shift
+inline float2 stats_part(const IDX c, const int lid, __global const float *x, __local float *part_n,
+                         __local float *part_mean, __local float *part_m2, float *shift, const meta_t m)
+{
+  __global const vec_t *xv = (__global const vec_t *)(x + OFF_X);
+  const float K = N * L > 0 ? x[OFF_X + c * L] : 0.0f;
+  float n = 0.0f, mean = 0.0f, m2 = 0.0f;   // of d = x - K over this item's elements
+  PART_BEGIN(c)
+  for (; j + (UNROLL - 1) * GROUP < end; j += UNROLL * GROUP) {
+    vec_t d[UNROLL];
+    #pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      d[u] = xv[off];
+      PART_STEP
+    }
+    vec_t s = (vec_t)(0.0f);
+    #pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      d[u] -= K;
+      s += d[u];
+    }
+    const float mb = HSUM(s) * (1.0f / (float)(UNROLL * VW));
+    vec_t q = (vec_t)(0.0f);
+    #pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const vec_t e = d[u] - mb;
+      q += e * e;
+    }
+    CHAN(n, mean, m2, (float)(UNROLL * VW), mb, HSUM(q))
+  }
+  for (; j < end; j += GROUP) {
+    const vec_t d = xv[off] - K;
+    const float mb = HSUM(d) * (1.0f / (float)VW);
+    const vec_t e = d - mb;
+    CHAN(n, mean, m2, (float)VW, mb, HSUM(e * e))
+    PART_STEP
+  }
+  // the work-group's tree merge (fixed order); item 0 ends with the part's triple
+  part_n[lid] = n;
+  part_mean[lid] = mean;
+  part_m2[lid] = m2;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int s = GROUP / 2; s > 0; s >>= 1) {
+    if (lid < s) {
+      CHAN(n, mean, m2, part_n[lid + s], part_mean[lid + s], part_m2[lid + s])
+      part_n[lid] = n;
+      part_mean[lid] = mean;
+      part_m2[lid] = m2;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  *shift = K;
+  return (float2)(mean, m2);
+}
+
 // grid (GROUP * P, C'), C' <= C channels at a time; one pass over the part's elements (see the top)
 __kernel void bn_stats(BN_ARGS)
 {
   const int lid = (int)get_local_id(0);
   __local float part_n[GROUP], part_mean[GROUP], part_m2[GROUP];
-  __global const vec_t *xv = (__global const vec_t *)(x + OFF_X);
   for (IDX c = (IDX)get_group_id(1); c < C; c += (IDX)get_num_groups(1)) {
-    const float K = N * L > 0 ? x[OFF_X + c * L] : 0.0f;
-    float n = 0.0f, mean = 0.0f, m2 = 0.0f;   // of d = x - K over this item's elements
-    PART_BEGIN(c)
-    for (; j + (UNROLL - 1) * GROUP < end; j += UNROLL * GROUP) {
-      vec_t d[UNROLL];
-      #pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
-        d[u] = xv[off];
-        PART_STEP
-      }
-      vec_t s = (vec_t)(0.0f);
-      #pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
-        d[u] -= K;
-        s += d[u];
-      }
-      const float mb = HSUM(s) * (1.0f / (float)(UNROLL * VW));
-      vec_t q = (vec_t)(0.0f);
-      #pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
-        const vec_t e = d[u] - mb;
-        q += e * e;
-      }
-      CHAN(n, mean, m2, (float)(UNROLL * VW), mb, HSUM(q))
-    }
-    for (; j < end; j += GROUP) {
-      const vec_t d = xv[off] - K;
-      const float mb = HSUM(d) * (1.0f / (float)VW);
-      const vec_t e = d - mb;
-      CHAN(n, mean, m2, (float)VW, mb, HSUM(e * e))
-      PART_STEP
-    }
-    // the work-group's tree merge (fixed order); item 0 ends with the part's triple
-    part_n[lid] = n;
-    part_mean[lid] = mean;
-    part_m2[lid] = m2;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = GROUP / 2; s > 0; s >>= 1) {
-      if (lid < s) {
-        CHAN(n, mean, m2, part_n[lid + s], part_mean[lid + s], part_m2[lid + s])
-        part_n[lid] = n;
-        part_mean[lid] = mean;
-        part_m2[lid] = m2;
-      }
-      barrier(CLK_LOCAL_MEM_FENCE);
-    }
+    float K;
+    const float2 part = stats_part(c, lid, x, part_n, part_mean, part_m2, &K, m);
     if (lid == 0) {
       if (get_num_groups(0) == 1)   // (an empty channel: NaN statistics, as sum / M gives)
-        finish_stats(c, count > 0 ? K + mean : NAN, count > 0 ? m2 : NAN, running_mean, running_var,
+        finish_stats(c, N * L > 0 ? K + part.x : NAN, N * L > 0 ? part.y : NAN, running_mean, running_var,
                      save_mean, save_invstd, eps, momentum, m);
       else {
-        PART1(c, (IDX)get_group_id(0)) = mean;
-        PART2(c, (IDX)get_group_id(0)) = m2;
+        PART1(c, (IDX)get_group_id(0)) = part.x;
+        PART2(c, (IDX)get_group_id(0)) = part.y;
       }
     }
   }
 }
 
-// one work-item per channel: the parts' (n_p, mean_p of x - K, M2_p) merged in part order,
-// mean = K + sum(n_p mean_p) / M, M2 = sum(M2_p + n_p (mean_p - mean)^2)
-__kernel void bn_stats_finalize(BN_ARGS)
+// P = 1, grid (GROUP, C'): bn_stats, then bn_apply of the channel's vectors (see the top)
+__kernel void bn_stats_apply(BN_ARGS)
 {
-  const IDX c = (IDX)get_global_id(0);
-  if (c >= C) return;
+  const int lid = (int)get_local_id(0);
+  __local float part_n[GROUP], part_mean[GROUP], part_m2[GROUP];
+  __global const vec_t *xv = (__global const vec_t *)(x + OFF_X);
+  __global vec_t *yv = (__global vec_t *)(y + OFF_Y);
+  for (IDX c = (IDX)get_group_id(1); c < C; c += (IDX)get_num_groups(1)) {
+    float K;
+    const float2 part = stats_part(c, lid, x, part_n, part_mean, part_m2, &K, m);
+    if (lid == 0)
+      finish_stats(c, N * L > 0 ? K + part.x : NAN, N * L > 0 ? part.y : NAN, running_mean, running_var,
+                   save_mean, save_invstd, eps, momentum, m);
+    barrier(CLK_GLOBAL_MEM_FENCE);   // the statistics item 0 wrote, for the group
+    const float mean = MEAN(c);
+    const float scale = INVSTD(c) * W(c);
+    const float shift = B(c);
+    PART_BEGIN(c)
+    for (; j < end; j += GROUP) {
+      yv[off] = NORMALISED(xv[off], mean, scale, shift);
+      PART_STEP
+    }
+  }
+}
+
+// the parts' (n_p, mean_p of x - K, M2_p) of channel c merged in part order (bn_stats_finalize's
+// merge): (mean, M2) with mean = K + sum(n_p mean_p) / M, M2 = sum(M2_p + n_p (mean_p - mean)^2)
+inline float2 merged_stats(const IDX c, __global const float *x, __global const float *scratch,
+                           const meta_t m)
+{
   const IDX count = N * L;
   const IDX vectors = N * (L / VW);
   const IDX chunk = (vectors + PARTS - 1) / PARTS;
@@ -320,7 +387,51 @@ __kernel void bn_stats_finalize(BN_ARGS)
       m2 += PART2(c, p) + (float)n_part * delta * delta;
     }
   }
-  finish_stats(c, K + offset, m2, running_mean, running_var, save_mean, save_invstd, eps, momentum, m);
+  return (float2)(K + offset, m2);
+}
+
+// one work-item per channel: merged_stats, then finish_stats
+__kernel void bn_stats_finalize(BN_ARGS)
+{
+  const IDX c = (IDX)get_global_id(0);
+  if (c >= C) return;
+  const float2 stats = merged_stats(c, x, scratch, m);
+  finish_stats(c, stats.x, stats.y, running_mean, running_var, save_mean, save_invstd, eps, momentum, m);
+}
+
+// bn_backward_reduce's pass over this work-group's part of channel c: (sum(dy), sum(dy (x - mean))) of
+// the part, at every item
+inline float2 backward_part(const IDX c, const int lid, __global const float *x, __global const float *dy,
+                            __global const float *act, __local float *part, const float mean, const meta_t m)
+{
+  __global const vec_t *xv = (__global const vec_t *)(x + OFF_X);
+  __global const vec_t *dyv = (__global const vec_t *)(dy + OFF_DY);
+  __global const vec_t *actv = (__global const vec_t *)(act + OFF_ACT);
+  vec_t acc_dy = (vec_t)(0.0f), acc_dy_xmu = (vec_t)(0.0f);
+  PART_BEGIN(c)
+  for (; j + (UNROLL - 1) * GROUP < end; j += UNROLL * GROUP) {
+    vec_t g[UNROLL], v[UNROLL];
+    #pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      g[u] = DY_AT(off);
+      v[u] = xv[off];
+      PART_STEP
+    }
+    #pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      acc_dy += g[u];
+      acc_dy_xmu += g[u] * (v[u] - mean);
+    }
+  }
+  for (; j < end; j += GROUP) {
+    const vec_t g = DY_AT(off);
+    acc_dy += g;
+    acc_dy_xmu += g * (xv[off] - mean);
+    PART_STEP
+  }
+  float sum_dy = HSUM(acc_dy), sum_dy_xmu = HSUM(acc_dy_xmu);
+  GROUP_SUM2(sum_dy, sum_dy_xmu, part)
+  return (float2)(sum_dy, sum_dy_xmu);
 }
 
 // grid (GROUP * P, C'), C' <= C channels at a time; one pass, per-lane vector accumulators
@@ -328,44 +439,61 @@ __kernel void bn_backward_reduce(BN_ARGS)
 {
   const int lid = (int)get_local_id(0);
   __local float part[2 * GROUP];
-  __global const vec_t *xv = (__global const vec_t *)(x + OFF_X);
-  __global const vec_t *dyv = (__global const vec_t *)(dy + OFF_DY);
-  __global const vec_t *actv = (__global const vec_t *)(act + OFF_ACT);
   for (IDX c = (IDX)get_group_id(1); c < C; c += (IDX)get_num_groups(1)) {
-    const float mean = MEAN(c);
-    vec_t acc_dy = (vec_t)(0.0f), acc_dy_xmu = (vec_t)(0.0f);
-    PART_BEGIN(c)
-    for (; j + (UNROLL - 1) * GROUP < end; j += UNROLL * GROUP) {
-      vec_t g[UNROLL], v[UNROLL];
-      #pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
-        g[u] = DY_AT(off);
-        v[u] = xv[off];
-        PART_STEP
-      }
-      #pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
-        acc_dy += g[u];
-        acc_dy_xmu += g[u] * (v[u] - mean);
-      }
-    }
-    for (; j < end; j += GROUP) {
-      const vec_t g = DY_AT(off);
-      acc_dy += g;
-      acc_dy_xmu += g * (xv[off] - mean);
-      PART_STEP
-    }
-    float sum_dy = HSUM(acc_dy), sum_dy_xmu = HSUM(acc_dy_xmu);
-    GROUP_SUM2(sum_dy, sum_dy_xmu, part)
+    const float2 sums = backward_part(c, lid, x, dy, act, part, MEAN(c), m);
     if (lid == 0) {
       if (get_num_groups(0) == 1)
-        finish_backward(c, sum_dy, sum_dy_xmu, running_var, save_invstd, grad_weight, grad_bias, scratch, eps, m);
+        finish_backward(c, sums.x, sums.y, running_var, save_invstd, grad_weight, grad_bias, scratch, eps, m);
       else {
-        PART1(c, (IDX)get_group_id(0)) = sum_dy;
-        PART2(c, (IDX)get_group_id(0)) = sum_dy_xmu;
+        PART1(c, (IDX)get_group_id(0)) = sums.x;
+        PART2(c, (IDX)get_group_id(0)) = sums.y;
       }
     }
   }
+}
+
+// P = 1, grid (GROUP, C'): bn_backward_reduce, then bn_backward_apply of the channel's vectors (see the top)
+__kernel void bn_backward_reduce_apply(BN_ARGS)
+{
+  const int lid = (int)get_local_id(0);
+  __local float part[2 * GROUP];
+  __global const vec_t *xv = (__global const vec_t *)(x + OFF_X);
+  __global const vec_t *dyv = (__global const vec_t *)(dy + OFF_DY);
+  __global const vec_t *actv = (__global const vec_t *)(act + OFF_ACT);
+  __global vec_t *yv = (__global vec_t *)(y + OFF_Y);
+  for (IDX c = (IDX)get_group_id(1); c < C; c += (IDX)get_num_groups(1)) {
+    const float mean = MEAN(c);
+    const float2 sums = backward_part(c, lid, x, dy, act, part, mean, m);
+    if (lid == 0)
+      finish_backward(c, sums.x, sums.y, running_var, save_invstd, grad_weight, grad_bias, scratch, eps, m);
+    const float invstd = INVSTD(c);
+    const float scale = invstd * W(c);
+#ifndef EVAL
+    const float total = (float)(N * L);
+    const float a = sums.x / total;
+    const float b = invstd * invstd * sums.y / total;
+#endif
+    PART_BEGIN(c)
+    for (; j < end; j += GROUP) {
+#ifdef EVAL
+      yv[off] = DY_AT(off) * scale;
+#else
+      yv[off] = INPUT_GRAD(DY_AT(off), xv[off], mean, a, b, scale);
+#endif
+      PART_STEP
+    }
+  }
+}
+
+// the parts' sums of channel c added in part order (bn_backward_finalize's)
+inline float2 merged_sums(const IDX c, __global const float *scratch, const meta_t m)
+{
+  float sum_dy = 0.0f, sum_dy_xmu = 0.0f;
+  for (IDX p = 0; p < PARTS; ++p) {
+    sum_dy += PART1(c, p);
+    sum_dy_xmu += PART2(c, p);
+  }
+  return (float2)(sum_dy, sum_dy_xmu);
 }
 
 // one work-item per channel
@@ -373,12 +501,8 @@ __kernel void bn_backward_finalize(BN_ARGS)
 {
   const IDX c = (IDX)get_global_id(0);
   if (c >= C) return;
-  float sum_dy = 0.0f, sum_dy_xmu = 0.0f;
-  for (IDX p = 0; p < PARTS; ++p) {
-    sum_dy += PART1(c, p);
-    sum_dy_xmu += PART2(c, p);
-  }
-  finish_backward(c, sum_dy, sum_dy_xmu, running_var, save_invstd, grad_weight, grad_bias, scratch, eps, m);
+  const float2 sums = merged_sums(c, scratch, m);
+  finish_backward(c, sums.x, sums.y, running_var, save_invstd, grad_weight, grad_bias, scratch, eps, m);
 }
 
 // The elementwise kernels: rows r = n * C + c over dim 1 (c = r % C once per row), vectors l
@@ -389,23 +513,21 @@ __kernel void bn_apply(BN_ARGS)
   const IDX l0 = (IDX)get_global_id(0), lstep = (IDX)get_global_size(0);
   for (IDX r = (IDX)get_global_id(1); r < rows; r += (IDX)get_global_size(1)) {
     const IDX c = r % C;
+#ifdef FINISH
+    const float2 stats = merged_stats(c, x, scratch, m);
+    if (r == c && l0 == 0)
+      finish_stats(c, stats.x, stats.y, running_mean, running_var, save_mean, save_invstd, eps, momentum, m);
+    const float mean = stats.x;
+    const float invstd = invstd_of(stats.y, eps, m);
+#else
     const float mean = MEAN(c);
-    const float scale = INVSTD(c) * W(c);
+    const float invstd = INVSTD(c);
+#endif
+    const float scale = invstd * W(c);
     const float shift = B(c);
     __global const vec_t *xr = (__global const vec_t *)(x + OFF_X) + r * LV;
     __global vec_t *yr = (__global vec_t *)(y + OFF_Y) + r * LV;
-    for (IDX l = l0; l < LV; l += lstep) {
-      const vec_t v = (xr[l] - mean) * scale + shift;
-#if defined(RELU)
-      yr[l] = select(v, (vec_t)(0.0f), v < (vec_t)(0.0f));   // torch's relu: NaN and -0.0 pass through
-#elif defined(RELU6)
-      // hardtanh(v, 0, 6) as the elementwise kernel computes it: NaN and -0.0 pass through
-      const vec_t low = select(v, (vec_t)(0.0f), v < (vec_t)(0.0f));
-      yr[l] = select(low, (vec_t)(6.0f), low > (vec_t)(6.0f));
-#else
-      yr[l] = v;
-#endif
-    }
+    for (IDX l = l0; l < LV; l += lstep) yr[l] = NORMALISED(xr[l], mean, scale, shift);
   }
 }
 
@@ -415,6 +537,12 @@ __kernel void bn_backward_apply(BN_ARGS)
   const IDX l0 = (IDX)get_global_id(0), lstep = (IDX)get_global_size(0);
   for (IDX r = (IDX)get_global_id(1); r < rows; r += (IDX)get_global_size(1)) {
     const IDX c = r % C;
+#ifdef FINISH
+    if (r == c && l0 == 0) {
+      const float2 parts = merged_sums(c, scratch, m);
+      finish_backward(c, parts.x, parts.y, running_var, save_invstd, grad_weight, grad_bias, scratch, eps, m);
+    }
+#endif
     const float invstd = INVSTD(c);
     const float scale = invstd * W(c);
     __global const vec_t *dyv = (__global const vec_t *)(dy + OFF_DY) + r * LV;
@@ -425,10 +553,15 @@ __kernel void bn_backward_apply(BN_ARGS)
 #else
     const float mean = MEAN(c);
     const float count = (float)(N * L);
-    const float a = scratch[c] / count;
-    const float b = invstd * invstd * scratch[C + c] / count;
+#ifdef FINISH
+    const float2 sums = merged_sums(c, scratch, m);
+#else
+    const float2 sums = (float2)(scratch[c], scratch[C + c]);
+#endif
+    const float a = sums.x / count;
+    const float b = invstd * invstd * sums.y / count;
     __global const vec_t *xr = (__global const vec_t *)(x + OFF_X) + r * LV;
-    for (IDX l = l0; l < LV; l += lstep) yr[l] = (DY_AT(l) - a - (xr[l] - mean) * b) * scale;
+    for (IDX l = l0; l < LV; l += lstep) yr[l] = INPUT_GRAD(DY_AT(l), xr[l], mean, a, b, scale);
 #endif
   }
 }

@@ -5,8 +5,14 @@ over P work-groups (a partial kernel on a (GROUP * P, C) grid writing per-part r
 finalize kernel merging the parts in a fixed order); P is picked from the device's compute units so a
 few channels still fill a big GPU. Each reduction reads its data once (the statistics keep a running
 count/mean/M2 per work-item, merged by Chan et al.'s formula), UNROLL loads per work-item in flight. The
-elementwise kernels run on a 2-D grid of (position in a row, row n * C + c). When L is a multiple of 4
-and the big tensors' offsets are 4-aligned, every kernel loads and stores float4 (VW = 4).
+elementwise kernels run on a 2-D grid of (position in a row, row n * C + c). With P = 1 (small channels,
+or more channels than the device needs work-groups) a direction is one launch: the partial kernel's
+work-group finishes its channel and then computes that channel's elementwise results itself
+(``bn_stats_apply``, ``bn_backward_reduce_apply``); with P > 1 the elementwise kernel merges the parts
+itself (FINISH) instead of a finalize launch: two launches a direction. Bit for bit what the separate
+launches give (ONE_LAUNCH).
+When L is a multiple of 4 and the big tensors' offsets are 4-aligned, every kernel loads and stores float4
+(VW = 4).
 
 The launch geometry is set by the module constants below (GROUP_SIZE, UNROLL, GROUPS_PER_UNIT, MIN_PART,
 ELEMENTWISE_GROUPS_PER_UNIT), the knobs to tune on a new device.
@@ -45,6 +51,7 @@ MIN_GROUP = 32           # (down to this many work-items, one warp)
 ELEMENTWISE_GROUPS_PER_UNIT = 8      # the elementwise kernels' work-groups per compute unit at least ...
 ELEMENTWISE_MAX_GROUPS_PER_UNIT = 0   # ... and at most, 0: no cap (past it, work-items loop over several rows;
                                       # on PoCL 256 helps short rows, 7x7, but slows long ones, 112x112)
+ONE_LAUNCH = True        # a direction's finalize (P > 1) or its whole reduction (P = 1) inside its elementwise launch
 VECTOR = 4               # float4 loads when L and the big tensors' offsets allow (1 turns them off)
 MAX_LAUNCHES = 4096      # launch plans kept (see BatchNorm._launch)
 MAX_GRID_GROUPS = 65535  # work-groups along dims 1 and 2 of a grid (CUDA's limit); the kernels loop past it
@@ -214,8 +221,13 @@ class BatchNorm:
                                       ("HAS_RUNNING", ops.get("running_mean")), ("EVAL", not training)) if on)
         steps: list[tuple] = []
         if training:
-            steps += self._reduce_steps("bn_stats", "bn_stats_finalize", shape,
-                                        tuple(f for f in flags if f == "HAS_RUNNING"), c)[0]
+            steps, scratch = self._reduce_steps("bn_stats", "bn_stats_finalize", shape,
+                                                tuple(f for f in flags if f == "HAS_RUNNING"), c)
+            if ONE_LAUNCH and n * length:
+                if len(steps) == 1:   # P = 1
+                    return [("bn_stats_apply", "partial", flags, 1, scratch, fusable)]
+                partial, (_, _, _, parts, _, _) = steps
+                return [partial, ("bn_apply", "elementwise", (*flags, "FINISH"), parts, scratch, fusable)]
         if n * length:
             steps.append(("bn_apply", "elementwise", tuple(f for f in flags if f != "HAS_RUNNING"), 1, None, fusable))
         return steps
@@ -235,6 +247,12 @@ class BatchNorm:
         scratch = None
         if training or ops.get("grad_weight") is not None or ops.get("grad_bias") is not None:
             steps, scratch = self._reduce_steps("bn_backward_reduce", "bn_backward_finalize", shape, reduce_flags, c)
+            if ONE_LAUNCH and need_input_grad and n * length:
+                if len(steps) == 1:   # P = 1
+                    return [("bn_backward_reduce_apply", "partial", reduce_flags, 1, scratch, False)]
+                partial, (_, _, _, parts, _, _) = steps
+                return [partial, ("bn_backward_apply", "elementwise", (*reduce_flags, "FINISH"), parts, scratch,
+                                  False)]
         if need_input_grad and n * length:
             steps.append(("bn_backward_apply", "elementwise", base, 1, scratch, False))
         return steps
