@@ -14,6 +14,9 @@ op_counts: Counter[str] = Counter()        # every call of a registered kernel, 
 fallback_counts: Counter[str] = Counter()  # calls served by the CPU fallback, by overload
 plan_sources: Counter[str] = Counter()     # GEMM/conv calls, by plan source (user, shipped, default, ...)
 plans: dict[str, dict[str, Any]] = {}      # problem key -> {"algorithm", "source", "config", "lookup", "precision"}
+# eager ops done inside another op's launch: "activation" (an in-place relu or relu6 inside the launch that made
+# its input), "activation_backward" (a relu's or relu6's backward inside the batch norm backward after it)
+eager_fusions: Counter[str] = Counter()
 
 
 def stats() -> dict[str, Any]:
@@ -27,7 +30,10 @@ def stats() -> dict[str, Any]:
     ``user-other-driver``, ``shipped``, those three with ``-near-batch`` appended (tuned at another
     batch), ``tuned-on-miss``, ``default``), ``memory`` and ``winograd_cache`` (transformed weights
     held, their bytes, hits, misses, ...: :func:`tunecl.backend.weight_cache.stats`), ``foreach_runs`` (eager
-    runs of foreach calls launched and the calls they held: :func:`tunecl.backend.foreach_runs.stats`), and once
+    runs of foreach calls launched and the calls they held: :func:`tunecl.backend.foreach_runs.stats`),
+    ``eager_fusions`` (eager ops done inside another op's launch, by kind: ``activation``, an in-place relu
+    or relu6 inside the launch that made its input; ``activation_backward``, a relu's or relu6's backward
+    inside the batch norm backward after it), and once
     ``torch.compile(backend="tunecl")`` has been used, ``compile`` (:func:`tunecl.backend.compile.stats`).
     """
     from tunecl.backend import foreach_runs, memory, weight_cache
@@ -44,16 +50,18 @@ def stats() -> dict[str, Any]:
         "memory": memory.memory_stats(),
         "winograd_cache": weight_cache.stats(),
         "foreach_runs": foreach_runs.stats(),
+        "eager_fusions": dict(eager_fusions),
     }
 
 
 def reset_stats() -> None:
-    """Zero the op, fallback and plan-use counters and those of the Winograd weight cache (plans and
-    cached weights stay, and so does the plans' record)."""
+    """Zero the op, fallback, plan-use and eager-fusion counters and those of the Winograd weight cache and
+    the foreach runs (plans and cached weights stay, and so does the plans' record)."""
     from tunecl.backend import foreach_runs, weight_cache
 
     weight_cache.reset_counts()
     foreach_runs.reset_counts()
     op_counts.clear()
     fallback_counts.clear()
+    eager_fusions.clear()
     plan_sources.clear()

@@ -58,7 +58,7 @@ class Device:
         self._queue_uses = 0
         self._deferred: list[tuple[cl.Kernel, tuple[int, ...], tuple[int, ...] | None, list]] = []
         self._deferred_lock = threading.RLock()  # reentrant: a finalizer run by the GC mid-flush may flush
-        self._held: tuple[object, tuple, Callable[[], cl.Kernel]] | None = None   # see hold()
+        self._held: tuple[object, tuple, Callable[[str], Any] | None, object] | None = None   # see hold()
         self.local_mem_size = int(entry.cl_device.local_mem_size)
         self.max_work_group_size = int(entry.cl_device.max_work_group_size)
         self.max_alloc_size = int(entry.cl_device.max_mem_alloc_size)
@@ -170,18 +170,19 @@ class Device:
             self._enqueue(waiting)
 
     def hold(self, kernel: cl.Kernel, global_size: tuple[int, ...], local_size: tuple[int, ...] | None,
-             args: list, tag: object, fused: Callable[[str], Any]) -> None:
+             args: list, tag: object, fused: Callable[[str], Any] | None, payload: object = None) -> None:
         """Defer one launch, whatever ``launch_batch`` is, so that the op right after it may run
         ``fused(op)`` (a kernel with the same grid and arguments that also does ``op``'s work; None where
-        the launch cannot take that op) instead, by :meth:`replace_held` with the same ``tag``. Like every
-        deferred launch it is enqueued, in order, with the next use of :attr:`queue`."""
+        the launch cannot take that op) instead, by :meth:`replace_held` with the same ``tag``, or do its
+        work itself, by :meth:`take_held` (which hands it ``payload``). Like every deferred launch it is
+        enqueued, in order, with the next use of :attr:`queue`."""
         entry = (kernel, global_size, local_size, args)
         with self._deferred_lock:
             # what waits already goes first, as defer would send it (a run of held launches never piles up)
             if self._deferred and (self.launch_batch <= 1 or len(self._deferred) >= self.launch_batch):
                 self.queue   # noqa: B018 (the property enqueues the waiting launches and counts the use)
             self._deferred.append(entry)
-            self._held = (tag, entry, fused)
+            self._held = (tag, entry, fused, payload)
 
     def replace_held(self, tag: object, op: str = "relu") -> bool:
         """Launch the launch held under ``tag`` fused with ``op`` instead of it, if that is still the last
@@ -191,13 +192,30 @@ class Device:
             held = self._held
             if held is None or held[0] != tag or not self._deferred or self._deferred[-1] is not held[1]:
                 return False
-            fused = held[2](op)
+            fused = None if held[2] is None else held[2](op)
             if fused is None:
                 return False
             _, global_size, local_size, args = held[1]
             self._deferred[-1] = (fused, global_size, local_size, args)
             self._held = None
             return True
+
+    @property
+    def holding(self) -> bool:
+        """Whether a launch is held (it may have been enqueued since: :meth:`take_held` tells)."""
+        return self._held is not None
+
+    def take_held(self, tag: object) -> object:
+        """Drop the launch held under ``tag`` and return its ``payload``, if it is still the last deferred
+        launch: the caller does its work inside a launch of its own instead. None where it was enqueued
+        already or another launch came after it (it then runs, or ran, as held)."""
+        with self._deferred_lock:
+            held = self._held
+            if held is None or held[0] != tag or not self._deferred or self._deferred[-1] is not held[1]:
+                return None
+            self._deferred.pop()
+            self._held = None
+            return held[3]
 
     def flush(self) -> None:
         """Enqueue every deferred launch now (in order)."""

@@ -195,11 +195,17 @@ class DryDevice:
     def defer(self, kernel: Any, global_size: Any, local_size: Any, args: list) -> None:
         kernel(self._device.queue, global_size, local_size, *args)
 
-    def hold(self, kernel: Any, global_size: Any, local_size: Any, args: list, tag: Any, fused: Any) -> None:
+    def hold(self, kernel: Any, global_size: Any, local_size: Any, args: list, tag: Any, fused: Any,
+             payload: Any = None) -> None:
         kernel(self._device.queue, global_size, local_size, *args)
 
     def replace_held(self, tag: Any, op: str = "relu") -> bool:
         return False
+
+    holding = False
+
+    def take_held(self, tag: Any) -> Any:
+        return None
 
 
 class DryRun:

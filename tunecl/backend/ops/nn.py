@@ -11,9 +11,10 @@ import torch
 from tunecl.backend import copies, graphs, half, memory, random_draws, state
 from tunecl.backend.copies import contiguous_on_device
 from tunecl.backend.allocator import buffers as _buffers
+from tunecl.backend.counters import eager_fusions
 from tunecl.backend.operands import kernel_dtype, operand
 from tunecl.backend.ops import COMPOSITE_KEYS
-from tunecl.backend.ops.pointwise import new_like, run
+from tunecl.backend.ops.pointwise import masked_tag, new_like, run
 from tunecl.errors import Unsupported
 from tunecl.kernels.ops.pool import Window
 from tunecl.kernels.strided import Operand
@@ -166,7 +167,7 @@ class _BatchNormBackward:
     __slots__ = ("mask", "outputs", "prepared", "train")
 
     def __init__(self, norm: Any, input: torch.Tensor, key: tuple, train: bool, eps: float,
-                 mask: tuple[bool, bool, bool]) -> None:
+                 mask: tuple[bool, bool, bool], masked: tuple[str, int, int] | None) -> None:
         shape = _ncl(input)
         self.train, self.mask = train, mask
         stats = ((shape[1],), (1,), _FLOAT32)
@@ -179,7 +180,10 @@ class _BatchNormBackward:
             offsets.update(save_mean=key[10], save_invstd=key[11])
         else:
             offsets.update(running_mean=key[8], running_var=key[9])
-        self.prepared = norm.prepare_backward(shape, _placed(offsets), train, eps, mask[0])
+        if masked is not None:   # dy read through an activation's mask, the masked dy written on the way
+            offsets.update(act=masked[1], masked_dy=masked[2])
+        self.prepared = norm.prepare_backward(shape, _placed(offsets), train, eps, mask[0],
+                                              None if masked is None else masked[0])
 
 
 def _fast_batch_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
@@ -220,8 +224,9 @@ def _fast_batch_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: tor
 def _fast_batch_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor | None,
                               running_mean: torch.Tensor | None, running_var: torch.Tensor | None,
                               save_mean: torch.Tensor | None, save_invstd: torch.Tensor | None, train: bool,
-                              eps: float, output_mask: Sequence[bool]) -> tuple | None:
-    """The backward by a pre-built call, or None where the general route serves the call."""
+                              eps: float, output_mask: Sequence[bool], masked: tuple | None = None) -> tuple | None:
+    """The backward by a pre-built call, or None where the general route serves the call. ``masked``: (mask,
+    act, masked_dy), see :func:`_masked_backward` (the caller checked them)."""
     if (input.dtype is not _FLOAT32 or grad_out.dtype is not _FLOAT32 or not input.is_contiguous()
             or not grad_out.is_contiguous()):
         return None
@@ -229,12 +234,13 @@ def _fast_batch_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, weigh
     mask = (bool(output_mask[0]), bool(output_mask[1]), bool(output_mask[2]))
     key = ("bwd", grad_out.shape, grad_out.stride(), grad_out.storage_offset(), input.shape, input.stride(),
            input.storage_offset(), _param(weight), _param(running_mean), _param(running_var), _param(save_mean),
-           _param(save_invstd), train, eps, mask, norm.force_parts)
+           _param(save_invstd), train, eps, mask, norm.force_parts,
+           None if masked is None else (masked[0], masked[1].storage_offset(), masked[2].storage_offset()))
     calls = norm.calls
     call = calls.get(key, calls)
     if call is calls:
         eligible = _NOT_PLAIN not in key[7:12] and input.dim() >= 2 and input.numel() > 0
-        call = _BatchNormBackward(norm, input, key, train, eps, mask) if eligible else None
+        call = _BatchNormBackward(norm, input, key, train, eps, mask, key[16]) if eligible else None
         call = _keep(calls, key, None if call is None or call.prepared is None else call)
     if call is None:
         return None
@@ -254,6 +260,8 @@ def _fast_batch_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, weigh
             buffers.append(_buffers[t.untyped_storage().data_ptr()])
     buffers.append(_buffers[grad_out.untyped_storage().data_ptr()])
     buffers += out_buffers[1:] if mask[0] else out_buffers   # grad_weight's, grad_bias's
+    if masked is not None:
+        buffers += (_buffers[masked[1].untyped_storage().data_ptr()], _buffers[masked[2].untyped_storage().data_ptr()])
     call.prepared.enqueue(buffers)
     return grad_input, grad_weight, grad_bias
 
@@ -302,6 +310,11 @@ def native_batch_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, weig
                                running_mean: torch.Tensor | None, running_var: torch.Tensor | None,
                                save_mean: torch.Tensor | None, save_invstd: torch.Tensor | None, train: bool,
                                eps: float, output_mask: Sequence[bool]):
+    if state.get().device.holding:
+        grads = _masked_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train,
+                                 eps, output_mask)
+        if grads is not None:
+            return grads
     try:
         grads = _fast_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean,
                                           save_invstd, train, eps, output_mask)
@@ -313,13 +326,47 @@ def native_batch_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, weig
                                 eps, output_mask)
 
 
+def _masked_backward(grad_out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor | None,
+                     running_mean: torch.Tensor | None, running_var: torch.Tensor | None,
+                     save_mean: torch.Tensor | None, save_invstd: torch.Tensor | None, train: bool, eps: float,
+                     output_mask: Sequence[bool]) -> tuple | None:
+    """The backward where ``grad_out`` is the output of an activation's backward that still waits, held
+    (a relu's or relu6's after the batch norm, eagerly: :func:`tunecl.backend.ops.pointwise._dense_backward`):
+    that launch is dropped and the batch norm's reduction computes it instead, reading the activation's
+    gradient through its mask and writing the masked gradient into ``grad_out`` on the way, so ``grad_out``
+    holds what it would have and every result is bit for bit the same, one launch fewer. None (nothing
+    done) where the call does not qualify: no reduction (evaluation without parameter gradients), operands
+    that are not contiguous float32 of one shape, or no such launch waiting."""
+    if (not (train or output_mask[1] or output_mask[2]) or grad_out.dtype is not _FLOAT32
+            or input.shape != grad_out.shape
+            or not _plain(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd)
+            or input.dim() < 2 or not input.numel()):
+        return None
+    buffer = _buffers.get(grad_out.untyped_storage().data_ptr())
+    if buffer is None:
+        return None
+    payload = state.get().device.take_held(masked_tag(buffer, grad_out))
+    if payload is None:
+        return None
+    mask, dy, act = payload   # (contiguous float32 tensors of grad_out's shape, see _dense_backward)
+    eager_fusions["activation_backward"] += 1
+    masked = (mask, act, grad_out)
+    grads = _fast_batch_norm_backward(dy, input, weight, running_mean, running_var, save_mean, save_invstd, train,
+                                      eps, output_mask, masked)
+    if grads is not None:
+        return grads
+    return _batch_norm_backward(dy, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
+                                output_mask, act, mask, grad_out)
+
+
 def _batch_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor | None,
                          running_mean: torch.Tensor | None, running_var: torch.Tensor | None,
                          save_mean: torch.Tensor | None, save_invstd: torch.Tensor | None, train: bool, eps: float,
                          output_mask: Sequence[bool], act: torch.Tensor | None = None,
-                         mask: str | None = None) -> tuple:
+                         mask: str | None = None, masked_dy: torch.Tensor | None = None) -> tuple:
     """The backward's general route; with ``act`` and ``mask`` (contiguous float32 operands only) dy is read
-    through that activation's mask (see :func:`batch_norm_backward_masked`)."""
+    through that activation's mask (see :func:`batch_norm_backward_masked`), and with ``masked_dy`` too the
+    masked dy is written there (see :func:`_masked_backward`)."""
     shape = _ncl(input)
     c = shape[1]
     plain = _plain(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd)
@@ -332,7 +379,8 @@ def _batch_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, weight: to
     grad_bias = memory.empty([c], [1], torch.float32) if output_mask[2] else None
     at = _at if plain else _at32
     ops = {"dy": _at(dy), "x": _at(x), "weight": at(weight), "y": _at(grad_input),
-           "grad_weight": _at(grad_weight), "grad_bias": _at(grad_bias), "act": _at(act)}
+           "grad_weight": _at(grad_weight), "grad_bias": _at(grad_bias), "act": _at(act),
+           "masked_dy": _at(masked_dy)}
     if train:
         ops.update(save_mean=at(save_mean), save_invstd=at(save_invstd))
     else:

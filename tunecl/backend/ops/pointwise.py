@@ -17,6 +17,7 @@ import torch
 from tunecl.backend import graphs, memory, state
 from tunecl.backend.dtypes import scalar_type_name
 from tunecl.backend.allocator import buffers as _buffers
+from tunecl.backend.counters import eager_fusions
 from tunecl.backend.operands import dense_strides_like, operand, scalar_or_operand
 from tunecl.backend.ops import COMPOSITE_KEYS
 from tunecl.errors import Unsupported
@@ -26,9 +27,10 @@ Number = bool | int | float
 
 
 def run(expr: str, out: torch.Tensor, inputs: Sequence[Any], params: Sequence[Number] = (),
-        key: tuple | None = None) -> torch.Tensor:
+        key: tuple | None = None, held: tuple[object, object] | None = None) -> torch.Tensor:
     """Enqueue ``out = expr(inputs, params)``; inputs broadcast to ``out``'s shape. A caller that knows
-    the call's signature more cheaply passes ``key`` (see :func:`_fast_binary`)."""
+    the call's signature more cheaply passes ``key`` (see :func:`_fast_binary`); ``held``: the launch waits
+    under that (tag, payload), see :meth:`tunecl.kernels.ops.pointwise.Pointwise.launch`."""
     # The kernel plan depends only on this key (shapes, strides, dtypes, what each input is), so a
     # repeated signature skips building operands and keying the plan again: buffers, element
     # offsets and scalar values are all that is read per call.
@@ -52,7 +54,7 @@ def run(expr: str, out: torch.Tensor, inputs: Sequence[Any], params: Sequence[Nu
                 offsets.append(0)
     except KeyError:  # a tensor that is not one of our storages (meta, ...)
         raise Unsupported("a tensor without an opencl storage among opencl operands") from None
-    pointwise.launch(plan, args, params, offsets, defer=True)
+    pointwise.launch(plan, args, params, offsets, defer=True, held=held)
     return out
 
 
@@ -142,7 +144,10 @@ def _folded(t: torch.Tensor, op: str) -> bool:
     if t.dtype is not torch.float32 or not t.is_contiguous() or not t.numel():
         return False
     buffer = _buffers.get(t.untyped_storage().data_ptr())
-    return buffer is not None and state.get().device.replace_held(relu_tag(buffer, t.storage_offset(), t.numel()), op)
+    if buffer is None or not state.get().device.replace_held(relu_tag(buffer, t.storage_offset(), t.numel()), op):
+        return False
+    eager_fusions["activation"] += 1
+    return True
 
 
 def new_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -443,21 +448,38 @@ _INTEGERS = frozenset((torch.uint8, torch.int8, torch.int16, torch.int32, torch.
 
 
 def _dense_backward(expr: str, grad_output: torch.Tensor, self: torch.Tensor,
-                    params: Sequence[Number]) -> torch.Tensor | None:
+                    params: Sequence[Number], mask: str | None = None) -> torch.Tensor | None:
     """An activation backward of dense same-shape device operands of one floating dtype, launched on a key of
-    their shape and dtype alone (as :func:`_fast_binary` keys its calls); None for any other operands."""
+    their shape and dtype alone (as :func:`_fast_binary` keys its calls); None for any other operands.
+    ``mask`` ("relu": threshold_backward at 0, "relu6": hardtanh_backward over (0, 6)): on contiguous float32
+    operands the launch waits, held under :func:`masked_tag` of its output, so that a batch norm's backward
+    of that output can compute it in its own reduction instead (:mod:`tunecl.backend.ops.nn`)."""
     dtype = grad_output.dtype
     if (dtype.is_floating_point and self.dtype == dtype and self.shape == grad_output.shape
             and not self.is_cpu and not grad_output.is_cpu and grad_output.is_contiguous() and self.is_contiguous()):
-        return run(expr, memory.empty_dense(grad_output), (grad_output, self), params,
-                   (_DENSE, expr, grad_output.shape, dtype, True))
+        out = memory.empty_dense(grad_output)
+        held = None
+        if mask is not None and FOLD_MASKS and dtype is torch.float32 and out.numel():
+            buffer = _buffers.get(out.untyped_storage().data_ptr())
+            held = None if buffer is None else (masked_tag(buffer, out), (mask, grad_output, self))
+        return run(expr, out, (grad_output, self), params, (_DENSE, expr, grad_output.shape, dtype, True), held)
     return None
+
+
+FOLD_MASKS = True   # a relu's or relu6's backward may run inside the batch norm backward after it (tests: off)
+
+
+def masked_tag(buffer: object, t: torch.Tensor) -> tuple:
+    """The tag under which an activation's backward into ``t`` (whose storage is ``buffer``) waits, held.
+    (The held launch's arguments keep ``buffer`` alive, so its id names it while the tag is held.)"""
+    return ("masked", id(buffer), t.storage_offset(), t.numel())
 
 
 def _fast_threshold_backward(grad_output: torch.Tensor, self: torch.Tensor, threshold: Number) -> torch.Tensor:
     """ReLU's backward (about 300 calls per resnet50 training step): :func:`_dense_backward`; anything else
     takes torch's structured wrapper."""
-    result = _dense_backward("threshold_backward", grad_output, self, (threshold,))
+    result = _dense_backward("threshold_backward", grad_output, self, (threshold,),
+                             "relu" if threshold == 0 else None)
     if result is not None:
         return result
     return torch.ops.aten.threshold_backward.default.redispatch(COMPOSITE_KEYS, grad_output, self, threshold)
@@ -469,7 +491,8 @@ def _activation_backward(expr: str) -> Callable[..., torch.Tensor]:
     output of their broadcast shape and promoted dtype, laid out like ``grad_output`` where their shapes
     agree, as torch's TensorIterator kernels give."""
     def kernel(grad_output: torch.Tensor, self: torch.Tensor, *params: Number) -> torch.Tensor:
-        dense = _dense_backward(expr, grad_output, self, params)
+        dense = _dense_backward(expr, grad_output, self, params,
+                                "relu6" if expr == "hardtanh_backward" and params == (0, 6) else None)
         if dense is not None:
             return dense
         result = torch.result_type(grad_output, self)

@@ -50,16 +50,18 @@
 //                     bn_backward_apply would compute them: bit for bit the two launches' results
 // With MASK_RELU or MASK_RELU6 both backward kernels read dy through the mask of the activation that
 // followed the batch norm: dy where act (the relu's output, or relu6's input) is inside (0, inf) or (0, 6),
-// else 0, as threshold_backward and hardtanh_backward compute it (NaN passes); act is laid out as dy.
+// else 0, as threshold_backward and hardtanh_backward compute it (NaN passes); act is laid out as dy. With
+// WRITE_DY too the reduction also stores that masked dy into masked_dy (laid out as dy): the activation's
+// backward done on the way, for the eager backend (its own launch dropped).
 // The elementwise kernels (bn_apply, bn_backward_apply) run on a 2-D grid: dim 1 over the rows
 // r = n * C + c (c = r % C once per row), dim 0 over the vectors l within the row.
 //
 // Variants (-D options): GROUP (work-group size of the partial kernels, a power of two), UNROLL
 // (vector loads per work-item per main-loop step), VW (1 or 4), IDX (int or long), HAS_WEIGHT,
 // HAS_BIAS, HAS_RUNNING, EVAL (statistics come from running_mean/var), HAS_GW, HAS_GB, MASK_RELU,
-// MASK_RELU6.
+// MASK_RELU6, WRITE_DY.
 // meta (IDX): N, C, L, then element offsets of x, y (or grad_input), weight, bias, running_mean,
-// running_var, save_mean, save_invstd, dy, grad_weight, grad_bias, act, then P.
+// running_var, save_mean, save_invstd, dy, grad_weight, grad_bias, act, masked_dy, then P.
 
 #ifndef GROUP
   #define GROUP 256
@@ -84,7 +86,7 @@
   #error "VW must be 1 or 4"
 #endif
 
-typedef struct { IDX v[16]; } meta_t;
+typedef struct { IDX v[17]; } meta_t;
 #define N       m.v[0]
 #define C       m.v[1]
 #define L       m.v[2]
@@ -100,15 +102,16 @@ typedef struct { IDX v[16]; } meta_t;
 #define OFF_GW  m.v[12]
 #define OFF_GB  m.v[13]
 #define OFF_ACT m.v[14]
-#define PARTS   m.v[15]
+#define OFF_MDY m.v[15]
+#define PARTS   m.v[16]
 
 #define BN_ARGS __global const float *x, __global float *y, __global const float *weight,      \
                 __global const float *bias, __global float *running_mean,                     \
                 __global float *running_var, __global float *save_mean,                       \
                 __global float *save_invstd, __global const float *dy,                        \
                 __global float *grad_weight, __global float *grad_bias,                       \
-                __global const float *act, __global float *scratch, const float eps,          \
-                const float momentum, const meta_t m
+                __global const float *act, __global float *masked_dy, __global float *scratch,  \
+                const float eps, const float momentum, const meta_t m
 
 // dy at vector i of a tensor laid out as x, through the activation's mask (see the top)
 #if defined(MASK_RELU)
@@ -402,11 +405,13 @@ __kernel void bn_stats_finalize(BN_ARGS)
 // bn_backward_reduce's pass over this work-group's part of channel c: (sum(dy), sum(dy (x - mean))) of
 // the part, at every item
 inline float2 backward_part(const IDX c, const int lid, __global const float *x, __global const float *dy,
-                            __global const float *act, __local float *part, const float mean, const meta_t m)
+                            __global const float *act, __global float *masked_dy, __local float *part,
+                            const float mean, const meta_t m)
 {
   __global const vec_t *xv = (__global const vec_t *)(x + OFF_X);
   __global const vec_t *dyv = (__global const vec_t *)(dy + OFF_DY);
   __global const vec_t *actv = (__global const vec_t *)(act + OFF_ACT);
+  __global vec_t *mdyv = (__global vec_t *)(masked_dy + OFF_MDY);
   vec_t acc_dy = (vec_t)(0.0f), acc_dy_xmu = (vec_t)(0.0f);
   PART_BEGIN(c)
   for (; j + (UNROLL - 1) * GROUP < end; j += UNROLL * GROUP) {
@@ -415,6 +420,9 @@ inline float2 backward_part(const IDX c, const int lid, __global const float *x,
     for (int u = 0; u < UNROLL; ++u) {
       g[u] = DY_AT(off);
       v[u] = xv[off];
+#ifdef WRITE_DY
+      mdyv[off] = g[u];
+#endif
       PART_STEP
     }
     #pragma unroll
@@ -425,6 +433,9 @@ inline float2 backward_part(const IDX c, const int lid, __global const float *x,
   }
   for (; j < end; j += GROUP) {
     const vec_t g = DY_AT(off);
+#ifdef WRITE_DY
+    mdyv[off] = g;
+#endif
     acc_dy += g;
     acc_dy_xmu += g * (xv[off] - mean);
     PART_STEP
@@ -440,7 +451,7 @@ __kernel void bn_backward_reduce(BN_ARGS)
   const int lid = (int)get_local_id(0);
   __local float part[2 * GROUP];
   for (IDX c = (IDX)get_group_id(1); c < C; c += (IDX)get_num_groups(1)) {
-    const float2 sums = backward_part(c, lid, x, dy, act, part, MEAN(c), m);
+    const float2 sums = backward_part(c, lid, x, dy, act, masked_dy, part, MEAN(c), m);
     if (lid == 0) {
       if (get_num_groups(0) == 1)
         finish_backward(c, sums.x, sums.y, running_var, save_invstd, grad_weight, grad_bias, scratch, eps, m);
@@ -463,7 +474,7 @@ __kernel void bn_backward_reduce_apply(BN_ARGS)
   __global vec_t *yv = (__global vec_t *)(y + OFF_Y);
   for (IDX c = (IDX)get_group_id(1); c < C; c += (IDX)get_num_groups(1)) {
     const float mean = MEAN(c);
-    const float2 sums = backward_part(c, lid, x, dy, act, part, mean, m);
+    const float2 sums = backward_part(c, lid, x, dy, act, masked_dy, part, mean, m);
     if (lid == 0)
       finish_backward(c, sums.x, sums.y, running_var, save_invstd, grad_weight, grad_bias, scratch, eps, m);
     const float invstd = INVSTD(c);

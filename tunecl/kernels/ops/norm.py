@@ -36,9 +36,9 @@ from tunecl.runtime import Device
 # the tensors every batch-norm kernel takes, in argument order (then the scratch buffer, eps, momentum,
 # meta), each given as (buffer, element offset): contiguous float32 data
 _OFFSETS = ("x", "y", "weight", "bias", "running_mean", "running_var", "save_mean", "save_invstd", "dy",
-            "grad_weight", "grad_bias", "act")
+            "grad_weight", "grad_bias", "act", "masked_dy")
 Tensor = tuple  # (cl.Buffer | None, element offset)
-META_LENGTH = 16  # N, C, L, the 12 offsets, P
+META_LENGTH = 17  # N, C, L, the 13 offsets, P
 
 # -- launch geometry (tune here) --
 GROUP_SIZE = 256         # work-items per work-group of the partial kernels (rounded down to a power of two)
@@ -97,12 +97,12 @@ class BatchNorm:
 
     @staticmethod
     def vector_width(length: int, ops: Mapping[str, Tensor | None]) -> int:
-        """VW, the floats per load of x, y and dy: VECTOR when every row of L floats starts on a VECTOR
-        boundary (L a multiple of it, the tensors' offsets too; buffers themselves are aligned), else 1.
-        The finalize kernels must get the same VW as their partial kernel (it sets the parts' bounds)."""
+        """VW, the floats per load of x, y, dy, act and masked_dy: VECTOR when every row of L floats starts
+        on a VECTOR boundary (L a multiple of it, the tensors' offsets too; buffers themselves are aligned),
+        else 1. The finalize kernels must get the same VW as their partial kernel (it sets the parts' bounds)."""
         if VECTOR > 1 and length % VECTOR == 0 and all(
                 t is None or t[1] % VECTOR == 0
-                for t in (ops.get("x"), ops.get("y"), ops.get("dy"), ops.get("act"))):
+                for t in (ops.get("x"), ops.get("y"), ops.get("dy"), ops.get("act"), ops.get("masked_dy"))):
             return VECTOR
         return 1
 
@@ -125,7 +125,7 @@ class BatchNorm:
         if kernel is None:
             options = [f"-DGROUP={group}", f"-DUNROLL={UNROLL}", f"-DIDX={idx}"] + [f"-D{flag}" for flag in flags]
             kernel = self.cache.build(key, options, name,
-                                      [None] * 13 + [np.float32, np.float32, meta_dtype(META_LENGTH, idx)])
+                                      [None] * 14 + [np.float32, np.float32, meta_dtype(META_LENGTH, idx)])
         return kernel
 
     def _elementwise_grid(self, n: int, c: int, length: int) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -242,7 +242,8 @@ class BatchNorm:
         if mask is not None:
             base += (MASKS[mask],)
         reduce_flags = base + (("HAS_GW",) if ops.get("grad_weight") is not None else ()) + \
-            (("HAS_GB",) if ops.get("grad_bias") is not None else ())
+            (("HAS_GB",) if ops.get("grad_bias") is not None else ()) + \
+            (("WRITE_DY",) if ops.get("masked_dy") is not None else ())
         steps: list[tuple] = []
         scratch = None
         if training or ops.get("grad_weight") is not None or ops.get("grad_bias") is not None:
@@ -270,9 +271,10 @@ class BatchNorm:
                  eps: float, need_input_grad: bool, mask: str | None = None) -> None:
         """``ops`` names dy, x, weight, mean/invstd (saved or running), y (grad_input), grad_weight and
         grad_bias; with ``mask`` ("relu" or "relu6", a key of :data:`MASKS`) also act, and dy is read through
-        that activation's mask (the backward of the activation that followed the batch norm, fused)."""
-        if (mask is None) != (ops.get("act") is None) or (mask is not None and mask not in MASKS):
-            raise ValueError(f"mask {mask!r} needs an act tensor and one of {sorted(MASKS)}")
+        that activation's mask (the backward of the activation that followed the batch norm, fused), and
+        optionally masked_dy, which the reduction fills with that masked dy (it needs one: training, or a
+        grad_weight or grad_bias)."""
+        _check_mask(ops, training, mask)
         with self._lock:
             for name, kind, flags, parts, scratch, held in self._backward_steps(shape, ops, training,
                                                                                 need_input_grad, mask):
@@ -288,10 +290,11 @@ class BatchNorm:
         return self._prepare(shape, ops, steps, eps, momentum)
 
     def prepare_backward(self, shape: tuple[int, int, int], ops: Mapping[str, Tensor | None], training: bool,
-                         eps: float, need_input_grad: bool) -> Prepared | None:
+                         eps: float, need_input_grad: bool, mask: str | None = None) -> Prepared | None:
         """:meth:`backward`'s launches for every call of this signature, pre-built (see :meth:`prepare_forward`)."""
+        _check_mask(ops, training, mask)
         with self._lock:
-            steps = self._backward_steps(shape, ops, training, need_input_grad)
+            steps = self._backward_steps(shape, ops, training, need_input_grad, mask)
         return self._prepare(shape, ops, steps, eps, 0.0)
 
     def _prepare(self, shape: tuple[int, int, int], ops: Mapping[str, Tensor | None], steps: list[tuple],
@@ -323,6 +326,14 @@ class BatchNorm:
         (tests, tuning)."""
         self._launches.clear()
         self.calls.clear()
+
+
+def _check_mask(ops: Mapping[str, Tensor | None], training: bool, mask: str | None) -> None:
+    if (mask is None) != (ops.get("act") is None) or (mask is not None and mask not in MASKS):
+        raise ValueError(f"mask {mask!r} needs an act tensor and one of {sorted(MASKS)}")
+    if ops.get("masked_dy") is not None and (mask is None or not (
+            training or ops.get("grad_weight") is not None or ops.get("grad_bias") is not None)):
+        raise ValueError("masked_dy needs a mask and a reduction (training, or grad_weight or grad_bias)")
 
 
 class Prepared:

@@ -402,11 +402,13 @@ class Pointwise(StridedFamily):
         return self.device.queue
 
     def launch(self, plan: _Plan, args: list, params: Sequence[float | int | bool],
-               offsets: Sequence[int], defer: bool = False) -> cl.Event | None:
+               offsets: Sequence[int], defer: bool = False, held: tuple[object, object] | None = None
+               ) -> cl.Event | None:
         """Enqueue ``plan`` on ``args`` (out's buffer, then each input's buffer or scalar) with element
         ``offsets`` (out's, then each input's: 0 for scalars). ``args`` is extended in place. With
         ``defer``, by way of :meth:`Device.defer` (no event: the launch may be enqueued later, in
-        order, with the next use of the queue).
+        order, with the next use of the queue); with ``held`` too, a (tag, payload) pair, by way of
+        :meth:`Device.hold` under that tag, so that the next op may do its work instead (:meth:`Device.take_held`).
 
         A deferred launch at offsets 0 (the common case) goes by the plan's pre-built launch
         (:class:`_Bound`): a kernel copy with its packed meta set once, only the buffers and scalars bound
@@ -424,7 +426,9 @@ class Pointwise(StridedFamily):
                     for i in bound.buffer_args:
                         binding += (i, args[i])
                     entry = (tuple(binding), scalars)
-                    if plan.relu_twin is not None:   # an in-place relu of the output may follow: wait for it
+                    if held is not None:
+                        self.device.hold(bound, plan.global_size, plan.local_size, entry, held[0], None, held[1])
+                    elif plan.relu_twin is not None:   # an in-place relu of the output may follow: wait for it
                         self.device.hold(bound, plan.global_size, plan.local_size, entry,
                                          relu_tag(args[0], 0, plan.prefix[0]), bound.twin)
                     else:
@@ -438,7 +442,9 @@ class Pointwise(StridedFamily):
             args.append(cast(p))
         args.append(meta)
         if defer:
-            if plan.relu_twin is not None:   # an in-place relu of the output may follow: wait for it
+            if held is not None:
+                self.device.hold(plan.kernel, plan.global_size, plan.local_size, args, held[0], None, held[1])
+            elif plan.relu_twin is not None:   # an in-place relu of the output may follow: wait for it
                 self.device.hold(plan.kernel, plan.global_size, plan.local_size, args,
                                  relu_tag(args[0], offsets[0], plan.prefix[0]), lambda op: self._relu_twin(plan, op))
             else:
