@@ -44,12 +44,13 @@ def _train(act, inplace, shape, hook=False, steps=2):
     outputs = []
     with config.override(fallback="error"):
         for _ in range(steps):
-            h = model.bn1(model.conv1(x0.to(DEV)))
+            x = x0.to(DEV).requires_grad_()   # (its gradient reads the final relu's masked gradient too)
+            h = model.bn1(model.conv1(x))
             if hook:   # another op on the batch norm's gradient before the batch norm backward
                 h.register_hook(lambda grad: grad * 0.5)
-            y = torch.relu(model.bn2(model.conv2(model.act(h))) + x0.to(DEV))
+            y = torch.relu(model.bn2(model.conv2(model.act(h))) + x)
             y.backward(g0.to(DEV))
-            outputs.append(y.detach().cpu())
+            outputs += [y.detach().cpu(), x.grad.cpu()]
             opt.step()
             opt.zero_grad(set_to_none=False)
     return outputs + [t.detach().cpu() for t in model.state_dict().values()]
@@ -141,16 +142,67 @@ def test_one_launch_fewer_per_activation(monkeypatch):
     assert plain - folded == 2
 
 
-def test_a_masked_gradient_read_later_holds_its_values():
-    """The masked gradient, kept (retain_grad) and read after the backward, is what threshold_backward gives."""
+def test_a_retained_masked_gradient_holds_its_values():
+    """The masked gradient, kept (retain_grad: torch copies it, so the relu's backward launches by itself)
+    and read after the backward, is what threshold_backward gives."""
     torch.manual_seed(3)
     bn = torch.nn.BatchNorm2d(4).to(DEV)
     x = torch.randn(2, 4, 5, 5).to(DEV).requires_grad_()
     with config.override(fallback="error"):
-        h = bn(x)
-        h.retain_grad()
-        y = torch.relu(h)
-        g = torch.randn(y.shape).to(DEV)
-        y.backward(g)
-        expected = torch.where(y > 0, g, torch.zeros_like(g))
+        for _ in range(2):   # (the first call of a signature builds its launches)
+            h = bn(x)
+            h.retain_grad()
+            y = torch.relu(h)
+            g = torch.randn(y.shape).to(DEV)
+            y.backward(g)
+            expected = torch.where(y > 0, g, torch.zeros_like(g))
     assert torch.equal(h.grad.cpu(), expected.cpu())
+
+
+def test_evaluation_mode_backward_is_bit_identical(monkeypatch):
+    """A batch norm in evaluation mode under autograd (fine-tuning with frozen statistics): its backward's
+    reduction (the weight and bias gradients) takes the activation's backward too."""
+    def run():
+        torch.manual_seed(4)
+        model = Block("relu6", True).to(DEV).eval()
+        x = torch.randn(2, 6, 5, 5).to(DEV).requires_grad_()
+        with config.override(fallback="error"):
+            for _ in range(2):   # (the first call of a signature builds its launches)
+                model.zero_grad(set_to_none=True)
+                x.grad = None
+                model(x).backward(torch.ones(2, 6, 5, 5, device=DEV))
+        return [x.grad.cpu()] + [p.grad.cpu() for p in model.parameters()]
+    backend.reset_stats()
+    folded = run()
+    assert backend.stats()["eager_fusions"].get("activation_backward", 0) >= 2
+    monkeypatch.setattr(pointwise, "FOLD_MASKS", False)
+    for a, b in zip(folded, run()):
+        assert torch.equal(a, b)
+
+
+def test_a_captured_step_replays_as_the_unfolded_eager_step(monkeypatch):
+    """A graph captured after warm-up steps records the folded launches; its replay gives what an eager
+    step with the fold off gives, bit for bit."""
+    def model_and_data():
+        torch.manual_seed(5)
+        return (Block("relu", True).to(DEV), torch.randn(3, 6, 6, 6).to(DEV), torch.randn(3, 6, 6, 6).to(DEV))
+
+    model, x, g = model_and_data()
+    with config.override(fallback="error"):
+        for _ in range(2):
+            model(x).backward(g)
+        model.zero_grad(set_to_none=True)
+        backend.reset_stats()
+        graph = torch.opencl.Graph()
+        with torch.opencl.graph(graph):
+            model(x).backward(g)
+        assert backend.stats()["eager_fusions"].get("activation_backward", 0) == 2
+        graph.replay()
+        replayed = [p.grad.cpu().clone() for p in model.parameters()]
+        graph.reset()
+    monkeypatch.setattr(pointwise, "FOLD_MASKS", False)
+    model, x, g = model_and_data()
+    with config.override(fallback="error"):   # (training-mode gradients read the batch's statistics)
+        model(x).backward(g)
+    for a, b in zip(replayed, [p.grad.cpu() for p in model.parameters()]):
+        assert torch.equal(a, b)
