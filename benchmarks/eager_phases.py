@@ -19,6 +19,9 @@ Options:
   warning); capability probes are skipped (no tensor-core kernels: fp32 plans only);
 - the ``thread CPU`` line under each round: the calling thread's CPU time per phase (``time.thread_time``),
   steadier than wall time on a shared or CPU-OpenCL machine; backward's counts only with ``--autograd caller``;
+- ``--launches`` (with ``--stub-launches``): the kernel launches of one more step, by kernel; with
+  ``--compute-units N`` the batch norm splits its channels as on a device with N compute units (what its
+  launch count depends on: an H100 or H200 has 132), the rest of the run as on this one;
 - ``--profile N``: Python's cProfile over three more steps, the N functions with the most self time and the
   N with the most cumulative time (cProfile sees the calling thread: use it with ``--autograd caller``);
 - ``--record FILE.csv``: append the first two rounds to a host-time results CSV (``benchmarks/results/host.csv``'s
@@ -29,6 +32,8 @@ Options:
     TUNECL_DEVICE=nvidia python benchmarks/eager_phases.py --net resnet50 --batch 16 --stub-launches --profile 60
     python benchmarks/eager_phases.py --net resnet50 --batch 16 --stub-launches --plans-of h200 --autograd caller
     python benchmarks/eager_phases.py --batch 2 --image-size 32 --record benchmarks/results/host.csv
+    python benchmarks/eager_phases.py --net mobilenet_v2 --stub-launches --plans-of h100 --compute-units 132 \
+        --launches --repeats 1
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import pstats
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,23 +105,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--copy-inputs", action="store_true")
     parser.add_argument("--plans-of", metavar="DEVICE",
                         help="with --stub-launches: run the plans the shipped results hold for DEVICE (e.g. h200)")
+    parser.add_argument("--launches", action="store_true",
+                        help="with --stub-launches: the kernel launches of one step, by kernel")
+    parser.add_argument("--compute-units", type=int, metavar="N",
+                        help="with --stub-launches: the batch norm splits channels as on N compute units")
     parser.add_argument("--profile", type=int, default=0, metavar="N")
     parser.add_argument("--record", metavar="FILE.csv",
                         help="append the figures to a host-time results CSV (benchmarks/results/host.csv)")
     args = parser.parse_args(argv)
     if args.record:
         record.check_argument(parser.prog, args.record, record.HOST_COLUMNS)
-    if args.plans_of and not args.stub_launches:
-        parser.error("--plans-of needs --stub-launches: that device's kernels do not run here")
+    if (args.plans_of or args.launches or args.compute_units) and not args.stub_launches:
+        parser.error("--plans-of, --launches and --compute-units need --stub-launches")
+    launches: Counter[str] = Counter()
     if args.stub_launches:   # before tunecl binds the launch functions
         from tunecl.tools.launch_stub import stub_launches
 
-        stub_launches()
+        stub_launches(launches)
     import torch
 
     import tunecl.backend  # noqa: F401
     from tunecl.tools import model_and_inputs
     plans_of = use_plans_of(args.plans_of) if args.plans_of else None
+    if args.compute_units:
+        from tunecl.backend import state
+        state.get().norm.compute_units = args.compute_units
     if args.autograd == "caller":
         torch.autograd.set_multithreading_enabled(False)
     dev = torch.device("opencl")
@@ -168,6 +182,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {label:15s} forward {f:7.2f}  backward {b:7.2f}  optimizer {o:7.2f}  step wall {w:7.2f}")
         f, b, o, w = (statistics.median(c) * 1e3 for c in zip(*cpu))
         print(f"  {'  thread CPU':15s} forward {f:7.2f}  backward {b:7.2f}  optimizer {o:7.2f}  step host {w:7.2f}")
+    if args.launches:
+        launches.clear()
+        step(None)
+        print(f"  launches in one step: {sum(launches.values())}"
+              f"{f' (batch norm split for {args.compute_units} compute units)' if args.compute_units else ''}")
+        for name, count in sorted(launches.items(), key=lambda item: (-item[1], item[0])):
+            print(f"    {count:6d}  {name}")
     if args.profile:
         profile = cProfile.Profile()
         profile.enable()

@@ -286,8 +286,33 @@ def test_eager_phases_runs_another_devices_shipped_plans_with_launches_stubbed(t
     assert "launches stubbed, autograd on the worker thread, plans of NVIDIA H200 (driver" in done.stdout
     assert len([line for line in done.stdout.splitlines() if "step wall" in line]) == 3
     refused = subprocess.run(base + ["--plans-of", "h200"], capture_output=True, text=True, env=env)
-    assert refused.returncode == 2 and "--plans-of needs --stub-launches" in refused.stderr
+    assert refused.returncode == 2 and "need --stub-launches" in refused.stderr
     unknown = subprocess.run(base + ["--stub-launches", "--plans-of", "no such device"], capture_output=True,
                              text=True, env=env)
     assert unknown.returncode == 1 and "names 0 of the shipped results' devices" in unknown.stderr
     assert "NVIDIA H200" in unknown.stderr
+
+
+def test_eager_phases_counts_one_steps_launches_by_kernel(tmp_path):
+    """``--launches``: one step's launches by kernel, their total first; tiny_cnn's two batch norms, with
+    channels split as on 132 compute units (one part each at this size), make one launch a direction each;
+    refused without --stub-launches."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1] / "torch"),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    base = [sys.executable, str(BENCHMARKS / "eager_phases.py"), "--net", "tiny_nets:tiny_cnn", "--batch", "2",
+            "--image-size", "16", "--repeats", "1", "--launches", "--compute-units", "132"]
+    done = subprocess.run(base + ["--stub-launches"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if "launches in one step:" in line)
+    total = int(lines[at].split(":")[1].split()[0])
+    counts = {line.split()[1]: int(line.split()[0]) for line in lines[at + 1:]}
+    assert sum(counts.values()) == total > 0
+    assert counts["bn_stats_apply"] == counts["bn_backward_reduce_apply"] == 2
+    assert "bn_apply" not in counts and "bn_stats" not in counts
+    refused = subprocess.run(base, capture_output=True, text=True, env=env)
+    assert refused.returncode == 2 and "need --stub-launches" in refused.stderr

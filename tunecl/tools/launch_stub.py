@@ -8,13 +8,19 @@ binds the launch functions (before the first op).
 
 from __future__ import annotations
 
+from collections import Counter
 
-def stub_launches() -> None:
-    """Replace pyopencl's kernel enqueue, for the rest of the process, by a function that does nothing."""
+
+def stub_launches(counts: Counter[str] | None = None) -> None:
+    """Replace pyopencl's kernel enqueue, for the rest of the process, by a function that does nothing;
+    with ``counts``, one that adds one to ``counts[kernel name]`` per launch."""
     import pyopencl as cl
     import pyopencl._cl as binding
 
     def stub(*_: object, **__: object) -> None:
         return None
 
-    binding.enqueue_nd_range_kernel = cl.enqueue_nd_range_kernel = stub
+    def counting(queue: object, kernel: object, *_: object, **__: object) -> None:
+        counts[getattr(kernel, "function_name", "?")] += 1
+
+    binding.enqueue_nd_range_kernel = cl.enqueue_nd_range_kernel = stub if counts is None else counting
