@@ -15,7 +15,8 @@ fallback_counts: Counter[str] = Counter()  # calls served by the CPU fallback, b
 plan_sources: Counter[str] = Counter()     # GEMM/conv calls, by plan source (user, shipped, default, ...)
 plans: dict[str, dict[str, Any]] = {}      # problem key -> {"algorithm", "source", "config", "lookup", "precision"}
 # eager ops done inside another op's launch: "activation" (an in-place relu or relu6 inside the launch that made
-# its input), "activation_backward" (a relu's or relu6's backward inside the batch norm backward after it)
+# its input), "activation_backward" (a relu's or relu6's backward inside the batch norm backward after it),
+# "step_count" (a batch norm's num_batches_tracked += 1 inside its forward's launch)
 eager_fusions: Counter[str] = Counter()
 
 
@@ -33,7 +34,8 @@ def stats() -> dict[str, Any]:
     runs of foreach calls launched and the calls they held: :func:`tunecl.backend.foreach_runs.stats`),
     ``eager_fusions`` (eager ops done inside another op's launch, by kind: ``activation``, an in-place relu
     or relu6 inside the launch that made its input; ``activation_backward``, a relu's or relu6's backward
-    inside the batch norm backward after it), and once
+    inside the batch norm backward after it; ``step_count``, a batch norm's ``num_batches_tracked += 1``
+    inside its forward's first launch), and once
     ``torch.compile(backend="tunecl")`` has been used, ``compile`` (:func:`tunecl.backend.compile.stats`).
     """
     from tunecl.backend import foreach_runs, memory, weight_cache

@@ -14,7 +14,7 @@ from tunecl.backend.allocator import buffers as _buffers
 from tunecl.backend.counters import eager_fusions
 from tunecl.backend.operands import kernel_dtype, operand
 from tunecl.backend.ops import COMPOSITE_KEYS
-from tunecl.backend.ops.pointwise import masked_tag, new_like, run
+from tunecl.backend.ops.pointwise import STEP_COUNT_TAG, masked_tag, new_like, run
 from tunecl.errors import Unsupported
 from tunecl.kernels.ops.pool import Window
 from tunecl.kernels.strided import Operand
@@ -149,7 +149,7 @@ class _BatchNormForward:
     __slots__ = ("outputs", "prepared", "training")
 
     def __init__(self, norm: Any, input: torch.Tensor, key: tuple, training: bool, momentum: float,
-                 eps: float) -> None:
+                 eps: float, count: tuple[int, int] | None = None) -> None:
         shape = _ncl(input)
         self.training = training
         # y and the saved statistics (in evaluation empty ones, as the general route returns)
@@ -160,7 +160,10 @@ class _BatchNormForward:
                    "running_var": key[7]}
         if training:
             offsets.update(save_mean=0, save_invstd=0)
-        self.prepared = norm.prepare_forward(shape, _placed(offsets), training, eps, momentum, fusable=True)
+        if count is not None:   # (the increment, the step count's offset): added by the first launch
+            offsets.update(step_count=count[1])
+        self.prepared = norm.prepare_forward(shape, _placed(offsets), training, eps, momentum, fusable=True,
+                                             count_by=0 if count is None else count[0])
 
 
 class _BatchNormBackward:
@@ -204,6 +207,9 @@ def _fast_batch_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: tor
         call = _keep(calls, key, None if call is None or call.prepared is None else call)
     if call is None:
         return None
+    counter = None
+    if call.training and state.get().device.holding:
+        call, counter = _counting(norm, call, input, key, momentum, eps)
     # the buffers in the norm kernels' order: x, y, weight, bias, the running and the saved statistics
     buffers = [_buffers[input.untyped_storage().data_ptr()], None]
     for t in (weight, bias, running_mean, running_var):
@@ -217,8 +223,33 @@ def _fast_batch_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: tor
     else:
         y, save_mean = outputs
         save_invstd = save_mean.detach()
+    if counter is not None:
+        buffers.append(counter)
     call.prepared.enqueue(buffers)
     return y, save_mean, save_invstd
+
+
+def _counting(norm: Any, call: _BatchNormForward, input: torch.Tensor, key: tuple, momentum: float,
+              eps: float) -> tuple[_BatchNormForward, Any]:
+    """``call``, or where a step count's increment waits, held, right before this training forward (a
+    BatchNorm module's ``num_batches_tracked += 1``: :data:`tunecl.backend.ops.pointwise.STEP_COUNT_TAG`),
+    the call whose first launch adds it instead, and the count's buffer: one launch fewer per layer."""
+    payload = state.get().device.take_held(STEP_COUNT_TAG)
+    if payload is None:
+        return call, None
+    count, by = payload
+    counter = _buffers.get(count.untyped_storage().data_ptr())
+    counted_key = (*key, by, count.storage_offset())
+    calls = norm.calls
+    counted = calls.get(counted_key, calls)
+    if counted is calls:
+        counted = _BatchNormForward(norm, input, key, True, momentum, eps, (by, count.storage_offset()))
+        counted = _keep(calls, counted_key, None if counted.prepared is None else counted)
+    if counted is None or counter is None:   # the increment runs by itself after all (before this call's launches)
+        count.add_(by)
+        return call, None
+    eager_fusions["step_count"] += 1
+    return counted, counter
 
 
 def _fast_batch_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor | None,

@@ -439,8 +439,12 @@ def _fast_inplace(expr: str, op: torch._ops.OpOverload, with_alpha: bool) -> Cal
             if not torch.can_cast(result, dtype):
                 raise RuntimeError(f"result type {scalar_type_name(result)} can't be cast to the desired output type "
                                    f"{scalar_type_name(dtype)}")
+        held = None
+        if (expr == "add" and number is int and dtype is torch.int64 and FOLD_STEP_COUNTS and self.dim() == 0
+                and (not with_alpha or alpha == 1)):   # a step count (a batch norm's num_batches_tracked += 1)
+            held = (STEP_COUNT_TAG, (self, other))
         return run(expr, self, (self, other), params,
-                   (_DENSE, expr, self.shape, dtype, number) if self.is_contiguous() else None)
+                   (_DENSE, expr, self.shape, dtype, number) if self.is_contiguous() else None, held)
     return kernel
 
 
@@ -467,6 +471,11 @@ def _dense_backward(expr: str, grad_output: torch.Tensor, self: torch.Tensor,
 
 
 FOLD_MASKS = True   # a relu's or relu6's backward may run inside the batch norm backward after it (tests: off)
+# An in-place add of a Python int to a 0-dim int64 tensor (a step count: BatchNorm's num_batches_tracked += 1,
+# right before its forward) waits, held under STEP_COUNT_TAG with (the tensor, the int) as payload, so that
+# a training batch norm's forward right after it adds it inside its own first launch (tests: off)
+FOLD_STEP_COUNTS = True
+STEP_COUNT_TAG = ("step_count",)
 
 
 def masked_tag(buffer: object, t: torch.Tensor) -> tuple:

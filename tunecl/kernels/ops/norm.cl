@@ -52,16 +52,19 @@
 // followed the batch norm: dy where act (the relu's output, or relu6's input) is inside (0, inf) or (0, 6),
 // else 0, as threshold_backward and hardtanh_backward compute it (NaN passes); act is laid out as dy. With
 // WRITE_DY too the reduction also stores that masked dy into masked_dy (laid out as dy): the activation's
-// backward done on the way, for the eager backend (its own launch dropped).
+// backward done on the way, for the eager backend (its own launch dropped). With COUNT_BY=k the forward's
+// first kernel (bn_stats or bn_stats_apply) also adds k to step_count (one work-item): the module's
+// num_batches_tracked += k, done inside the batch norm's launch by the eager backend.
 // The elementwise kernels (bn_apply, bn_backward_apply) run on a 2-D grid: dim 1 over the rows
 // r = n * C + c (c = r % C once per row), dim 0 over the vectors l within the row.
 //
 // Variants (-D options): GROUP (work-group size of the partial kernels, a power of two), UNROLL
 // (vector loads per work-item per main-loop step), VW (1 or 4), IDX (int or long), HAS_WEIGHT,
 // HAS_BIAS, HAS_RUNNING, EVAL (statistics come from running_mean/var), HAS_GW, HAS_GB, MASK_RELU,
-// MASK_RELU6, WRITE_DY.
+// MASK_RELU6, WRITE_DY, COUNT_BY.
 // meta (IDX): N, C, L, then element offsets of x, y (or grad_input), weight, bias, running_mean,
-// running_var, save_mean, save_invstd, dy, grad_weight, grad_bias, act, masked_dy, then P.
+// running_var, save_mean, save_invstd, dy, grad_weight, grad_bias, act, masked_dy, step_count (in longs),
+// then P.
 
 #ifndef GROUP
   #define GROUP 256
@@ -86,7 +89,7 @@
   #error "VW must be 1 or 4"
 #endif
 
-typedef struct { IDX v[17]; } meta_t;
+typedef struct { IDX v[18]; } meta_t;
 #define N       m.v[0]
 #define C       m.v[1]
 #define L       m.v[2]
@@ -103,15 +106,16 @@ typedef struct { IDX v[17]; } meta_t;
 #define OFF_GB  m.v[13]
 #define OFF_ACT m.v[14]
 #define OFF_MDY m.v[15]
-#define PARTS   m.v[16]
+#define OFF_CNT m.v[16]
+#define PARTS   m.v[17]
 
 #define BN_ARGS __global const float *x, __global float *y, __global const float *weight,      \
                 __global const float *bias, __global float *running_mean,                     \
                 __global float *running_var, __global float *save_mean,                       \
                 __global float *save_invstd, __global const float *dy,                        \
                 __global float *grad_weight, __global float *grad_bias,                       \
-                __global const float *act, __global float *masked_dy, __global float *scratch,  \
-                const float eps, const float momentum, const meta_t m
+                __global const float *act, __global float *masked_dy, __global long *step_count, \
+                __global float *scratch, const float eps, const float momentum, const meta_t m
 
 // dy at vector i of a tensor laid out as x, through the activation's mask (see the top)
 #if defined(MASK_RELU)
@@ -321,10 +325,18 @@ inline float2 stats_part(const IDX c, const int lid, __global const float *x, __
 }
 
 // grid (GROUP * P, C'), C' <= C channels at a time; one pass over the part's elements (see the top)
+// the step count's increment (COUNT_BY), by one work-item of the forward's first launch
+#ifdef COUNT_BY
+  #define COUNT_STEP() if (get_global_id(0) == 0 && get_global_id(1) == 0) step_count[OFF_CNT] += (long)(COUNT_BY)
+#else
+  #define COUNT_STEP()
+#endif
+
 __kernel void bn_stats(BN_ARGS)
 {
   const int lid = (int)get_local_id(0);
   __local float part_n[GROUP], part_mean[GROUP], part_m2[GROUP];
+  COUNT_STEP();
   for (IDX c = (IDX)get_group_id(1); c < C; c += (IDX)get_num_groups(1)) {
     float K;
     const float2 part = stats_part(c, lid, x, part_n, part_mean, part_m2, &K, m);
@@ -345,6 +357,7 @@ __kernel void bn_stats_apply(BN_ARGS)
 {
   const int lid = (int)get_local_id(0);
   __local float part_n[GROUP], part_mean[GROUP], part_m2[GROUP];
+  COUNT_STEP();
   __global const vec_t *xv = (__global const vec_t *)(x + OFF_X);
   __global vec_t *yv = (__global vec_t *)(y + OFF_Y);
   for (IDX c = (IDX)get_group_id(1); c < C; c += (IDX)get_num_groups(1)) {

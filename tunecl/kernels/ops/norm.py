@@ -36,9 +36,9 @@ from tunecl.runtime import Device
 # the tensors every batch-norm kernel takes, in argument order (then the scratch buffer, eps, momentum,
 # meta), each given as (buffer, element offset): contiguous float32 data
 _OFFSETS = ("x", "y", "weight", "bias", "running_mean", "running_var", "save_mean", "save_invstd", "dy",
-            "grad_weight", "grad_bias", "act", "masked_dy")
+            "grad_weight", "grad_bias", "act", "masked_dy", "step_count")
 Tensor = tuple  # (cl.Buffer | None, element offset)
-META_LENGTH = 17  # N, C, L, the 13 offsets, P
+META_LENGTH = 18  # N, C, L, the 14 offsets, P
 
 # -- launch geometry (tune here) --
 GROUP_SIZE = 256         # work-items per work-group of the partial kernels (rounded down to a power of two)
@@ -125,7 +125,7 @@ class BatchNorm:
         if kernel is None:
             options = [f"-DGROUP={group}", f"-DUNROLL={UNROLL}", f"-DIDX={idx}"] + [f"-D{flag}" for flag in flags]
             kernel = self.cache.build(key, options, name,
-                                      [None] * 14 + [np.float32, np.float32, meta_dtype(META_LENGTH, idx)])
+                                      [None] * 15 + [np.float32, np.float32, meta_dtype(META_LENGTH, idx)])
         return kernel
 
     def _elementwise_grid(self, n: int, c: int, length: int) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -212,8 +212,16 @@ class BatchNorm:
         return steps, scratch
 
     def _forward_steps(self, shape: tuple[int, int, int], ops: Mapping[str, Tensor | None], training: bool,
-                       fusable: bool) -> list[tuple]:
+                       fusable: bool, count_by: int = 0) -> list[tuple]:
         """The forward's launches as (name, kind, flags, parts, scratch, held); with self._lock held."""
+        steps = self._normalising_steps(shape, ops, training, fusable)
+        if ops.get("step_count") is not None:   # (checked: training, so the first step is the statistics')
+            name, kind, flags, parts, scratch, held = steps[0]
+            steps[0] = (name, kind, (*flags, f"COUNT_BY={int(count_by)}"), parts, scratch, held)
+        return steps
+
+    def _normalising_steps(self, shape: tuple[int, int, int], ops: Mapping[str, Tensor | None], training: bool,
+                           fusable: bool) -> list[tuple]:
         n, c, length = shape
         if c == 0:
             return []
@@ -259,12 +267,16 @@ class BatchNorm:
         return steps
 
     def forward(self, shape: tuple[int, int, int], ops: Mapping[str, Tensor | None], training: bool,
-                eps: float, momentum: float, fusable: bool = False) -> None:
+                eps: float, momentum: float, fusable: bool = False, count_by: int = 0) -> None:
         """``ops`` names x, y, weight, bias, running_mean, running_var, save_mean, save_invstd. ``fusable``
         (y contiguous float32): the normalising launch waits, held, so that an in-place relu of y right
-        after it can run inside it instead (:func:`tunecl.kernels.strided.relu_tag`)."""
+        after it can run inside it instead (:func:`tunecl.kernels.strided.relu_tag`). ``step_count`` too (an
+        int64 element, offset in its elements; training, a non-empty input): the first launch adds
+        ``count_by`` to it."""
+        _check_count(shape, ops, training)
         with self._lock:
-            for name, kind, flags, parts, scratch, held in self._forward_steps(shape, ops, training, fusable):
+            for name, kind, flags, parts, scratch, held in self._forward_steps(shape, ops, training, fusable,
+                                                                               count_by):
                 self._launch(name, kind, shape, ops, flags, eps, momentum, parts, scratch, held)
 
     def backward(self, shape: tuple[int, int, int], ops: Mapping[str, Tensor | None], training: bool,
@@ -282,11 +294,12 @@ class BatchNorm:
 
     # -- pre-built calls ----------------------------------------------------------------------------
     def prepare_forward(self, shape: tuple[int, int, int], ops: Mapping[str, Tensor | None], training: bool,
-                        eps: float, momentum: float, fusable: bool = False) -> Prepared | None:
+                        eps: float, momentum: float, fusable: bool = False, count_by: int = 0) -> Prepared | None:
         """:meth:`forward`'s launches for every call of this signature (the shape, which of ``ops`` are
         given and their offsets, the flags and scalars), pre-built; None where they cannot be."""
+        _check_count(shape, ops, training)
         with self._lock:
-            steps = self._forward_steps(shape, ops, training, fusable)
+            steps = self._forward_steps(shape, ops, training, fusable, count_by)
         return self._prepare(shape, ops, steps, eps, momentum)
 
     def prepare_backward(self, shape: tuple[int, int, int], ops: Mapping[str, Tensor | None], training: bool,
@@ -326,6 +339,11 @@ class BatchNorm:
         (tests, tuning)."""
         self._launches.clear()
         self.calls.clear()
+
+
+def _check_count(shape: tuple[int, int, int], ops: Mapping[str, Tensor | None], training: bool) -> None:
+    if ops.get("step_count") is not None and not (training and shape[1] and shape[0] * shape[2]):
+        raise ValueError("step_count needs training on a non-empty input")
 
 
 def _check_mask(ops: Mapping[str, Tensor | None], training: bool, mask: str | None) -> None:
