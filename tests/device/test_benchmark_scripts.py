@@ -316,3 +316,22 @@ def test_eager_phases_counts_one_steps_launches_by_kernel(tmp_path):
     assert "bn_apply" not in counts and "bn_stats" not in counts
     refused = subprocess.run(base, capture_output=True, text=True, env=env)
     assert refused.returncode == 2 and "need --stub-launches" in refused.stderr
+
+
+def test_launch_savings_alternates_on_and_off(tmp_path):
+    """Each round runs the step with the savings on and off (in that order, then reversed), one process each,
+    and the summary gives each side's median and the on / off ratio."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1] / "torch"),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "launch_savings.py"), "--nets", "tiny_nets:tiny_cnn",
+                           "--rounds", "2", "--batch", "2", "--image-size", "16", "--repeats", "2"],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    rounds = [line.split() for line in done.stdout.splitlines() if line.strip().startswith("round")]
+    assert [(words[1], words[3]) for words in rounds] == [("1", "on"), ("1", "off"), ("2", "off"), ("2", "on")]
+    summary = next(line for line in done.stdout.splitlines() if "on / off" in line and "tiny_cnn" in line)
+    assert float(summary.split("on / off")[1].split()[0]) > 0

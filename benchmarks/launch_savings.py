@@ -1,0 +1,93 @@
+"""The eager launch savings, on and off, alternating: ``tunecl bench`` of a training step with the backend as it
+is ("on") and with the savings that remove launches turned off ("off": batch norm's reductions finished in
+separate launches, ``tunecl.kernels.ops.norm.ONE_LAUNCH``; a relu's or relu6's backward launched by
+itself, ``tunecl.backend.ops.pointwise.FOLD_MASKS``; the step count's increment launched by itself,
+``FOLD_STEP_COUNTS``). Each run is its own process (``tunecl bench --json``, with its own peer when
+``--compare cuda``); on and off alternate for ``--rounds`` rounds per net, so a noisy host disturbs both
+alike. Prints every run's median step time (and the peer's, and their ratio), then per net the median
+of each side over the rounds with its spread, and the median of the per-round ratios on ÷ off.
+
+    TUNECL_DEVICE=nvidia python benchmarks/launch_savings.py --nets resnet18,mobilenet_v2 --rounds 3
+    TUNECL_DEVICE=nvidia python benchmarks/launch_savings.py --nets resnet18 --compare cuda --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# the CLI in a process whose launch savings are off (set before any call builds its launches)
+_OFF = ("import sys; import tunecl.kernels.ops.norm as norm; import tunecl.backend.ops.pointwise as pointwise; "
+        "norm.ONE_LAUNCH = False; pointwise.FOLD_MASKS = False; pointwise.FOLD_STEP_COUNTS = False; "
+        "from tunecl.cli import main; sys.exit(main(sys.argv[1:]))")
+_ON = "import sys; from tunecl.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def run(side: str, net: str, args: argparse.Namespace) -> dict:
+    """One ``tunecl bench --json`` run of ``net``'s training step with the savings ``side`` ("on" or "off")."""
+    command = [sys.executable, "-c", _ON if side == "on" else _OFF, "bench", "--net", net, "--batch",
+               str(args.batch), "--image-size", str(args.image_size), "--train", "--repeats", str(args.repeats),
+               "--compare", args.compare, "--json"]
+    if args.compare == "cuda":
+        command += ["--cudnn-benchmark", args.cudnn_benchmark]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    if done.returncode != 0 or not done.stdout.strip():
+        raise SystemExit(f"{side} {net}: tunecl bench failed (exit {done.returncode}):\n"
+                         + "\n".join(done.stderr.strip().splitlines()[-6:]))
+    return json.loads(done.stdout)
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):8.3f} [{min(values):.3f}-{max(values):.3f}]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nets", default="resnet18,mobilenet_v2", help="comma-separated (default %(default)s)")
+    parser.add_argument("--rounds", type=int, default=3, help="on/off pairs per net (default %(default)s)")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--repeats", type=int, default=10, help="timed steps per run (default %(default)s)")
+    parser.add_argument("--compare", choices=("none", "cuda", "cpu"), default="none",
+                        help="each run's peer, as tunecl bench --compare (default %(default)s)")
+    parser.add_argument("--cudnn-benchmark", choices=("on", "off"), default="on",
+                        help="the CUDA peer's cudnn.benchmark (default %(default)s)")
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.repeats < 1:
+        parser.error("--rounds and --repeats must be at least 1")
+    nets = [n for n in args.nets.split(",") if n]
+    print(f"launch savings on/off: {', '.join(nets)}, batch {args.batch}, image {args.image_size}, train, "
+          f"{args.rounds} alternating rounds of {args.repeats} timed steps; ms, median per run [min-max]")
+    results: dict[str, dict[str, list[dict]]] = {net: {"on": [], "off": []} for net in nets}
+    for round_index in range(args.rounds):
+        for net in nets:
+            for side in ("on", "off") if round_index % 2 == 0 else ("off", "on"):
+                result = run(side, net, args)
+                results[net][side].append(result)
+                ours = result["ours"]
+                peer = result.get("peer")
+                line = (f"  round {round_index + 1}  {net:14s} {side:3s}  ours {ours['median_ms']:8.3f} "
+                        f"[{min(ours['times_ms']):.2f}-{max(ours['times_ms']):.2f}]")
+                if peer:
+                    line += f"  peer {peer['median_ms']:8.3f}  ratio {result['ratio']:.3f}"
+                print(line, flush=True)
+    print("per net: median over the rounds [min-max]; on / off: the median of each round's ratio")
+    for net, sides in results.items():
+        on = [r["ours"]["median_ms"] for r in sides["on"]]
+        off = [r["ours"]["median_ms"] for r in sides["off"]]
+        ratios = [a / b for a, b in zip(on, off)]
+        print(f"  {net:14s} on {_spread(on)}  off {_spread(off)}  on / off {_spread(ratios)}")
+        if sides["on"][0].get("peer"):
+            print(f"  {'':14s} ours / peer: on {_spread([r['ratio'] for r in sides['on']])}  "
+                  f"off {_spread([r['ratio'] for r in sides['off']])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
