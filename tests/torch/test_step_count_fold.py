@@ -117,3 +117,18 @@ def test_graph_replays_count(monkeypatch):
             graph.replay()
         graph.reset()
     assert bn.num_batches_tracked.item() == 6
+
+
+def test_a_batch_norm_that_takes_another_route_leaves_the_increment(monkeypatch):
+    """A training batch norm that does not run its pre-built launches (a CPU weight among device operands:
+    the CPU fallback) leaves the waiting increment to run by itself."""
+    count = torch.zeros((), dtype=torch.int64, device=DEV)
+    x = torch.randn(2, 3, 4, 4).to(DEV)
+    rm, rv = torch.zeros(3, device=DEV), torch.ones(3, device=DEV)
+    with config.override(fallback="silent"):
+        for _ in range(2):
+            count.add_(1)
+            F.batch_norm(x, rm, rv, training=True)
+        count.add_(1)
+        F.batch_norm(x, rm, rv, weight=torch.ones(3), training=True)
+    assert count.item() == 3

@@ -189,8 +189,8 @@ class Device:
         deferred launch and it has a fused kernel for ``op``; False when it was enqueued already, another
         launch came after it, or it cannot take ``op``."""
         with self._deferred_lock:
-            held = self._held
-            if held is None or held[0] != tag or not self._deferred or self._deferred[-1] is not held[1]:
+            held = self._last_held(tag)
+            if held is None:
                 return False
             fused = None if held[2] is None else held[2](op)
             if fused is None:
@@ -205,17 +205,31 @@ class Device:
         """Whether a launch is held (it may have been enqueued since: :meth:`take_held` tells)."""
         return self._held is not None
 
+    def peek_held(self, tag: object) -> object:
+        """The ``payload`` of the launch held under ``tag`` if it is still the last deferred launch (it stays
+        held), else None: what a caller prepares with before :meth:`take_held`."""
+        with self._deferred_lock:
+            held = self._last_held(tag)
+            return None if held is None else held[3]
+
     def take_held(self, tag: object) -> object:
         """Drop the launch held under ``tag`` and return its ``payload``, if it is still the last deferred
         launch: the caller does its work inside a launch of its own instead. None where it was enqueued
         already or another launch came after it (it then runs, or ran, as held)."""
         with self._deferred_lock:
-            held = self._held
-            if held is None or held[0] != tag or not self._deferred or self._deferred[-1] is not held[1]:
+            held = self._last_held(tag)
+            if held is None:
                 return None
             self._deferred.pop()
             self._held = None
             return held[3]
+
+    def _last_held(self, tag: object) -> tuple | None:   # with _deferred_lock held
+        """The held launch's record if it is held under ``tag`` and still the last deferred launch."""
+        held = self._held
+        if held is None or held[0] != tag or not self._deferred or self._deferred[-1] is not held[1]:
+            return None
+        return held
 
     def flush(self) -> None:
         """Enqueue every deferred launch now (in order)."""

@@ -204,6 +204,9 @@ class DryDevice:
 
     holding = False
 
+    def peek_held(self, tag: Any) -> Any:
+        return None
+
     def take_held(self, tag: Any) -> Any:
         return None
 

@@ -207,15 +207,15 @@ def _fast_batch_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: tor
         call = _keep(calls, key, None if call is None or call.prepared is None else call)
     if call is None:
         return None
-    counter = None
-    if call.training and state.get().device.holding:
-        call, counter = _counting(norm, call, input, key, momentum, eps)
     # the buffers in the norm kernels' order: x, y, weight, bias, the running and the saved statistics
     buffers = [_buffers[input.untyped_storage().data_ptr()], None]
     for t in (weight, bias, running_mean, running_var):
         if t is not None:
             buffers.append(_buffers[t.untyped_storage().data_ptr()])
     outputs, out_buffers = call.outputs.empty()
+    counter = None
+    if call.training and state.get().device.holding:   # (last: nothing that may raise comes after the take)
+        call, counter = _counting(norm, call, input, key, momentum, eps)
     buffers[1] = out_buffers[0]
     if call.training:
         y, save_mean, save_invstd = outputs
@@ -234,7 +234,8 @@ def _counting(norm: Any, call: _BatchNormForward, input: torch.Tensor, key: tupl
     """``call``, or where a step count's increment waits, held, right before this training forward (a
     BatchNorm module's ``num_batches_tracked += 1``: :data:`tunecl.backend.ops.pointwise.STEP_COUNT_TAG`),
     the call whose first launch adds it instead, and the count's buffer: one launch fewer per layer."""
-    payload = state.get().device.take_held(STEP_COUNT_TAG)
+    device = state.get().device
+    payload = device.peek_held(STEP_COUNT_TAG)
     if payload is None:
         return call, None
     count, by = payload
@@ -245,8 +246,8 @@ def _counting(norm: Any, call: _BatchNormForward, input: torch.Tensor, key: tupl
     if counted is calls:
         counted = _BatchNormForward(norm, input, key, True, momentum, eps, (by, count.storage_offset()))
         counted = _keep(calls, counted_key, None if counted.prepared is None else counted)
-    if counted is None or counter is None:   # the increment runs by itself after all (before this call's launches)
-        count.add_(by)
+    # the increment launches by itself (before this call's launches) where it cannot be taken over
+    if counted is None or counter is None or device.take_held(STEP_COUNT_TAG) is not payload:
         return call, None
     eager_fusions["step_count"] += 1
     return counted, counter
@@ -374,8 +375,9 @@ def _masked_backward(grad_out: torch.Tensor, input: torch.Tensor, weight: torch.
             or input.dim() < 2 or not input.numel()):
         return None
     buffer = _buffers.get(grad_out.untyped_storage().data_ptr())
-    if buffer is None:
-        return None
+    if buffer is None or any(t is not None and t.untyped_storage().data_ptr() not in _buffers
+                             for t in (input, weight, running_mean, running_var, save_mean, save_invstd)):
+        return None   # (an operand on another device: the general route says what is wrong)
     payload = state.get().device.take_held(masked_tag(buffer, grad_out))
     if payload is None:
         return None
