@@ -7,7 +7,8 @@
 # (one half of mma), fp16 (~4 min), pretrans (~3 min), space (~3 min), graph (~5 min: benches with and without
 # --graph, GRAPH_BENCH net:batch:precision:infer|train list), host (~3 min: launch_cost.py,
 # overhead.py with its rows in OUTDIR/host.csv, batch_norm.py and host_profile.py), ship (tunes resnet18/50 batch 16 with --train for tunecl/tuning_db/;
-# SHIP_TIME_LIMIT seconds per problem, default 8) and convergence (~16 min). Each step gets what is left of the budget (a step that cannot start with at least MIN_STEP_S seconds left is skipped and
+# SHIP_TIME_LIMIT seconds per problem, default 8), launches (~8 min: launch_savings.py with the CUDA peer over
+# LAUNCH_NETS, LAUNCH_ROUNDS rounds) and convergence (~16 min). Each step gets what is left of the budget (a step that cannot start with at least MIN_STEP_S seconds left is skipped and
 # logged); every command writes its own file under OUTDIR, and OUTDIR.tar.gz is rewritten after
 # every command, so a run cut off from outside still leaves everything finished so far in one file.
 # Steps run sequentially: concurrent GPU work (or CPU-heavy work next to a timing) skews timings.
@@ -126,9 +127,12 @@ for step in $steps; do
         --json "$out/batch_norm.json"
       run host-resnet50-b16-train 120 "$PY" benchmarks/host_profile.py --net resnet50 --batch 16 --train \
         --torch-profiler --iterations 3 --top 30 ;;
+    launches)  # the eager launch savings on and off, alternating rounds, each run with its torch CUDA peer
+      run launch-savings 900 "$PY" benchmarks/launch_savings.py --nets "${LAUNCH_NETS:-resnet18,mobilenet_v2}" \
+        --compare cuda --rounds "${LAUNCH_ROUNDS:-3}" ;;
     tests)     # GPU-only correctness: the device and torch test subsets on the GPU
       run pytest-device 0 "$PY" -m pytest -q -rfE --tb=short ${TESTS:-tests/device tests/torch} ;;
-    *) log "unknown step $step (steps: mma gemm_mma conv_mma fp16 pretrans bench graph validate conv space ship convergence host tests)" ;;
+    *) log "unknown step $step (steps: mma gemm_mma conv_mma fp16 pretrans bench graph validate conv space ship convergence host launches tests)" ;;
   esac
 done
 log "done, $(left)s of the budget left"
