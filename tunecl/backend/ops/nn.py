@@ -244,8 +244,13 @@ def _counting(norm: Any, call: _BatchNormForward, input: torch.Tensor, key: tupl
     calls = norm.calls
     counted = calls.get(counted_key, calls)
     if counted is calls:
-        counted = _BatchNormForward(norm, input, key, True, momentum, eps, (by, count.storage_offset()))
-        counted = _keep(calls, counted_key, None if counted.prepared is None else counted)
+        try:
+            counted = _BatchNormForward(norm, input, key, True, momentum, eps, (by, count.storage_offset()))
+        except Exception:   # (its kernels failed to build) the increment runs by itself, as it would have
+            counted = None
+        else:
+            counted = None if counted.prepared is None else counted
+        counted = _keep(calls, counted_key, counted)
     # the increment launches by itself (before this call's launches) where it cannot be taken over
     if counted is None or counter is None or device.take_held(STEP_COUNT_TAG) is not payload:
         return call, None

@@ -441,7 +441,8 @@ def _fast_inplace(expr: str, op: torch._ops.OpOverload, with_alpha: bool) -> Cal
                                    f"{scalar_type_name(dtype)}")
         held = None
         if (expr == "add" and number is int and dtype is torch.int64 and FOLD_STEP_COUNTS and self.dim() == 0
-                and (not with_alpha or alpha == 1)):   # a step count (a batch norm's num_batches_tracked += 1)
+                and (not with_alpha or alpha == 1) and -_INT32_LIMIT < other < _INT32_LIMIT):
+            # a step count (a batch norm's num_batches_tracked += 1)
             held = (STEP_COUNT_TAG, (self, other))
         return run(expr, self, (self, other), params,
                    (_DENSE, expr, self.shape, dtype, number) if self.is_contiguous() else None, held)
@@ -449,6 +450,7 @@ def _fast_inplace(expr: str, op: torch._ops.OpOverload, with_alpha: bool) -> Cal
 
 
 _INTEGERS = frozenset((torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64))
+_INT32_LIMIT = 1 << 31   # a step count's increment folds into a batch norm's launch within int32's range
 
 
 def _dense_backward(expr: str, grad_output: torch.Tensor, self: torch.Tensor,
