@@ -374,16 +374,23 @@ def _masked_backward(grad_out: torch.Tensor, input: torch.Tensor, weight: torch.
     holds what it would have and every result is bit for bit the same, one launch fewer. None (nothing
     done) where the call does not qualify: no reduction (evaluation without parameter gradients), operands
     that are not contiguous float32 of one shape, or no such launch waiting."""
-    if (not (train or output_mask[1] or output_mask[2]) or grad_out.dtype is not _FLOAT32
-            or input.shape != grad_out.shape
-            or not _plain(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd)
-            or input.dim() < 2 or not input.numel()):
+    if not (train or output_mask[1] or output_mask[2]) or grad_out.dtype is not _FLOAT32:
         return None
     buffer = _buffers.get(grad_out.untyped_storage().data_ptr())
-    if buffer is None or any(t is not None and t.untyped_storage().data_ptr() not in _buffers
-                             for t in (input, weight, running_mean, running_var, save_mean, save_invstd)):
-        return None   # (an operand on another device: the general route says what is wrong)
-    payload = state.get().device.take_held(masked_tag(buffer, grad_out))
+    if buffer is None:
+        return None
+    device = state.get().device
+    tag = masked_tag(buffer, grad_out)
+    if device.peek_held(tag) is None:   # (first: most calls find no such launch waiting)
+        return None
+    if (input.shape != grad_out.shape
+            or not _plain(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd)
+            or input.dim() < 2 or not input.numel()
+            or any(t is not None and t.untyped_storage().data_ptr() not in _buffers
+                   for t in (input, weight, running_mean, running_var, save_mean, save_invstd))):
+        return None   # (the activation's backward launches by itself; an operand on another device: the
+                      # general route says what is wrong)
+    payload = device.take_held(tag)
     if payload is None:
         return None
     mask, dy, act = payload   # (contiguous float32 tensors of grad_out's shape, see _dense_backward)

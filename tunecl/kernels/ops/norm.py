@@ -232,10 +232,7 @@ class BatchNorm:
             steps, scratch = self._reduce_steps("bn_stats", "bn_stats_finalize", shape,
                                                 tuple(f for f in flags if f == "HAS_RUNNING"), c)
             if ONE_LAUNCH and n * length:
-                if len(steps) == 1:   # P = 1
-                    return [("bn_stats_apply", "partial", flags, 1, scratch, fusable)]
-                partial, (_, _, _, parts, _, _) = steps
-                return [partial, ("bn_apply", "elementwise", (*flags, "FINISH"), parts, scratch, fusable)]
+                return _finished_inside(steps, scratch, "bn_stats_apply", "bn_apply", flags, fusable)
         if n * length:
             steps.append(("bn_apply", "elementwise", tuple(f for f in flags if f != "HAS_RUNNING"), 1, None, fusable))
         return steps
@@ -257,11 +254,8 @@ class BatchNorm:
         if training or ops.get("grad_weight") is not None or ops.get("grad_bias") is not None:
             steps, scratch = self._reduce_steps("bn_backward_reduce", "bn_backward_finalize", shape, reduce_flags, c)
             if ONE_LAUNCH and need_input_grad and n * length:
-                if len(steps) == 1:   # P = 1
-                    return [("bn_backward_reduce_apply", "partial", reduce_flags, 1, scratch, False)]
-                partial, (_, _, _, parts, _, _) = steps
-                return [partial, ("bn_backward_apply", "elementwise", (*reduce_flags, "FINISH"), parts, scratch,
-                                  False)]
+                return _finished_inside(steps, scratch, "bn_backward_reduce_apply", "bn_backward_apply",
+                                        reduce_flags, False)
         if need_input_grad and n * length:
             steps.append(("bn_backward_apply", "elementwise", base, 1, scratch, False))
         return steps
@@ -339,6 +333,18 @@ class BatchNorm:
         (tests, tuning)."""
         self._launches.clear()
         self.calls.clear()
+
+
+def _finished_inside(reduce_steps: list[tuple], scratch: cl.Buffer, fused: str, elementwise: str,
+                     flags: tuple[str, ...], held: bool) -> list[tuple]:
+    """A direction's launches with its reduction (``reduce_steps``: the partial kernel, and with P > 1 the
+    finalize kernel) finished inside its elementwise launch (ONE_LAUNCH): with P = 1 one ``fused`` launch on
+    the partial kernel's grid; with P > 1 the partial kernel, then ``elementwise`` merging the parts (FINISH).
+    ``flags`` cover both parts of the work."""
+    if len(reduce_steps) == 1:
+        return [(fused, "partial", flags, 1, scratch, held)]
+    partial, (_, _, _, parts, _, _) = reduce_steps
+    return [partial, (elementwise, "elementwise", (*flags, "FINISH"), parts, scratch, held)]
 
 
 def _check_count(shape: tuple[int, int, int], ops: Mapping[str, Tensor | None], training: bool) -> None:
