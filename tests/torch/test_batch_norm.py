@@ -13,6 +13,8 @@ import torch.nn.functional as F
 from tunecl import config
 from tunecl.backend import state
 
+from batch_norm_parts import forced_parts
+
 DEV = torch.device("opencl")
 
 # (N, C, *spatial): N = 1, C = 1, L = 1 (BatchNorm1d on (N, C)), odd L (7x7, 13x5), L above the
@@ -33,12 +35,10 @@ def norm():
 
 
 @pytest.fixture(params=[None, 1, 2, 3, 7, 500], ids=lambda p: f"P{p}")
-def parts(request, norm):
+def parts(request):
     """P forced (None: the heuristic); 500 is more parts than most channels have elements."""
-    old = norm.force_parts
-    norm.force_parts = request.param
-    yield request.param
-    norm.force_parts = old
+    with forced_parts(request.param):
+        yield request.param
 
 
 def _run(device, x, g, weight, bias, stats, training, momentum=0.3, eps=1e-4):

@@ -12,9 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from tunecl import config
-from tunecl.backend import state
 from tunecl.backend.ops import nn as nn_ops
 from tunecl.kernels.ops import norm as module
+
+from batch_norm_parts import forced_parts
 
 DEV = torch.device("opencl")
 
@@ -27,13 +28,8 @@ SHAPES = [(4, 5, 7, 8), (3, 6, 7, 7), (9, 4), (2, 3, 1, 1), (1, 2, 13)]
 def one_part(request):
     """P forced to 1 or 3; the kept launches dropped before and after (ONE_LAUNCH is read when they are
     built)."""
-    norm = state.get().norm
-    old = norm.force_parts
-    norm.force_parts = request.param
-    norm.forget_launches()
-    yield norm
-    norm.force_parts = old
-    norm.forget_launches()
+    with forced_parts(request.param) as norm:
+        yield norm
 
 
 def _both(norm, monkeypatch, run):

@@ -15,6 +15,8 @@ from tunecl import config
 from tunecl.backend import state
 from tunecl.backend.ops import pointwise
 
+from batch_norm_parts import forced_parts
+
 DEV = torch.device("opencl")
 
 
@@ -80,11 +82,8 @@ def _launches(run, monkeypatch) -> int:
 
 @pytest.fixture(params=[None, 1, 3], ids=lambda p: f"P{p}")
 def parts(request):
-    norm = state.get().norm
-    old = norm.force_parts
-    norm.force_parts = request.param
-    yield request.param
-    norm.force_parts = old
+    with forced_parts(request.param):
+        yield request.param
 
 
 @pytest.mark.parametrize("act", ["relu", "relu6"])

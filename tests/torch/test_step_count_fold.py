@@ -12,19 +12,17 @@ import torch.nn.functional as F
 
 import tunecl.backend as backend
 from tunecl import config
-from tunecl.backend import state
 from tunecl.backend.ops import pointwise
+
+from batch_norm_parts import forced_parts
 
 DEV = torch.device("opencl")
 
 
 @pytest.fixture(params=[1, 3], ids=lambda p: f"P{p}")
 def parts(request):
-    norm = state.get().norm
-    old = norm.force_parts
-    norm.force_parts = request.param
-    yield request.param
-    norm.force_parts = old
+    with forced_parts(request.param):
+        yield request.param
 
 
 def _model(momentum: float | None) -> torch.nn.Module:
@@ -84,12 +82,16 @@ def test_a_count_at_an_offset_and_a_read_between(monkeypatch):
     assert backend.stats()["eager_fusions"].get("step_count", 0) >= 3
 
 
+def _count_and_batch() -> tuple[torch.Tensor, ...]:
+    """A 0-dim int64 count, a 2x3x4x4 batch and running statistics for it, on the device."""
+    return (torch.zeros((), dtype=torch.int64, device=DEV), torch.randn(2, 3, 4, 4).to(DEV),
+            torch.zeros(3, device=DEV), torch.ones(3, device=DEV))
+
+
 def test_other_ops_between_launch_the_increment(monkeypatch):
     """An increment followed by anything but a training batch norm (another op, evaluation mode) runs by
     itself, in order."""
-    count = torch.zeros((), dtype=torch.int64, device=DEV)
-    x = torch.randn(2, 3, 4, 4).to(DEV)
-    rm, rv = torch.zeros(3, device=DEV), torch.ones(3, device=DEV)
+    count, x, rm, rv = _count_and_batch()
     with config.override(fallback="error"):
         for _ in range(3):
             count.add_(1)
@@ -122,9 +124,7 @@ def test_graph_replays_count(monkeypatch):
 def test_a_batch_norm_that_takes_another_route_leaves_the_increment(monkeypatch):
     """A training batch norm that does not run its pre-built launches (a CPU weight among device operands:
     the CPU fallback) leaves the waiting increment to run by itself."""
-    count = torch.zeros((), dtype=torch.int64, device=DEV)
-    x = torch.randn(2, 3, 4, 4).to(DEV)
-    rm, rv = torch.zeros(3, device=DEV), torch.ones(3, device=DEV)
+    count, x, rm, rv = _count_and_batch()
     with config.override(fallback="silent"):
         for _ in range(2):
             count.add_(1)
