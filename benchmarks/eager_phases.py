@@ -8,8 +8,8 @@ Options:
 
 - ``--stub-launches``: kernel launches are not sent to the driver (the backend's Python path stays the same,
   results are garbage): the host cost of the backend itself, without the driver's enqueue;
-- ``--autograd torch|caller``: backward on torch's worker thread for the device (torch's default), or on the
-  calling thread (``torch.autograd.set_multithreading_enabled(False)``);
+- ``--autograd caller|worker``: backward on the calling thread (the backend's default) or on torch's worker
+  thread for the device (``TUNECL_BACKWARD_THREAD``); without it, as that variable says;
 - ``--copy-inputs``: the batch is copied from the CPU in every step, as ``tunecl bench`` does;
 - ``--plans-of DEVICE`` (with ``--stub-launches``): the step runs with the plans the shipped tuning results
   hold for another device (a selector as ``tunecl db list --device`` takes: ``h200``), and with that kind of
@@ -18,19 +18,19 @@ Options:
   builds their kernels here (a config this device cannot build falls back to the default plan, with a
   warning); capability probes are skipped (no tensor-core kernels: fp32 plans only);
 - the ``thread CPU`` line under each round: the calling thread's CPU time per phase (``time.thread_time``),
-  steadier than wall time on a shared or CPU-OpenCL machine; backward's counts only with ``--autograd caller``;
+  steadier than wall time on a shared or CPU-OpenCL machine; backward's counts only on the calling thread;
 - ``--launches`` (with ``--stub-launches``): the kernel launches of one more step, by kernel; with
   ``--compute-units N`` the batch norm splits its channels as on a device with N compute units (what its
   launch count depends on: an H100 or H200 has 132), the rest of the run as on this one;
 - ``--profile N``: Python's cProfile over three more steps, the N functions with the most self time and the
-  N with the most cumulative time (cProfile sees the calling thread: use it with ``--autograd caller``);
+  N with the most cumulative time (cProfile sees the calling thread only);
 - ``--record FILE.csv``: append the first two rounds to a host-time results CSV (``benchmarks/results/host.csv``'s
   columns, ``tunecl.tools.record.HOST_COLUMNS``): per phase and the whole step, the wall and thread CPU time in
   µs, with their spread over the steps and the load average (the third round, a check, is printed only).
 
     TUNECL_DEVICE=nvidia python benchmarks/eager_phases.py --net resnet18 --batch 16
     TUNECL_DEVICE=nvidia python benchmarks/eager_phases.py --net resnet50 --batch 16 --stub-launches --profile 60
-    python benchmarks/eager_phases.py --net resnet50 --batch 16 --stub-launches --plans-of h200 --autograd caller
+    python benchmarks/eager_phases.py --net resnet50 --batch 16 --stub-launches --plans-of h200
     python benchmarks/eager_phases.py --batch 2 --image-size 32 --record benchmarks/results/host.csv
     python benchmarks/eager_phases.py --net mobilenet_v2 --stub-launches --plans-of h100 --compute-units 132 \
         --launches --repeats 1
@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
 import statistics
 import sys
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--stub-launches", action="store_true")
-    parser.add_argument("--autograd", choices=("caller", "torch"))
+    parser.add_argument("--autograd", choices=("caller", "worker"))
     parser.add_argument("--copy-inputs", action="store_true")
     parser.add_argument("--plans-of", metavar="DEVICE",
                         help="with --stub-launches: run the plans the shipped results hold for DEVICE (e.g. h200)")
@@ -124,14 +125,15 @@ def main(argv: list[str] | None = None) -> int:
         stub_launches(launches)
     import torch
 
+    if args.autograd:
+        os.environ["TUNECL_BACKWARD_THREAD"] = args.autograd
     import tunecl.backend  # noqa: F401
+    from tunecl.backend import autograd_engine
     from tunecl.tools import model_and_inputs
     plans_of = use_plans_of(args.plans_of) if args.plans_of else None
     if args.compute_units:
         from tunecl.backend import state
         state.get().norm.compute_units = args.compute_units
-    if args.autograd == "caller":
-        torch.autograd.set_multithreading_enabled(False)
     dev = torch.device("opencl")
     model, xc, yc = model_and_inputs(args.net, args.batch, args.image_size, train=True)
     model = model.to(dev)
@@ -165,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(3):
         step(None)
     mode = (f"launches {'stubbed' if args.stub_launches else 'real'}, autograd on the "
-            f"{'caller' if not torch._C._is_multithreading_enabled() else 'worker'} thread"
+            f"{'caller' if autograd_engine.runs_on_caller() else 'worker'} thread"
             f"{', inputs copied' if args.copy_inputs else ''}"
             f"{f', plans of {plans_of}' if plans_of else ''}")
     print(f"{args.net} batch {args.batch} image {args.image_size} train on {torch.opencl.get_device_name()}: {mode}; "

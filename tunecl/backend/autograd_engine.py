@@ -74,6 +74,11 @@ def _on_caller(cfg: config.Config) -> bool:
 _caller_setting = config.Derived(_on_caller, "TUNECL_BACKWARD_THREAD")
 
 
+def runs_on_caller() -> bool:
+    """Whether opencl backward passes run on their calling thread (the setting, or an engine without a queue)."""
+    return _on_calling_thread or _caller_setting()
+
+
 def _run(original: Any, *args: Any, **kwargs: Any) -> Any:
     global _on_calling_thread
     if not _on_calling_thread and not _caller_setting():
