@@ -7,8 +7,14 @@ itself, ``tunecl.backend.ops.pointwise.FOLD_MASKS``; the step count's increment 
 alike. Prints every run's median step time (and the peer's, and their ratio), then per net the median
 of each side over the rounds with its spread, and the median of the per-round ratios on ÷ off.
 
+``--in-process`` runs both sides in one process instead, on one model: blocks of ``--repeats`` steps with
+the savings on and off alternate (the batch norm's pre-built calls dropped at each switch, and the first
+step after it untimed), so what differs between processes (memory placement, a first run after kernel
+builds) cannot tell the sides apart; there is no peer then (torch's CUDA training cannot share the process).
+
     TUNECL_DEVICE=nvidia python benchmarks/launch_savings.py --nets resnet18,mobilenet_v2 --rounds 3
     TUNECL_DEVICE=nvidia python benchmarks/launch_savings.py --nets resnet18 --compare cuda --rounds 3
+    TUNECL_DEVICE=nvidia python benchmarks/launch_savings.py --nets resnet18,mobilenet_v2 --in-process --rounds 6
 """
 
 from __future__ import annotations
@@ -22,10 +28,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# the module switches of the launch savings (each True when on): (module, name)
+SWITCHES = (("tunecl.kernels.ops.norm", "ONE_LAUNCH"), ("tunecl.backend.ops.pointwise", "FOLD_MASKS"),
+            ("tunecl.backend.ops.pointwise", "FOLD_STEP_COUNTS"))
 # the CLI in a process whose launch savings are off (set before any call builds its launches)
-_OFF = ("import sys; import tunecl.kernels.ops.norm as norm; import tunecl.backend.ops.pointwise as pointwise; "
-        "norm.ONE_LAUNCH = False; pointwise.FOLD_MASKS = False; pointwise.FOLD_STEP_COUNTS = False; "
-        "from tunecl.cli import main; sys.exit(main(sys.argv[1:]))")
+_OFF = ("import sys, importlib; "
+        + "; ".join(f"setattr(importlib.import_module({m!r}), {n!r}, False)" for m, n in SWITCHES)
+        + "; from tunecl.cli import main; sys.exit(main(sys.argv[1:]))")
 _ON = "import sys; from tunecl.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
@@ -43,6 +52,71 @@ def run(side: str, net: str, args: argparse.Namespace) -> dict:
     return json.loads(done.stdout)
 
 
+def in_process(nets: list[str], args: argparse.Namespace) -> int:
+    """Both sides in this process: per net, --rounds rounds of a block of --repeats timed steps per side."""
+    import importlib
+    import time
+
+    import torch
+
+    import tunecl.backend  # noqa: F401
+    from tunecl.backend import state
+    from tunecl.tools import model_and_inputs
+
+    modules = [(importlib.import_module(m), n) for m, n in SWITCHES]
+    dev = torch.device("opencl")
+    sync = torch.opencl.synchronize
+
+    def switch(on: bool) -> None:
+        for module, name in modules:
+            setattr(module, name, on)
+        state.get().norm.forget_launches()   # its pre-built calls were planned with the other side's switches
+
+    print(f"launch savings on/off in one process on {torch.opencl.get_device_name()}: {', '.join(nets)}, batch "
+          f"{args.batch}, image {args.image_size}, train (Adam), {args.rounds} rounds of {args.repeats} timed steps "
+          f"a side; ms per step, median [min-max]")
+    for net in nets:
+        model, xc, yc = model_and_inputs(net, args.batch, args.image_size, train=True)
+        model = model.to(dev)
+        x, y = xc.to(dev), yc.to(dev)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+        def step() -> None:
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+
+        for on in (True, False):   # each side's kernels built before any timing
+            switch(on)
+            for _ in range(3):
+                step()
+            sync()
+        times: dict[bool, list[float]] = {True: [], False: []}
+        ratios = []
+        for round_index in range(args.rounds):
+            medians = {}
+            for on in (True, False) if round_index % 2 == 0 else (False, True):
+                switch(on)
+                step()
+                sync()
+                block = []
+                for _ in range(args.repeats):
+                    t0 = time.perf_counter()
+                    step()
+                    sync()
+                    block.append((time.perf_counter() - t0) * 1e3)
+                times[on] += block
+                medians[on] = statistics.median(block)
+            ratios.append(medians[True] / medians[False])
+            print(f"  round {round_index + 1}  {net:14s} on {medians[True]:8.3f}  off {medians[False]:8.3f}  "
+                  f"on / off {ratios[-1]:.3f}", flush=True)
+        print(f"  {net:14s} on {_spread(times[True])}  off {_spread(times[False])}  on / off per round "
+              f"{_spread(ratios)}")
+        switch(True)
+    return 0
+
+
 def _spread(values: list[float]) -> str:
     return f"{statistics.median(values):8.3f} [{min(values):.3f}-{max(values):.3f}]"
 
@@ -58,10 +132,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="each run's peer, as tunecl bench --compare (default %(default)s)")
     parser.add_argument("--cudnn-benchmark", choices=("on", "off"), default="on",
                         help="the CUDA peer's cudnn.benchmark (default %(default)s)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="both sides in this process, alternating blocks of --repeats steps (no peer)")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.repeats < 1:
         parser.error("--rounds and --repeats must be at least 1")
     nets = [n for n in args.nets.split(",") if n]
+    if args.in_process:
+        if args.compare != "none":
+            parser.error("--in-process has no peer (--compare none)")
+        return in_process(nets, args)
     print(f"launch savings on/off: {', '.join(nets)}, batch {args.batch}, image {args.image_size}, train, "
           f"{args.rounds} alternating rounds of {args.repeats} timed steps; ms, median per run [min-max]")
     results: dict[str, dict[str, list[dict]]] = {net: {"on": [], "off": []} for net in nets}
