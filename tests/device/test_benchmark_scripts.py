@@ -227,7 +227,7 @@ def test_eager_phases_prints_each_phase_in_three_rounds(tmp_path, capsys):
         times = [float(words[words.index(name) + 1]) for name in ("forward", "backward", "optimizer")]
         wall = float(words[words.index("wall") + 1])
         assert all(t > 0 for t in times) and wall >= max(times)
-    assert "launches real, autograd on the worker thread" in printed
+    assert "launches real, autograd on the caller thread" in printed
     recorded = {(r["case"].rsplit(": ", 1)[1], r["measure"]): float(r["ours_us"]) for r in _recorded(record)}
     assert len(recorded) == 16
     assert recorded["step", "no sync: wall"] / 1e3 == pytest.approx(float(rounds[0][-1]), abs=0.01)
@@ -283,8 +283,10 @@ def test_eager_phases_runs_another_devices_shipped_plans_with_launches_stubbed(t
             "--image-size", "16", "--repeats", "1"]
     done = subprocess.run(base + ["--stub-launches", "--plans-of", "h200"], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
-    assert "launches stubbed, autograd on the worker thread, plans of NVIDIA H200 (driver" in done.stdout
+    assert "launches stubbed, autograd on the caller thread, plans of NVIDIA H200 (driver" in done.stdout
     assert len([line for line in done.stdout.splitlines() if "step wall" in line]) == 3
+    worker = subprocess.run(base + ["--stub-launches", "--autograd", "worker"], capture_output=True, text=True, env=env)
+    assert worker.returncode == 0 and "launches stubbed, autograd on the worker thread;" in worker.stdout, worker.stderr
     refused = subprocess.run(base + ["--plans-of", "h200"], capture_output=True, text=True, env=env)
     assert refused.returncode == 2 and "need --stub-launches" in refused.stderr
     unknown = subprocess.run(base + ["--stub-launches", "--plans-of", "no such device"], capture_output=True,
