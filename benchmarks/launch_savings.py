@@ -2,7 +2,7 @@
 is ("on") and with the savings that remove launches turned off ("off": batch norm's reductions finished in
 separate launches, ``tunecl.kernels.ops.norm.ONE_LAUNCH``; a relu's or relu6's backward launched by
 itself, ``tunecl.backend.ops.pointwise.FOLD_MASKS``; the step count's increment launched by itself,
-``FOLD_STEP_COUNTS``). Each run is its own process (``tunecl bench --json``, with its own peer when
+``FOLD_STEP_COUNTS``; a residual's add launched by itself, ``FOLD_RESIDUALS``). Each run is its own process (``tunecl bench --json``, with its own peer when
 ``--compare cuda``); on and off alternate for ``--rounds`` rounds per net, so a noisy host disturbs both
 alike. Prints every run's median step time (and the peer's, and their ratio), then per net the median
 of each side over the rounds with its spread, and the median of the per-round ratios on ÷ off.
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # the module switches of the launch savings (each True when on): (module, name)
 SWITCHES = (("tunecl.kernels.ops.norm", "ONE_LAUNCH"), ("tunecl.backend.ops.pointwise", "FOLD_MASKS"),
-            ("tunecl.backend.ops.pointwise", "FOLD_STEP_COUNTS"))
+            ("tunecl.backend.ops.pointwise", "FOLD_STEP_COUNTS"), ("tunecl.backend.ops.pointwise", "FOLD_RESIDUALS"))
 # the CLI in a process whose launch savings are off (set before any call builds its launches)
 _OFF = ("import sys, importlib; "
         + "; ".join(f"setattr(importlib.import_module({m!r}), {n!r}, False)" for m, n in SWITCHES)

@@ -294,6 +294,12 @@ def _nn_suite(full: bool) -> None:
         norm.force_parts = parts
         try:
             _op(f"norm batch_norm_relu_p{parts}", lambda v: batch_stats(v).relu_(), x, grad=True, atol=3e-4)
+            # a residual added inside the normalising launch: into y, into a sum, into the residual
+            _op(f"norm batch_norm_residual_p{parts}", lambda v, r: batch_stats(v).add_(r).relu_(), x, x.flip(0),
+                grad=True, atol=3e-4)
+            _op(f"norm batch_norm_sum_p{parts}", lambda v, r: r + batch_stats(v), x, x.flip(0), grad=True, atol=3e-4)
+            _op(f"norm batch_norm_sum_into_p{parts}", lambda v, r: batch_stats(v).add_(batch_stats(r)).relu_(),
+                x, x.flip(0), grad=True, atol=3e-4)
         finally:
             norm.force_parts = None
     _op("pool max3s2p1", lambda v: F.max_pool2d(v, 3, 2, 1), x, grad=True)

@@ -35,7 +35,8 @@ def stats() -> dict[str, Any]:
     ``eager_fusions`` (eager ops done inside another op's launch, by kind: ``activation``, an in-place relu
     or relu6 inside the launch that made its input; ``activation_backward``, a relu's or relu6's backward
     inside the batch norm backward after it; ``step_count``, a batch norm's ``num_batches_tracked += 1``
-    inside its forward's first launch), and once
+    inside its forward's first launch; ``residual``, an add of a residual to a batch norm's output inside
+    the batch norm's launch), and once
     ``torch.compile(backend="tunecl")`` has been used, ``compile`` (:func:`tunecl.backend.compile.stats`).
     """
     from tunecl.backend import foreach_runs, memory, weight_cache

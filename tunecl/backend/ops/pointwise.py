@@ -21,6 +21,7 @@ from tunecl.backend.counters import eager_fusions
 from tunecl.backend.operands import dense_strides_like, operand, scalar_or_operand
 from tunecl.backend.ops import COMPOSITE_KEYS
 from tunecl.errors import Unsupported
+from tunecl.kernels.ops import norm
 from tunecl.kernels.strided import Operand, relu_tag
 
 Number = bool | int | float
@@ -394,8 +395,10 @@ def _fast_binary(expr: str, op: torch._ops.OpOverload, with_alpha: bool) -> Call
             else:
                 kind = True if other.dtype == dtype and other.shape == shape and other.is_contiguous() else None
             if kind is not None:
-                return run(expr, memory.empty_dense(self), (self, other), (alpha,) if with_alpha else (),
-                           (_DENSE, expr, shape, dtype, kind))
+                out = memory.empty_dense(self)
+                if kind is True and expr == "add" and alpha == 1 and _sum_folded(self, other, out):
+                    return out
+                return run(expr, out, (self, other), (alpha,) if with_alpha else (), (_DENSE, expr, shape, dtype, kind))
         if not isinstance(other, torch.Tensor) or not isinstance(self, torch.Tensor):
             # a number cannot be passed back as the Tensor argument (torch unwrapped it), so this
             # case is done here: torch's promotion rules, an output laid out like self
@@ -409,6 +412,56 @@ def _fast_binary(expr: str, op: torch._ops.OpOverload, with_alpha: bool) -> Call
 
 
 _DENSE = object()  # starts the plan keys of _fast_binary's calls
+
+FOLD_RESIDUALS = True   # an add of a residual to a batch norm's output may run inside its launch (tests: off)
+
+
+def _held_normalisation(y: torch.Tensor, residual: torch.Tensor) -> tuple[norm.HeldNormalisation, Any] | None:
+    """The batch norm forward launch that wrote ``y`` (contiguous), if it still waits, held, and can add
+    ``residual`` (laid out as y, in another storage) as it writes; with the residual's (buffer, offset)."""
+    if not FOLD_RESIDUALS or y.dtype is not torch.float32 or not y.numel():
+        return None
+    device = state.get().device
+    if not device.holding:
+        return None
+    storage = y.untyped_storage().data_ptr()
+    buffer, residual_buffer = _buffers.get(storage), _buffers.get(residual.untyped_storage().data_ptr())
+    if buffer is None or residual_buffer is None or residual_buffer is buffer:
+        return None
+    held = device.peek_held(relu_tag(buffer, y.storage_offset(), y.numel()))
+    if not isinstance(held, norm.HeldNormalisation):
+        return None
+    return held, (residual_buffer, residual.storage_offset())
+
+
+def _residual_folded(y: torch.Tensor, residual: torch.Tensor) -> bool:
+    """``y += residual`` (same shape, both contiguous float32, other storages) done by the batch norm launch
+    that has just produced y or the residual, if it still waits, held (a residual block's ``out = bn(...);
+    out += identity``, where the identity may be a downsampling's batch norm; an in-place relu after it
+    folds in too): one pass over the activations and one launch fewer. Bit for bit the add's result."""
+    found = _held_normalisation(y, residual)
+    if found is not None:
+        if not found[0].add(found[1]):
+            return False
+    else:   # the residual is the batch norm's output (`out += bn(...)`: a downsampled identity)
+        found = _held_normalisation(residual, y)
+        if found is None or not found[0].add(found[1], (_buffers[y.untyped_storage().data_ptr()], y.storage_offset())):
+            return False
+    eager_fusions["residual"] += 1
+    return True
+
+
+def _sum_folded(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
+    """``out = a + b`` (same shape, contiguous float32; out new) done by the batch norm launch that has just
+    produced a or b, if it still waits, held (a block's ``x + bn(...)``): it also writes the sum."""
+    for y, residual in ((b, a), (a, b)):
+        found = _held_normalisation(y, residual)
+        if found is not None:
+            if not found[0].add(found[1], (_buffers[out.untyped_storage().data_ptr()], out.storage_offset())):
+                return False
+            eager_fusions["residual"] += 1
+            return True
+    return False
 
 
 def _overlaps(self: torch.Tensor, other: torch.Tensor) -> bool:
@@ -427,6 +480,8 @@ def _fast_inplace(expr: str, op: torch._ops.OpOverload, with_alpha: bool) -> Cal
             if (dtype.is_floating_point and other.shape == self.shape and not other.is_cpu
                     and other.dtype == dtype and not _overlaps(self, other)):
                 dense = self.is_contiguous() and other.is_contiguous()
+                if dense and expr == "add" and alpha == 1 and _residual_folded(self, other):
+                    return self
                 return run(expr, self, (self, other), params, (_DENSE, expr, self.shape, dtype, True) if dense else None)
             if with_alpha:
                 return op.redispatch(COMPOSITE_KEYS, self, other, alpha=alpha)

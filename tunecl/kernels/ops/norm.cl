@@ -34,7 +34,11 @@
 //                     running = (1 - momentum) * running + momentum * stat (unbiased var)
 //   bn_apply          y = (x - mean) * invstd * weight + bias, from the saved statistics or, with
 //                     EVAL, from the running ones; with RELU, relu(y), with RELU6, hardtanh(y, 0, 6) (the
-//                     backend fuses an in-place relu or relu6 that follows the batch norm)
+//                     backend fuses an in-place relu or relu6 that follows the batch norm); with RESIDUAL,
+//                     y + res before the activation (an in-place add of a residual res, read through act,
+//                     that follows the batch norm: a residual block's `out += identity`); with SUM_OUT, y
+//                     as without it and y + res into sum (masked_dy's place: a block's `x + bn(...)`, or
+//                     `out += bn(...)` with sum = res), SUM_RELU / SUM_RELU6 applying relu / relu6 to it
 //   bn_backward_reduce / bn_backward_finalize
 //                     one pass: sum(dy) and sum(dy * (x - mean)) into scratch[c], scratch[C + c],
 //                     grad_weight = sum(dy * (x - mean)) * invstd, grad_bias = sum(dy)
@@ -61,7 +65,8 @@
 // Variants (-D options): GROUP (work-group size of the partial kernels, a power of two), UNROLL
 // (vector loads per work-item per main-loop step), VW (1 or 4), IDX (int or long), HAS_WEIGHT,
 // HAS_BIAS, HAS_RUNNING, EVAL (statistics come from running_mean/var), HAS_GW, HAS_GB, MASK_RELU,
-// MASK_RELU6, WRITE_DY, COUNT_BY.
+// MASK_RELU6, WRITE_DY, COUNT_BY, RELU, RELU6, RESIDUAL, SUM_OUT, SUM_RELU, SUM_RELU6 (the last six: bn_apply,
+// bn_stats_apply).
 // meta (IDX): N, C, L, then element offsets of x, y (or grad_input), weight, bias, running_mean,
 // running_var, save_mean, save_invstd, dy, grad_weight, grad_bias, act, masked_dy, step_count (in longs),
 // then P.
@@ -156,11 +161,43 @@ typedef struct { IDX v[18]; } meta_t;
 // y of vector v (bn_apply's formula; with RELU / RELU6 the activation folded in: torch's relu and
 // hardtanh(v, 0, 6) as the elementwise kernel computes them, NaN and -0.0 pass through)
 #if defined(RELU)
-  #define NORMALISED(v, mean, scale, shift) relu_of(((v) - (mean)) * (scale) + (shift))
+  #define ACTIVATED(v) relu_of(v)
 #elif defined(RELU6)
-  #define NORMALISED(v, mean, scale, shift) relu6_of(((v) - (mean)) * (scale) + (shift))
+  #define ACTIVATED(v) relu6_of(v)
 #else
-  #define NORMALISED(v, mean, scale, shift) (((v) - (mean)) * (scale) + (shift))
+  #define ACTIVATED(v) (v)
+#endif
+#if defined(SUM_RELU)
+  #define SUM_ACTIVATED(v) relu_of(v)
+#elif defined(SUM_RELU6)
+  #define SUM_ACTIVATED(v) relu6_of(v)
+#else
+  #define SUM_ACTIVATED(v) (v)
+#endif
+#define AFFINE(v, mean, scale, shift) (((v) - (mean)) * (scale) + (shift))
+// what the elementwise pass writes at vector i of y (and, with SUM_OUT, of sum): the normalised value, with
+// RESIDUAL plus the residual's vector i (added before the activation), with SUM_OUT that value plus the
+// residual's written to sum (then relu or relu6 of it with SUM_RELU or SUM_RELU6; sum may be the residual
+// itself, each item reads a vector before it writes it)
+#if defined(RESIDUAL) && defined(SUM_OUT)
+  #error "RESIDUAL and SUM_OUT exclude each other"
+#elif defined(RESIDUAL)
+  #define WRITE_NORMALISED(yv, i, v, mean, scale, shift) \
+    (yv)[i] = ACTIVATED(AFFINE(v, mean, scale, shift) + resv[i])
+#elif defined(SUM_OUT)
+  #define WRITE_NORMALISED(yv, i, v, mean, scale, shift) \
+    { const vec_t y_ = ACTIVATED(AFFINE(v, mean, scale, shift)); (yv)[i] = y_; sumv[i] = SUM_ACTIVATED(y_ + resv[i]); }
+#else
+  #define WRITE_NORMALISED(yv, i, v, mean, scale, shift) (yv)[i] = ACTIVATED(AFFINE(v, mean, scale, shift))
+#endif
+// the residual's (and sum's) vectors from vector `first` of the tensor on, laid out as y (act and masked_dy)
+#if defined(SUM_OUT)
+  #define RESIDUAL_ROW(first) __global const vec_t *resv = (__global const vec_t *)(act + OFF_ACT) + (first); \
+                              __global vec_t *sumv = (__global vec_t *)(masked_dy + OFF_MDY) + (first);
+#elif defined(RESIDUAL)
+  #define RESIDUAL_ROW(first) __global const vec_t *resv = (__global const vec_t *)(act + OFF_ACT) + (first);
+#else
+  #define RESIDUAL_ROW(first)
 #endif
 inline vec_t relu_of(const vec_t v) { return select(v, (vec_t)(0.0f), v < (vec_t)(0.0f)); }
 inline vec_t relu6_of(const vec_t v)
@@ -360,6 +397,7 @@ __kernel void bn_stats_apply(BN_ARGS)
   COUNT_STEP();
   __global const vec_t *xv = (__global const vec_t *)(x + OFF_X);
   __global vec_t *yv = (__global vec_t *)(y + OFF_Y);
+  RESIDUAL_ROW(0)
   for (IDX c = (IDX)get_group_id(1); c < C; c += (IDX)get_num_groups(1)) {
     float K;
     const float2 part = stats_part(c, lid, x, part_n, part_mean, part_m2, &K, m);
@@ -372,7 +410,7 @@ __kernel void bn_stats_apply(BN_ARGS)
     const float shift = B(c);
     PART_BEGIN(c)
     for (; j < end; j += GROUP) {
-      yv[off] = NORMALISED(xv[off], mean, scale, shift);
+      WRITE_NORMALISED(yv, off, xv[off], mean, scale, shift);
       PART_STEP
     }
   }
@@ -551,7 +589,8 @@ __kernel void bn_apply(BN_ARGS)
     const float shift = B(c);
     __global const vec_t *xr = (__global const vec_t *)(x + OFF_X) + r * LV;
     __global vec_t *yr = (__global vec_t *)(y + OFF_Y) + r * LV;
-    for (IDX l = l0; l < LV; l += lstep) yr[l] = NORMALISED(xr[l], mean, scale, shift);
+    RESIDUAL_ROW(r * LV)
+    for (IDX l = l0; l < LV; l += lstep) WRITE_NORMALISED(yr, l, xr[l], mean, scale, shift);
   }
 }
 

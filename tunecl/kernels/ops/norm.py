@@ -38,6 +38,7 @@ from tunecl.runtime import Device
 _OFFSETS = ("x", "y", "weight", "bias", "running_mean", "running_var", "save_mean", "save_invstd", "dy",
             "grad_weight", "grad_bias", "act", "masked_dy", "step_count")
 Tensor = tuple  # (cl.Buffer | None, element offset)
+_ACT, _MASKED_DY = _OFFSETS.index("act"), _OFFSETS.index("masked_dy")   # a residual's and a sum's argument slots
 META_LENGTH = 18  # N, C, L, the 14 offsets, P
 
 # -- launch geometry (tune here) --
@@ -54,9 +55,11 @@ ELEMENTWISE_MAX_GROUPS_PER_UNIT = 0   # ... and at most, 0: no cap (past it, wor
 ONE_LAUNCH = True        # a direction's finalize (P > 1) or its whole reduction (P = 1) inside its elementwise launch
 VECTOR = 4               # float4 loads when L and the big tensors' offsets allow (1 turns them off)
 MAX_LAUNCHES = 4096      # launch plans kept (see BatchNorm._launch)
+MAX_RESIDUALS = 8        # residual variants kept per pre-built forward (by the residual's and the sum's offsets)
 MAX_GRID_GROUPS = 65535  # work-groups along dims 1 and 2 of a grid (CUDA's limit); the kernels loop past it
 # the in-place ops the normalising launch can apply as it writes (Device.replace_held), by their build flag
 FOLDS = {"relu": "RELU", "relu6": "RELU6"}
+SUM_FOLDS = {"relu": "SUM_RELU", "relu6": "SUM_RELU6"}   # ... and to the sum a residual add wrote (SUM_OUT)
 # the activations whose backward the backward kernels apply to dy as they read it, by their build flag
 MASKS = {"relu": "MASK_RELU", "relu6": "MASK_RELU6"}
 
@@ -314,19 +317,60 @@ class BatchNorm:
         positions = tuple(i for i, t in enumerate(located) if t is not None)
         offsets = tuple(0 if t is None else t[1] for t in located)
         built = []
+        recipe = None
         for name, kind, flags, parts, scratch, held in steps:
-            kernel, global_size, local_size, meta = self._kept_launch(name, kind, shape, layout, flags, parts, offsets)
-            args = [None] * len(_OFFSETS) + [scratch, np.float32(eps), np.float32(momentum), meta]
-            bound = launches.Bound.build(kernel, global_size, local_size, args, positions)
+            bound = self._bound(name, kind, shape, layout, flags, parts, scratch, eps, momentum)
             if bound is None:
                 return None
             twin = None
             if held:
-                twin = launches.Twin(bound, lambda op, name=name, kind=kind, flags=flags, parts=parts: self._kept_launch(
-                    name, kind, shape, layout, (*flags, FOLDS[op]), parts, offsets)[0] if op in FOLDS else None)
+                twin = self._twin(bound, name, kind, shape, layout, flags, parts)
+                recipe = (name, kind, shape, layout, flags, parts, scratch, eps, momentum)
             built.append((bound, twin))
         n, c, length = shape
-        return Prepared(self, tuple(built), positions, offsets[1], n * c * length)
+        return Prepared(self, tuple(built), positions, offsets[1], n * c * length, recipe)
+
+    def _bound(self, name: str, kind: str, shape: tuple[int, int, int], layout: Mapping[str, Tensor | None],
+               flags: tuple[str, ...], parts: int, scratch: cl.Buffer | None, eps: float,
+               momentum: float) -> launches.Bound | None:
+        """One step's launch pre-built on ``layout`` (operands as (None, offset)): its operands bound per call."""
+        located = [layout.get(k) for k in _OFFSETS]
+        positions = tuple(i for i, t in enumerate(located) if t is not None)
+        offsets = tuple(0 if t is None else t[1] for t in located)
+        kernel, global_size, local_size, meta = self._kept_launch(name, kind, shape, layout, flags, parts, offsets)
+        args = [None] * len(_OFFSETS) + [scratch, np.float32(eps), np.float32(momentum), meta]
+        return launches.Bound.build(kernel, global_size, local_size, args, positions)
+
+    def _twin(self, bound: launches.Bound, name: str, kind: str, shape: tuple[int, int, int],
+              layout: Mapping[str, Tensor | None], flags: tuple[str, ...], parts: int,
+              folds: Mapping[str, str] = FOLDS) -> launches.Twin:
+        """The held step's kernels with an in-place activation of its output folded in (``folds``: of y,
+        :data:`FOLDS`, or of the sum, :data:`SUM_FOLDS`)."""
+        offsets = tuple(0 if layout.get(k) is None else layout[k][1] for k in _OFFSETS)
+        return launches.Twin(bound, lambda op: self._kept_launch(
+            name, kind, shape, layout, (*flags, folds[op]), parts, offsets)[0] if op in folds else None)
+
+    def residual_step(self, recipe: tuple, residual_offset: int, sum_offset: int | None
+                      ) -> tuple[launches.Bound, launches.Twin] | None:
+        """The held normalising step of a pre-built forward (``recipe``) with a residual added as it writes,
+        and its twins for an in-place activation after it: RESIDUAL (y += the residual at ``residual_offset``,
+        bound to act; the activation of y) or, with ``sum_offset``, SUM_OUT (y as before, y + the residual
+        into a tensor at ``sum_offset``, bound to masked_dy; the activation of the sum). None where the
+        residual or the sum would change the launch's vector width (its grid, and with P > 1 the parts'
+        bounds the partial kernel used)."""
+        name, kind, shape, layout, flags, parts, scratch, eps, momentum = recipe
+        fused = dict(layout, act=(None, residual_offset))
+        if sum_offset is not None:
+            fused["masked_dy"] = (None, sum_offset)
+        if self.vector_width(shape[2], fused) != self.vector_width(shape[2], layout):
+            return None
+        flags = (*flags, "RESIDUAL" if sum_offset is None else "SUM_OUT")
+        with self._lock:
+            bound = self._bound(name, kind, shape, fused, flags, parts, scratch, eps, momentum)
+            if bound is None:
+                return None
+            return bound, self._twin(bound, name, kind, shape, fused, flags, parts,
+                                     FOLDS if sum_offset is None else SUM_FOLDS)
 
     def forget_launches(self) -> None:
         """Drop the kept launch plans and pre-built calls: after changing this module's launch constants
@@ -364,13 +408,32 @@ class Prepared:
     """One batch-norm call signature's launches, pre-built (:class:`tunecl.kernels.launches.Bound`): a call
     binds its tensors' buffers, those of ``ops`` that the signature has in the order of ``_OFFSETS``, and
     enqueues them as :meth:`BatchNorm.forward` / :meth:`BatchNorm.backward` would (deferred; the forward's
-    normalising launch held for an in-place relu), bit for bit the same launches."""
+    normalising launch held for an in-place relu, or a residual add: :class:`HeldNormalisation`), bit for
+    bit the same launches."""
 
-    __slots__ = ("_norm", "count", "positions", "steps", "y_offset")
+    __slots__ = ("_norm", "_recipe", "_residuals", "count", "positions", "steps", "y_offset")
 
-    def __init__(self, norm: BatchNorm, steps: tuple, positions: tuple[int, ...], y_offset: int, count: int):
+    def __init__(self, norm: BatchNorm, steps: tuple, positions: tuple[int, ...], y_offset: int, count: int,
+                 recipe: tuple | None = None):
         self._norm, self.steps, self.positions = norm, steps, positions
         self.y_offset, self.count = y_offset, count
+        self._recipe = recipe   # what the held step was built from (BatchNorm.residual_step)
+        # (residual offset, sum offset or None) -> the held step with that residual added, or None
+        self._residuals: dict[tuple[int, int | None], tuple | None] = {}
+
+    def residual_step(self, residual_offset: int, sum_offset: int | None) -> tuple | None:
+        """:meth:`BatchNorm.residual_step` of the held step, built once per pair of offsets."""
+        key = (residual_offset, sum_offset)
+        made = self._residuals.get(key, self)
+        if made is self:
+            try:
+                made = None if self._recipe is None else self._norm.residual_step(self._recipe, *key)
+            except Exception:   # (its kernel failed to build) the add runs by itself, as it would have
+                made = None
+            if len(self._residuals) >= MAX_RESIDUALS:
+                self._residuals.clear()
+            self._residuals[key] = made
+        return made
 
     def enqueue(self, buffers: Sequence[cl.Buffer]) -> None:
         """Launch on ``buffers`` (one per position: the signature's tensors in ``_OFFSETS`` order; y's
@@ -395,5 +458,39 @@ class Prepared:
                     device.hold(bound.kernel, bound.global_size, bound.local_size, bound.arguments(binding), tag,
                                 twin.kernel)
                 else:
-                    device.hold(bound, bound.global_size, bound.local_size, (binding,), tag, twin)
+                    device.hold(bound, bound.global_size, bound.local_size, (binding,), tag, twin,
+                                HeldNormalisation(self, binding, tag))
+
+
+class HeldNormalisation:
+    """The payload of a pre-built forward's held normalising launch: an add of a residual to y right after
+    may run inside it instead (:meth:`add`)."""
+
+    __slots__ = ("binding", "prepared", "tag")
+
+    def __init__(self, prepared: Prepared, binding: tuple, tag: object) -> None:
+        self.prepared, self.binding, self.tag = prepared, binding, tag
+
+    def add(self, residual: Tensor, out: Tensor | None = None) -> bool:
+        """Launch the held normalisation with ``residual`` (buffer, element offset; laid out as y) added as it
+        writes, instead of it: into y (``out`` None: ``y += residual``) or into ``out`` (laid out as y, maybe
+        the residual itself; ``out = y + residual``, y written as before). The launch stays held for an
+        in-place relu or relu6 of what the add wrote. False where the launch was enqueued already, another
+        came after it, or the residual's offset changes the launch's vector width: the add then runs by
+        itself."""
+        prepared = self.prepared
+        made = prepared.residual_step(residual[1], None if out is None else out[1])
+        if made is None:
+            return False
+        device = prepared._norm.device
+        if device.take_held(self.tag) is not self:
+            return False
+        bound, twin = made
+        if out is None:
+            binding, tag = (*self.binding, _ACT, residual[0]), self.tag
+        else:
+            binding = (*self.binding, _ACT, residual[0], _MASKED_DY, out[0])
+            tag = relu_tag(out[0], out[1], prepared.count)
+        device.hold(bound, bound.global_size, bound.local_size, (binding,), tag, twin)
+        return True
 
