@@ -15,6 +15,9 @@ builds) cannot tell the sides apart; there is no peer then (torch's CUDA trainin
     TUNECL_DEVICE=nvidia python benchmarks/launch_savings.py --nets resnet18,mobilenet_v2 --rounds 3
     TUNECL_DEVICE=nvidia python benchmarks/launch_savings.py --nets resnet18 --compare cuda --rounds 3
     TUNECL_DEVICE=nvidia python benchmarks/launch_savings.py --nets resnet18,mobilenet_v2 --in-process --rounds 6
+    TUNECL_DEVICE=nvidia python benchmarks/launch_savings.py --in-process --switches tunecl.runtime.device.FLUSH_RAMP
+
+``--switches`` names other module constants to turn off on the off side (each True on the on side).
 """
 
 from __future__ import annotations
@@ -31,16 +34,21 @@ ROOT = Path(__file__).resolve().parent.parent
 # the module switches of the launch savings (each True when on): (module, name)
 SWITCHES = (("tunecl.kernels.ops.norm", "ONE_LAUNCH"), ("tunecl.backend.ops.pointwise", "FOLD_MASKS"),
             ("tunecl.backend.ops.pointwise", "FOLD_STEP_COUNTS"), ("tunecl.backend.ops.pointwise", "FOLD_RESIDUALS"))
-# the CLI in a process whose launch savings are off (set before any call builds its launches)
-_OFF = ("import sys, importlib; "
-        + "; ".join(f"setattr(importlib.import_module({m!r}), {n!r}, False)" for m, n in SWITCHES)
-        + "; from tunecl.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
+def _off_code(switches: tuple[tuple[str, str], ...]) -> str:
+    """The CLI in a process whose ``switches`` are off (set before any call builds its launches)."""
+    return ("import sys, importlib; "
+            + "; ".join(f"setattr(importlib.import_module({m!r}), {n!r}, False)" for m, n in switches)
+            + "; from tunecl.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
 _ON = "import sys; from tunecl.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 def run(side: str, net: str, args: argparse.Namespace) -> dict:
     """One ``tunecl bench --json`` run of ``net``'s training step with the savings ``side`` ("on" or "off")."""
-    command = [sys.executable, "-c", _ON if side == "on" else _OFF, "bench", "--net", net, "--batch",
+    command = [sys.executable, "-c", _ON if side == "on" else _off_code(args.switches), "bench", "--net", net, "--batch",
                str(args.batch), "--image-size", str(args.image_size), "--train", "--repeats", str(args.repeats),
                "--compare", args.compare, "--json"]
     if args.compare == "cuda":
@@ -50,6 +58,13 @@ def run(side: str, net: str, args: argparse.Namespace) -> dict:
         raise SystemExit(f"{side} {net}: tunecl bench failed (exit {done.returncode}):\n"
                          + "\n".join(done.stderr.strip().splitlines()[-6:]))
     return json.loads(done.stdout)
+
+
+def _switches(text: str) -> tuple[tuple[str, str], ...]:
+    pairs = tuple(tuple(item.rsplit(".", 1)) for item in text.split(",") if item)
+    if not pairs or any(len(pair) != 2 for pair in pairs):
+        raise argparse.ArgumentTypeError(f"expected MODULE.NAME[,MODULE.NAME...], got {text!r}")
+    return pairs
 
 
 def in_process(nets: list[str], args: argparse.Namespace) -> int:
@@ -63,7 +78,7 @@ def in_process(nets: list[str], args: argparse.Namespace) -> int:
     from tunecl.backend import state
     from tunecl.tools import model_and_inputs
 
-    modules = [(importlib.import_module(m), n) for m, n in SWITCHES]
+    modules = [(importlib.import_module(m), n) for m, n in args.switches]
     dev = torch.device("opencl")
     sync = torch.opencl.synchronize
 
@@ -132,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="each run's peer, as tunecl bench --compare (default %(default)s)")
     parser.add_argument("--cudnn-benchmark", choices=("on", "off"), default="on",
                         help="the CUDA peer's cudnn.benchmark (default %(default)s)")
+    parser.add_argument("--switches", type=_switches, default=SWITCHES, metavar="MODULE.NAME[,...]",
+                        help="the module constants that the off side sets False (default: the launch savings, "
+                             + ", ".join(f"{m}.{n}" for m, n in SWITCHES) + ")")
     parser.add_argument("--in-process", action="store_true",
                         help="both sides in this process, alternating blocks of --repeats steps (no peer)")
     args = parser.parse_args(argv)

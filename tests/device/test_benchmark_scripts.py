@@ -337,3 +337,28 @@ def test_launch_savings_alternates_on_and_off(tmp_path):
     assert [(words[1], words[3]) for words in rounds] == [("1", "on"), ("1", "off"), ("2", "off"), ("2", "on")]
     summary = next(line for line in done.stdout.splitlines() if "on / off" in line and "tiny_cnn" in line)
     assert float(summary.split("on / off")[1].split()[0]) > 0
+
+
+def test_launch_savings_in_process_toggles_the_named_switches(tmp_path):
+    """``--in-process`` times blocks of steps with the switches on and off in one process (each round's
+    medians and their ratio, then a summary) and leaves the switches on; ``--switches`` names the constants;
+    a peer or a malformed switch is refused."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1] / "torch"),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    base = [sys.executable, str(BENCHMARKS / "launch_savings.py"), "--nets", "tiny_nets:tiny_cnn", "--rounds", "2",
+            "--batch", "2", "--image-size", "16", "--repeats", "2", "--in-process"]
+    done = subprocess.run(base + ["--switches", "tunecl.runtime.device.FLUSH_RAMP,tunecl.kernels.ops.norm.ONE_LAUNCH"],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    rounds = [line.split() for line in done.stdout.splitlines() if line.strip().startswith("round")]
+    assert [words[1] for words in rounds] == ["1", "2"]
+    assert all(float(words[words.index("on") + 1]) > 0 and float(words[words.index("off") + 1]) > 0 for words in rounds)
+    assert "in one process" in done.stdout and "per round" in done.stdout
+    refused = subprocess.run(base + ["--compare", "cuda"], capture_output=True, text=True, env=env)
+    assert refused.returncode == 2 and "no peer" in refused.stderr
+    malformed = subprocess.run(base + ["--switches", "FLUSH_RAMP"], capture_output=True, text=True, env=env)
+    assert malformed.returncode == 2 and "MODULE.NAME" in malformed.stderr

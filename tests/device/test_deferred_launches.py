@@ -183,6 +183,49 @@ def test_the_queue_is_flushed_every_n_uses(monkeypatch):
     np.testing.assert_array_equal(device.download(buf, (16,)), np.full(16, 2 ** 10 - 1, np.float32))
 
 
+@pytest.mark.parametrize("ramp", [True, False], ids=["ramp", "no_ramp"])
+def test_after_the_queue_ran_dry_the_next_uses_flush_sooner(monkeypatch, ramp):
+    """After a synchronize or a read (Device.drained) the queue submits after 1, 2, 4, 8, ... uses up to every
+    TUNECL_FLUSH_EVERY (with FLUSH_RAMP; without it, every N uses throughout)."""
+    from tunecl.runtime import device as device_module
+
+    monkeypatch.setattr(device_module, "FLUSH_RAMP", ramp)
+    monkeypatch.setenv("TUNECL_FLUSH_EVERY", "16")
+    monkeypatch.setenv("TUNECL_LAUNCH_BATCH", "0")
+    device = runtime.Device(runtime.resolve())
+    flushes = []
+
+    class CountingQueue:  # the real queue, with the use at each flush noted
+        def __init__(self, queue):
+            self.queue = queue
+
+        def flush(self):
+            flushes.append(uses)
+            return self.queue.flush()
+
+        def __getattr__(self, name):
+            return getattr(self.queue, name)
+
+    real, counting = device._queue, CountingQueue(device._queue)
+    buf = device.upload(np.arange(4, dtype=np.float32))
+    device.synchronize()
+    device._queue = counting
+    for uses in range(1, 41):
+        device.queue   # noqa: B018
+    if ramp:
+        assert flushes == [1, 3, 7, 15, 31]
+    else:   # (where the count stood before the synchronize decides the first)
+        assert len(flushes) >= 2 and all(b - a == 16 for a, b in zip(flushes, flushes[1:]))
+    flushes.clear()
+    device._queue = real
+    device.copyout(np.empty(4, np.float32), buf)   # a read: the queue ran dry again
+    device._queue = counting
+    for uses in range(1, 5):
+        device.queue   # noqa: B018
+    assert flushes == [1, 3] if ramp else len(flushes) <= 1
+    device._queue = real
+
+
 def test_auto_flushes_on_non_cpu_devices_only(device):
     expected = 0 if device.fingerprint.device_type == "cpu" else runtime.AUTO_FLUSH_EVERY
     if config.get().flush_every is None:
