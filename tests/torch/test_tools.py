@@ -293,6 +293,9 @@ def test_bench_tiny_net_against_cpu_gives_times_and_a_ratio():
     assert result["ratio"] == pytest.approx(ours["median_ms"] / peer["median_ms"])
     assert result["mode"] == "inference"
     assert result["fallback_calls"] == sum(result["fallback_ops"].values())
+    for side in (ours, peer):   # the host time until each iteration was enqueued: within the iteration
+        assert len(side["issued_ms"]) == 2 and side["issued_median_ms"] > 0
+        assert all(0 < issued <= whole for issued, whole in zip(side["issued_ms"], side["times_ms"]))
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
@@ -323,6 +326,7 @@ def test_bench_cli_train_json(capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["mode"] == "train" and data["ours"]["median_ms"] > 0 and data["ratio"] > 0
     assert len(data["ours"]["warmup_ms"]) == 1 and data["ours"]["warmup_ms"][0] > 0   # the untimed iteration
+    assert all(0 < issued <= whole for issued, whole in zip(data["ours"]["issued_ms"], data["ours"]["times_ms"]))
     assert data["precision"] == "fp32"   # strict fp32 unless --precision tf32
 
 
@@ -332,6 +336,7 @@ def test_bench_cli_summary_without_peer(capsys):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "ours" in out and "peer" not in out and "fallback" in out
+    assert next(line for line in out.splitlines() if line.startswith("enqueued")).startswith("enqueued  ours ")
 
 
 def test_bench_compiled_train_prints_its_warm_up_and_replays(capsys):

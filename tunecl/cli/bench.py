@@ -156,6 +156,11 @@ def print_result(result: dict[str, Any], out: TextIO | None = None) -> None:
         line("peer", f"{peer['median_ms']:10.3f} ms  {_spread(peer)}  {peer['device']} "
                      f"({', '.join(details)})")
         line("ratio", f"{ratio:10.3f}     ours / peer (above 1: slower than the peer)")
+    issued = [f"ours {ours['issued_median_ms']:.3f} ms"] + [
+        f"{label} {peer['issued_median_ms']:.3f} ms" for label, peer in (
+            ("peer", result["peer"]), ("peer (cudnn.benchmark)", result.get("peer_cudnn_benchmark")))
+        if peer is not None and "issued_median_ms" in peer]
+    line("enqueued", ", ".join(issued) + ": host time to enqueue a batch (median; then it waits)")
     if result.get("shared_cores"):
         line("note", "the OpenCL device is this machine's CPU: ours and the peer ran one after the other on "
                      "the same cores")

@@ -48,13 +48,16 @@ def time_iterations(model: Any, x: Any, y: Any, device: str, *, train: bool, war
                     after_warmup: Callable[[], None] | None = None,
                     after_timed: Callable[[Callable[[], None]], None] | None = None,
                     graph: bool = False, fused: bool = False, compiled: bool = False,
-                    warmup_times: list[float] | None = None) -> list[float]:
+                    warmup_times: list[float] | None = None, issued_times: list[float] | None = None
+                    ) -> list[float]:
     """Seconds of each of ``repeats`` timed iterations (after ``warmup`` untimed ones) on ``device``.
 
     ``model`` is moved to ``device``; ``x`` and ``y`` stay on the CPU and are copied every iteration,
     as part of the measured time. ``after_warmup`` runs between the untimed and the timed iterations;
     ``after_timed`` is called with the iteration function once they are done (to run more, e.g. profiled).
-    ``warmup_times``, when given, gets the seconds of each untimed iteration appended.
+    ``warmup_times``, when given, gets the seconds of each untimed iteration appended; ``issued_times`` the
+    seconds of each timed iteration until its work was enqueued, before it waits for the device (its host
+    time: near the whole iteration when the host is the bottleneck, well below it when the device is).
 
     ``fused`` selects Adam's fused implementation (``fused=True``). With ``graph`` (devices ``opencl`` and
     ``cuda``; implies ``fused``, and on CUDA ``capturable=True``, which CUDA capture requires) one more
@@ -84,6 +87,8 @@ def time_iterations(model: Any, x: Any, y: Any, device: str, *, train: bool, war
         forward = torch.compile(model, backend=tunecl_backend)
         if train:
             optimizer_step = torch.compile(optimizer.step, backend=tunecl_backend)
+    issued = [0.0]   # when the running iteration had enqueued its work
+
     if train:
         def iteration() -> None:
             xd, yd = x.to(device), y.to(device)
@@ -91,11 +96,14 @@ def time_iterations(model: Any, x: Any, y: Any, device: str, *, train: bool, war
             loss = F.cross_entropy(forward(xd), yd)
             loss.backward()
             optimizer_step()
+            issued[0] = time.perf_counter()
             synchronize(device)
     else:
         def iteration() -> None:
             with torch.no_grad():
-                forward(x.to(device)).cpu()   # .cpu() waits for the result
+                out = forward(x.to(device))
+                issued[0] = time.perf_counter()
+                out.cpu()   # (waits for the result)
             synchronize(device)
 
     # CUDA graphs want the warm-up on a side stream (lazy library setup stays out of the capture)
@@ -113,19 +121,23 @@ def time_iterations(model: Any, x: Any, y: Any, device: str, *, train: bool, war
     if after_warmup is not None:
         after_warmup()
     if graph:
-        iteration = _graphed_iteration(model, optimizer, x, y, device)
+        iteration = _graphed_iteration(model, optimizer, x, y, device, issued)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         iteration()
         times.append(time.perf_counter() - start)
+        if issued_times is not None:
+            issued_times.append(issued[0] - start)
     if after_timed is not None:
         after_timed(iteration)
     return times
 
 
-def _graphed_iteration(model: Any, optimizer: Any, x: Any, y: Any, device: str) -> Callable[[], None]:
-    """Capture one step of ``model`` into a graph of ``device``; return the iteration that replays it."""
+def _graphed_iteration(model: Any, optimizer: Any, x: Any, y: Any, device: str, issued: list[float]
+                       ) -> Callable[[], None]:
+    """Capture one step of ``model`` into a graph of ``device``; return the iteration that replays it (which
+    notes in ``issued[0]`` when the replay was enqueued)."""
     import torch
     import torch.nn.functional as F
 
@@ -145,6 +157,7 @@ def _graphed_iteration(model: Any, optimizer: Any, x: Any, y: Any, device: str) 
             static_x.copy_(x)
             static_y.copy_(y)
             g.replay()
+            issued[0] = time.perf_counter()
             synchronize(device)
     else:
         with torch.no_grad(), capture(g):
@@ -153,6 +166,7 @@ def _graphed_iteration(model: Any, optimizer: Any, x: Any, y: Any, device: str) 
         def iteration() -> None:
             static_x.copy_(x)
             g.replay()
+            issued[0] = time.perf_counter()
             static_out.cpu()
             synchronize(device)
     synchronize(device)
@@ -193,8 +207,9 @@ def tf32_flags(allow: bool) -> Iterator[None]:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
-def _timing(times: list[float]) -> dict[str, Any]:
-    return {"median_ms": statistics.median(times) * 1e3, "times_ms": [t * 1e3 for t in times]}
+def _timing(times: list[float], issued: list[float]) -> dict[str, Any]:
+    return {"median_ms": statistics.median(times) * 1e3, "times_ms": [t * 1e3 for t in times],
+            "issued_median_ms": statistics.median(issued) * 1e3, "issued_ms": [t * 1e3 for t in issued]}
 
 
 def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_size: int = 224,
@@ -228,7 +243,8 @@ def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_siz
 
     Returns:
         ``net``, ``batch``, ``image_size``, ``mode``, ``warmup``, ``repeats``, ``ours`` and ``peer``
-        (``device``, ``median_ms``, ``times_ms``, ...; ``peer`` is None for ``compare="none"``),
+        (``device``, ``median_ms``, ``times_ms``, ``issued_median_ms`` and ``issued_ms``: each timed
+        iteration's host time until its work was enqueued, ...; ``peer`` is None for ``compare="none"``),
         ``ratio`` (ours / peer median; ``ours["warmup_ms"]``: each warm-up iteration, the first with
         the kernel builds and, ``compiled``, Dynamo's and the backend's compile), ``peer_cudnn_benchmark`` and ``ratio_cudnn_benchmark`` (the CUDA peer
         with cudnn.benchmark on, when ``cudnn_benchmark="both"``; else None), ``shared_cores`` (the peer is torch CPU and the OpenCL device
@@ -275,27 +291,31 @@ def bench_net(net: str, *, device: str | None = None, batch: int = 16, image_siz
             profiled.update(profile_iterations(iteration, profile))
 
     warmup_times: list[float] = []
+    issued: list[float] = []
     try:
         with tf32_flags(precision == "tf32"):
             times = time_iterations(model, x, y, "opencl", train=train, warmup=warmup, repeats=repeats,
                                     after_warmup=tunecl.backend.reset_stats, after_timed=after_timed,
-                                    graph=graph, compiled=compiled, warmup_times=warmup_times)
+                                    graph=graph, compiled=compiled, warmup_times=warmup_times,
+                                    issued_times=issued)
     except tunecl.backend.FallbackError as error:   # TUNECL_FALLBACK=error and an op without a kernel
         raise TuneclError(f"{net} cannot run on opencl:0: {error}") from None
     except torch.opencl.GraphCaptureError as error:
         raise TuneclError(f"--graph: a step of {net} cannot be captured: {error}") from None
     del model
-    ours = {"device": f"opencl:0 {device_name}", **_timing(times), "warmup_ms": [t * 1e3 for t in warmup_times]}
+    ours = {"device": f"opencl:0 {device_name}", **_timing(times, issued),
+            "warmup_ms": [t * 1e3 for t in warmup_times]}
     device_type = torch.opencl.get_device_properties()["type"]
 
     peer = peer_benchmark = None
     if compare == "cpu":
         say(f"measuring the peer: torch CPU in this process ({torch.get_num_threads()} threads)")
+        peer_issued: list[float] = []
         with tf32_flags(precision == "tf32"):   # (no effect on the CPU)
             peer_times = time_iterations(peer_model, x, y, "cpu", train=train, warmup=warmup, repeats=repeats,
-                                         fused=graph)   # the same Adam as ours, eagerly
+                                         fused=graph, issued_times=peer_issued)   # the same Adam as ours, eagerly
         peer = {"kind": "cpu", "device": f"torch {torch.__version__} CPU", "process": "same",
-                "threads": torch.get_num_threads(), "graph": False, **_timing(peer_times)}
+                "threads": torch.get_num_threads(), "graph": False, **_timing(peer_times, peer_issued)}
     elif compare == "cuda":
         spec = {"net": net, "batch": batch, "image_size": image_size, "train": train, "warmup": warmup,
                 "repeats": repeats, "seed": seed, "device": "cuda", "precision": precision, "graph": graph}
@@ -372,8 +392,9 @@ def peer_main(spec: dict[str, Any]) -> dict[str, Any]:
                           f"run without it (pytorch#161129): build the model in a module that does not "
                           f"import tunecl.backend")
     graph = bool(spec.get("graph")) and device == "cuda"
+    issued: list[float] = []
     times = time_iterations(model, x, y, device, train=spec["train"], warmup=spec["warmup"],
-                            repeats=spec["repeats"], graph=graph)
+                            repeats=spec["repeats"], graph=graph, issued_times=issued)
     if "tunecl.backend" in sys.modules:
         raise TuneclError("the peer process imported tunecl.backend while measuring")
     settings = (f"fp32, TF32 {'on' if tf32 else 'off'}, cudnn.benchmark "
@@ -381,7 +402,7 @@ def peer_main(spec: dict[str, Any]) -> dict[str, Any]:
     if graph:
         settings += ", CUDA graph replays"
     return {"kind": device, "device": f"torch {torch.__version__} {name}", "process": "separate",
-            "settings": settings, "backend_imported": False, "graph": graph, **_timing(times)}
+            "settings": settings, "backend_imported": False, "graph": graph, **_timing(times, issued)}
 
 
 if __name__ == "__main__":
