@@ -247,16 +247,29 @@ def test_nonfinite_values_and_relu6_in_inference(parts):
     torch.testing.assert_close(folded, expected, equal_nan=True)
 
 
-def test_graph_capture_and_replay():
-    """A captured step records the launches made then (the add's own, without a fold); replays match eager."""
-    torch.manual_seed(0)
-    block = Block("inplace").to(DEV)
-    x = torch.randn(3, 4, 6, 6).to(DEV)
-    with torch.no_grad():
-        block(x)   # the signatures' first calls
-        eager = block(x).cpu()
-        graph = torch.opencl.Graph()
-        with torch.opencl.graph(graph):
-            out = block(x)
-        graph.replay()
-        assert torch.equal(out.cpu(), eager)
+@pytest.mark.parametrize("kind", KINDS)
+def test_graph_capture_records_the_folded_launch_and_replays_it(monkeypatch, kind):
+    """A captured forward records the batch norm's launch with the add (and the relu) inside; its replays give
+    the eager results, on new inputs too, with the fold and without it."""
+    results = {}
+    for fold in (True, False):
+        monkeypatch.setattr(pointwise, "FOLD_RESIDUALS", fold)
+        torch.manual_seed(0)
+        block = Block(kind).to(DEV)
+        x = torch.randn(3, 4, 6, 6).to(DEV)
+        with torch.no_grad():
+            block(x)   # the signatures' first calls
+            graph = torch.opencl.Graph()
+            backend.reset_stats()
+            with torch.opencl.graph(graph):
+                out = block(x)
+            assert _folds() == (1 if fold else 0)
+            replays = []
+            for seed in (3, 4):
+                x.copy_(torch.randn(3, 4, 6, 6, generator=torch.Generator().manual_seed(seed)))
+                graph.replay()
+                replays.append(out.cpu())
+                assert torch.equal(replays[-1], block(x).cpu())
+        results[fold] = replays
+    for a, b in zip(results[True], results[False]):
+        assert torch.equal(a, b)

@@ -456,20 +456,21 @@ class Prepared:
                 tag = relu_tag(buffers[1], self.y_offset, self.count)
                 if watched:
                     device.hold(bound.kernel, bound.global_size, bound.local_size, bound.arguments(binding), tag,
-                                twin.kernel)
+                                twin.kernel, HeldNormalisation(self, binding, tag, True))
                 else:
                     device.hold(bound, bound.global_size, bound.local_size, (binding,), tag, twin,
-                                HeldNormalisation(self, binding, tag))
+                                HeldNormalisation(self, binding, tag, False))
 
 
 class HeldNormalisation:
     """The payload of a pre-built forward's held normalising launch: an add of a residual to y right after
     may run inside it instead (:meth:`add`)."""
 
-    __slots__ = ("binding", "prepared", "tag")
+    __slots__ = ("binding", "prepared", "tag", "watched")
 
-    def __init__(self, prepared: Prepared, binding: tuple, tag: object) -> None:
+    def __init__(self, prepared: Prepared, binding: tuple, tag: object, watched: bool) -> None:
         self.prepared, self.binding, self.tag = prepared, binding, tag
+        self.watched = watched   # a capture or a profile: the kernels' own launches, as Prepared.enqueue made
 
     def add(self, residual: Tensor, out: Tensor | None = None) -> bool:
         """Launch the held normalisation with ``residual`` (buffer, element offset; laid out as y) added as it
@@ -491,6 +492,9 @@ class HeldNormalisation:
         else:
             binding = (*self.binding, _ACT, residual[0], _MASKED_DY, out[0])
             tag = relu_tag(out[0], out[1], prepared.count)
-        device.hold(bound, bound.global_size, bound.local_size, (binding,), tag, twin)
+        if self.watched:
+            device.hold(bound.kernel, bound.global_size, bound.local_size, bound.arguments(binding), tag, twin.kernel)
+        else:
+            device.hold(bound, bound.global_size, bound.local_size, (binding,), tag, twin)
         return True
 
