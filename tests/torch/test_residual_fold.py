@@ -165,6 +165,48 @@ def test_the_same_call_folds_from_its_first_use():
     torch.testing.assert_close(folded[0].cpu(), F.batch_norm(x.cpu(), None, None, training=True) + r.cpu())
 
 
+def test_the_batch_norms_own_input_as_the_residual():
+    """``bn(x) + x`` and ``y = bn(x); y += x``: the launch reads x twice; views of other shapes do not fold."""
+    x = _inputs(1)[0]
+    expected = F.batch_norm(x.cpu(), None, None, training=True) + x.cpu()
+
+    def summed():
+        return _bn(x) + x
+
+    def in_place():
+        y = _bn(x)
+        y += x
+        return y
+
+    def part():
+        y = _bn(x)
+        y[:, :2] += x[:, :2]   # a view of y: another size than the launch wrote
+        return y
+    for op in (summed, in_place):
+        folded, plain, folds = _twice(op)
+        assert folds == 1 and torch.equal(folded, plain)
+        torch.testing.assert_close(folded, expected)
+    folded, plain, folds = _twice(part)
+    assert folds == 0 and torch.equal(folded, plain)
+
+
+def test_a_sum_never_lands_on_a_buffer_the_batch_norm_still_uses(parts):
+    """Without autograd, the batch norm's input (a temporary) and its saved statistics die as it returns; the
+    sum's new tensor must not be allocated on their buffers while the held launch still reads and writes
+    them (the re-issued launch would write the sum over its own input and statistics)."""
+    x, r, _ = _inputs()
+
+    def op():
+        with torch.no_grad():
+            outs = [r + F.batch_norm(x * 1.0, None, None, training=True) for _ in range(3)]
+            return torch.stack(outs)
+    folded, plain, folds = _twice(op)
+    assert folds == 3 and torch.equal(folded, plain)
+    expected = F.batch_norm(x.cpu(), None, None, training=True) + r.cpu()
+    for each in folded:
+        torch.testing.assert_close(each, expected)
+
+
 def test_a_read_or_an_op_between_leaves_the_add_alone():
     x, r, z = _inputs()
 

@@ -225,7 +225,8 @@ def _fast_batch_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: tor
         save_invstd = save_mean.detach()
     if counter is not None:
         buffers.append(counter)
-    call.prepared.enqueue(buffers)
+    # (the held launch's payload keeps every tensor it reads or writes alive: see HeldNormalisation)
+    call.prepared.enqueue(buffers, (input, weight, bias, running_mean, running_var, outputs))
     return y, save_mean, save_invstd
 
 

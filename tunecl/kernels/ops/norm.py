@@ -435,9 +435,10 @@ class Prepared:
             self._residuals[key] = made
         return made
 
-    def enqueue(self, buffers: Sequence[cl.Buffer]) -> None:
+    def enqueue(self, buffers: Sequence[cl.Buffer], tensors: object = None) -> None:
         """Launch on ``buffers`` (one per position: the signature's tensors in ``_OFFSETS`` order; y's
-        is the second)."""
+        is the second). ``tensors``: the forward's operand and output tensors, kept alive while its launch is
+        held (see :class:`HeldNormalisation`)."""
         bind: list = [None] * (2 * len(buffers))
         bind[0::2] = self.positions
         bind[1::2] = buffers
@@ -456,21 +457,26 @@ class Prepared:
                 tag = relu_tag(buffers[1], self.y_offset, self.count)
                 if watched:
                     device.hold(bound.kernel, bound.global_size, bound.local_size, bound.arguments(binding), tag,
-                                twin.kernel, HeldNormalisation(self, binding, tag, True))
+                                twin.kernel, HeldNormalisation(self, binding, tag, True, tensors))
                 else:
                     device.hold(bound, bound.global_size, bound.local_size, (binding,), tag, twin,
-                                HeldNormalisation(self, binding, tag, False))
+                                HeldNormalisation(self, binding, tag, False, tensors))
 
 
 class HeldNormalisation:
     """The payload of a pre-built forward's held normalising launch: an add of a residual to y right after
-    may run inside it instead (:meth:`add`)."""
+    may run inside it instead (:meth:`add`). It keeps the forward's tensors alive while it is held: an input
+    or a saved statistic that nobody keeps any more (a forward without autograd) would otherwise give its
+    buffer back, and the add's new output could be allocated on it, for the re-issued launch to write
+    while it reads or writes that buffer as the forward's."""
 
-    __slots__ = ("binding", "prepared", "tag", "watched")
+    __slots__ = ("binding", "prepared", "tag", "tensors", "watched")
 
-    def __init__(self, prepared: Prepared, binding: tuple, tag: object, watched: bool) -> None:
+    def __init__(self, prepared: Prepared, binding: tuple, tag: object, watched: bool, tensors: object = None
+                 ) -> None:
         self.prepared, self.binding, self.tag = prepared, binding, tag
         self.watched = watched   # a capture or a profile: the kernels' own launches, as Prepared.enqueue made
+        self.tensors = tensors
 
     def add(self, residual: Tensor, out: Tensor | None = None) -> bool:
         """Launch the held normalisation with ``residual`` (buffer, element offset; laid out as y) added as it
