@@ -11,6 +11,7 @@ of each side over the rounds with its spread, and the median of the per-round ra
 the savings on and off alternate (the batch norm's pre-built calls dropped at each switch, and the first
 step after it untimed), so what differs between processes (memory placement, a first run after kernel
 builds) cannot tell the sides apart; there is no peer then (torch's CUDA training cannot share the process).
+It also prints each side's host time until a step's work was enqueued (before the wait for the device).
 
     TUNECL_DEVICE=nvidia python benchmarks/launch_savings.py --nets resnet18,mobilenet_v2 --rounds 3
     TUNECL_DEVICE=nvidia python benchmarks/launch_savings.py --nets resnet18 --compare cuda --rounds 3
@@ -108,6 +109,7 @@ def in_process(nets: list[str], args: argparse.Namespace) -> int:
                 step()
             sync()
         times: dict[bool, list[float]] = {True: [], False: []}
+        issued: dict[bool, list[float]] = {True: [], False: []}   # host ms until the step was enqueued
         ratios = []
         for round_index in range(args.rounds):
             medians = {}
@@ -119,8 +121,10 @@ def in_process(nets: list[str], args: argparse.Namespace) -> int:
                 for _ in range(args.repeats):
                     t0 = time.perf_counter()
                     step()
+                    t1 = time.perf_counter()
                     sync()
                     block.append((time.perf_counter() - t0) * 1e3)
+                    issued[on].append((t1 - t0) * 1e3)
                 times[on] += block
                 medians[on] = statistics.median(block)
             ratios.append(medians[True] / medians[False])
@@ -128,6 +132,8 @@ def in_process(nets: list[str], args: argparse.Namespace) -> int:
                   f"on / off {ratios[-1]:.3f}", flush=True)
         print(f"  {net:14s} on {_spread(times[True])}  off {_spread(times[False])}  on / off per round "
               f"{_spread(ratios)}")
+        print(f"  {net:14s} enqueued (host ms until a step's work was enqueued): on {_spread(issued[True])}  "
+              f"off {_spread(issued[False])}")
         switch(True)
     return 0
 

@@ -358,6 +358,8 @@ def test_launch_savings_in_process_toggles_the_named_switches(tmp_path):
     assert [words[1] for words in rounds] == ["1", "2"]
     assert all(float(words[words.index("on") + 1]) > 0 and float(words[words.index("off") + 1]) > 0 for words in rounds)
     assert "in one process" in done.stdout and "per round" in done.stdout
+    enqueued = next(line for line in done.stdout.splitlines() if "enqueued" in line).split()
+    assert float(enqueued[enqueued.index("on") + 1]) > 0 and float(enqueued[enqueued.index("off") + 1]) > 0
     refused = subprocess.run(base + ["--compare", "cuda"], capture_output=True, text=True, env=env)
     assert refused.returncode == 2 and "no peer" in refused.stderr
     malformed = subprocess.run(base + ["--switches", "FLUSH_RAMP"], capture_output=True, text=True, env=env)
