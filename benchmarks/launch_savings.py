@@ -11,7 +11,8 @@ of each side over the rounds with its spread, and the median of the per-round ra
 the savings on and off alternate (the batch norm's pre-built calls dropped at each switch, and the first
 step after it untimed), so what differs between processes (memory placement, a first run after kernel
 builds) cannot tell the sides apart; there is no peer then (torch's CUDA training cannot share the process).
-It also prints each side's host time until a step's work was enqueued (before the wait for the device).
+It also prints each side's host time until a step's work was enqueued (before the wait for the device; on a
+CPU device, whose kernels run on the host's own cores, that time includes waiting for a core).
 
     TUNECL_DEVICE=nvidia python benchmarks/launch_savings.py --nets resnet18,mobilenet_v2 --rounds 3
     TUNECL_DEVICE=nvidia python benchmarks/launch_savings.py --nets resnet18 --compare cuda --rounds 3
