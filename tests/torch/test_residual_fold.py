@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 import tunecl.backend as backend
 from tunecl import config
+from tunecl.backend import state
 from tunecl.backend.ops import pointwise
 
 from batch_norm_parts import forced_parts
@@ -266,6 +267,27 @@ def test_a_residual_at_an_offset():
         folded, plain, folds = _twice(op)
         assert folds == expect and torch.equal(folded, plain)
         torch.testing.assert_close(folded, F.batch_norm(x.cpu(), None, None, training=True) + residual.cpu())
+
+
+def test_residual_variants_per_call_are_bounded():
+    """A residual at ever new offsets builds one variant each, at most MAX_RESIDUALS kept per pre-built
+    call; every add folds and is right."""
+    from tunecl.kernels.ops import norm
+
+    x = _inputs(1)[0]
+    big = torch.randn(x.numel() + 4 * (norm.MAX_RESIDUALS + 3)).to(DEV)
+    expected_y = F.batch_norm(x.cpu(), None, None, training=True)
+    backend.reset_stats()
+    with config.override(fallback="error"):
+        for k in range(norm.MAX_RESIDUALS + 3):
+            residual = big[4 * k:4 * k + x.numel()].view(x.shape)
+            y = _bn(x)
+            y += residual
+            torch.testing.assert_close(y.cpu(), expected_y + residual.cpu())
+    assert _folds() == norm.MAX_RESIDUALS + 3
+    kept = [call.prepared._residuals for call in state.get().norm.calls.values()
+            if call is not None and getattr(call.prepared, "_residuals", None)]
+    assert kept and all(len(variants) <= norm.MAX_RESIDUALS for variants in kept)
 
 
 def test_nonfinite_values_and_relu6_in_inference(parts):
