@@ -2,10 +2,11 @@
 is ("on") and with the savings that remove launches turned off ("off": batch norm's reductions finished in
 separate launches, ``tunecl.kernels.ops.norm.ONE_LAUNCH``; a relu's or relu6's backward launched by
 itself, ``tunecl.backend.ops.pointwise.FOLD_MASKS``; the step count's increment launched by itself,
-``FOLD_STEP_COUNTS``; a residual's add launched by itself, ``FOLD_RESIDUALS``). Each run is its own process (``tunecl bench --json``, with its own peer when
-``--compare cuda``); on and off alternate for ``--rounds`` rounds per net, so a noisy host disturbs both
-alike. Prints every run's median step time (and the peer's, and their ratio), then per net the median
-of each side over the rounds with its spread, and the median of the per-round ratios on ÷ off.
+``FOLD_STEP_COUNTS``; a residual's add launched by itself, ``FOLD_RESIDUALS``). Each run is its own process
+(``tunecl bench --json``, with its own peer when ``--compare cuda``); on and off alternate for ``--rounds``
+rounds per net, so a noisy host disturbs both alike. Prints every run's median step time (and the peer's, and
+their ratio), then per net the median of each side over the rounds with its spread, and the median of the
+per-round ratios on ÷ off.
 
 ``--in-process`` runs both sides in one process instead, on one model: blocks of ``--repeats`` steps with
 the savings on and off alternate (the batch norm's pre-built calls dropped at each switch, and the first
@@ -18,8 +19,10 @@ CPU device, whose kernels run on the host's own cores, that time includes waitin
     TUNECL_DEVICE=nvidia python benchmarks/launch_savings.py --nets resnet18 --compare cuda --rounds 3
     TUNECL_DEVICE=nvidia python benchmarks/launch_savings.py --nets resnet18,mobilenet_v2 --in-process --rounds 6
     TUNECL_DEVICE=nvidia python benchmarks/launch_savings.py --in-process --switches tunecl.runtime.device.FLUSH_RAMP
+    TUNECL_DEVICE=nvidia python benchmarks/launch_savings.py --in-process --switches none --flush-every 4
 
-``--switches`` names other module constants to turn off on the off side (each True on the on side).
+``--switches`` names other module constants to turn off on the off side (each True on the on side; ``none``:
+no constant); ``--flush-every N`` (in-process) has the off side submit the queue every N uses instead.
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ _ON = "import sys; from tunecl.cli import main; sys.exit(main(sys.argv[1:]))"
 
 def run(side: str, net: str, args: argparse.Namespace) -> dict:
     """One ``tunecl bench --json`` run of ``net``'s training step with the savings ``side`` ("on" or "off")."""
-    command = [sys.executable, "-c", _ON if side == "on" else _off_code(args.switches), "bench", "--net", net, "--batch",
+    code = _ON if side == "on" else _off_code(args.switches)
+    command = [sys.executable, "-c", code, "bench", "--net", net, "--batch",
                str(args.batch), "--image-size", str(args.image_size), "--train", "--repeats", str(args.repeats),
                "--compare", args.compare, "--json"]
     if args.compare == "cuda":
@@ -63,6 +67,8 @@ def run(side: str, net: str, args: argparse.Namespace) -> dict:
 
 
 def _switches(text: str) -> tuple[tuple[str, str], ...]:
+    if text == "none":
+        return ()
     pairs = tuple(tuple(item.rsplit(".", 1)) for item in text.split(",") if item)
     if not pairs or any(len(pair) != 2 for pair in pairs):
         raise argparse.ArgumentTypeError(f"expected MODULE.NAME[,MODULE.NAME...], got {text!r}")
@@ -84,9 +90,14 @@ def in_process(nets: list[str], args: argparse.Namespace) -> int:
     dev = torch.device("opencl")
     sync = torch.opencl.synchronize
 
+    device = state.get().device
+    flush_every = {True: device.flush_every,
+                   False: device.flush_every if args.flush_every is None else args.flush_every}
+
     def switch(on: bool) -> None:
         for module, name in modules:
             setattr(module, name, on)
+        device.flush_every = flush_every[on]
         state.get().norm.forget_launches()   # its pre-built calls were planned with the other side's switches
 
     print(f"launch savings on/off in one process on {torch.opencl.get_device_name()}: {', '.join(nets)}, batch "
@@ -157,12 +168,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--switches", type=_switches, default=SWITCHES, metavar="MODULE.NAME[,...]",
                         help="the module constants that the off side sets False (default: the launch savings, "
                              + ", ".join(f"{m}.{n}" for m, n in SWITCHES) + ")")
+    parser.add_argument("--flush-every", type=int, metavar="N",
+                        help="with --in-process: the off side submits the queue every N uses instead of the device's "
+                             "TUNECL_FLUSH_EVERY (with --switches none, the only difference)")
     parser.add_argument("--in-process", action="store_true",
                         help="both sides in this process, alternating blocks of --repeats steps (no peer)")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.repeats < 1:
         parser.error("--rounds and --repeats must be at least 1")
     nets = [n for n in args.nets.split(",") if n]
+    if args.flush_every is not None and (not args.in_process or args.flush_every < 0):
+        parser.error("--flush-every takes a count >= 0 and needs --in-process")
     if args.in_process:
         if args.compare != "none":
             parser.error("--in-process has no peer (--compare none)")

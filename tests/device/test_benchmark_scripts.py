@@ -364,3 +364,8 @@ def test_launch_savings_in_process_toggles_the_named_switches(tmp_path):
     assert refused.returncode == 2 and "no peer" in refused.stderr
     malformed = subprocess.run(base + ["--switches", "FLUSH_RAMP"], capture_output=True, text=True, env=env)
     assert malformed.returncode == 2 and "MODULE.NAME" in malformed.stderr
+    flushes = subprocess.run(base + ["--switches", "none", "--flush-every", "4"], capture_output=True, text=True,
+                             env=env)
+    assert flushes.returncode == 0 and "on / off per round" in flushes.stdout, flushes.stderr
+    alone = subprocess.run(base[:-1] + ["--flush-every", "4"], capture_output=True, text=True, env=env)
+    assert alone.returncode == 2 and "needs --in-process" in alone.stderr
