@@ -396,7 +396,8 @@ def _fast_binary(expr: str, op: torch._ops.OpOverload, with_alpha: bool) -> Call
                 kind = True if other.dtype == dtype and other.shape == shape and other.is_contiguous() else None
             if kind is not None:
                 out = memory.empty_dense(self)
-                if kind is True and expr == "add" and alpha == 1 and _sum_folded(self, other, out):
+                # (a block's x + bn(...), or bn(...) + x)
+                if kind is True and expr == "add" and alpha == 1 and _fold_add((other, self, out), (self, other, out)):
                     return out
                 return run(expr, out, (self, other), (alpha,) if with_alpha else (), (_DENSE, expr, shape, dtype, kind))
         if not isinstance(other, torch.Tensor) or not isinstance(self, torch.Tensor):
@@ -434,30 +435,18 @@ def _held_normalisation(y: torch.Tensor, residual: torch.Tensor) -> tuple[norm.H
     return held, (residual_buffer, residual.storage_offset())
 
 
-def _residual_folded(y: torch.Tensor, residual: torch.Tensor) -> bool:
-    """``y += residual`` (same shape, both contiguous float32, other storages) done by the batch norm launch
-    that has just produced y or the residual, if it still waits, held (a residual block's ``out = bn(...);
-    out += identity``, where the identity may be a downsampling's batch norm; an in-place relu after it
-    folds in too): one pass over the activations and one launch fewer. Bit for bit the add's result."""
-    found = _held_normalisation(y, residual)
-    if found is not None:
-        if not found[0].add(found[1]):
-            return False
-    else:   # the residual is the batch norm's output (`out += bn(...)`: a downsampled identity)
-        found = _held_normalisation(residual, y)
-        if found is None or not found[0].add(found[1], (_buffers[y.untyped_storage().data_ptr()], y.storage_offset())):
-            return False
-    eager_fusions["residual"] += 1
-    return True
-
-
-def _sum_folded(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
-    """``out = a + b`` (same shape, contiguous float32; out new) done by the batch norm launch that has just
-    produced a or b, if it still waits, held (a block's ``x + bn(...)``): it also writes the sum."""
-    for y, residual in ((b, a), (a, b)):
+def _fold_add(*tries: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]) -> bool:
+    """An add of a residual to a batch norm's output done by the batch norm launch that has just produced it,
+    if it still waits, held: the first of ``tries`` (y, residual, out) whose y that launch wrote (contiguous
+    float32 operands of one shape, in other storages) adds the residual as it writes, into y (``out`` None)
+    or into ``out`` (a new tensor, or the residual itself), and an in-place relu after it folds in too.
+    One pass over the activations and one launch fewer; bit for bit the add's result."""
+    for y, residual, out in tries:
         found = _held_normalisation(y, residual)
         if found is not None:
-            if not found[0].add(found[1], (_buffers[out.untyped_storage().data_ptr()], out.storage_offset())):
+            held, placed = found
+            if not held.add(placed, None if out is None else (_buffers[out.untyped_storage().data_ptr()],
+                                                              out.storage_offset())):
                 return False
             eager_fusions["residual"] += 1
             return True
@@ -480,7 +469,8 @@ def _fast_inplace(expr: str, op: torch._ops.OpOverload, with_alpha: bool) -> Cal
             if (dtype.is_floating_point and other.shape == self.shape and not other.is_cpu
                     and other.dtype == dtype and not _overlaps(self, other)):
                 dense = self.is_contiguous() and other.is_contiguous()
-                if dense and expr == "add" and alpha == 1 and _residual_folded(self, other):
+                # (a residual block's out = bn(...); out += identity, or out += bn(...) for a downsampled identity)
+                if dense and expr == "add" and alpha == 1 and _fold_add((self, other, None), (other, self, self)):
                     return self
                 return run(expr, self, (self, other), params, (_DENSE, expr, self.shape, dtype, True) if dense else None)
             if with_alpha:

@@ -313,9 +313,7 @@ class BatchNorm:
             return None
         # the call's own buffers are not kept: a layout of (None, offset) pairs plans the same launches
         layout = {k: (None, t[1]) for k, t in ops.items() if t is not None}
-        located = [layout.get(k) for k in _OFFSETS]
-        positions = tuple(i for i, t in enumerate(located) if t is not None)
-        offsets = tuple(0 if t is None else t[1] for t in located)
+        positions, offsets = _placement(layout)
         built = []
         recipe = None
         for name, kind, flags, parts, scratch, held in steps:
@@ -334,9 +332,7 @@ class BatchNorm:
                flags: tuple[str, ...], parts: int, scratch: cl.Buffer | None, eps: float,
                momentum: float) -> launches.Bound | None:
         """One step's launch pre-built on ``layout`` (operands as (None, offset)): its operands bound per call."""
-        located = [layout.get(k) for k in _OFFSETS]
-        positions = tuple(i for i, t in enumerate(located) if t is not None)
-        offsets = tuple(0 if t is None else t[1] for t in located)
+        positions, offsets = _placement(layout)
         kernel, global_size, local_size, meta = self._kept_launch(name, kind, shape, layout, flags, parts, offsets)
         args = [None] * len(_OFFSETS) + [scratch, np.float32(eps), np.float32(momentum), meta]
         return launches.Bound.build(kernel, global_size, local_size, args, positions)
@@ -346,7 +342,7 @@ class BatchNorm:
               folds: Mapping[str, str] = FOLDS) -> launches.Twin:
         """The held step's kernels with an in-place activation of its output folded in (``folds``: of y,
         :data:`FOLDS`, or of the sum, :data:`SUM_FOLDS`)."""
-        offsets = tuple(0 if layout.get(k) is None else layout[k][1] for k in _OFFSETS)
+        offsets = _placement(layout)[1]
         return launches.Twin(bound, lambda op: self._kept_launch(
             name, kind, shape, layout, (*flags, folds[op]), parts, offsets)[0] if op in folds else None)
 
@@ -377,6 +373,25 @@ class BatchNorm:
         (tests, tuning)."""
         self._launches.clear()
         self.calls.clear()
+
+
+def _placement(layout: Mapping[str, Tensor | None]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The argument positions of the operands ``layout`` has, and every operand's element offset (0 where
+    absent), in the order of ``_OFFSETS``."""
+    located = [layout.get(k) for k in _OFFSETS]
+    return (tuple(i for i, t in enumerate(located) if t is not None),
+            tuple(0 if t is None else t[1] for t in located))
+
+
+def _hold(device: Device, bound: launches.Bound, binding: tuple, tag: object, twin: launches.Twin, watched: bool,
+          payload: object = None) -> None:
+    """Hold ``bound`` on ``binding`` (:meth:`Device.hold`) with ``twin`` for an in-place activation: while a
+    capture or a profile watches (``watched``) as the kernel's own launch, else pre-built."""
+    if watched:
+        device.hold(bound.kernel, bound.global_size, bound.local_size, bound.arguments(binding), tag, twin.kernel,
+                    payload)
+    else:
+        device.hold(bound, bound.global_size, bound.local_size, (binding,), tag, twin, payload)
 
 
 def _finished_inside(reduce_steps: list[tuple], scratch: cl.Buffer, fused: str, elementwise: str,
@@ -455,12 +470,8 @@ class Prepared:
                         device.defer(bound, bound.global_size, bound.local_size, (binding,))
                     continue
                 tag = relu_tag(buffers[1], self.y_offset, self.count)
-                if watched:
-                    device.hold(bound.kernel, bound.global_size, bound.local_size, bound.arguments(binding), tag,
-                                twin.kernel, HeldNormalisation(self, binding, tag, True, tensors))
-                else:
-                    device.hold(bound, bound.global_size, bound.local_size, (binding,), tag, twin,
-                                HeldNormalisation(self, binding, tag, False, tensors))
+                _hold(device, bound, binding, tag, twin, watched,
+                      HeldNormalisation(self, binding, tag, watched, tensors))
 
 
 class HeldNormalisation:
@@ -498,9 +509,6 @@ class HeldNormalisation:
         else:
             binding = (*self.binding, _ACT, residual[0], _MASKED_DY, out[0])
             tag = relu_tag(out[0], out[1], prepared.count)
-        if self.watched:
-            device.hold(bound.kernel, bound.global_size, bound.local_size, bound.arguments(binding), tag, twin.kernel)
-        else:
-            device.hold(bound, bound.global_size, bound.local_size, (binding,), tag, twin)
+        _hold(device, bound, binding, tag, twin, self.watched)
         return True
 
