@@ -252,6 +252,25 @@ def test_aliases_and_alpha_leave_the_add_alone():
     torch.testing.assert_close(y.cpu(), 2 * F.batch_norm(x.cpu(), None, None, training=True))
 
 
+def test_a_noncontiguous_residual_runs_by_itself():
+    """A transposed view as the residual (in place and summed) takes the add's own strided launch, right."""
+    x, r, _ = _inputs()
+    residual = r.transpose(2, 3)
+    expected = F.batch_norm(x.cpu(), None, None, training=True) + residual.cpu()
+
+    def in_place():
+        y = _bn(x)
+        y += residual
+        return y
+
+    def summed():
+        return _bn(x) + residual
+    for op in (in_place, summed):
+        folded, plain, folds = _twice(op)
+        assert folds == 0 and torch.equal(folded, plain)
+        torch.testing.assert_close(folded, expected)
+
+
 def test_a_residual_at_an_offset():
     """A residual 4-aligned inside a bigger buffer folds; one 1 float off would make the launch read one float
     at a time (another grid), so its add runs by itself; the results are right either way."""
