@@ -405,3 +405,68 @@ def test_hardtanh_inplace_records_no_clone():
     with Ops() as ops:
         F.relu6(y, inplace=True).sum().backward()
     assert torch.ops.aten.clone.default not in ops.seen and torch.ops.aten.hardtanh_.default in ops.seen
+
+
+@pytest.fixture
+def direct_calls_counted(monkeypatch):
+    """Counts the device kernels the backend's autograd kernels call without the dispatcher, by op name."""
+    from tunecl.backend import direct_calls
+
+    counts = {"hardtanh_": 0, "hardtanh_backward": 0}
+    for name in counts:
+        kernel = direct_calls.kernels[name]
+
+        def counting(*args, _kernel=kernel, _name=name):
+            counts[_name] += 1
+            return _kernel(*args)
+
+        monkeypatch.setitem(direct_calls.kernels, name, counting)
+    return counts
+
+
+@pytest.mark.parametrize("make", [lambda x: x * 2, lambda x: (x * 2)[1:, ::2], lambda x: (x + 0)[:, 1]],
+                         ids=["dense", "strided view", "slice"])
+def test_hardtanh_inplace_calls_the_device_kernels_directly_with_the_dispatchers_results(
+        make, direct_calls_counted, monkeypatch):
+    """Plain tensors, no dispatch mode: the autograd kernel of ``hardtanh_`` calls the device's
+    ``hardtanh_`` and its backward ``hardtanh_backward`` without the dispatcher, and values and gradients
+    are bit for bit those of the dispatcher's route."""
+    from tunecl.backend import direct_calls
+
+    direct = _hardtanh_runs("opencl", make)
+    assert direct_calls_counted == {"hardtanh_": 1, "hardtanh_backward": 1}
+    monkeypatch.setattr(direct_calls, "ENABLED", False)
+    dispatched = _hardtanh_runs("opencl", make)
+    assert direct_calls_counted == {"hardtanh_": 1, "hardtanh_backward": 1}
+    for a, b in zip(direct[:2], dispatched[:2]):
+        assert torch.equal(a, b)
+
+
+def test_hardtanh_inplace_called_directly_moves_the_version_as_the_dispatcher_does(direct_calls_counted):
+    """The version bump that ``ADInplaceOrView`` makes: with and without grad mode, a tensor that another
+    node saved and ``hardtanh_`` then overwrote fails that node's backward."""
+    leaf = torch.randn(4, device="opencl", requires_grad=True)
+    for grad_mode in (True, False):
+        y = leaf * 2
+        z = y * y   # saves y
+        version = y._version
+        with torch.set_grad_enabled(grad_mode):
+            F.relu6(y, inplace=True)
+        assert y._version > version
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            z.sum().backward()
+    assert direct_calls_counted["hardtanh_"] == 2
+
+
+def test_hardtanh_inplace_of_a_negative_view_goes_through_the_dispatcher(direct_calls_counted):
+    """A lazily negated view is materialised by its dispatch key before any kernel: that call takes the
+    dispatcher, and gives CPU torch's values."""
+    results = []
+    for device in ("cpu", "opencl"):
+        y = torch.tensor([-1.0, 3.0, 8.0], device=device) * 1
+        view = torch._neg_view(y)
+        F.relu6(view, inplace=True)
+        results.append((y.cpu(), view.cpu()))
+    assert direct_calls_counted["hardtanh_"] == 0
+    for a, b in zip(*results):
+        assert torch.equal(a, b)

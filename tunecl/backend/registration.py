@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from tunecl.backend import (accelerator, amp, autocast, autograd_engine, copies, counters, default_compile, fallback,
-                            foreach_runs, memory, modules, state, streams, weight_cache)
+from tunecl.backend import (accelerator, amp, autocast, autograd_engine, copies, counters, default_compile, direct_calls,
+                            fallback, foreach_runs, memory, modules, state, streams, weight_cache)
 from tunecl.errors import Unsupported
 
 BACKEND = "opencl"
@@ -184,7 +184,8 @@ def _register_kernels() -> None:
 
     aten = torch.library.Library("aten", "IMPL")
     for name, adapter in kernel_table().items():
-        aten.impl(name, _kernel(name, adapter, joins=name in foreach.JOINABLE), "PrivateUse1")
+        direct_calls.kernels[name] = kernel = _kernel(name, adapter, joins=name in foreach.JOINABLE)
+        aten.impl(name, kernel, "PrivateUse1")
     from tunecl.backend.ops import composite, core, sdpa
 
     for name, view in core.VIEW_KERNELS.items():   # (views read no data: a pending run may wait)

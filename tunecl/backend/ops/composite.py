@@ -21,7 +21,9 @@ gives the same mask: ``min < input < max`` exactly where ``min < hardtanh(input)
 and is passed or not alike). Without the clone the in-place op also reaches the launch that produced its
 input while that launch is still held, so relu6 after a batch norm folds into the batch norm's launch in
 training as it does in inference. On a traced tensor (``torch.compile``: fake and functional tensors) the
-input is kept as torch keeps it, so compiled graphs are the ones torch's own formula gives.
+input is kept as torch keeps it, so compiled graphs are the ones torch's own formula gives. On plain tensors
+the op and its backward call the device kernels directly (:mod:`tunecl.backend.direct_calls`), not through
+the dispatcher a second time.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from tunecl.backend import direct_calls
 
 _batch_norm_impl_index = torch.ops.aten._batch_norm_impl_index.default
 _native_batch_norm = torch.ops.aten.native_batch_norm.default
@@ -73,7 +77,7 @@ class _HardtanhInPlace(torch.autograd.Function):
     def forward(ctx: Any, input: torch.Tensor, min_val: float, max_val: float,
                 keep_input: bool) -> torch.Tensor:
         kept = input.clone() if keep_input else None
-        _hardtanh_(input, min_val, max_val)   # grad mode is off here: hardtanh_ below goes to the device
+        _below_autograd_hardtanh_(input, min_val, max_val)   # (grad mode is off here)
         ctx.mark_dirty(input)
         ctx.save_for_backward(kept if keep_input else input)
         ctx.bounds = (min_val, max_val)
@@ -82,6 +86,8 @@ class _HardtanhInPlace(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         (mask_source,) = ctx.saved_tensors
+        if not torch.is_grad_enabled() and direct_calls.plain(grad, mask_source):
+            return direct_calls.kernels["hardtanh_backward"](grad, mask_source, *ctx.bounds), None, None, None
         return _hardtanh_backward(grad, mask_source, *ctx.bounds), None, None, None
 
 
@@ -89,6 +95,17 @@ def hardtanh_(self: torch.Tensor, min_val: float = -1, max_val: float = 1) -> to
     if torch.is_grad_enabled() and self.requires_grad:
         traced = type(self) not in (torch.Tensor, torch.nn.Parameter)
         return _HardtanhInPlace.apply(self, min_val, max_val, traced)
+    return _below_autograd_hardtanh_(self, min_val, max_val)
+
+
+def _below_autograd_hardtanh_(self: torch.Tensor, min_val: float, max_val: float) -> torch.Tensor:
+    """``hardtanh_`` below autograd: the device kernel called directly where nothing in between sees the
+    call (:func:`direct_calls.plain`; the version bump is the one the dispatcher would make), else through
+    the dispatcher."""
+    if direct_calls.plain(self):
+        result = direct_calls.kernels["hardtanh_"](self, min_val, max_val)
+        direct_calls.bump_version((self,))
+        return result
     with torch._C._AutoDispatchBelowAutograd():
         return _hardtanh_(self, min_val, max_val)
 
