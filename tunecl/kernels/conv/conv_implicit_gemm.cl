@@ -19,7 +19,8 @@
 // LPAD=1 pads the local rows by one vector: the GK-fast tile stores then spread over the banks.
 // The gathers keep what is fixed for a work-item (the pixel of a B column, say) outside the GK loop.
 // SPLIT > 1 splits GK over SPLIT work-groups (dimension 2 = G*SPLIT) that write partial sums to the
-// workspace; conv_common.cl's split_reduce adds them in a fixed order (deterministic, no atomics).
+// workspace; conv_common.cl's split_reduce adds them in a fixed order (deterministic, no atomics), or with
+// SPLIT_FINISH the last work-group of each tile adds them itself (split_finish.cl), in the same order.
 //
 // The GEMM operands are the plan contract's tensors swapped: a_agm (A) is the weight (dy for
 // bwd_weight), b_agm (B) is x (dy for bwd_data).
@@ -54,6 +55,9 @@
 #ifndef SPLIT
   #define SPLIT 1       // work-groups sharing one reduction; > 1 writes partial sums to the workspace
 #endif
+#ifndef SPLIT_FINISH
+  #define SPLIT_FINISH 0  // host-set: 1 = with SPLIT > 1 the last work-group of a tile adds the parts itself
+#endif
 #ifndef LPAD
   #define LPAD 0        // 1: pad local-memory rows by one vector (fewer bank conflicts when storing)
 #endif
@@ -63,6 +67,7 @@
 
 // ---- derived ----
 #include "conv_gemm_view.cl"  // CG, KG, RS, HW, PQ, GM, GN, GK, OUT_SIZE of DIRECTION
+#include "split_finish.cl"    // split_last, split_part
 #define THREADS (MDIMC * NDIMC)
 #define MWI (MWG / MDIMC)                      // outputs per work-item along GM
 #define NWI (NWG / NDIMC)                      // outputs per work-item along GN
@@ -202,6 +207,9 @@ void conv_implicit_gemm(__global const float *a_agm, const int a_offset,
   __local realN b_alm[KWG][B_LD];
   __local float *a_flm = (__local float *)a_alm;
   __local float *b_flm = (__local float *)b_alm;
+#if SPLIT > 1 && SPLIT_FINISH
+  __local int last_flm;
+#endif
 
   const int tid = get_local_id(0);
   const int tm = tid % MDIMC, tn = tid / MDIMC;
@@ -277,4 +285,27 @@ void conv_implicit_gemm(__global const float *a_agm, const int a_offset,
 #endif
     }
   }
+#if SPLIT > 1 && SPLIT_FINISH
+  // ---- the tile's last work-group adds the SPLIT parts, as split_reduce would (split_finish.cl): each of
+  // its work-items the elements it stored; the tile's counter follows the parts in the workspace ----
+  __global int *counters = (__global int *)(ws_agm + SPLIT * OUT_SIZE);
+  if (!split_last(counters + (g * get_num_groups(1) + get_group_id(1)) * get_num_groups(0) + get_group_id(0),
+                  &last_flm, SPLIT)) { return; }
+  for (int i = 0; i < MWI; i++) {
+    const int m = m0 + ((i / VWM) * MDIMC + tm) * VWM + i % VWM;
+    if (m >= GM) { continue; }
+    for (int j = 0; j < NWI; j++) {
+      const int col = n0 + ((j / VWN) * NDIMC + tn) * VWN + j % VWN;
+      if (col >= GN) { continue; }
+      OUT_INDEX(index, g, m, col)
+      float sum = 0.0f;
+      for (int s = 0; s < SPLIT; s++) { sum += split_part(ws_agm, s * OUT_SIZE + index); }
+#if DIRECTION == 0
+      if (use_bias) { sum += bias_agm[bias_offset + g * KG + m]; }
+#endif
+      if (beta != 0.0f) { sum += beta * out_agm[out_offset + index]; }
+      out_agm[out_offset + index] = sum;
+    }
+  }
+#endif
 }

@@ -8,7 +8,8 @@ N·P·Q reduction, split over work-groups and summed in a fixed order instead of
 
 Parameters: MWG, NWG, KWG (tile of C and reduction step), MDIMC, NDIMC (work-items per tile
 along GM and GN), VWM, VWN (vector width of local-memory reads), SPLIT (work-groups sharing one
-reduction: partial sums go to the workspace and ``split_reduce`` adds them), LPAD (pad local rows by
+reduction: partial sums go to the workspace, and the last work-group of each output tile adds them,
+:data:`FINISH_SPLITS`), LPAD (pad local rows by
 one vector against bank conflicts), PREFETCH (load the next reduction step into registers while
 multiplying this one).
 """
@@ -28,6 +29,9 @@ from tunecl.problems import ConvProblem
 from tunecl.runtime import Device
 
 WORKSPACE_CAP = 256 * 2**20   # bytes the split partial sums may use
+# SPLIT > 1: the last work-group of each output tile adds the SPLIT partial sums itself, in the fixed order
+# (``split_finish.cl``: one launch). False: a separate ``split_reduce`` launch adds them (the same sums).
+FINISH_SPLITS = True
 MAX_OUTPUTS_PER_ITEM = 128    # accumulators per work-item (registers on a GPU)
 
 
@@ -117,33 +121,42 @@ class ConvImplicitGemm(ConvAlgorithm):
 
     def build(self, problem: ConvProblem, device: Device, config: Config) -> ImplicitGemmPlan:
         self.check(problem, device, config)
-        program = self.program(device, problem, config)
+        finish = config["SPLIT"] > 1 and FINISH_SPLITS
+        program = self.program(device, problem, config, ["-DSPLIT_FINISH=1"] if finish else [])
         i32, f32 = np.int32, np.float32
         kernel = device.kernel(program, "conv_implicit_gemm",
                                [None, i32, None, i32, None, i32, None, None, i32, i32, f32])
         return ImplicitGemmPlan.launching(self.name, problem, device, config, kernel,
-                                          config["MDIMC"] * config["NDIMC"])
+                                          config["MDIMC"] * config["NDIMC"], finish=finish)
 
 
 @dataclasses.dataclass
 class ImplicitGemmPlan(ConvPlan):
-    """One GEMM-shaped launch, plus a fixed-order reduction of the partial sums when SPLIT > 1."""
+    """One GEMM-shaped launch, plus a fixed-order reduction of the partial sums when SPLIT > 1: by the
+    kernel's last work-group of each tile (``finish``), else by a second launch."""
 
     kernel: cl.Kernel | None = None
     global_size: tuple[int, ...] = ()
     local_size: tuple[int, ...] = ()
+    finish: bool = False
 
     @classmethod
     def launching(cls, name: str, problem: ConvProblem, device: Device, config: Config, kernel: cl.Kernel,
-                  threads: int) -> ImplicitGemmPlan:
+                  threads: int, finish: bool = False) -> ImplicitGemmPlan:
         """A plan of ``kernel`` with ``threads`` work-items per MWG x NWG tile of the GEMM view, one
-        grid layer per group and SPLIT part, and a workspace for the partial sums when SPLIT > 1."""
+        grid layer per group and SPLIT part, and a workspace for the partial sums when SPLIT > 1; with
+        ``finish`` (a kernel built with SPLIT_FINISH) the workspace also holds a counter per tile, zero."""
         gm, gn, _ = gemm_shape(problem)
         split = config["SPLIT"]
-        global_size = (ceil_div(gn, config["NWG"]) * threads, ceil_div(gm, config["MWG"]), problem.groups * split)
-        workspace = split * out_elements(problem) * FLOAT_BYTES if split > 1 else 0
-        return cls(name, dict(config), problem, device, workspace, kernel=kernel, global_size=global_size,
-                   local_size=(threads, 1, 1))
+        tiles = (ceil_div(gn, config["NWG"]), ceil_div(gm, config["MWG"]), problem.groups)
+        global_size = (tiles[0] * threads, tiles[1], problem.groups * split)
+        parts = split * out_elements(problem) * FLOAT_BYTES if split > 1 else 0
+        counters = tiles[0] * tiles[1] * tiles[2] * 4 if finish and split > 1 else 0
+        plan = cls(name, dict(config), problem, device, parts + counters, kernel=kernel, global_size=global_size,
+                   local_size=(threads, 1, 1), finish=bool(counters))
+        if counters:   # (each launch leaves them zero again)
+            cl.enqueue_fill_buffer(device.queue, plan.workspace, np.int32(0), parts, counters)
+        return plan
 
     def enqueue(self, a: cl.Buffer, b: cl.Buffer, out: cl.Buffer, a_offset: int, b_offset: int,
                 out_offset: int, bias: cl.Buffer | None, bias_offset: int, beta: float,
@@ -154,7 +167,7 @@ class ImplicitGemmPlan(ConvPlan):
         first = self.device.launch(self.kernel, self.global_size, self.local_size, b, b_offset, a,
                                    a_offset, out, out_offset, ws, *self.bias_args(bias, bias_offset),
                                    beta, wait_for=wait_for)
-        if split == 1:
+        if split == 1 or self.finish:
             return [first]
         return [first, self.split_reduce(out, out_offset, split, bias, bias_offset, beta, [first])]
 
