@@ -216,6 +216,43 @@ def test_a_recording_refuses_copies_and_a_busy_swap_lock():
         assert busy is None
 
 
+def test_a_recording_takes_waits_for_its_own_launches_only():
+    """A launch that waits for an earlier launch of the same recording (a split reduction's second launch)
+    is recorded (the in-order queue orders them anyway); one that waits for another event refuses it."""
+    device = state.get().device
+    buffer = device.alloc(64)
+    kernel = device.kernel(device.build("__kernel void k(__global float *x) { x[get_global_id(0)] = 1.0f; }"),
+                           "k")
+    with launches.recording() as recorder:
+        first = device.launch(kernel, (4,), None, buffer)
+        device.launch(kernel, (4,), None, buffer, wait_for=[first])
+    assert recorder.refused is None and recorder.launches([buffer]) is not None
+    before = device.launch(kernel, (4,), None, buffer)
+    with launches.recording() as recorder:
+        device.launch(kernel, (4,), None, buffer, wait_for=[before])
+    assert recorder.refused is not None and recorder.launches([buffer]) is None
+
+
+@pytest.mark.parametrize("name", ["conv_direct", "conv_implicit_gemm"])
+def test_split_weight_gradients_are_recorded_and_match_the_general_route(fresh_plans, strict, name):
+    """A weight gradient whose plan splits its reduction (two launches, or one that finishes the split
+    itself) is pre-built like any other, and gives the general route's results bit for bit."""
+    device = state.get().device
+    chosen = algorithm(name)
+    problem = PROBLEM.with_direction("bwd_weight")
+    chosen_config = next(c for c in chosen.space(problem, device).configs() if c["SPLIT"] > 1)
+    TuningDB(config.get().db_url).record(device.fingerprint, problem, chosen.name, chosen.version, chosen_config,
+                                         time_s=1e-5)
+    conv_ops._calls.clear()
+    for _ in range(3):
+        x, w, _ = _inputs()
+        dy = torch.randn(PROBLEM.output_shape, device="opencl")
+        same_results(_backward(dy, x, w, mask=(False, True, False)),
+                     _general(_backward, dy, x, w, mask=(False, True, False)))
+    (call,) = _built("bwd")
+    assert call.weight.full.launches
+
+
 def test_stats_count_every_call(winograd, fresh_stats):
     x, w, b = _inputs()
     with torch.no_grad():

@@ -13,8 +13,10 @@ While a graph capture or a :class:`~tunecl.profiling.KernelProfile` holds pyopen
 and full argument lists, so the capture records and the profile sees exactly the launches ``run``
 makes.
 
-A recording refuses (:attr:`Recorder.refused`) a call that copies, waits for events, passes launch
-options, or gives one buffer two roles: such a call keeps running through the plan.
+A recording refuses (:attr:`Recorder.refused`) a call that copies, waits for events other than those of
+its own recorded launches (which the in-order queue orders anyway: a split reduction's second launch
+waits for its first), passes other launch options, or gives one buffer two roles: such a call keeps
+running through the plan.
 """
 
 from __future__ import annotations
@@ -35,12 +37,18 @@ _enqueue = cl.enqueue_nd_range_kernel
 class Recorder:
     """The launches one thread made inside :func:`recording`, as (kernel, global size, local size, args)."""
 
-    __slots__ = ("commands", "refused", "thread")
+    __slots__ = ("commands", "events", "queue", "refused", "thread")
 
     def __init__(self) -> None:
         self.commands: list[tuple[cl.Kernel, tuple[int, ...], tuple[int, ...] | None, tuple]] = []
+        self.events: list[cl.Event] = []   # the recorded launches' events
+        self.queue: cl.CommandQueue | None = None   # the queue of the first recorded launch
         self.refused: str | None = None
         self.thread = threading.get_ident()
+
+    def own_events(self, events: Sequence[Any]) -> bool:
+        """Whether every one of ``events`` is a recorded launch's (enqueued earlier on the same queue)."""
+        return all(any(e is own for own in self.events) for e in events)
 
     def launches(self, roles: Sequence[Any]) -> Launches | None:
         """The recorded launches as :class:`Launches` whose buffer roles are ``roles`` (cl buffers, or None
@@ -77,13 +85,20 @@ def recording() -> Iterator[Recorder | None]:
 
     def recording_call(kernel: cl.Kernel, queue: cl.CommandQueue, global_size: Any, local_size: Any,
                        *args: Any, **kwargs: Any) -> Any:
-        if threading.get_ident() == thread:
-            if any(v is not None for v in kwargs.values()):
-                recorder.refused = f"a launch of {kernel.function_name} with options"
-            # by-value structs may be numpy arrays a caller reuses: keep their bytes as they were
-            recorder.commands.append((kernel, tuple(global_size), None if local_size is None else tuple(local_size),
-                                      tuple(a.copy() if isinstance(a, np.ndarray) else a for a in args)))
-        return call(kernel, queue, global_size, local_size, *args, **kwargs)
+        if threading.get_ident() != thread:
+            return call(kernel, queue, global_size, local_size, *args, **kwargs)
+        wait_for = kwargs.get("wait_for")
+        if any(v is not None for k, v in kwargs.items() if k != "wait_for") or (
+                wait_for and not (queue is recorder.queue and recorder.own_events(wait_for))):
+            recorder.refused = f"a launch of {kernel.function_name} with options"
+        # by-value structs may be numpy arrays a caller reuses: keep their bytes as they were
+        recorder.commands.append((kernel, tuple(global_size), None if local_size is None else tuple(local_size),
+                                  tuple(a.copy() if isinstance(a, np.ndarray) else a for a in args)))
+        event = call(kernel, queue, global_size, local_size, *args, **kwargs)
+        if recorder.queue is None:
+            recorder.queue = queue
+        recorder.events.append(event)
+        return event
 
     def recording_copy(queue: cl.CommandQueue, dest: Any, src: Any, **kwargs: Any) -> Any:
         if threading.get_ident() == thread:
