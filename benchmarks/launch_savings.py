@@ -18,7 +18,7 @@ CPU device, whose kernels run on the host's own cores, that time includes waitin
     TUNECL_DEVICE=nvidia python benchmarks/launch_savings.py --nets resnet18,mobilenet_v2 --rounds 3
     TUNECL_DEVICE=nvidia python benchmarks/launch_savings.py --nets resnet18 --compare cuda --rounds 3
     TUNECL_DEVICE=nvidia python benchmarks/launch_savings.py --nets resnet18,mobilenet_v2 --in-process --rounds 6
-    TUNECL_DEVICE=nvidia python benchmarks/launch_savings.py --in-process --switches tunecl.runtime.device.FLUSH_RAMP
+    TUNECL_DEVICE=nvidia python benchmarks/launch_savings.py --in-process --switches tunecl.backend.direct_calls.ENABLED
     TUNECL_DEVICE=nvidia python benchmarks/launch_savings.py --in-process --switches none --flush-every 4
 
 ``--switches`` names other module constants to turn off on the off side (each True on the on side; ``none``:

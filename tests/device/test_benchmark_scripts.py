@@ -351,7 +351,7 @@ def test_launch_savings_in_process_toggles_the_named_switches(tmp_path):
                                                        os.environ.get("PYTHONPATH", "")]))
     base = [sys.executable, str(BENCHMARKS / "launch_savings.py"), "--nets", "tiny_nets:tiny_cnn", "--rounds", "2",
             "--batch", "2", "--image-size", "16", "--repeats", "2", "--in-process"]
-    done = subprocess.run(base + ["--switches", "tunecl.runtime.device.FLUSH_RAMP,tunecl.kernels.ops.norm.ONE_LAUNCH"],
+    done = subprocess.run(base + ["--switches", "tunecl.backend.direct_calls.ENABLED,tunecl.kernels.ops.norm.ONE_LAUNCH"],
                           capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
     rounds = [line.split() for line in done.stdout.splitlines() if line.strip().startswith("round")]
@@ -362,7 +362,7 @@ def test_launch_savings_in_process_toggles_the_named_switches(tmp_path):
     assert float(enqueued[enqueued.index("on") + 1]) > 0 and float(enqueued[enqueued.index("off") + 1]) > 0
     refused = subprocess.run(base + ["--compare", "cuda"], capture_output=True, text=True, env=env)
     assert refused.returncode == 2 and "no peer" in refused.stderr
-    malformed = subprocess.run(base + ["--switches", "FLUSH_RAMP"], capture_output=True, text=True, env=env)
+    malformed = subprocess.run(base + ["--switches", "ONE_LAUNCH"], capture_output=True, text=True, env=env)
     assert malformed.returncode == 2 and "MODULE.NAME" in malformed.stderr
     flushes = subprocess.run(base + ["--switches", "none", "--flush-every", "4"], capture_output=True, text=True,
                              env=env)

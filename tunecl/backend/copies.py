@@ -177,7 +177,6 @@ def read_bytes(data: np.ndarray, buffer: cl.Buffer, offset: int) -> None:
     if data.nbytes:
         st = state.get()
         cl.enqueue_copy(st.queue, data, buffer, src_offset=offset, is_blocking=True)
-        st.device.drained()
         st.raise_index_fault()
 
 

@@ -23,9 +23,6 @@ from tunecl.runtime.probes import capability_probes
 
 AUTO_LAUNCH_BATCH = 32  # Device.defer's batch on CPU devices (TUNECL_LAUNCH_BATCH=auto)
 AUTO_FLUSH_EVERY = 16  # Device.queue submits (clFlush) every this many uses on non-CPU devices (TUNECL_FLUSH_EVERY=auto)
-# after the queue ran dry (Device.drained: a synchronize, a read), submit after 1, 2, 4, ... uses up to
-# flush_every, so the device starts on a step's first commands while the host enqueues the next
-FLUSH_RAMP = True
 
 
 class Device:
@@ -59,7 +56,6 @@ class Device:
         every = settings.flush_every
         self.flush_every = (0 if cpu else AUTO_FLUSH_EVERY) if every is None else every
         self._queue_uses = 0
-        self._flush_at = self.flush_every   # uses until the next submit (below flush_every after drained())
         self._deferred: list[tuple[cl.Kernel, tuple[int, ...], tuple[int, ...] | None, list]] = []
         self._deferred_lock = threading.RLock()  # reentrant: a finalizer run by the GC mid-flush may flush
         self._held: tuple[object, tuple, Callable[[str], Any] | None, object] | None = None   # see hold()
@@ -103,19 +99,10 @@ class Device:
             # device idles while the host enqueues (resnet50 batch 16 training on the H200: 83.4 ms per
             # step without, 73.8 ms flushing every 16 uses; inference 18.5 -> 17.1 ms).
             self._queue_uses += 1
-            if self._queue_uses >= self._flush_at:
+            if self._queue_uses >= self.flush_every:
                 self._queue_uses = 0
-                self._flush_at = min(2 * self._flush_at, self.flush_every)
                 self._queue.flush()
         return self._queue
-
-    def drained(self) -> None:
-        """The queue has run dry (everything enqueued finished: a synchronize, a blocking read): with
-        FLUSH_RAMP the next commands are submitted after 1, 2, 4, ... uses, up to every ``flush_every``, so
-        the idle device starts on them at once instead of after ``flush_every`` of the host's enqueues."""
-        if FLUSH_RAMP and self.flush_every > 1:
-            self._queue_uses = 0
-            self._flush_at = 1
 
     @property
     def profiles(self) -> bool:
@@ -347,7 +334,6 @@ class Device:
         """Copy ``array.nbytes`` bytes of ``buffer`` from byte ``offset`` into contiguous ``array``."""
         if array.nbytes:
             cl.enqueue_copy(self.queue, array, buffer, src_offset=offset, is_blocking=True)
-            self.drained()
         return array
 
     def download(self, buffer: cl.Buffer, shape: Sequence[int], dtype: Any = np.float32,
@@ -356,7 +342,6 @@ class Device:
 
     def synchronize(self) -> None:
         self.queue.finish()
-        self.drained()
 
     # -- timing -------------------------------------------------------------------------------------
     @staticmethod
