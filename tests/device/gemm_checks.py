@@ -185,11 +185,13 @@ def check_run(device, algorithm, p: GemmProblem, config, layout: Layout, rng, *,
 
 
 def tiled_workspace(device, p: GemmProblem, config) -> int:
-    """The bytes a gemm_tiled plan of ``config`` holds besides the operands: the split-K slices, the
-    stream-K parts (two MWG x NWG tiles per stream-K work-group, if the last wave is part-filled) and
+    """The bytes a gemm_tiled plan of ``config`` holds besides the operands: the split-K slices (and, where
+    the kernel finishes the split itself, a counter per C tile after them), the stream-K parts (two MWG x NWG tiles per stream-K work-group, if the last wave is part-filled) and
     the transposed copies ASYNC makes of an operand stored the other way."""
     splitk = config.get("SPLITK", 1)
     workspace = 4 * splitk * p.batch * p.m * core.workspace_ld(p.n) if splitk > 1 else 0
+    if splitk > 1 and gemm_tiled.FINISH_SPLITS:
+        workspace += 4 * -(-p.m // config["MWG"]) * -(-p.n // config["NWG"]) * p.batch
     if config.get("STREAMK"):
         tiles = -(-p.m // config["MWG"]) * -(-p.n // config["NWG"]) * p.batch
         groups = config["STREAMK"] * gemm_tiled.compute_units(device)   # (gemm_tiled reads compute_units: tests patch it there)

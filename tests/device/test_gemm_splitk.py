@@ -1,8 +1,9 @@
 """gemm_tiled with split K (SPLITK > 1) on this machine's OpenCL device (PoCL in CI) against numpy in
 float64, with gemm_checks.py's K-scaled tolerance, layouts and NaN-filled C when beta == 0.
 
-SPLITK work-groups per C tile each sum one K slice into the plan's workspace; a second launch adds
-the slices in a fixed order and applies alpha and beta. What can go wrong, and what checks it: a slice
+SPLITK work-groups per C tile each sum one K slice into the plan's workspace; the last of them to finish
+adds the slices in a fixed order and applies alpha and beta (``FINISH_SPLITS``; else a second launch
+does, with the same sums). What can go wrong, and what checks it: a slice
 that misses or repeats K steps (K not a multiple of KWG or of SPLITK, K smaller than SPLITK so that
 slices are empty), a reduction that reads C when beta == 0 (C holds NaN), writes outside C (guards),
 batches and broadcasts mixed up with slices (batch > 1, stride 0), and run-to-run differences
@@ -121,18 +122,45 @@ def test_split_k_is_bit_identical_run_to_run(device, rng):
     np.testing.assert_array_equal(_run_bits(device, again, a, b, c, alpha=0.5, beta=-2.0), first)
 
 
-def test_split_plan_owns_its_workspace_and_enqueues_two_launches(device):
+@pytest.mark.parametrize("finish", [True, False], ids=["finished_in_kernel", "reduce_launch"])
+def test_split_plan_owns_its_workspace_and_enqueues_its_launches(device, monkeypatch, finish):
+    """The workspace holds the slices (and a counter per C tile, zero again after every run, where the
+    kernel finishes the split itself: one launch; else a second launch reduces)."""
+    monkeypatch.setattr(gemm_tiled, "FINISH_SPLITS", finish)
     p = GemmProblem(9, 10, 300, batch=3)
     plain = TILED.default(p, device)
     one = TILED.build(p, device, {**plain, "SPLITK": 1})
     four = TILED.build(p, device, {**plain, "SPLITK": 4})
     assert (one.workspace_bytes, one.workspace) == (0, None)
-    assert four.workspace_bytes == 4 * 4 * 3 * 9 * 12 and four.workspace.size == four.workspace_bytes
+    tiles = -(-9 // plain["MWG"]) * -(-10 // plain["NWG"]) * 3
+    slices = 4 * 4 * 3 * 9 * 12
+    assert four.workspace_bytes == slices + (4 * tiles if finish else 0)
+    assert four.workspace.size == four.workspace_bytes
     a, b, c = device.alloc(4 * 3 * 9 * 300), device.alloc(4 * 3 * 300 * 10), device.alloc(4 * 3 * 9 * 10)
     assert len(one.run(a, b, c)) == 1
-    events = four.run(a, b, c)
-    assert len(events) == 2
-    events[-1].wait()
+    for _ in range(3):
+        events = four.run(a, b, c)
+        assert len(events) == (1 if finish else 2)
+        events[-1].wait()
+    if finish:
+        counters = device.download(four.workspace, (tiles,), np.int32, offset=slices)
+        assert not counters.any(), counters
+
+
+@pytest.mark.parametrize("transposes", TRANSPOSES, ids=TRANSPOSE_IDS)
+def test_the_last_work_group_gives_the_reduce_launchs_bits(device, rng, monkeypatch, transposes):
+    """The split finished by the kernel's last work-group of each tile equals the separate reduction,
+    bit for bit, with alpha, beta, batches and unaligned C."""
+    p = GemmProblem(37, 61, 700, *transposes, batch=2)
+    a = rng.standard_normal((2, 700, 37) if transposes[0] else (2, 37, 700)).astype(np.float32)
+    b = rng.standard_normal((2, 61, 700) if transposes[1] else (2, 700, 61)).astype(np.float32)
+    c = rng.standard_normal((2, 37, 61)).astype(np.float32)
+    results = []
+    for finish in (True, False):
+        monkeypatch.setattr(gemm_tiled, "FINISH_SPLITS", finish)
+        plan = TILED.build(p, device, {**TILED.default(p, device), "SPLITK": 8})
+        results.append(_run_bits(device, plan, a, b, c, alpha=0.5, beta=-2.0))
+    np.testing.assert_array_equal(*results)
 
 
 def test_results_stored_before_splitk_existed_still_build(device):

@@ -166,6 +166,8 @@ SCALAR_DTYPES = [np.int32, np.int32, np.int32, np.float32, np.float32,
 
 # gemm_streamk: gemm_tiled's arguments, then the workspace, batches, dp_tiles
 STREAMK_SCALAR_DTYPES = SCALAR_DTYPES + [None, np.int32, np.int32]
+# gemm_tiled built with SPLITK_FINISH: then C, c_offset, ldc, stride_c, alpha, beta
+FINISH_SCALAR_DTYPES = SCALAR_DTYPES + [None, np.int64, np.int32, np.int64, np.float32, np.float32]
 # gemm_streamk_fixup: M, N, K, alpha, beta, workspace, batches, dp_tiles, sk_groups, C, c_offset, ldc, stride_c
 FIXUP_SCALAR_DTYPES = [np.int32, np.int32, np.int32, np.float32, np.float32, None, np.int32, np.int32, np.int32,
                        None, np.int64, np.int32, np.int64]
@@ -220,16 +222,22 @@ class GemmPlan:
     def __init__(self, *, algorithm: str, problem: GemmProblem, device: Device, config: Config,
                  source: str, options: Callable[[Variant], list[str]], widths: tuple[int, int, int],
                  global_size: tuple[int, int, int], local_size: tuple[int, int, int], splitk: int = 1,
-                 streamk: tuple[int, int] | None = None):
+                 streamk: tuple[int, int] | None = None, splitk_finish: bool = False):
         self.algorithm = algorithm
         self.problem = problem
         self.config = dict(config)
         self.splitk = splitk
+        # the kernel adds the split's partial sums itself (one launch; a counter per C tile after them)
+        self.splitk_finish = splitk_finish and splitk > 1
         self.streamk = streamk  # (tiles computed whole, stream-K work-groups): gemm_streamk
         self._kernel_name, self._scalar_dtypes = ((algorithm, SCALAR_DTYPES) if streamk is None
                                                   else ("gemm_streamk", STREAMK_SCALAR_DTYPES))
+        if self.splitk_finish:
+            self._scalar_dtypes = FINISH_SCALAR_DTYPES
         self._ldw = workspace_ld(problem.n)
         self.workspace_bytes = splitk_workspace_bytes(problem, splitk)
+        counters = 4 * tile_count(problem, config["MWG"], config["NWG"]) if self.splitk_finish else 0
+        self.workspace_bytes += counters
         if streamk is not None:
             self.workspace_bytes = streamk_parts_bytes(streamk[1], config)
         self.device = device
@@ -245,7 +253,12 @@ class GemmPlan:
                                0, p.n if not p.trans_b else p.k, p.k * p.n, 0, p.n, p.m * p.n)
         self.kernel_for(packed)
         self.workspace: cl.Buffer | None = None
-        if splitk > 1:
+        if self.splitk_finish:
+            self.workspace = device.alloc(self.workspace_bytes)
+            # (each launch leaves the counters zero again)
+            cl.enqueue_fill_buffer(device.queue, self.workspace, np.int32(0), self.workspace_bytes - counters,
+                                   counters)
+        elif splitk > 1:
             program = device.build(source, options(packed))  # the cached program of that variant
             self._reduce = device.kernel(program, "gemm_splitk_reduce", REDUCE_SCALAR_DTYPES)
             threads = min(REDUCE_THREADS, device.max_work_group_size)
@@ -333,8 +346,14 @@ class GemmPlan:
                            a, a_offset, lda, stride_a, b, b_offset, ldb, stride_b, c, c_offset, ldc, stride_c,
                            wait_for=wait_for)]
         # Raw partial sums into the workspace (packed, aligned: "C" with alpha 1, beta 0), then the
-        # fixed-order reduction applies alpha and beta to C.
+        # fixed-order reduction applies alpha and beta to C: by the kernel's last work-group of each tile,
+        # or by a second launch.
         ldw = self._ldw
+        if self.splitk_finish:
+            return [kernel(queue, self._global_size, self._local_size, p.m, p.n, p.k, 1.0, 0.0,
+                           a, a_offset, lda, stride_a, b, b_offset, ldb, stride_b,
+                           self.workspace, 0, ldw, p.m * ldw, c, c_offset, ldc, stride_c, alpha, beta,
+                           wait_for=wait_for)]
         partial = kernel(queue, self._global_size, self._local_size, p.m, p.n, p.k, 1.0, 0.0,
                          a, a_offset, lda, stride_a, b, b_offset, ldb, stride_b,
                          self.workspace, 0, ldw, p.m * ldw, wait_for=wait_for)

@@ -24,7 +24,9 @@
 // alpha 1, beta 0): slice s of matrix b writes its raw partial sums to workspace matrix
 // s * batch + b. gemm_splitk_reduce then adds the SPLITK partial sums of each output in the fixed
 // order s = 0, 1, ... (bit-identical run to run, no atomics) and applies alpha and beta: C is read
-// once (beta != 0 only) and written once.
+// once (beta != 0 only) and written once. With SPLITK_FINISH the kernel gets the real C (and alpha,
+// beta) as six more arguments, and the last work-group of each C tile does that reduction itself
+// (split_finish.cl: a counter per tile after the workspace's matrices), the same sums in the same order.
 //
 // Variants (named #if branches; the host passes -DNAME=VALUE):
 //   SA / SB      1: stage the A / B tile in local memory; 0: each thread reads its values from global
@@ -45,6 +47,9 @@
 //   RWGS         1: declare reqd_work_group_size (NVIDIA then ignores -cl-nv-maxrregcount).
 //   TRANS_A/B    problem layout, set by the host from the problem (not tuned).
 //   SPLITK       work-groups along K per C tile (1: the plain kernel, no workspace, one launch).
+//   SPLITK_FINISH host-set, with SPLITK > 1: 1 = the last work-group of a tile adds the partial sums
+//                (one launch; the kernel takes C, c_offset, ldc, stride_c, alpha, beta after the
+//                workspace's arguments); 0 = gemm_splitk_reduce does (a second launch).
 //   STREAMK      > 0: also compile gemm_streamk + gemm_streamk_fixup (a stream-K tail for outputs whose
 //                tiles leave the last wave part-empty; see there). 0: gemm_tiled only.
 //   CSCALAR      host-internal: 1 = scalar C accesses, for C offsets/ldc that are not VWN-aligned.
@@ -116,6 +121,9 @@
 #include "gemm_common.cl"  // gemm_tile_of_group()
 #ifndef RWGS
   #define RWGS 0      // 1 = declare reqd_work_group_size(NDIMC, MDIMC, 1)
+#endif
+#ifndef SPLITK_FINISH
+  #define SPLITK_FINISH 0
 #endif
 #ifndef SPLITK
   #define SPLITK 1    // work-groups along K per C tile; > 1 writes partial sums to the workspace
@@ -603,7 +611,19 @@ void ZeroC(float cpm[MWI][NWI]) {
 #else
   #define WORK_GROUP_SIZE
 #endif
-__kernel WORK_GROUP_SIZE void gemm_tiled(GEMM_ARGUMENTS(float, float)) {
+#define FINISHES (SPLITK > 1 && SPLITK_FINISH)
+#if FINISHES
+  #include "split_finish.cl"  // split_last, split_part
+  #define FINISH_ARGUMENTS , __global float* restrict outgm, const long out_offset, const int ldo, \
+                             const long stride_o, const float out_alpha, const float out_beta
+#else
+  #define FINISH_ARGUMENTS
+#endif
+__kernel WORK_GROUP_SIZE void gemm_tiled(GEMM_ARGUMENTS(float, float) FINISH_ARGUMENTS) {
+  #if FINISHES
+    __local int last_flm;
+    __global float* const wsgm = cgm + c_offset;   // workspace matrix z at wsgm + z * stride_c
+  #endif
   #if SPLITK == 1
     const long batch = get_group_id(2);
     const int k_begin = 0;
@@ -638,6 +658,28 @@ __kernel WORK_GROUP_SIZE void gemm_tiled(GEMM_ARGUMENTS(float, float)) {
   ZeroC(cpm);
   MultiplyRange(cpm, agm, bgm, alm, blm, tid, tm, tn, m0, n0, k_begin, k_end, M, N, lda, ldb);
   PrivateToGlobalC(cpm, cgm, m0, n0, tm, tn, M, N, ldc, alpha, beta);
+  #if FINISHES
+    // The tile's last work-group: gemm_splitk_reduce's sums for the tile's outputs (ldc, stride_c: the
+    // workspace's), one output per work-item in turn; the counters follow the workspace's matrices.
+    __global int* counter = (__global int*)(wsgm + get_num_groups(2) * stride_c)
+                            + (batch * get_num_groups(1) + get_group_id(1)) * get_num_groups(0) + get_group_id(0);
+    if (split_last(counter, &last_flm, SPLITK)) {
+      const long slice_stride = batches * stride_c;
+      for (int e = tid; e < MWG * NWG; e += MDIMC * NDIMC) {
+        const int m = m0 + e / NWG;
+        const int n = n0 + e % NWG;
+        if (m < M && n < N) {
+          const __global float* w = wsgm + batch * stride_c + (long)m * ldc + n;
+          float sum = split_part(w, 0);
+          for (int s = 1; s < SPLITK; ++s) { sum += split_part(w, s * slice_stride); }
+          __global float* c = outgm + out_offset + batch * stride_o + (long)m * ldo + n;
+          float r = out_alpha * sum;
+          if (out_beta != 0.0f) { r = fma(out_beta, *c, r); }
+          *c = r;
+        }
+      }
+    }
+  #endif
 }
 
 #ifndef STREAMK

@@ -31,10 +31,12 @@ divisibility, tile-load layouts, device limits and duplicate configs. Pruning ru
 searched space to 10^4-10^5 configs (see :func:`_pruning`); pruned configs remain valid.
 
 Split K: with SPLITK = S > 1 the plan owns a workspace of S x batch x M x N' floats (N' = N rounded
-up to 4), allocated when it is built and freed with it. The tiled kernel runs S work-groups per C tile,
-each over its own K slice (whole KWG steps), and writes raw partial sums into the workspace; then
-``gemm_splitk_reduce`` adds the S partial sums of each output in a fixed order and applies alpha and
-beta (C read once, written once): two launches, no host wait, bit-identical results run to run. The
+up to 4) and an int counter per C tile, allocated when it is built and freed with it. The tiled kernel
+runs S work-groups per C tile, each over its own K slice (whole KWG steps), and writes raw partial sums
+into the workspace; the last of a tile's work-groups to finish (``split_finish.cl``) adds the S partial
+sums of each of the tile's outputs in a fixed order and applies alpha and beta (C read once, written
+once): one launch, bit-identical results run to run. With :data:`FINISH_SPLITS` False a second launch,
+``gemm_splitk_reduce``, does that reduction instead (the same sums). The
 searched space offers S > 1 only where the output has few tiles for the device and every slice has
 K work; the default picks it on GPUs for such shapes (see :meth:`GemmTiled.default`). SPLITK = 1 is
 the plain kernel: results stored before SPLITK existed mean SPLITK = 1 (``Space.implied``) and stay
@@ -82,6 +84,9 @@ from tunecl.kernels.sizes import next_pow2
 from tunecl.problems import GemmProblem
 from tunecl.runtime import CP_ASYNC, Device
 
+# SPLITK > 1: the last work-group of each C tile adds the SPLITK partial sums itself, in the fixed order
+# (one launch; ``split_finish.cl``). False: ``gemm_splitk_reduce``'s launch adds them (the same sums).
+FINISH_SPLITS = True
 NAME = "gemm_tiled"
 VERSION = 1  # SPLITK was added without a bump: a stored config without it is SPLITK = 1, the same kernel
 SPLITS = (1, 2, 4, 8, 16, 32)
@@ -531,6 +536,9 @@ class GemmTiled(Fp32Gemm):
             layout.append("-DASYNC_STUB=1")
         if config["MAXRREG"]:
             layout.append(f"-cl-nv-maxrregcount={config['MAXRREG']}")
+        finish = config["SPLITK"] > 1 and FINISH_SPLITS
+        if finish:
+            layout.append("-DSPLITK_FINISH=1")
         options = variant_options(config, layout, config["VWA"], config["VWB"])
         groups = streamk_groups(config, device)
         streamk = streamk_split(tile_count(problem, config["MWG"], config["NWG"]), groups) if groups else None
@@ -539,7 +547,8 @@ class GemmTiled(Fp32Gemm):
         width_c = config["VWN"] if config["SPLITK"] == 1 else 1
         return GemmPlan(algorithm=NAME, problem=problem, device=device, config=config, source=source,
                         options=options, widths=(config["VWA"], config["VWB"], width_c),
-                        global_size=glob, local_size=local, splitk=config["SPLITK"], streamk=streamk)
+                        global_size=glob, local_size=local, splitk=config["SPLITK"], streamk=streamk,
+                        splitk_finish=finish)
 
 
 ALGORITHMS = [GemmTiled()]
