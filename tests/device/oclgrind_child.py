@@ -199,29 +199,30 @@ def _conv_suite(full: bool) -> None:
         if not applied:
             say("skip", f"{algorithm.name}: applies to none of the shapes on this device (capabilities: "
                         f"{', '.join(sorted(device.capabilities)) or 'none'})")
-    _implicit_gemm_splits(device, full)
+    _split_finishes(device, full)
 
 
-# conv_implicit_gemm with its reduction split, finished by the last work-group of each tile
-# (split_finish.cl): (shape, direction, SPLIT)
-CONV_SPLITS = [("n=2,c=3,h=5,w=5,k=4,r=3,s=3,pad=1", "bwd_weight", 4),
-               ("n=1,c=4,h=5,w=5,k=6,r=3,s=3,stride=2,pad=1,groups=2", "bwd_weight", 2),
-               ("n=1,c=3,h=5,w=7,k=5,r=3,s=3,pad=1", "fwd", 2)]
+# reductions split over work-groups and finished by the last work-group of each tile (split_finish.cl):
+# (family, shape, direction, SPLIT)
+CONV_SPLITS = [("conv_implicit_gemm", "n=2,c=3,h=5,w=5,k=4,r=3,s=3,pad=1", "bwd_weight", 4),
+               ("conv_depthwise", "n=2,c=3,h=6,w=6,k=3,r=3,s=3,pad=1,groups=3", "bwd_weight", 2),
+               ("conv_implicit_gemm", "n=1,c=4,h=5,w=5,k=6,r=3,s=3,stride=2,pad=1,groups=2", "bwd_weight", 2),
+               ("conv_implicit_gemm", "n=1,c=3,h=5,w=7,k=5,r=3,s=3,pad=1", "fwd", 2)]
 
 
-def _implicit_gemm_splits(device, full: bool) -> None:
+def _split_finishes(device, full: bool) -> None:
     from tunecl import kernels
     from tunecl.problems import ConvProblem
     from tunecl.search.harness_conv import ConvHarness
 
-    algorithm = next(a for a in kernels.algorithms("conv") if a.name == "conv_implicit_gemm")
-    for spec, direction, split in CONV_SPLITS if full else CONV_SPLITS[:2]:
+    for name, spec, direction, split in CONV_SPLITS if full else CONV_SPLITS[:2]:
+        algorithm = next(a for a in kernels.algorithms("conv") if a.name == name)
         p = ConvProblem.parse(spec).with_direction(direction)
         config = next((c for c in algorithm.space(p, device).configs() if c["SPLIT"] == split), None)
         if config is None:
-            say("skip", f"conv_implicit_gemm: no SPLIT {split} config of {p.key} on this device")
+            say("skip", f"{name}: no SPLIT {split} config of {p.key} on this device")
             continue
-        label = f"conv_implicit_gemm split-finish {p.key} {config}"
+        label = f"{name} split-finish {p.key} {config}"
         with case(label, algorithm.name):
             _check(label, ConvHarness(p, device, seed=2, guard=0).bind(algorithm.build(p, device, config)))
 

@@ -114,8 +114,10 @@ SUPPRESSIONS = (
         "the index with the row's length instead of the array's (the access is inside the tile)"),
     Suppression(
         r"^(Read-write|Write-read) data race at global memory address",
-        r"(?s)\A\s*Kernel: conv_implicit_gemm\n(?=.*split_part\(ws_agm, s \* OUT_SIZE \+ index\))"
-        r"(?=.*ws_agm\[split \* OUT_SIZE \+ index\] = acc_apm)",
+        r"(?s)\A\s*Kernel: (conv_implicit_gemm\n(?=.*split_part\(ws_agm, s \* OUT_SIZE \+ index\))"
+        r"(?=.*ws_agm\[split \* OUT_SIZE \+ index\] = acc_apm)"
+        r"|conv_depthwise_bwd_weight\n(?=.*split_part\(ws_agm, s \* DW_SIZE \+ index\))"
+        r"(?=.*STORE_DW\(index, red_alm\[t\]\[0\]\)))",
         "a split reduction's last work-group reads the parts the tile's other work-groups stored only after "
         "each of them has counted itself with an atomic increment after its stores (split_finish.cl); "
         "Oclgrind does not model that hand-off between work-groups"),
@@ -420,6 +422,11 @@ def test_the_split_finish_suppressions_are_limited_to_the_parts_and_their_reads(
     assert unsuppressed([Report("c", heading, body.replace("ws_agm[split * OUT_SIZE + index] = acc_apm",
                                                            "out_agm[out_offset + index] = value"))])
     assert unsuppressed([Report("c", heading.replace("global", "local"), body)])
+    depthwise = (body.replace("conv_implicit_gemm", "conv_depthwise_bwd_weight").replace("OUT_SIZE", "DW_SIZE")
+                 .replace("ws_agm[split * DW_SIZE + index] = acc_apm[i][j];", "STORE_DW(index, red_alm[t][0])"))
+    assert not unsuppressed([Report("c", heading, depthwise)])
+    assert unsuppressed([Report("c", heading, depthwise.replace("DW_SIZE", "OUT_SIZE"))])
+    assert unsuppressed([Report("c", heading, depthwise.replace("conv_depthwise_bwd_weight", "conv_direct"))])
     gemm = ("\tKernel: gemm_tiled\n\t\n\tFirst entity:  Global(6,6,1) Local(6,6,0) Group(0,0,1)\n"
             "\t  %4 = load volatile float, float addrspace(1)* %add.ptr68, align 4\n"
             "\tAt line 882 (column 23) of input.cl:\n\t  float sum = split_part(w, 0);\n\t\n"

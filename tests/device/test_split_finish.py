@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from test_conv import ALGORITHMS, check, problem
 
-from tunecl.kernels.conv import conv_implicit_gemm
+from tunecl.kernels.conv import conv_depthwise, conv_implicit_gemm
 from tunecl.kernels.conv.conv_common import out_elements
 from tunecl.search.harness_conv import operand_shapes
 
@@ -34,13 +34,41 @@ def split_configs(device, p, count: int = 3) -> list[dict]:
     return list(picked.values())[:count]
 
 
-def run_both(device, monkeypatch, p, config, **kwargs) -> tuple[np.ndarray, np.ndarray]:
+def run_both(device, monkeypatch, p, config, algorithm=IMPLICIT, module=conv_implicit_gemm,
+             **kwargs) -> tuple[np.ndarray, np.ndarray]:
     """The finishing kernel's result and the separate launch's, each checked against the reference."""
-    monkeypatch.setattr(conv_implicit_gemm, "FINISH_SPLITS", True)
-    finished = check(device, IMPLICIT, p, config, **kwargs)
-    monkeypatch.setattr(conv_implicit_gemm, "FINISH_SPLITS", False)
-    separate = check(device, IMPLICIT, p, config, **kwargs)
+    monkeypatch.setattr(module, "FINISH_SPLITS", True)
+    finished = check(device, algorithm, p, config, **kwargs)
+    monkeypatch.setattr(module, "FINISH_SPLITS", False)
+    separate = check(device, algorithm, p, config, **kwargs)
     return finished, separate
+
+
+@pytest.mark.parametrize("shape", ["depthwise", "depthwise_x2_5x5"])
+def test_depthwise_weight_gradients_finish_as_the_separate_launch(device, monkeypatch, shape):
+    """conv_depthwise's bwd_weight: the last work-group of a channel's tap block adds the parts, the same
+    sums bit for bit, with beta too; one launch, and the counters zero again after repeated runs."""
+    depthwise = ALGORITHMS["conv_depthwise"]
+    p = problem(shape, "bwd_weight")
+    configs = [c for c in depthwise.space(p, device).configs() if c["SPLIT"] > 1]
+    assert configs
+    for config in configs[:: max(1, len(configs) // 4)][:4]:
+        finished, separate = run_both(device, monkeypatch, p, config, depthwise, conv_depthwise,
+                                      seed=config["SPLIT"], offsets=2)
+        np.testing.assert_array_equal(finished, separate, err_msg=f"{p.key} {config}")
+        run_both(device, monkeypatch, p, config, depthwise, conv_depthwise, beta=0.5, seed=1)
+    monkeypatch.setattr(conv_depthwise, "FINISH_SPLITS", True)
+    plan = depthwise.build(p, device, configs[0])
+    assert plan.finish
+    a_shape, b_shape, out_shape = operand_shapes(p)
+    a, b = (device.upload(np.ones(s, np.float32)) for s in (a_shape, b_shape))
+    out = device.alloc(4 * int(np.prod(out_shape)))
+    for _ in range(3):
+        assert len(plan.run(a, b, out)) == 1
+    device.synchronize()
+    parts = plan.config["SPLIT"] * out_elements(p)
+    counters = device.download(plan.workspace, (plan.workspace_bytes // 4,), np.int32)[parts:]
+    assert counters.size and not counters.any(), counters
 
 
 @pytest.mark.parametrize("shape,direction", CASES)

@@ -170,6 +170,11 @@ class ConvPlan:
                 wait_for: list[cl.Event] | None) -> list[cl.Event]:
         raise NotImplementedError
 
+    def clear_counters(self, offset: int) -> None:
+        """Zero the workspace from byte ``offset`` on: the per-tile counters of a kernel that finishes its split
+        reduction itself (``split_finish.cl``; each launch leaves them zero again)."""
+        cl.enqueue_fill_buffer(self.device.queue, self.workspace, np.int32(0), offset, self.workspace_bytes - offset)
+
     def bias_args(self, bias: cl.Buffer | None, bias_offset: int) -> tuple[cl.Buffer, int, int]:
         """(buffer, offset, use_bias) for kernels that fuse the bias; a dummy buffer stands for none."""
         return (bias, bias_offset, 1) if bias is not None else (self._dummy, 0, 0)
@@ -196,12 +201,13 @@ class KernelPlan(ConvPlan):
     fwd ``(a, a_off, b, b_off, out, out_off, bias, bias_off, use_bias, beta)``, bwd_data
     ``(a, a_off, b, b_off, out, out_off, beta)``, bwd_weight ``(a, a_off, b, b_off, out, out_off,
     workspace, beta)``; when ``config["SPLIT"] > 1`` bwd_weight writes partial sums to the workspace
-    and a fixed-order :meth:`split_reduce` follows.
+    and a fixed-order :meth:`split_reduce` follows, unless the kernel adds them itself (``finish``).
     """
 
     kernel: cl.Kernel | None = None
     global_size: tuple[int, ...] = ()
     local_size: tuple[int, ...] = ()
+    finish: bool = False
 
     def enqueue(self, a: cl.Buffer, b: cl.Buffer, out: cl.Buffer, a_offset: int, b_offset: int,
                 out_offset: int, bias: cl.Buffer | None, bias_offset: int, beta: float,
@@ -218,7 +224,7 @@ class KernelPlan(ConvPlan):
         ws = self.workspace if split > 1 else self._dummy
         first = self.device.launch(self.kernel, self.global_size, self.local_size, *args, ws, beta,
                                    wait_for=wait_for)
-        if split == 1:
+        if split == 1 or self.finish:
             return [first]
         return [first, self.split_reduce(out, out_offset, split, None, 0, beta, [first])]
 

@@ -13,7 +13,8 @@
 // TAPS_IN_REGISTERS of them. Variant LOCAL=1 stages the input patch the tile reads in local memory.
 // bwd_weight: a work-group of RWG work-items reduces its slice of N*P*Q for TPT filter taps of one
 // channel, then sums the work-items' partials with a fixed tree in local memory (deterministic);
-// SPLIT > 1 writes partial sums to the workspace for conv_common.cl's split_reduce.
+// SPLIT > 1 writes partial sums to the workspace for conv_common.cl's split_reduce, or with SPLIT_FINISH
+// the last of a channel's tap block's SPLIT work-groups adds them itself (split_finish.cl, same order).
 //
 // Every kernel ends with out = result (+ bias[k] in fwd) (+ beta * out; beta == 0 never reads out).
 
@@ -45,6 +46,9 @@
 #endif
 #ifndef SPLIT
   #define SPLIT 1       // work-groups sharing one reduction (bwd_weight); > 1 writes the workspace
+#endif
+#ifndef SPLIT_FINISH
+  #define SPLIT_FINISH 0  // host-set: 1 = with SPLIT > 1 the last work-group of a tap block adds the parts
 #endif
 
 // ---- derived ----
@@ -223,6 +227,10 @@ void conv_depthwise_bwd_data(__global const float *dy_agm, const int dy_offset,
 #define SPLIT_LEN ((NPQ + SPLIT - 1) / SPLIT)
 #define DW_SIZE (CONV_K * RS)
 
+#if SPLIT > 1 && SPLIT_FINISH
+  #include "split_finish.cl"  // split_last, split_part
+#endif
+
 __kernel __attribute__((reqd_work_group_size(RWG, 1, 1)))
 void conv_depthwise_bwd_weight(__global const float *x_agm, const int x_offset,
                                __global const float *dy_agm, const int dy_offset,
@@ -268,5 +276,21 @@ void conv_depthwise_bwd_weight(__global const float *x_agm, const int x_offset,
       STORE_DW(index, red_alm[t][0])
     }
   }
+#if SPLIT > 1 && SPLIT_FINISH
+  // the last of the SPLIT work-groups of this channel's tap block: split_reduce's sums of its taps (the
+  // counters follow the parts in the workspace)
+  __local int last_flm;
+  if (!split_last((__global int *)(ws_agm + SPLIT * DW_SIZE) + get_group_id(0), &last_flm, SPLIT)) { return; }
+  for (int t = lid; t < TPT; t += RWG) {
+    const int rs = tb * TPT + t;
+    if (rs < RS) {
+      const int index = k * RS + rs;
+      float sum = 0.0f;
+      for (int s = 0; s < SPLIT; s++) { sum += split_part(ws_agm, s * DW_SIZE + index); }
+      if (beta != 0.0f) { sum += beta * dw_agm[dw_offset + index]; }
+      dw_agm[dw_offset + index] = sum;
+    }
+  }
+#endif
 }
 #endif

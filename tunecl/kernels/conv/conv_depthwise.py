@@ -21,6 +21,9 @@ from tunecl.problems import ConvProblem
 from tunecl.runtime import Device
 
 WORKSPACE_CAP = 256 * 2**20   # bytes a split reduction may use
+# bwd_weight with SPLIT > 1: the last work-group of each channel's tap block adds the SPLIT partial sums
+# itself, in the fixed order (``split_finish.cl``: one launch). False: a ``split_reduce`` launch does.
+FINISH_SPLITS = True
 
 
 def _patch_floats(problem: ConvProblem, c: Config) -> int:
@@ -97,7 +100,8 @@ class ConvDepthwise(ConvAlgorithm):
 
     def build(self, problem: ConvProblem, device: Device, config: Config) -> KernelPlan:
         self.check(problem, device, config)
-        program = self.program(device, problem, config)
+        finish = problem.direction == "bwd_weight" and config["SPLIT"] > 1 and FINISH_SPLITS
+        program = self.program(device, problem, config, ["-DSPLIT_FINISH=1"] if finish else [])
         p = problem
         i32, f32 = np.int32, np.float32
         workspace = 0
@@ -108,6 +112,9 @@ class ConvDepthwise(ConvAlgorithm):
             local_size = (config["RWG"], 1)
             if config["SPLIT"] > 1:
                 workspace = config["SPLIT"] * p.k * p.r * p.s * FLOAT_BYTES
+            parts = workspace
+            if finish:   # a counter per channel's tap block (work-group of dimension 0)
+                workspace += global_size[0] // config["RWG"] * 4
         else:
             fwd = p.direction == "fwd"
             rows, cols, planes = (p.p, p.q, p.n * p.k) if fwd else (p.h, p.w, p.n * p.c)
@@ -120,8 +127,11 @@ class ConvDepthwise(ConvAlgorithm):
             global_size = (ceil_div(cols, config["WGQ"] * config["TQ"]) * config["WGQ"],
                            ceil_div(rows, config["WGP"] * config["TP"]) * config["WGP"], planes)
             local_size = (config["WGQ"], config["WGP"], 1)
-        return KernelPlan(self.name, dict(config), problem, device, workspace, kernel=kernel,
-                             global_size=global_size, local_size=local_size)
+        plan = KernelPlan(self.name, dict(config), problem, device, workspace, kernel=kernel,
+                          global_size=global_size, local_size=local_size, finish=finish)
+        if finish:
+            plan.clear_counters(parts)
+        return plan
 
 
 ALGORITHMS = [ConvDepthwise()]

@@ -154,8 +154,8 @@ class ImplicitGemmPlan(ConvPlan):
         counters = tiles[0] * tiles[1] * tiles[2] * 4 if finish and split > 1 else 0
         plan = cls(name, dict(config), problem, device, parts + counters, kernel=kernel, global_size=global_size,
                    local_size=(threads, 1, 1), finish=bool(counters))
-        if counters:   # (each launch leaves them zero again)
-            cl.enqueue_fill_buffer(device.queue, plan.workspace, np.int32(0), parts, counters)
+        if counters:
+            plan.clear_counters(parts)
         return plan
 
     def enqueue(self, a: cl.Buffer, b: cl.Buffer, out: cl.Buffer, a_offset: int, b_offset: int,
