@@ -111,3 +111,47 @@ def test_one_launch_and_counters_back_at_zero_after_every_run(device, monkeypatc
         parts = plan.config["SPLIT"] * out_elements(plan.problem)
         counters = device.download(plan.workspace, (plan.workspace_bytes // 4,), np.int32)[parts:]
         assert counters.size and not counters.any(), counters
+
+
+# -- the probe that lets a device finish its splits (tunecl/kernels/split_finish.py) -----------------------
+def test_the_probe_passes_on_this_device(device):
+    from tunecl.kernels import split_finish
+
+    assert split_finish._probe(device) == ""
+
+
+def test_the_probe_catches_a_hand_off_that_reads_parts_too_early(device, monkeypatch):
+    """A last work-group that does not wait for the others (it takes itself as last at once) reads parts
+    not stored yet, or from the round before: the probe says so."""
+    from tunecl.kernels import base, split_finish
+
+    def early(package, name):
+        text = base.read_source(package, name)
+        return text.replace("atomic_inc(counter) == parts - 1", "(atomic_inc(counter), get_group_id(1) == 0)")
+
+    monkeypatch.setattr(split_finish, "read_source", early)
+    assert "read" in split_finish._probe(device)
+
+
+@pytest.mark.parametrize("family", ["conv_implicit_gemm", "conv_depthwise", "gemm_tiled"])
+def test_a_device_that_fails_the_probe_takes_the_second_launch(device, monkeypatch, family):
+    """Where the probe failed, every family builds its split plans with the separate reduction launch,
+    and computes the same results."""
+    from tunecl.kernels import split_finish
+    from tunecl.kernels.gemm import gemm_tiled
+    from tunecl.problems import GemmProblem
+
+    monkeypatch.setitem(split_finish._verdicts, device, "failed here")
+    if family == "gemm_tiled":
+        tiled = gemm_tiled.GemmTiled()
+        p = GemmProblem(9, 10, 300)
+        plan = tiled.build(p, device, {**tiled.default(p, device), "SPLITK": 4})
+        assert not plan.splitk_finish
+        buffers = device.alloc(4 * 9 * 300), device.alloc(4 * 300 * 10), device.alloc(4 * 9 * 10)
+        assert len(plan.run(*buffers)) == 2
+        return
+    algorithm = ALGORITHMS[family]
+    p = problem("depthwise" if family == "conv_depthwise" else "3x3_s2", "bwd_weight")
+    config = next(c for c in algorithm.space(p, device).configs() if c["SPLIT"] > 1)
+    assert not algorithm.build(p, device, config).finish
+    check(device, algorithm, p, config, seed=4)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+active = False   # whether stub_launches() is in effect (probes whose launches it would drop read it)
+
 
 def stub_launches(counts: Counter[str] | None = None) -> None:
     """Replace pyopencl's kernel enqueue, for the rest of the process, by a function that does nothing;
@@ -24,3 +26,5 @@ def stub_launches(counts: Counter[str] | None = None) -> None:
         counts[getattr(kernel, "function_name", "?")] += 1
 
     binding.enqueue_nd_range_kernel = cl.enqueue_nd_range_kernel = stub if counts is None else counting
+    global active
+    active = True

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tunecl.kernels import split_finish
 from tunecl.kernels.base import Config, Constraint, Space
 from tunecl.kernels.conv.conv_common import (FLOAT_BYTES, ConvAlgorithm, KernelPlan, fit_default, is_gpu,
                                              local_mem_limit, max_group_size, staged_space, supported)
@@ -100,7 +101,8 @@ class ConvDepthwise(ConvAlgorithm):
 
     def build(self, problem: ConvProblem, device: Device, config: Config) -> KernelPlan:
         self.check(problem, device, config)
-        finish = problem.direction == "bwd_weight" and config["SPLIT"] > 1 and FINISH_SPLITS
+        finish = (problem.direction == "bwd_weight" and config["SPLIT"] > 1 and FINISH_SPLITS
+                  and split_finish.finishes(device))
         program = self.program(device, problem, config, ["-DSPLIT_FINISH=1"] if finish else [])
         p = problem
         i32, f32 = np.int32, np.float32

@@ -21,6 +21,7 @@ import dataclasses
 import numpy as np
 import pyopencl as cl
 
+from tunecl.kernels import split_finish
 from tunecl.kernels.base import Config, Constraint, Space
 from tunecl.kernels.conv.conv_common import (FLOAT_BYTES, ConvAlgorithm, ConvPlan, fit_default, is_gpu,
                                              local_mem_limit, max_group_size, out_elements, staged_space)
@@ -121,7 +122,7 @@ class ConvImplicitGemm(ConvAlgorithm):
 
     def build(self, problem: ConvProblem, device: Device, config: Config) -> ImplicitGemmPlan:
         self.check(problem, device, config)
-        finish = config["SPLIT"] > 1 and FINISH_SPLITS
+        finish = config["SPLIT"] > 1 and FINISH_SPLITS and split_finish.finishes(device)
         program = self.program(device, problem, config, ["-DSPLIT_FINISH=1"] if finish else [])
         i32, f32 = np.int32, np.float32
         kernel = device.kernel(program, "conv_implicit_gemm",

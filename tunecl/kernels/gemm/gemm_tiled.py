@@ -73,6 +73,7 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from tunecl.kernels import split_finish
 from tunecl.kernels.base import Config, Space, read_source
 from tunecl.kernels.gemm.core import (Fp32Gemm, GemmPlan, Rule, capabilities, check_config, check_dtype,
                                       compute_units, device_type, enumerate_space, is_nvidia, layout_options,
@@ -536,7 +537,7 @@ class GemmTiled(Fp32Gemm):
             layout.append("-DASYNC_STUB=1")
         if config["MAXRREG"]:
             layout.append(f"-cl-nv-maxrregcount={config['MAXRREG']}")
-        finish = config["SPLITK"] > 1 and FINISH_SPLITS
+        finish = config["SPLITK"] > 1 and FINISH_SPLITS and split_finish.finishes(device)
         if finish:
             layout.append("-DSPLITK_FINISH=1")
         options = variant_options(config, layout, config["VWA"], config["VWB"])

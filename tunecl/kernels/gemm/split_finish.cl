@@ -10,7 +10,9 @@
 // 0, 1, ..., SPLIT - 1 whichever work-group finishes last, so results are the separate reduce launch's,
 // bit for bit, run to run. The other work-groups get 0 and have nothing left to do.
 //
-// Every work-item of the work-group must call split_last() (it holds barriers).
+// Every work-item of the work-group must call split_last() (it holds barriers). OpenCL 1.2 does not
+// promise this hand-off on every device: a device uses it only where tunecl/kernels/split_finish.py's
+// probe (split_probe.cl) finds it holds.
 
 inline int split_last(__global int *counter, __local int *last_flm, const int parts) {
   mem_fence(CLK_GLOBAL_MEM_FENCE);   // this work-item's partial stores, before the count
