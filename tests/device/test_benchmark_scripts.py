@@ -369,3 +369,20 @@ def test_launch_savings_in_process_toggles_the_named_switches(tmp_path):
     assert flushes.returncode == 0 and "on / off per round" in flushes.stdout, flushes.stderr
     alone = subprocess.run(base[:-1] + ["--flush-every", "4"], capture_output=True, text=True, env=env)
     assert alone.returncode == 2 and "needs --in-process" in alone.stderr
+
+
+def test_compile_rewrites_compares_each_variant_with_eager(capsys, monkeypatch):
+    """compile_rewrites.py: eager against CPU, then each compiled variant against eager (a small net's
+    compiled step gives eager's gradients on this device); an unknown variant is refused."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "torch"))   # tiny_nets
+    script = load_script("compile_rewrites")
+    assert script.main(["--net", "tiny_nets:tiny_cnn", "--batch", "2", "--image-size", "16",
+                        "--variants", "all,-fuse_pointwise"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line.split(" loss ")[0].strip(): line for line in lines if " loss " in line}
+    assert sorted(rows) == ["compiled -fuse_pointwise vs eager", "compiled all vs eager", "eager vs CPU"]
+    for label in ("compiled all vs eager", "compiled -fuse_pointwise vs eager"):
+        differing = rows[label].split("differing ")[1].split(";")[0]
+        assert differing.split("/")[0] == "0" and int(differing.split("/")[1]) > 0, rows[label]
+    with pytest.raises(SystemExit):
+        script.main(["--net", "tiny_nets:tiny_cnn", "--variants", "-no_such_rewrite"])
