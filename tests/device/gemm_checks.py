@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 from tunecl.errors import WorkGroupTooLargeError
+from tunecl.kernels import split_finish
 from tunecl.kernels.gemm import core, gemm_tiled, gemm_pretrans
 from tunecl.precision import FP32, TF32, algorithm_precision
 from tunecl.problems import GemmProblem
@@ -190,7 +191,7 @@ def tiled_workspace(device, p: GemmProblem, config) -> int:
     the transposed copies ASYNC makes of an operand stored the other way."""
     splitk = config.get("SPLITK", 1)
     workspace = 4 * splitk * p.batch * p.m * core.workspace_ld(p.n) if splitk > 1 else 0
-    if splitk > 1 and gemm_tiled.FINISH_SPLITS:
+    if splitk > 1 and gemm_tiled.FINISH_SPLITS and split_finish.finishes(device):
         workspace += 4 * -(-p.m // config["MWG"]) * -(-p.n // config["NWG"]) * p.batch
     if config.get("STREAMK"):
         tiles = -(-p.m // config["MWG"]) * -(-p.n // config["NWG"]) * p.batch
