@@ -215,11 +215,12 @@ def _recorded(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
-def test_eager_phases_prints_each_phase_in_three_rounds(tmp_path, capsys):
+def test_eager_phases_prints_each_phase_in_three_rounds(tmp_path, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "torch"))   # tiny_nets
     script = load_script("eager_phases")
     record = tmp_path / "host.csv"
-    script.main(["--net", "resnet18", "--batch", "2", "--image-size", "32", "--repeats", "1", "--record",
-                 str(record)])
+    script.main(["--net", "tiny_nets:tiny_cnn", "--batch", "2", "--image-size", "16", "--repeats", "1",
+                 "--record", str(record)])
     printed = capsys.readouterr().out
     rounds = [line.split() for line in printed.splitlines() if "step wall" in line]
     assert len(rounds) == 3
