@@ -216,6 +216,9 @@ CONV_SPLITS = [("conv_implicit_gemm", "n=2,c=3,h=5,w=5,k=4,r=3,s=3,pad=1", "bwd_
                ("conv_depthwise", "n=2,c=3,h=6,w=6,k=3,r=3,s=3,pad=1,groups=3", "bwd_weight", 2),
                ("conv_implicit_gemm", "n=1,c=4,h=5,w=5,k=6,r=3,s=3,stride=2,pad=1,groups=2", "bwd_weight", 2),
                ("conv_implicit_gemm", "n=1,c=3,h=5,w=7,k=5,r=3,s=3,pad=1", "fwd", 2)]
+# conv_1x1's weight gradient with its images added in the GEMM's launch (gemm_tiled's SUM_BATCH), and with
+# split K too: (shape, g_SPLITK)
+COLUMN_SUMS = [("n=2,c=4,h=5,w=4,k=6,r=1,s=1", 1), ("n=3,c=5,h=4,w=5,k=4,r=1,s=1,stride=2", 2)]
 
 
 def _split_finishes(device, full: bool) -> None:
@@ -233,6 +236,20 @@ def _split_finishes(device, full: bool) -> None:
         label = f"{name} split-finish {p.key} {config}"
         with case(label, algorithm.name):
             _check(label, ConvHarness(p, device, seed=2, guard=0).bind(algorithm.build(p, device, config)))
+    algorithm = next(a for a in kernels.algorithms("conv") if a.name == "conv_1x1")
+    for spec, splitk in COLUMN_SUMS if full else COLUMN_SUMS[:1]:
+        p = ConvProblem.parse(spec).with_direction("bwd_weight")
+        config = next((c for c in algorithm.space(p, device).configs() if c["g_SPLITK"] == splitk
+                       and not c.get("g_STREAMK") and not c.get("g_ASYNC")), None)
+        if config is None:
+            say("skip", f"conv_1x1: no g_SPLITK {splitk} config of {p.key} on this device")
+            continue
+        label = f"conv_1x1 images-sum {p.key} {config}"
+        with case(label, algorithm.name):
+            plan = algorithm.build(p, device, config)
+            if not plan.sums_images:
+                say("wrong", f"{label}: the plan does not add its images in the GEMM's launch")
+            _check(label, ConvHarness(p, device, seed=2, guard=0).bind(plan))
 
 
 # ---- the backend's kernels through small torch calls -------------------------------------------------

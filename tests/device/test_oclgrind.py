@@ -123,10 +123,11 @@ SUPPRESSIONS = (
         "Oclgrind does not model that hand-off between work-groups"),
     Suppression(
         r"^(Read-write|Write-read) data race at global memory address",
-        r"(?s)\A\s*Kernel: gemm_tiled\n(?=.*(float sum = |sum \+= )split_part\(w, )"
+        r"(?s)\A\s*Kernel: gemm_tiled\n(?=.*(float sum = |sum \+= |float part = |part \+= )split_part\(w, )"
         r"(?=.*\n\s+(crow\[n \+ f\] = r;|\*\(\(__global floatN\*\)\(crow \+ n\)\) = r\.v;))",
-        "the same hand-off in gemm_tiled's split K: the last work-group of a C tile reads the slices the "
-        "tile's other work-groups stored (PrivateToGlobalC into the workspace) after their atomic counts"),
+        "the same hand-off in gemm_tiled's split K and its sum over the batch (SUM_BATCH): the last "
+        "work-group of a C tile reads the slices and matrices the tile's other work-groups stored "
+        "(PrivateToGlobalC into the workspace) after their atomic counts"),
 )
 
 
@@ -434,6 +435,9 @@ def test_the_split_finish_suppressions_are_limited_to_the_parts_and_their_reads(
             "\t  store float %r67.0.1170, float addrspace(1)* %arrayidx84.1172, align 4\n"
             "\tAt line 641 (column 29) of input.cl:\n\t  crow[n + f] = r;")
     assert not unsuppressed([Report("c", heading, gemm)])
+    summed = gemm.replace("float sum = split_part(w, 0);", "float part = split_part(w, 0);")
+    assert not unsuppressed([Report("c", heading, summed)])
+    assert unsuppressed([Report("c", heading, summed.replace("float part = ", "float other = "))])
     vector = gemm.replace("crow[n + f] = r;", "*((__global floatN*)(crow + n)) = r.v;")
     assert not unsuppressed([Report("c", heading, vector)])
     assert unsuppressed([Report("c", heading, gemm.replace("gemm_tiled", "gemm_simt"))])

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 from test_conv import ALGORITHMS, check, problem
 
-from tunecl.kernels.conv import conv_depthwise, conv_implicit_gemm
+from tunecl.kernels.conv import conv_columns, conv_depthwise, conv_implicit_gemm
 from tunecl.kernels.conv.conv_common import out_elements
+from tunecl.problems import ConvProblem
 from tunecl.search.harness_conv import operand_shapes
 
 IMPLICIT = ALGORITHMS["conv_implicit_gemm"]
@@ -113,6 +114,97 @@ def test_one_launch_and_counters_back_at_zero_after_every_run(device, monkeypatc
         assert counters.size and not counters.any(), counters
 
 
+# -- conv_1x1 / conv_im2col bwd_weight: the images of a chunk added in the GEMM's launch ------------------
+COLUMNS_CASES = [("conv_1x1", "1x1_s1"), ("conv_1x1", "1x1_s2"), ("conv_im2col", "3x3_s1_odd"),
+                 ("conv_im2col", "groups2")]
+
+
+def columns_configs(device, algorithm, p, count: int = 3) -> list[dict]:
+    """Up to ``count`` configs on gemm_tiled: the default, and others of different splits of K and tiles."""
+    configs = list(algorithm.space(p, device).configs())
+    picked = {}
+    for c in [algorithm.default(p, device)] + configs[:: max(1, len(configs) // (4 * count))]:
+        picked.setdefault((c.get("g_SPLITK", 1), c["g_MWG"], c["g_NWG"]), c)
+    plain = [c for c in configs if not c.get("g_STREAMK") and not c.get("g_ASYNC")]
+    return (list(picked.values())[:count] + [c for c in plain if c.get("g_SPLITK", 1) > 1][:1]
+            + [c for c in configs if c.get("g_STREAMK")][:1])
+
+
+@pytest.mark.parametrize("family,shape", COLUMNS_CASES)
+def test_a_chunks_images_are_added_in_the_gemms_launch(device, monkeypatch, family, shape):
+    """bwd_weight with several images per chunk: the GEMM's last work-group of each dW tile adds the
+    images' products (and, with split K, the slices) in split_reduce's order: the same results bit for
+    bit, with offsets, beta, and several chunks accumulating; one launch fewer."""
+    algorithm = ALGORITHMS[family]
+    p = problem(shape, "bwd_weight")
+    for config in columns_configs(device, algorithm, p):
+        monkeypatch.setattr(conv_columns, "FINISH_SPLITS", True)   # (run_both leaves it False)
+        plan = algorithm.build(p, device, config)
+        # a stream-K tail or a transposed copy of an operand keeps the separate launch
+        plain = not config.get("g_STREAMK") and not config.get("g_ASYNC")
+        assert plan.sums_images == plain == getattr(plan.gemm_plan, "sum_batch", False), config
+        assert plan.workspace_bytes == 4 * (plan.layout.gathered_floats if plain else plan.layout.workspace_floats)
+        finished, separate = run_both(device, monkeypatch, p, config, algorithm, conv_columns,
+                                      seed=config["g_MWG"], offsets=3)
+        np.testing.assert_array_equal(finished, separate, err_msg=f"{p.key} {config}")
+        run_both(device, monkeypatch, p, config, algorithm, conv_columns, beta=0.5, seed=2)
+
+
+@pytest.mark.parametrize("module_name", ["conv_1x1", "conv_im2col"])
+def test_later_chunks_add_their_images_sum_onto_the_earlier_ones(device, monkeypatch, module_name):
+    """Four images in chunks of two: each chunk's GEMM adds its two images, the second onto the first's
+    result (beta 1 after the call's own beta), the same results bit for bit as the separate launch."""
+    import importlib
+
+    module = importlib.import_module(f"tunecl.kernels.conv.{module_name}")
+    algorithm = module.ALGORITHMS[0]
+    p = ConvProblem.parse("n=4,c=6,h=5,w=7,k=10,r=1,s=1,stride=2" if module_name == "conv_1x1"
+                          else "n=4,c=3,h=6,w=5,k=8,r=3,s=3,pad=1").with_direction("bwd_weight")
+    monkeypatch.setattr(module, "WORKSPACE_CAP", module.layout(p).workspace_floats * 4 // 2)
+    module.layout.cache_clear()
+    try:
+        assert module.layout(p).chunk == 2
+        config = algorithm.default(p, device)
+        monkeypatch.setattr(conv_columns, "FINISH_SPLITS", True)
+        assert algorithm.build(p, device, config).sums_images
+        for beta in (0.0, 0.5):
+            finished, separate = run_both(device, monkeypatch, p, config, algorithm, conv_columns, beta=beta,
+                                          seed=7, offsets=1)
+            np.testing.assert_array_equal(finished, separate)
+    finally:
+        monkeypatch.undo()
+        module.layout.cache_clear()
+
+
+def test_the_images_sum_leaves_its_counters_at_zero(device, monkeypatch):
+    """Repeated and interleaved runs of two summing plans: each gives its own result every time, in one
+    launch per run (stride 1: no gather), and every tile counter is zero after them."""
+    monkeypatch.setattr(conv_columns, "FINISH_SPLITS", True)
+    algorithm = ALGORITHMS["conv_1x1"]
+    problems = [problem("1x1_s1", "bwd_weight"),
+                ConvProblem.parse("n=4,c=8,h=5,w=6,k=20,r=1,s=1").with_direction("bwd_weight")]
+    plans = [algorithm.build(q, device, algorithm.default(q, device)) for q in problems]
+    results: list[list[np.ndarray]] = [[], []]
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        for k, (q, plan) in enumerate(zip(problems, plans)):
+            assert plan.sums_images
+            a_shape, b_shape, out_shape = operand_shapes(q)
+            a = np.random.default_rng(k).uniform(-1, 1, a_shape).astype(np.float32)
+            b = np.random.default_rng(k + 10).uniform(-1, 1, b_shape).astype(np.float32)
+            out = device.upload(rng.uniform(-1, 1, out_shape).astype(np.float32))
+            assert len(plan.run(device.upload(a), device.upload(b), out)) == 1
+            device.synchronize()
+            results[k].append(device.download(out, out_shape))
+    for k, plan in enumerate(plans):
+        for got in results[k][1:]:
+            np.testing.assert_array_equal(got, results[k][0])
+        gemm = plan.gemm_plan
+        parts = gemm.splitk * gemm.problem.batch * gemm.problem.m * -(-gemm.problem.n // 4) * 4
+        counters = device.download(gemm.workspace, (gemm.workspace_bytes // 4,), np.int32)[parts:]
+        assert counters.size and not counters.any(), counters
+
+
 # -- the probe that lets a device finish its splits (tunecl/kernels/split_finish.py) -----------------------
 def test_the_probe_passes_on_this_device(device):
     from tunecl.kernels import split_finish
@@ -133,7 +225,7 @@ def test_the_probe_catches_a_hand_off_that_reads_parts_too_early(device, monkeyp
     assert "read" in split_finish._probe(device)
 
 
-@pytest.mark.parametrize("family", ["conv_implicit_gemm", "conv_depthwise", "gemm_tiled"])
+@pytest.mark.parametrize("family", ["conv_implicit_gemm", "conv_depthwise", "gemm_tiled", "conv_1x1"])
 def test_a_device_that_fails_the_probe_takes_the_second_launch(device, monkeypatch, family):
     """Where the probe failed, every family builds its split plans with the separate reduction launch,
     and computes the same results."""
@@ -142,6 +234,13 @@ def test_a_device_that_fails_the_probe_takes_the_second_launch(device, monkeypat
     from tunecl.problems import GemmProblem
 
     monkeypatch.setitem(split_finish._verdicts, device, "failed here")
+    if family == "conv_1x1":
+        algorithm = ALGORITHMS[family]
+        p = problem("1x1_s2", "bwd_weight")
+        plan = algorithm.build(p, device, algorithm.default(p, device))
+        assert not plan.sums_images and not getattr(plan.gemm_plan, "sum_batch", False)
+        check(device, algorithm, p, algorithm.default(p, device), seed=4)
+        return
     if family == "gemm_tiled":
         tiled = gemm_tiled.GemmTiled()
         p = GemmProblem(9, 10, 300)

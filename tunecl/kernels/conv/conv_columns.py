@@ -5,8 +5,11 @@ The columns go through the workspace (a gather kernel for fwd and bwd_weight, a 
 bwd_data's GEMMs) or, for a 1×1 stride-1 problem, the GEMMs read x and write dx where they lie. The
 GEMM's batch runs over the chunk's images, or over the groups when there are more groups than images;
 bwd_weight with several images per chunk writes a partial dW per image that ``split_reduce`` adds in a
-fixed order. The family's own parameters are those of the gather / scatter kernels: IWG, IPT (work-group
-size and pixels per work-item).
+fixed order; on ``gemm_tiled`` with the batch over the images, where the device passes the split-finish
+probe (:mod:`tunecl.kernels.split_finish`), the GEMM's own launch adds them instead (``SUM_BATCH``: its
+last work-group of each dW tile, the same sums in the same order; :data:`FINISH_SPLITS`). The family's own
+parameters are those of the gather / scatter kernels: IWG, IPT (work-group size and pixels per
+work-item).
 """
 
 from __future__ import annotations
@@ -16,12 +19,17 @@ import dataclasses
 import numpy as np
 import pyopencl as cl
 
+from tunecl.kernels import split_finish
 from tunecl.kernels.base import Config, Constraint
 from tunecl.kernels.conv.conv_common import (FLOAT_BYTES, GemmBackedAlgorithm, GemmBackedPlan, OwnSpace,
                                              add_bias, image_chunk, is_gpu, max_group_size, split_gemm_config)
 from tunecl.kernels.sizes import ceil_div, round_up
 from tunecl.problems import ConvProblem, GemmProblem
 from tunecl.runtime import Device
+
+# True: bwd_weight's partial dW per image are added by the GEMM's launch where it can (gemm_tiled, batch over
+# the images, the device passing the split-finish probe). False: always by ``split_reduce``'s launch.
+FINISH_SPLITS = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,8 +118,18 @@ class ColumnsAlgorithm(GemmBackedAlgorithm):
                 kernels["scatter"] = device.kernel(program, scatter, [None, None, i32, i32, f32])
             else:
                 kernels["gather"] = device.kernel(program, gather, [None, i32, i32, None, i32])
+        if self.sums_images(problem, lay, device):
+            gemm = self.build_gemm(problem, device, config, sum_batch=True)
+            if getattr(gemm, "sum_batch", False):   # the GEMM holds the partials: columns at the start
+                return ColumnsPlan(self.name, dict(config), problem, device, lay.gathered_floats * FLOAT_BYTES,
+                                   kernels=kernels, gemm_plan=gemm, layout=lay, sums_images=True)
         return ColumnsPlan(self.name, dict(config), problem, device, lay.workspace_floats * FLOAT_BYTES,
                            kernels=kernels, gemm_plan=self.build_gemm(problem, device, config), layout=lay)
+
+    def sums_images(self, problem: ConvProblem, lay: Layout, device: Device) -> bool:
+        """Whether ``problem``'s partial weight gradients per image may be added by the GEMM's launch."""
+        return (problem.direction == "bwd_weight" and lay.chunk > 1 and not lay.over_groups and FINISH_SPLITS
+                and self.gemm_name == "gemm_tiled" and split_finish.finishes(device))
 
 
 @dataclasses.dataclass
@@ -121,6 +139,7 @@ class ColumnsPlan(GemmBackedPlan):
 
     kernels: dict[str, cl.Kernel] = dataclasses.field(default_factory=dict)
     layout: Layout | None = None
+    sums_images: bool = False   # bwd_weight: the GEMM adds the chunk's images into dW (no split_reduce)
 
     def _grid(self, pixels: int, rows: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
         iwg, ipt = self.config["IWG"], self.config["IPT"]
@@ -180,14 +199,16 @@ class ColumnsPlan(GemmBackedPlan):
                                                 beta))
             else:
                 pass_beta = beta if n0 == 0 else 1.0   # later chunks accumulate onto the earlier ones
+                partials = 0 if self.sums_images else lay.partial_floats
                 if lay.gathers:   # the columns sit after the partial sums
                     glob, loc = self._grid(pq, g * rows)
                     events.append(device.launch(self.kernels["gather"], glob, loc, a, a_offset, n0, ws,
-                                                lay.partial_floats, wait_for=waits()))
-                    x_buf, x_base, x_image, ldx = ws, lay.partial_floats, lay.image, lay.ld
+                                                partials, wait_for=waits()))
+                    x_buf, x_base, x_image, ldx = ws, partials, lay.image, lay.ld
                 else:
                     x_buf, x_base, x_image, ldx = a, a_offset + n0 * p.c * hw, p.c * hw, hw
-                direct = lay.chunk == 1   # one image per pass: accumulate straight into dw
+                # one image per pass, or the GEMM adding the images: straight into dw
+                direct = lay.chunk == 1 or self.sums_images
                 c_buf, c_base, c_image = (out, out_offset, 0) if direct else (ws, 0, p.k * rows)
                 for i in range(lay.chunk if lay.over_groups else g):
                     if lay.over_groups:     # image n0+i, batch over groups

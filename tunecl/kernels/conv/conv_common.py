@@ -444,10 +444,11 @@ class GemmBackedAlgorithm(ConvAlgorithm):
         if broken:
             raise ValueError(f"invalid {self.name} config {config}: {', '.join(broken)}")
 
-    def build_gemm(self, problem: ConvProblem, device: Device, config: Config) -> Any:
-        """The GEMM family's plan for the sub-problem with the config's ``g_`` parameters."""
+    def build_gemm(self, problem: ConvProblem, device: Device, config: Config, **options: Any) -> Any:
+        """The GEMM family's plan for the sub-problem with the config's ``g_`` parameters (``options``: the
+        family's own build options)."""
         return gemm_algorithm(self.gemm_name).build(self.gemm_problem(problem), device,
-                                                    split_gemm_config(config)[1])
+                                                    split_gemm_config(config)[1], **options)
 
 
 def with_gemm(family: GemmBackedAlgorithm, gemm_name: str, name: str) -> GemmBackedAlgorithm:

@@ -222,21 +222,28 @@ class GemmPlan:
     def __init__(self, *, algorithm: str, problem: GemmProblem, device: Device, config: Config,
                  source: str, options: Callable[[Variant], list[str]], widths: tuple[int, int, int],
                  global_size: tuple[int, int, int], local_size: tuple[int, int, int], splitk: int = 1,
-                 streamk: tuple[int, int] | None = None, splitk_finish: bool = False):
+                 streamk: tuple[int, int] | None = None, splitk_finish: bool = False,
+                 sum_batch: bool = False):
         self.algorithm = algorithm
         self.problem = problem
         self.config = dict(config)
         self.splitk = splitk
+        # C is one matrix, the sum over the batch, added by the kernel's last work-group of each tile
+        # (built with SUM_BATCH; the batch's products wait in the workspace, a counter per tile after them)
+        self.sum_batch = sum_batch
         # the kernel adds the split's partial sums itself (one launch; a counter per C tile after them)
-        self.splitk_finish = splitk_finish and splitk > 1
+        self.splitk_finish = (splitk_finish and splitk > 1) or sum_batch
         self.streamk = streamk  # (tiles computed whole, stream-K work-groups): gemm_streamk
         self._kernel_name, self._scalar_dtypes = ((algorithm, SCALAR_DTYPES) if streamk is None
                                                   else ("gemm_streamk", STREAMK_SCALAR_DTYPES))
         if self.splitk_finish:
             self._scalar_dtypes = FINISH_SCALAR_DTYPES
         self._ldw = workspace_ld(problem.n)
-        self.workspace_bytes = splitk_workspace_bytes(problem, splitk)
-        counters = 4 * tile_count(problem, config["MWG"], config["NWG"]) if self.splitk_finish else 0
+        self.workspace_bytes = (4 * splitk * problem.batch * problem.m * self._ldw if sum_batch
+                                else splitk_workspace_bytes(problem, splitk))
+        counters = 0
+        if self.splitk_finish:
+            counters = 4 * tile_count(problem, config["MWG"], config["NWG"]) // (problem.batch if sum_batch else 1)
         self.workspace_bytes += counters
         if streamk is not None:
             self.workspace_bytes = streamk_parts_bytes(streamk[1], config)
@@ -324,6 +331,15 @@ class GemmPlan:
         """
         p = self.problem
         lda, stride_a, ldb, stride_b = operand_layouts(p, a, a_offset, lda, stride_a, b, b_offset, ldb, stride_b)
+        if self.sum_batch:   # one C matrix
+            ldc, stride_c = check_operand("c", c, c_offset, ldc, 0, p.m, p.n, 1, DTYPES[p.dtype])
+            ldw = self._ldw
+            variant = self._variant(a_offset, lda, stride_a, b_offset, ldb, stride_b, 0, ldw, p.m * ldw)
+            kernel = self._kernels.get(variant) or self.kernel_for(variant)
+            return [kernel(self.device.queue, self._global_size, self._local_size, p.m, p.n, p.k, 1.0, 0.0,
+                           a, a_offset, lda, stride_a, b, b_offset, ldb, stride_b,
+                           self.workspace, 0, ldw, p.m * ldw, c, c_offset, ldc, 0, alpha, beta,
+                           wait_for=wait_for)]
         ldc, stride_c = check_operand("c", c, c_offset, ldc, stride_c, p.m, p.n, p.batch, DTYPES[p.dtype])
         if p.batch > 1 and stride_c < (p.m - 1) * ldc + p.n:
             raise ValueError(f"stride_c={stride_c} makes the {p.batch} C matrices overlap")

@@ -50,6 +50,11 @@
 //   SPLITK_FINISH host-set, with SPLITK > 1: 1 = the last work-group of a tile adds the partial sums
 //                (one launch; the kernel takes C, c_offset, ldc, stride_c, alpha, beta after the
 //                workspace's arguments); 0 = gemm_splitk_reduce does (a second launch).
+//   SUM_BATCH    host-set: 1 = one output matrix, the sum over the batch: C = alpha * sum_b op(A_b) op(B_b)
+//                + beta * C (a convolution's weight gradient over a chunk of images). Every matrix b (and
+//                K slice) writes its raw products to the workspace as with split K, and the last
+//                work-group of each C tile adds them, b = 0, 1, ... outside, s = 0, 1, ... inside, and
+//                writes C (the same six finishing arguments; stride_c of the real C is unused).
 //   STREAMK      > 0: also compile gemm_streamk + gemm_streamk_fixup (a stream-K tail for outputs whose
 //                tiles leave the last wave part-empty; see there). 0: gemm_tiled only.
 //   CSCALAR      host-internal: 1 = scalar C accesses, for C offsets/ldc that are not VWN-aligned.
@@ -124,6 +129,9 @@
 #endif
 #ifndef SPLITK_FINISH
   #define SPLITK_FINISH 0
+#endif
+#ifndef SUM_BATCH
+  #define SUM_BATCH 0
 #endif
 #ifndef SPLITK
   #define SPLITK 1    // work-groups along K per C tile; > 1 writes partial sums to the workspace
@@ -611,7 +619,7 @@ void ZeroC(float cpm[MWI][NWI]) {
 #else
   #define WORK_GROUP_SIZE
 #endif
-#define FINISHES (SPLITK > 1 && SPLITK_FINISH)
+#define FINISHES ((SPLITK > 1 && SPLITK_FINISH) || SUM_BATCH)
 #if FINISHES
   #include "split_finish.cl"  // split_last, split_part
   #define FINISH_ARGUMENTS , __global float* restrict outgm, const long out_offset, const int ldo, \
@@ -626,6 +634,9 @@ __kernel WORK_GROUP_SIZE void gemm_tiled(GEMM_ARGUMENTS(float, float) FINISH_ARG
   #endif
   #if SPLITK == 1
     const long batch = get_group_id(2);
+    #if SUM_BATCH
+      const int batches = get_num_groups(2);
+    #endif
     const int k_begin = 0;
     const int k_end = K;
   #else
@@ -661,18 +672,36 @@ __kernel WORK_GROUP_SIZE void gemm_tiled(GEMM_ARGUMENTS(float, float) FINISH_ARG
   #if FINISHES
     // The tile's last work-group: gemm_splitk_reduce's sums for the tile's outputs (ldc, stride_c: the
     // workspace's), one output per work-item in turn; the counters follow the workspace's matrices.
-    __global int* counter = (__global int*)(wsgm + get_num_groups(2) * stride_c)
-                            + (batch * get_num_groups(1) + get_group_id(1)) * get_num_groups(0) + get_group_id(0);
-    if (split_last(counter, &last_flm, SPLITK)) {
+    // With SUM_BATCH the tile's parts are all its work-groups along dimension 2, one counter per tile.
+    #if SUM_BATCH
+      __global int* counter = (__global int*)(wsgm + get_num_groups(2) * stride_c)
+                              + get_group_id(1) * get_num_groups(0) + get_group_id(0);
+    #else
+      __global int* counter = (__global int*)(wsgm + get_num_groups(2) * stride_c)
+                              + (batch * get_num_groups(1) + get_group_id(1)) * get_num_groups(0) + get_group_id(0);
+    #endif
+    if (split_last(counter, &last_flm, SUM_BATCH ? (int)get_num_groups(2) : SPLITK)) {
       const long slice_stride = batches * stride_c;
       for (int e = tid; e < MWG * NWG; e += MDIMC * NDIMC) {
         const int m = m0 + e / NWG;
         const int n = n0 + e % NWG;
         if (m < M && n < N) {
-          const __global float* w = wsgm + batch * stride_c + (long)m * ldc + n;
-          float sum = split_part(w, 0);
-          for (int s = 1; s < SPLITK; ++s) { sum += split_part(w, s * slice_stride); }
-          __global float* c = outgm + out_offset + batch * stride_o + (long)m * ldo + n;
+          #if SUM_BATCH
+            // gemm_splitk_reduce's sum of each matrix, then split_reduce's over the matrices
+            float sum = 0.0f;
+            for (int b = 0; b < batches; ++b) {
+              const __global float* w = wsgm + b * stride_c + (long)m * ldc + n;
+              float part = split_part(w, 0);
+              for (int s = 1; s < SPLITK; ++s) { part += split_part(w, s * slice_stride); }
+              sum += part;
+            }
+            __global float* c = outgm + out_offset + (long)m * ldo + n;
+          #else
+            const __global float* w = wsgm + batch * stride_c + (long)m * ldc + n;
+            float sum = split_part(w, 0);
+            for (int s = 1; s < SPLITK; ++s) { sum += split_part(w, s * slice_stride); }
+            __global float* c = outgm + out_offset + batch * stride_o + (long)m * ldo + n;
+          #endif
           float r = out_alpha * sum;
           if (out_beta != 0.0f) { r = fma(out_beta, *c, r); }
           *c = r;

@@ -514,7 +514,8 @@ class GemmTiled(Fp32Gemm):
                     for ndimb in _LOADERS:
                         yield {**base, "MDIMA": mdima, "NDIMB": ndimb, "VWA": wa, "VWB": wb}
 
-    def build(self, problem: GemmProblem, device: Device, config: Config, *, emulate: bool = False) -> Any:
+    def build(self, problem: GemmProblem, device: Device, config: Config, *, emulate: bool = False,
+              sum_batch: bool = False) -> Any:
         """Compile ``config`` for ``problem``; ValueError (before compiling) if the config is invalid.
 
         Returns a :class:`GemmPlan`, or with ASYNC for an operand stored the other way a
@@ -523,6 +524,10 @@ class GemmTiled(Fp32Gemm):
         Args:
             emulate: allow ASYNC on any device, compiled with plain copies instead of cp.async
                 (``ASYNC_STUB``): tests of the ASYNC layouts where the PTX does not run.
+            sum_batch: where the device passes the split-finish probe and the config runs the plain
+                kernel on the operands as stored (no stream-K tail, no transposed copy), a plan whose C is
+                one matrix, the sum of the batch's products (:attr:`GemmPlan.sum_batch`; see
+                ``SUM_BATCH`` in gemm_tiled.cl); elsewhere the ordinary plan.
         """
         space = self._space(problem, device, True) if emulate else self.space(problem, device)
         check_config(space, config, NAME)
@@ -540,8 +545,11 @@ class GemmTiled(Fp32Gemm):
         finish = config["SPLITK"] > 1 and FINISH_SPLITS and split_finish.finishes(device)
         if finish:
             layout.append("-DSPLITK_FINISH=1")
-        options = variant_options(config, layout, config["VWA"], config["VWB"])
         groups = streamk_groups(config, device)
+        sum_batch = sum_batch and problem.batch > 1 and not groups and split_finish.finishes(device)
+        if sum_batch:
+            layout.append("-DSUM_BATCH=1")
+        options = variant_options(config, layout, config["VWA"], config["VWB"])
         streamk = streamk_split(tile_count(problem, config["MWG"], config["NWG"]), groups) if groups else None
         glob, local = _grid(config, problem, streamk)
         # With split K the kernel's "C" is the aligned workspace; the reduction accesses C by scalars.
@@ -549,7 +557,7 @@ class GemmTiled(Fp32Gemm):
         return GemmPlan(algorithm=NAME, problem=problem, device=device, config=config, source=source,
                         options=options, widths=(config["VWA"], config["VWB"], width_c),
                         global_size=glob, local_size=local, splitk=config["SPLITK"], streamk=streamk,
-                        splitk_finish=finish)
+                        splitk_finish=finish, sum_batch=sum_batch)
 
 
 ALGORITHMS = [GemmTiled()]
