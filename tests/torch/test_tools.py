@@ -115,6 +115,34 @@ def test_validate_fails_with_exit_code_1_when_the_device_is_off(capsys):
     assert "tolerances: output rel <= 0.001" in out and "or err vs float64 <= 8 x CPU float32's" in out
 
 
+def test_locate_names_the_layer_that_is_off_first(capsys):
+    """--locate lists the first module outputs the device gets further from float64 than CPU float32 does:
+    the broken layer's, then those after it (errors propagate); with --train the gradients too. A correct net
+    has none, and exits 0."""
+    from tunecl.tools.locate import MODEL, locate
+
+    found = locate("tiny_nets:off_inside", train=True, **SMALL)
+    outputs = [d.module for d in found.departures if d.phase == "output"]
+    # the layer, and the conv after it; the batch norm after that normalises the 1% away
+    assert outputs == ["4", "5"] and found.departures[0].kind == "_OffInside" and MODEL not in outputs
+    assert all(d.device_error > 8 * d.cpu_error for d in found.departures)
+    assert found.outputs == found.gradients == 12 and found.exit_code == 1   # 11 modules and the model
+    assert any(d.phase == "gradient" for d in found.departures)
+
+    clean = locate(TINY, **SMALL)
+    assert not clean.departures and clean.outputs == 11 and clean.gradients == 0 and clean.exit_code == 0
+
+    assert main(["validate", "--net", "tiny_nets:off_inside", "--batch", "2", "--image-size", "16",
+                 "--locate"]) == 1
+    out = capsys.readouterr().out
+    first = next(line for line in out.splitlines() if line.startswith("output"))
+    assert first.split()[:3] == ["output", "4", "_OffInside"] and "DEPARTS:" in out
+    assert main(["validate", "--net", TINY, "--batch", "2", "--image-size", "16", "--locate", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["departures"] == []
+    assert main(["validate", "--net", TINY, "--locate", "--compile"]) == 1
+    assert "--locate runs the model eagerly" in capsys.readouterr().err
+
+
 def test_validate_help_states_the_default_tolerances():
     from tunecl.cli.validate import TOLERANCES_HELP
 

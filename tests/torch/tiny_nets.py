@@ -52,6 +52,19 @@ class _OffOnDevice(nn.Module):
         return out * 1.01 if out.device.type == "opencl" else out
 
 
+class _OffInside(nn.Module):
+    """An identity that scales by 1.01 on the opencl device: a broken layer in the middle of a net."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 1.01 if x.device.type == "opencl" else x
+
+
+def off_inside() -> nn.Module:
+    """tiny_cnn with a layer after its first block (module "4") that is 1% off on the device."""
+    layers = list(tiny_cnn())
+    return nn.Sequential(*layers[:4], _OffInside(), *layers[4:])
+
+
 class _Bessel(nn.Module):
     """A model with an op the backend has no kernel for (so it takes the CPU fallback)."""
 

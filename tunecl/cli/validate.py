@@ -67,6 +67,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="run the device's model (and Adam step, capturable) through torch.compile(..., "
                              "backend='tunecl'): the same step three times from the same weights and seed "
                              "(a warm-up, the capture, a replay), the replay compared")
+    parser.add_argument("--locate", action="store_true",
+                        help="instead of the checks: compare every module's output (with --train also the "
+                             "gradient reaching it) and list the first ones where the device departs from "
+                             "float64 further than CPU float32 does (the fp64 bound below); exit code 1 "
+                             "where any does")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.set_defaults(func=run)
 
@@ -74,6 +79,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from tunecl.tools.validate import validate_net
 
+    if args.locate:
+        return _locate(args)
     report = validate_net(args.net, device=args.device, train=args.train, batch=args.batch,
                           image_size=args.image_size, seed=args.seed, compiled=args.compile)
     if args.json:
@@ -81,6 +88,40 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_report(report)
     return report.exit_code
+
+
+def _locate(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from tunecl.errors import TuneclError
+    from tunecl.tools.locate import locate
+
+    if args.compile:
+        raise TuneclError("--locate runs the model eagerly (module hooks); leave out --compile")
+    found = locate(args.net, device=args.device, train=args.train, batch=args.batch,
+                   image_size=args.image_size, seed=args.seed)
+    if args.json:
+        print_json(dataclasses.asdict(found))
+        return found.exit_code
+    what = "outputs and the gradients reaching them" if found.train else "outputs"
+    print(f"{found.net} on {found.device}: every module's {what} against CPU torch float32 and float64, "
+          f"batch {args.batch}, image {args.image_size} ({found.outputs} outputs"
+          + (f", {found.gradients} gradients" if found.train else "") + " compared)")
+    if found.departures:
+        print(file=sys.stdout)
+        print_table(["phase", "module", "kind", "shape", "err64", "cpu err64", "ratio"],
+                    [[d.phase, d.module, d.kind, "x".join(map(str, d.shape)), _num(d.device_error),
+                      _num(d.cpu_error), f"{d.device_error / d.cpu_error:.2f}" if d.cpu_error else "-"]
+                     for d in found.departures])
+        print(f"\nDEPARTS: {len(found.departures)} listed, by phase in the order the run reached them; errors "
+              f"propagate, so the first of each phase is where to look")
+    else:
+        from tunecl.tools.tolerances import Tolerances
+
+        tol = Tolerances()
+        print(f"none departs: the device is within {tol.multiplier:g} x CPU float32's error against float64 "
+              f"+ {tol.floor:g} everywhere")
+    return found.exit_code
 
 
 def _num(value: float | None) -> str:
