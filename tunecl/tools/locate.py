@@ -13,14 +13,13 @@ the later ones usually inherit the error.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from typing import Any
 
 from tunecl import config
-from tunecl.errors import TuneclError
-from tunecl.tools import load_model, make_batch, use_device
+from tunecl.tools import make_batch, use_device
 from tunecl.tools.tolerances import Tolerances
+from tunecl.tools.validate import reference_failed, seeded_models
 
 MODEL = "(model)"   # the name the whole model's output goes by
 
@@ -63,22 +62,15 @@ def locate(net: str, *, device: str | None = None, train: bool = False, batch: i
     Raises:
         TuneclError: unknown model or device, or a CPU run that fails (nothing to compare with).
     """
-    import torch
-
     tolerances = tolerances or Tolerances()
     device_name = use_device(device)
-    torch.manual_seed(seed)
-    cpu_model = load_model(net, image_size)
-    dev_model = load_model(net, image_size)
-    dev_model.load_state_dict(cpu_model.state_dict())
-    fp64_model = copy.deepcopy(cpu_model).double()
+    cpu_model, dev_model, fp64_model = seeded_models(net, image_size, seed)
     x, y = make_batch(cpu_model, batch, image_size, train, seed)
     try:
         cpu = _trace(cpu_model, x, y, "cpu", train, seed)
         ref = _trace(fp64_model, x.double() if x.is_floating_point() else x, y, "cpu", train, seed)
     except (RuntimeError, ValueError) as error:
-        raise TuneclError(f"the CPU reference run failed, so there is nothing to compare with: "
-                          f"{str(error).splitlines()[0]}") from None
+        raise reference_failed(error) from None
     import tunecl.backend  # noqa: F401  (the opencl device)
 
     with config.override(random="host"):   # the CPU's dropout masks

@@ -103,16 +103,10 @@ def validate_net(net: str, *, device: str | None = None, train: bool = False, ba
     Raises:
         TuneclError: unknown model or device, or an input the model cannot take (also on the CPU).
     """
-    import torch
-
     tolerances = tolerances or Tolerances()
     device_name = use_device(device)
-    torch.manual_seed(seed)
-    cpu_model = load_model(net, image_size)
-    dev_model = load_model(net, image_size)
-    dev_model.load_state_dict(cpu_model.state_dict())
-    # before the CPU run's Adam step changes the weights
-    fp64_model = copy.deepcopy(cpu_model).double()
+    # (the float64 copy is made before the CPU run's Adam step changes the weights)
+    cpu_model, dev_model, fp64_model = seeded_models(net, image_size, seed)
     initial = {n: p.detach().clone() for n, p in cpu_model.named_parameters()} if train else None
     initial_state = copy.deepcopy(cpu_model.state_dict()) if train else None
     x, y = make_batch(cpu_model, batch, image_size, train, seed)
@@ -124,8 +118,7 @@ def validate_net(net: str, *, device: str | None = None, train: bool = False, ba
         x64 = x.double() if x.is_floating_point() else x   # (token ids stay integers)
         reference64 = _timed(report, "fp64", _run, fp64_model, x64, y, "cpu", train, seed)
     except (RuntimeError, ValueError) as error:   # e.g. train-mode batch norm over one value per channel
-        raise TuneclError(f"the CPU reference run failed, so there is nothing to compare with: "
-                          f"{str(error).splitlines()[0]}") from None
+        raise reference_failed(error) from None
     del cpu_model, fp64_model
     if initial is not None:
         reference["initial"] = initial
@@ -159,6 +152,24 @@ def validate_net(net: str, *, device: str | None = None, train: bool = False, ba
                 report.checks = [judge_perturbed(c, perturbed, reference64, delta, tolerances)
                                  for c in report.checks]
     return report
+
+
+def seeded_models(net: str, image_size: int, seed: int) -> tuple[Any, Any, Any]:
+    """Three copies of ``net`` with the same weights, drawn after ``torch.manual_seed(seed)``: for the CPU in
+    float32, for the device (still on the CPU) and for the CPU in float64."""
+    import torch
+
+    torch.manual_seed(seed)
+    cpu_model = load_model(net, image_size)
+    dev_model = load_model(net, image_size)
+    dev_model.load_state_dict(cpu_model.state_dict())
+    return cpu_model, dev_model, copy.deepcopy(cpu_model).double()
+
+
+def reference_failed(error: Exception) -> TuneclError:
+    """The error to raise when a CPU reference run raised ``error``."""
+    return TuneclError(f"the CPU reference run failed, so there is nothing to compare with: "
+                       f"{str(error).splitlines()[0]}")
 
 
 def _perturbed_runs(net: str, image_size: int, state: dict[str, Any], x: Any, y: Any, seed: int, delta: float,

@@ -331,21 +331,26 @@ class GemmPlan:
         """
         p = self.problem
         lda, stride_a, ldb, stride_b = operand_layouts(p, a, a_offset, lda, stride_a, b, b_offset, ldb, stride_b)
-        if self.sum_batch:   # one C matrix
+        if self.sum_batch:   # one C matrix (its stride unused)
             ldc, stride_c = check_operand("c", c, c_offset, ldc, 0, p.m, p.n, 1, DTYPES[p.dtype])
-            ldw = self._ldw
-            variant = self._variant(a_offset, lda, stride_a, b_offset, ldb, stride_b, 0, ldw, p.m * ldw)
-            kernel = self._kernels.get(variant) or self.kernel_for(variant)
-            return [kernel(self.device.queue, self._global_size, self._local_size, p.m, p.n, p.k, 1.0, 0.0,
-                           a, a_offset, lda, stride_a, b, b_offset, ldb, stride_b,
-                           self.workspace, 0, ldw, p.m * ldw, c, c_offset, ldc, 0, alpha, beta,
-                           wait_for=wait_for)]
-        ldc, stride_c = check_operand("c", c, c_offset, ldc, stride_c, p.m, p.n, p.batch, DTYPES[p.dtype])
-        if p.batch > 1 and stride_c < (p.m - 1) * ldc + p.n:
-            raise ValueError(f"stride_c={stride_c} makes the {p.batch} C matrices overlap")
-        variant = self._variant(a_offset, lda, stride_a, b_offset, ldb, stride_b, c_offset, ldc, stride_c)
+        else:
+            ldc, stride_c = check_operand("c", c, c_offset, ldc, stride_c, p.m, p.n, p.batch, DTYPES[p.dtype])
+            if p.batch > 1 and stride_c < (p.m - 1) * ldc + p.n:
+                raise ValueError(f"stride_c={stride_c} makes the {p.batch} C matrices overlap")
+        ldw = self._ldw
+        # a finishing kernel's "C" is the packed, aligned workspace (the real C gets scalar accesses)
+        variant = (self._variant(a_offset, lda, stride_a, b_offset, ldb, stride_b, 0, ldw, p.m * ldw)
+                   if self.splitk_finish else
+                   self._variant(a_offset, lda, stride_a, b_offset, ldb, stride_b, c_offset, ldc, stride_c))
         kernel = self._kernels.get(variant) or self.kernel_for(variant)
         queue = self.device.queue
+        if self.splitk_finish:
+            # Raw products into the workspace (alpha 1, beta 0); the kernel's last work-group of each tile
+            # adds them in a fixed order and applies alpha and beta to C.
+            return [kernel(queue, self._global_size, self._local_size, p.m, p.n, p.k, 1.0, 0.0,
+                           a, a_offset, lda, stride_a, b, b_offset, ldb, stride_b,
+                           self.workspace, 0, ldw, p.m * ldw, c, c_offset, ldc, stride_c, alpha, beta,
+                           wait_for=wait_for)]
         if self.streamk is not None:
             dp_tiles, sk_groups = self.streamk
             main = kernel(queue, self._global_size, self._local_size, p.m, p.n, p.k, alpha, beta,
@@ -362,14 +367,7 @@ class GemmPlan:
                            a, a_offset, lda, stride_a, b, b_offset, ldb, stride_b, c, c_offset, ldc, stride_c,
                            wait_for=wait_for)]
         # Raw partial sums into the workspace (packed, aligned: "C" with alpha 1, beta 0), then the
-        # fixed-order reduction applies alpha and beta to C: by the kernel's last work-group of each tile,
-        # or by a second launch.
-        ldw = self._ldw
-        if self.splitk_finish:
-            return [kernel(queue, self._global_size, self._local_size, p.m, p.n, p.k, 1.0, 0.0,
-                           a, a_offset, lda, stride_a, b, b_offset, ldb, stride_b,
-                           self.workspace, 0, ldw, p.m * ldw, c, c_offset, ldc, stride_c, alpha, beta,
-                           wait_for=wait_for)]
+        # fixed-order reduction launch applies alpha and beta to C.
         partial = kernel(queue, self._global_size, self._local_size, p.m, p.n, p.k, 1.0, 0.0,
                          a, a_offset, lda, stride_a, b, b_offset, ldb, stride_b,
                          self.workspace, 0, ldw, p.m * ldw, wait_for=wait_for)
