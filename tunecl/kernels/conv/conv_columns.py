@@ -118,13 +118,14 @@ class ColumnsAlgorithm(GemmBackedAlgorithm):
                 kernels["scatter"] = device.kernel(program, scatter, [None, None, i32, i32, f32])
             else:
                 kernels["gather"] = device.kernel(program, gather, [None, i32, i32, None, i32])
-        if self.sums_images(problem, lay, device):
-            gemm = self.build_gemm(problem, device, config, sum_batch=True)
-            if getattr(gemm, "sum_batch", False):   # the GEMM holds the partials: columns at the start
-                return ColumnsPlan(self.name, dict(config), problem, device, lay.gathered_floats * FLOAT_BYTES,
-                                   kernels=kernels, gemm_plan=gemm, layout=lay, sums_images=True)
+        # (a GEMM config that cannot sum the batch builds its ordinary plan)
+        gemm = self.build_gemm(problem, device, config,
+                               **({"sum_batch": True} if self.sums_images(problem, lay, device) else {}))
+        if getattr(gemm, "sum_batch", False):   # the GEMM holds the partials: columns at the start
+            return ColumnsPlan(self.name, dict(config), problem, device, lay.gathered_floats * FLOAT_BYTES,
+                               kernels=kernels, gemm_plan=gemm, layout=lay, sums_images=True)
         return ColumnsPlan(self.name, dict(config), problem, device, lay.workspace_floats * FLOAT_BYTES,
-                           kernels=kernels, gemm_plan=self.build_gemm(problem, device, config), layout=lay)
+                           kernels=kernels, gemm_plan=gemm, layout=lay)
 
     def sums_images(self, problem: ConvProblem, lay: Layout, device: Device) -> bool:
         """Whether ``problem``'s partial weight gradients per image may be added by the GEMM's launch."""
