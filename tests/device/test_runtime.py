@@ -9,6 +9,7 @@ import pytest
 from tunecl import runtime
 from tunecl.cli import main
 from tunecl.errors import BuildError
+from tunecl.runtime import build as runtime_build
 from tunecl.runtime import device as runtime_device
 
 SOURCE = """
@@ -89,18 +90,16 @@ def test_offsets_in_copies(device):
 
 def test_programs_are_loaded_from_their_kept_binaries_in_another_context(device, tmp_path):
     """Where the runtime keeps binaries (PoCL: a hit in its own cache still runs the compiler's front end),
-    a program built once is stored in the cache folder and a later build (here in a new context, as in a
-    new process) loads it and gives the same kernel; a binary the driver refuses is built again."""
+    a program built a second time from source (here in a new context, as in a new process) is stored in
+    the cache folder, the first build only marks it as seen (asking PoCL for a binary costs a code
+    generation); a later build loads the binary and gives the same kernel; a binary the driver refuses is
+    built again and kept anew."""
     if not runtime.keeps_binaries(device.cl_device):
         pytest.skip("pyopencl's or the driver's cache serves this device")
     options = ["-DUNUSED=3"]
-    runtime.build_program(device.context, device.cl_device, SOURCE, options, str(tmp_path))
 
     def kept() -> dict:
-        return {p: p.stat().st_mtime_ns for p in (tmp_path / "binaries").iterdir()}
-
-    stored = kept()
-    assert len(stored) == 1, "the binary was not kept"
+        return {p: p.stat().st_mtime_ns for p in (tmp_path / "binaries").glob("*.bin")}
 
     def axpy(program: cl.Program, context: cl.Context) -> np.ndarray:
         queue = cl.CommandQueue(context)
@@ -113,15 +112,37 @@ def test_programs_are_loaded_from_their_kept_binaries_in_another_context(device,
         cl.enqueue_copy(queue, y, yb)
         return y
 
+    expected = 1 + 3 * np.arange(5, dtype=np.float32)
+    program = runtime.build_program(device.context, device.cl_device, SOURCE, options, str(tmp_path))
+    np.testing.assert_array_equal(axpy(program, device.context), expected)
+    assert kept() == {}, "a program built once kept its binary"
+    assert len(list((tmp_path / "binaries").glob("*.seen"))) == 1
+
+    context = cl.Context([device.cl_device])
+    program = runtime.build_program(context, device.cl_device, SOURCE, options, str(tmp_path))
+    np.testing.assert_array_equal(axpy(program, context), expected)
+    stored = kept()
+    assert len(stored) == 1, "the binary of a program built twice was not kept"
+    assert not list((tmp_path / "binaries").glob("*.seen"))
+
     context = cl.Context([device.cl_device])
     program = runtime.build_program(context, device.cl_device, SOURCE, options, str(tmp_path))
     assert kept() == stored   # loaded, not stored again
-    np.testing.assert_array_equal(axpy(program, context), 1 + 3 * np.arange(5, dtype=np.float32))
+    np.testing.assert_array_equal(axpy(program, context), expected)
     (path,) = stored
     path.write_bytes(b"not a binary")
     program = runtime.build_program(context, device.cl_device, SOURCE, options, str(tmp_path))
-    np.testing.assert_array_equal(axpy(program, context), 1 + 3 * np.arange(5, dtype=np.float32))
+    np.testing.assert_array_equal(axpy(program, context), expected)
     assert path.read_bytes() != b"not a binary"   # built from source and kept again
+
+
+def test_a_build_worker_keeps_binaries_at_the_first_build(device, tmp_path, monkeypatch):
+    """tunecl tune --jobs's build workers build for the main process: their first build keeps the binary."""
+    if not runtime.keeps_binaries(device.cl_device):
+        pytest.skip("pyopencl's or the driver's cache serves this device")
+    monkeypatch.setattr(runtime_build, "KEEP_AT_FIRST_BUILD", True)
+    runtime.build_program(device.context, device.cl_device, SOURCE, ["-DUNUSED=4"], str(tmp_path))
+    assert len(list((tmp_path / "binaries").glob("*.bin"))) == 1
 
 
 def test_build_error_carries_the_log(device):

@@ -62,10 +62,17 @@ def keeps_binaries(cl_device: cl.Device) -> bool:
     on the devices whose driver pyopencl leaves the caching to, but NVIDIA's. A hit in PoCL's own cache
     still runs its compiler's front end: 40-70 ms per program against 1 ms for loading the binary (PoCL
     3.1, one CPU core), most of a fresh process's first training step of a small net. (Elsewhere pyopencl
-    keeps binaries itself.)"""
+    keeps binaries itself.) Asking PoCL for a program's binary costs a code generation of every kernel in
+    it (about 200 ms a program, as much as the build), so a binary is kept only when a program is built a
+    second time, not in the first process that builds it (:func:`build_program`)."""
     from pyopencl.characterize import has_src_build_cache, nv_compute_capability
 
     return bool(has_src_build_cache(cl_device)) and nv_compute_capability(cl_device) is None
+
+
+# True in a process whose builds are made for another one (tunecl tune --jobs's build workers,
+# tunecl.search.prebuild): build_program keeps every binary at its first build
+KEEP_AT_FIRST_BUILD = False
 
 
 def _binary_path(cache_dir: str, cl_device: cl.Device, source: str, options: Sequence[str]) -> Path:
@@ -81,8 +88,11 @@ def build_program(context: cl.Context, cl_device: cl.Device, source: str, option
                   cache_dir: str | None = None) -> cl.Program:
     """Compile ``source`` with ``options`` for one device; with ARCH_PTX_OPTION among them, by way of
     its retargeted PTX (see retarget_ptx). With ``cache_dir``, the on-disk caches serve a program built
-    before: pyopencl's, the driver's, or where :func:`keeps_binaries`, the binary kept there (a kept
-    binary the driver refuses is built again from source). Raises cl.Error as the compiler does."""
+    before: pyopencl's, the driver's, or where :func:`keeps_binaries`, the binary kept there. A program
+    built from source there is marked as seen; its binary is kept when it is built from source again (in
+    another process: the programs a process builds once, such as a test's, never pay for their binaries),
+    or at once under :data:`KEEP_AT_FIRST_BUILD`. A kept binary the driver refuses is built again from
+    source and kept anew. Raises cl.Error as the compiler does."""
     kept = None
     if cache_dir is not None and ARCH_PTX_OPTION not in options and keeps_binaries(cl_device):
         kept = _binary_path(cache_dir, cl_device, source, options)
@@ -90,7 +100,15 @@ def build_program(context: cl.Context, cl_device: cl.Device, source: str, option
             return cl.Program(context, [cl_device], [kept.read_bytes()]).build(options=list(options))
     program = cl.Program(context, source).build(options=list(options), cache_dir=cache_dir)
     if kept is not None:
-        _keep_binary(program, cl_device, kept)
+        seen = kept.with_suffix(".seen")
+        if KEEP_AT_FIRST_BUILD or kept.exists() or seen.exists():
+            _keep_binary(program, cl_device, kept)
+            with contextlib.suppress(OSError):
+                seen.unlink(missing_ok=True)
+        else:
+            with contextlib.suppress(OSError):
+                seen.parent.mkdir(parents=True, exist_ok=True)
+                seen.touch()
     if ARCH_PTX_OPTION not in options:
         return program
     ptx = program.binaries[0].decode("utf-8", errors="replace").rstrip("\x00")

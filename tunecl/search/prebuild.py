@@ -29,6 +29,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from tunecl import runtime
+from tunecl.runtime import build
 from tunecl.kernels.base import Algorithm
 from tunecl.problems import Problem
 from tunecl.search.evaluate import CANDIDATE_ERRORS, _describe
@@ -77,6 +78,7 @@ atexit.register(shutdown_pools)
 def _init_worker(selector: str) -> None:
     global _worker_device
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's business
+    build.KEEP_AT_FIRST_BUILD = True   # the main process loads what this one builds
     _worker_device = runtime.select_device(selector)
 
 
