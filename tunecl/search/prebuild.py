@@ -29,9 +29,9 @@ from concurrent.futures import Future
 from typing import Any
 
 from tunecl import runtime
-from tunecl.runtime import build
 from tunecl.kernels.base import Algorithm
 from tunecl.problems import Problem
+from tunecl.runtime import build
 from tunecl.search.evaluate import CANDIDATE_ERRORS, _describe
 from tunecl.search.result import Config, Result, Status
 
